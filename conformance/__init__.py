@@ -1,0 +1,1 @@
+"""kvcert.conformance: what engines run to certify themselves, and the `kvcert` command."""

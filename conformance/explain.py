@@ -1,0 +1,288 @@
+"""`kvcert explain`: why a lookup hits what it hits, group by group, citing the rules.
+
+Everything here is derived from kvcert.spec: the hit, each group's accepted lengths, and the
+rule that refuses the next length. Nothing here is normative; it is the diagnostic an operator
+needs when the hit rate is 0% (the DeepSeek-V4 reporter patched four files with logging to
+learn what one `kvcert explain` run prints).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvcert.spec import (
+    CacheView,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Group,
+    HybridHit,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+    group_accepts,
+    group_blocks,
+    hit_alignment,
+    hybrid_hit,
+    max_hit_length,
+    needed_blocks,
+)
+from kvcert.spec.acceptance import (
+    chunked_local_needed,
+    full_needed,
+    sliding_window_needed,
+    state_needed,
+    state_serves_hits,
+)
+from kvcert.spec.hybrid import drop_draft_hit
+from kvcert.spec.rules import rule_of
+
+_NEEDED_RULE = {
+    FullAttention: full_needed,
+    SlidingWindow: sliding_window_needed,
+    ChunkedLocal: chunked_local_needed,
+    MambaState: state_needed,
+}
+
+
+def _tag(function: object) -> str:
+    rule = rule_of(function)  # type: ignore[arg-type]
+    if rule is None:  # pragma: no cover - guarded by tests/spec/test_rules.py
+        raise RuntimeError(f"{function!r} states no rule")
+    return rule.tag
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one group does not accept one length."""
+
+    length: int  # the refused length
+    rule: str  # the tag of the rule that refuses it
+    reason: str  # one line for a person
+    missing: tuple[int, ...] = ()  # needed blocks that are not cached
+
+
+def refusal(group: Group, cached: frozenset[int], length: int, limit: int) -> Refusal | None:
+    """The reason `group` refuses `length`, or None when it accepts it."""
+    if length > limit:
+        return Refusal(
+            length,
+            _tag(max_hit_length),
+            f"beyond {limit}: the request's last token is always computed",
+        )
+    if isinstance(group, CrossAttention):
+        return None
+    if isinstance(group, MambaState) and not state_serves_hits(group) and length > 0:
+        return Refusal(length, _tag(state_serves_hits), "mode none keeps no state checkpoints")
+    if length % group.block_size:
+        return Refusal(
+            length, _tag(group_accepts), f"not a multiple of the block size {group.block_size}"
+        )
+    missing = tuple(j for j in needed_blocks(group, length) if j not in cached)
+    if not missing:
+        return None
+    if isinstance(group, MambaState):
+        reason = f"needs the state checkpoint at token {length} (block {missing[0]}), not cached"
+    else:
+        first, last = missing[0] * group.block_size, (missing[-1] + 1) * group.block_size - 1
+        reason = f"needs block(s) {format_indices(missing)} (tokens {first}-{last}), not cached"
+    return Refusal(length, _tag(_NEEDED_RULE[type(group)]), reason, missing)
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    """One group on its own, and its part in the hybrid hit."""
+
+    index: int  # position in the layout
+    group: Group  # the group
+    accepted: tuple[int, ...]  # lengths it alone accepts, ascending
+    stop: Refusal  # why it does not accept the next length above its own maximum
+    blocks: tuple[int | None, ...]  # its block list at the hybrid hit
+
+    @property
+    def alone(self) -> int:
+        """The longest hit this group alone could serve."""
+        return self.accepted[-1]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The hybrid hit with the reasons behind it."""
+
+    view: CacheView  # what was asked
+    hit: HybridHit  # the spec's answer
+    limit: int  # HIT-LEN-1's bound
+    alignment: int  # lcm of the cacheable groups' block sizes
+    groups: tuple[GroupReport, ...]  # per group
+    blockers: tuple[tuple[int, Refusal], ...]  # (group index, refusal) at the next aligned length
+    dropped_by: str | None  # HIT-SPEC-2's tag when the speculative drop shortened the hit
+
+
+def explain(view: CacheView) -> Explanation:
+    """Compute the hit and every reason `kvcert explain` prints."""
+    hit = hybrid_hit(view)
+    limit = max_hit_length(view.num_tokens)
+    reports = []
+    for index, group in enumerate(view.layout.groups):
+        cached = view.cached[index]
+        accepted = tuple(n for n in range(limit + 1) if group_accepts(group, cached, n))
+        step = 1 if isinstance(group, CrossAttention) else group.block_size
+        stop = refusal(group, cached, accepted[-1] + step, limit)
+        if stop is None:  # pragma: no cover - accepted[-1] is the maximum by construction
+            raise RuntimeError(f"group {index} accepts {accepted[-1] + step} above its maximum")
+        blocks = group_blocks(group, cached, hit.length)
+        reports.append(GroupReport(index, group, accepted, stop, blocks))
+    alignment = hit_alignment(view.layout)
+    after = hit.plain_length + alignment
+    blockers = tuple(
+        (r.index, why)
+        for r in reports
+        if (why := refusal(r.group, view.cached[r.index], after, limit)) is not None
+    )
+    dropped = view.layout.speculative is Speculative.DROP and hit.length < hit.plain_length
+    return Explanation(
+        view,
+        hit,
+        limit,
+        alignment,
+        tuple(reports),
+        blockers,
+        _tag(drop_draft_hit) if dropped else None,
+    )
+
+
+def format_indices(indices: Sequence[int]) -> str:
+    """1 2 3 7 -> '1-3, 7' (indices ascending)."""
+    runs: list[list[int]] = []
+    for j in indices:
+        if runs and j == runs[-1][1] + 1:
+            runs[-1][1] = j
+        else:
+            runs.append([j, j])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def format_block_list(blocks: Sequence[int | None]) -> str:
+    """[None, None, 2, 3] -> '[null x2, 2-3]': the lookup result, run-length encoded."""
+    parts: list[str] = []
+    index = 0
+    while index < len(blocks):
+        end = index
+        if blocks[index] is None:
+            while end < len(blocks) and blocks[end] is None:
+                end += 1
+            parts.append("null" if end - index == 1 else f"null x{end - index}")
+        else:
+            while end < len(blocks) and blocks[end] is not None:
+                end += 1
+            parts.append(format_indices([b for b in blocks[index:end] if b is not None]))
+        index = end
+    return "[" + ", ".join(parts) + "]"
+
+
+def describe_group(group: Group) -> str:
+    """A short kind label: 'sliding_window W=128', 'mamba mode=align', ..."""
+    match group:
+        case FullAttention():
+            label = "full"
+        case SlidingWindow():
+            label = f"sliding_window W={group.window}"
+        case ChunkedLocal():
+            label = f"chunked_local C={group.chunk}"
+        case MambaState():
+            label = f"mamba mode={group.mode.value}"
+        case CrossAttention():
+            label = "cross"
+    draft = isinstance(group, FullAttention | SlidingWindow | ChunkedLocal) and group.draft
+    return label + (" (draft)" if draft else "")
+
+
+def _cell(states: set[str]) -> str:
+    return states.pop() if len(states) == 1 else "+"
+
+
+def diagram(explanation: Explanation, width: int = 64) -> list[str]:
+    """One line per group, one cell per `scale` tokens, '|' at the hit boundary."""
+    view = explanation.view
+    cacheable = [g.block_size for g in view.layout.groups if not isinstance(g, CrossAttention)]
+    scale = min(cacheable)
+    if math.ceil(view.num_tokens / scale) > width:
+        scale = math.ceil(view.num_tokens / width)
+    cells = math.ceil(view.num_tokens / scale)
+    marker = explanation.hit.length // scale
+    lines = [
+        f"scale: 1 cell = {scale} tokens   # used by the hit   o cached, unused   "
+        ". not cached   + mixed   | hit boundary"
+    ]
+    name_width = max(len(r.group.name) for r in explanation.groups)
+    for report in explanation.groups:
+        group, cached = report.group, view.cached[report.index]
+        row = []
+        for c in range(cells):
+            if isinstance(group, CrossAttention):
+                row.append(" ")
+                continue
+            first = (c * scale) // group.block_size
+            last = min((c + 1) * scale, view.num_tokens) - 1
+            states = set()
+            for j in range(first, last // group.block_size + 1):
+                if j < len(report.blocks) and report.blocks[j] is not None:
+                    states.add("#")
+                else:
+                    states.add("o" if j in cached else ".")
+            row.append(_cell(states))
+        row.insert(marker, "|")
+        lines.append(f"{report.index} {report.group.name:<{name_width}}  {''.join(row)}")
+    return lines
+
+
+def render(explanation: Explanation, title: str = "", description: str = "") -> str:
+    """The text `kvcert explain` prints."""
+    view, hit = explanation.view, explanation.hit
+    layout = view.layout
+    spec = layout.speculative.value if layout.speculative else "off"
+    out = [f"scenario: {title}"] if title else []
+    if description:
+        out.append(f"  {description}")
+    out.append(
+        f"layout: {len(layout.groups)} group(s), hit alignment {explanation.alignment} tokens, "
+        f"speculative decoding: {spec}"
+    )
+    out.append(
+        f"request: {view.num_tokens} tokens; a hit reuses at most {explanation.limit} (HIT-LEN-1)"
+    )
+    out.append("")
+    out.append(f"HYBRID HIT: {hit.length} tokens")
+    if explanation.dropped_by:
+        out.append(
+            f"  every group accepts {hit.plain_length}; the speculative drop "
+            f"({explanation.dropped_by}) steps down once to {hit.length}"
+        )
+    after = hit.plain_length + explanation.alignment
+    if after > explanation.limit:
+        out.append(
+            f"  stops at {hit.plain_length}: the next aligned length {after} is beyond "
+            f"{explanation.limit} (HIT-LEN-1)"
+        )
+    else:
+        out.append(f"  stops at {hit.plain_length}: at {after} tokens")
+        for index, why in explanation.blockers:
+            out.append(
+                f"    group {index} ({layout.groups[index].name}) refuses: "
+                f"{why.reason} [{why.rule}]"
+            )
+    out.append("")
+    out.append("per group (alone = the longest hit this group alone could serve):")
+    for r in explanation.groups:
+        out.append(
+            f"  {r.index} {r.group.name}: {describe_group(r.group)}, block {r.group.block_size}"
+        )
+        out.append(
+            f"      alone {r.alone}; stops at {r.stop.length}: {r.stop.reason} [{r.stop.rule}]"
+        )
+        out.append(f"      blocks at the hit: {format_block_list(r.blocks)}")
+    out.append("")
+    out.extend(diagram(explanation))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,182 @@
+"""§3 Per-group acceptance: which hit lengths one group alone can serve from its cache.
+
+Every kind is described by one function: the blocks a hit of length L *needs*, i.e. the cached
+KV (or state) without which the tokens from L onwards cannot be computed. For every kind that
+is a contiguous run of blocks ending at block L/B (possibly empty):
+
+    full            [0 ............ L/B)        every earlier token
+    sliding window        [first .. L/B)        the W-1 tokens before L
+    chunked local         [first .. L/B)        the tokens of L's chunk before L
+    state                      [L/B-1, L/B)     the checkpoint at L
+    cross attention                             nothing from the decoder prefix
+
+A group *accepts* L when L is a multiple of its block size and every needed block is cached
+(HIT-GROUP-1). Its lookup result is one entry per block before L: the needed blocks, and the
+null block everywhere else (HIT-GROUP-2).
+
+Full attention is downward closed (accepting L implies accepting every aligned L' < L); sliding
+window, chunked local and state groups are not. tests/spec shows both with examples.
+"""
+
+from __future__ import annotations
+
+from kvcert.spec.layout import (
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Group,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+)
+
+NULL = None  # the null block: "this group needs nothing here", never a cached block
+
+
+def full_needed(group: FullAttention, length: int) -> range:
+    """HIT-FULL-1: A full-attention group needs every block before the hit length.
+
+        B=16, L=48:   tokens 0..47 are read by every later token
+        blocks        | 0 | 1 | 2 | 3 |
+        needed        | 0 | 1 | 2 |          -> range(0, 3)
+
+    pre: length >= 0 and length % group.block_size == 0
+    post: __return__ == range(0, length // group.block_size)
+    """
+    return range(0, length // group.block_size)
+
+
+def sliding_window_needed(group: SlidingWindow, length: int) -> range:
+    """HIT-SW-1: A sliding-window group needs the blocks holding the W-1 tokens before the hit.
+
+    Token L, the first one computed, attends to [L-W+1, L]; its own KV is computed, so the
+    cache must supply [max(0, L-W+1), L). At aligned L >= W-1 that is cdiv(W-1, B) blocks,
+    vLLM's reference count; below W-1 it reaches back to block 0.
+
+        B=16, W=32, L=64:  needed tokens [33, 64)
+        blocks        | 0 | 1 | 2 | 3 |
+        needed                | 2 | 3 |      -> range(2, 4) = cdiv(31, 16) blocks
+
+    pre: length >= 0 and length % group.block_size == 0
+    post: __return__.stop == length // group.block_size
+    """
+    first_token = max(0, length - (group.window - 1))
+    return range(first_token // group.block_size, length // group.block_size)
+
+
+def chunked_local_needed(group: ChunkedLocal, length: int) -> range:
+    """HIT-CHUNK-1: A chunked-local group needs the blocks of the hit's chunk that precede it.
+
+    Token L attends to [floor(L/C)*C, L]; the cache must supply [floor(L/C)*C, L). At a chunk
+    boundary (L % C == 0) nothing is needed: every later token starts a fresh chunk.
+
+        B=16, C=32, L=48:  chunk of token 48 starts at 32; needed tokens [32, 48)
+        blocks        | 0 | 1 | 2 |
+        needed                    | 2 |      -> range(2, 3)
+
+    pre: length >= 0 and length % group.block_size == 0
+    post: __return__.stop == length // group.block_size
+    """
+    chunk_start = (length // group.chunk) * group.chunk
+    return range(chunk_start // group.block_size, length // group.block_size)
+
+
+def state_needed(group: MambaState, length: int) -> range:
+    """HIT-MAMBA-1: A state group needs exactly one checkpoint, taken at the hit boundary.
+
+    The recurrent state after token L-1 summarises the whole prefix; a checkpoint anywhere
+    else is useless for resuming at L. The empty hit needs no checkpoint.
+
+        B=16, L=48:   checkpoints at 16, 32, 48 (end of blocks 0, 1, 2)
+        blocks        | 0 | 1 | 2 |
+        needed                    | 2 |      -> range(2, 3): the state after token 47
+
+    pre: length >= 0 and length % group.block_size == 0
+    post: len(__return__) == (1 if length > 0 else 0)
+    """
+    last = length // group.block_size
+    return range(max(0, last - 1), last)
+
+
+def state_serves_hits(group: MambaState) -> bool:
+    """HIT-MAMBA-2: A state group in mode `none` serves only the empty hit; modes `align`
+    and `all` differ only in where checkpoints get written, not in what a hit needs.
+
+        mode none:  no checkpoints kept      -> accepts {0}
+        mode align: checkpoint at 48 only    -> accepts {0, 48}
+        mode all:   checkpoints 16, 32, 48   -> accepts {0, 16, 32, 48}
+
+    pre: True
+    post: __return__ == (group.mode is not MambaMode.NONE)
+    """
+    return group.mode is not MambaMode.NONE
+
+
+def cross_needed(group: CrossAttention, length: int) -> range:
+    """HIT-CROSS-1: A cross-attention group needs nothing from the decoder-prefix cache and
+    constrains no hit length.
+
+    Its KV is a function of the encoder input alone, computed once per request and never
+    cached; decoder groups carry the encoder input in their keys instead (HASH-EXTRA-1).
+
+        decoder tokens  | 0 | 1 | 2 |      cross-attention block list: [] for every L
+
+    pre: length >= 0
+    post: len(__return__) == 0
+    """
+    return range(0)
+
+
+def needed_blocks(group: Group, length: int) -> range:
+    """The blocks a hit of `length` needs, by kind (dispatch only; the rules are above)."""
+    match group:
+        case FullAttention():
+            return full_needed(group, length)
+        case SlidingWindow():
+            return sliding_window_needed(group, length)
+        case ChunkedLocal():
+            return chunked_local_needed(group, length)
+        case MambaState():
+            return state_needed(group, length)
+        case CrossAttention():
+            return cross_needed(group, length)
+
+
+def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
+    """HIT-GROUP-1: A group accepts a hit length when it is a multiple of the group's block
+    size and every block the group needs there is cached.
+
+    Cross-attention groups accept every length (HIT-CROSS-1); a state group in mode none
+    accepts only 0 (HIT-MAMBA-2).
+
+        full B=16, cached {0, 1, 2}:     accepts 0, 16, 32, 48; not 8 (unaligned), not 64
+        SW B=16 W=32, cached {2, 3}:     accepts 0, 64; not 32 or 48 (they need block 1)
+
+    pre: length >= 0
+    post: __return__ or length > 0
+    post: not __return__ or isinstance(group, CrossAttention) or length % group.block_size == 0
+    """
+    if isinstance(group, CrossAttention):
+        return True
+    if isinstance(group, MambaState) and not state_serves_hits(group):
+        return length == 0
+    if length % group.block_size != 0:
+        return False
+    return all(j in cached for j in needed_blocks(group, length))
+
+
+def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int | None, ...]:
+    """HIT-GROUP-2: A group's lookup result at an accepted length lists, for each block
+    before it, the cached block where the group needs one and the null block elsewhere.
+
+        SW B=16 W=32, L=64, cached {0, 2, 3}:   [null, null, 2, 3]
+        full B=16, L=48:                        [0, 1, 2]
+        cross attention:                        []
+
+    pre: group_accepts(group, cached, length)
+    post: all(b is NULL or b in cached for b in __return__)
+    """
+    if isinstance(group, CrossAttention):
+        return ()
+    needed = needed_blocks(group, length)
+    return tuple(j if j in needed else NULL for j in range(length // group.block_size))

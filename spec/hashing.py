@@ -1,0 +1,139 @@
+"""§5 Block keys: an abstract hash chain that decides which blocks a request can reuse.
+
+The spec's keys are nested tuples, not digests: a tuple is equal to another only when every
+component is, so the abstract chain is injective by construction and a key match can be
+reasoned about exactly. kvcert.reference hashes a canonical byte encoding of the same
+structure with a collision-resistant function; its tests check that encoding is injective too.
+
+    key(0) = (ROOT,   tokens[0:B],   extras(0))
+    key(j) = (key(j-1), tokens[jB:(j+1)B], extras(j))
+
+Because key(j) contains key(j-1), a match of key(j) certifies the whole prefix
+[0, (j+1)B): a hit can never return a block whose tokens differ from the request's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvcert.spec.errors import InvalidRequest
+
+ROOT = ("kvcert-block-key", 1)  # parent of block 0; versioned so a format change never collides
+
+BlockKey = tuple[object, ...]
+
+
+class ExtraKind(StrEnum):
+    """What an extra key is. Every extra is tagged with its kind, so sources never collide."""
+
+    CACHE_SALT = "cache_salt"  # tenant isolation: different salts never share a block
+    LORA = "lora"  # the adapter that produced the KV
+    ENCODER_INPUT = "encoder_input"  # the encoder input cross-attention layers read
+    MULTIMODAL = "multimodal"  # an image/audio item whose embeddings occupy token positions
+    PROMPT_EMBEDS = "prompt_embeds"  # caller-supplied embeddings in place of token ids
+
+
+REQUEST_WIDE = frozenset({ExtraKind.CACHE_SALT, ExtraKind.LORA, ExtraKind.ENCODER_INPUT})
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One extra input besides the token ids that changes the KV a block holds."""
+
+    kind: ExtraKind  # what the value identifies
+    value: str  # an identifier: salt, adapter name, content hash of an item
+    start: int = 0  # first token position of a positioned extra
+    end: int | None = None  # one past its last position; None for a request-wide extra
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ExtraKind):
+            raise InvalidRequest(f"extra kind must be an ExtraKind, got {self.kind!r}")
+        if not isinstance(self.value, str):
+            raise InvalidRequest(f"{self.kind.value} extra value must be a string")
+        if self.kind in REQUEST_WIDE:
+            if self.end is not None or self.start != 0:
+                raise InvalidRequest(
+                    f"{self.kind.value} applies to the whole request; give no start or end"
+                )
+        elif self.end is None or not 0 <= self.start < self.end:
+            raise InvalidRequest(
+                f"{self.kind.value} extra needs the token span it occupies: 0 <= start < end, "
+                f"got start={self.start}, end={self.end}"
+            )
+
+
+def block_extras(extras: Sequence[Extra], start: int, end: int) -> tuple[tuple[object, ...], ...]:
+    """HASH-EXTRA-1: A block's extra keys are the request-wide extras in block 0 and every
+    positioned extra overlapping the block, each tagged by its kind and positioned ones by
+    their span relative to the block start.
+
+    Request-wide extras need only block 0: every later key contains it through the chain.
+    The tag keeps sources apart: a LoRA named "x" and a cache salt "x" give different keys
+    (vLLM #44701 let them collide).
+
+        block 0 [0,16), salt "t1", image at [10, 30):
+            (("cache_salt", "t1"), ("multimodal", "img", 10, 30))
+        block 1 [16,32):  (("multimodal", "img", -6, 14),)
+
+    pre: 0 <= start < end
+    post: all(isinstance(x[0], str) for x in __return__)
+    """
+    tagged: list[tuple[object, ...]] = []
+    for extra in extras:
+        if extra.kind in REQUEST_WIDE:
+            if start == 0:
+                tagged.append((extra.kind.value, extra.value))
+        elif extra.end is not None and extra.start < end and start < extra.end:
+            tagged.append((extra.kind.value, extra.value, extra.start - start, extra.end - start))
+    return tuple(sorted(tagged, key=repr))
+
+
+def block_keys(
+    tokens: Sequence[int], block_size: int, extras: Sequence[Extra] = (), lookahead: int = 0
+) -> tuple[BlockKey, ...]:
+    """HASH-CHAIN-1: Block j's key is its parent's key, its tokens (plus `lookahead` tokens
+    after it) and its extra keys; only blocks whose tokens all exist get a key.
+
+        B=4, tokens 7 8 9 1 | 2 3 4 5 | 6
+        key(0) = (ROOT, (7,8,9,1), ())
+        key(1) = (key(0), (2,3,4,5), ())          token 6 is not in a full block: no key
+
+    pre: block_size >= 1 and lookahead >= 0
+    post: len(__return__) == max(0, (len(tokens) - lookahead) // block_size)
+    """
+    keys: list[BlockKey] = []
+    parent: BlockKey = ROOT
+    for j in range(max(0, (len(tokens) - lookahead) // block_size)):
+        start, end = j * block_size, (j + 1) * block_size
+        span = (start, end + lookahead)
+        parent = (parent, tuple(tokens[span[0] : span[1]]), block_extras(extras, *span))
+        keys.append(parent)
+    return tuple(keys)
+
+
+def draft_lookahead(is_draft_group: bool, exact: bool) -> int:
+    """HASH-DRAFT-1: Under the exact speculative profile a draft group's block key also covers
+    the one token after the block, on which the block's last draft position depends.
+
+        B=4, tokens 7 8 9 1 | 2 3 4 5 | 6
+        draft key(0) = (ROOT, (7,8,9,1,2), ())    target key(0) = (ROOT, (7,8,9,1), ())
+        draft key(1) = (draft key(0), (2,3,4,5,6), ())
+
+    pre: True
+    post: __return__ in (0, 1)
+    """
+    return 1 if is_draft_group and exact else 0
+
+
+def matched_blocks(keys: Sequence[BlockKey], cached_keys: frozenset[BlockKey]) -> frozenset[int]:
+    """HASH-MATCH-1: A group has block j of a request cached when it holds a block under the
+    request's key for block j.
+
+        request keys  k0 k1 k2 k3      group holds {k1, k3, x}   -> cached {1, 3}
+
+    pre: True
+    post: all(keys[j] in cached_keys for j in __return__)
+    """
+    return frozenset(j for j, key in enumerate(keys) if key in cached_keys)

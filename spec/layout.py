@@ -1,0 +1,190 @@
+"""§1 Layout: the KV-cache groups of a model, as the prefix cache sees them.
+
+A *group* is a set of layers that share one block table: the same block size, the same hit
+rule. A model's layout is an ordered tuple of groups plus the speculative-decoding profile.
+Group order carries no meaning for hits (THM-HYB-ORDER in tests/spec): it only names groups.
+
+MLA is full attention with another page layout; SWA-MLA is a sliding window with another page
+layout. Page layouts do not change which tokens a hit needs, so they are not kinds here.
+
+Construction validates every field and raises `InvalidLayout` with what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvcert.spec.errors import AlignmentImpossible, InvalidLayout
+
+
+class MambaMode(StrEnum):
+    """Where a recurrent-state group writes state checkpoints (vLLM's `mamba_cache_mode`)."""
+
+    NONE = "none"  # no checkpoints are kept: the group never serves a hit
+    ALIGN = "align"  # a checkpoint where a scheduler step ends on a block boundary
+    ALL = "all"  # a checkpoint at every block boundary
+
+
+class Speculative(StrEnum):
+    """How draft-layer blocks are keyed; see HIT-SPEC-1 and HIT-SPEC-2 for the rationale."""
+
+    EXACT = "exact"  # draft keys also cover the token after the block (HASH-DRAFT-1)
+    DROP = "drop"  # draft keys are the target's keys; the hit drops one step (HIT-SPEC-2)
+
+
+def _require_int(value: object, what: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidLayout(f"{what} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidLayout(f"{what} must be >= {minimum}, got {value}")
+
+
+def _require_bool(value: object, what: str) -> None:
+    if not isinstance(value, bool):
+        raise InvalidLayout(f"{what} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FullAttention:
+    """Layers that attend to every earlier token (also MLA, attention sinks, MTP layers)."""
+
+    block_size: int  # tokens per block
+    draft: bool = False  # the group holds speculative-decoding draft layers
+    name: str = "full"  # display name only
+
+    def __post_init__(self) -> None:
+        _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
+        _require_bool(self.draft, f"group {self.name!r}: draft")
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Layers whose token p attends to the `window` tokens [p - window + 1, p], itself included."""
+
+    block_size: int  # tokens per block
+    window: int  # tokens seen by one query, the query's own token included (HF `sliding_window`)
+    draft: bool = False  # the group holds speculative-decoding draft layers
+    name: str = "sliding_window"  # display name only
+
+    def __post_init__(self) -> None:
+        _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
+        _require_int(self.window, f"group {self.name!r}: window", 1)
+        _require_bool(self.draft, f"group {self.name!r}: draft")
+
+
+@dataclass(frozen=True)
+class ChunkedLocal:
+    """Layers whose token p attends to [floor(p / chunk) * chunk, p] (Llama-4 local attention)."""
+
+    block_size: int  # tokens per block
+    chunk: int  # tokens per attention chunk
+    draft: bool = False  # the group holds speculative-decoding draft layers
+    name: str = "chunked_local"  # display name only
+
+    def __post_init__(self) -> None:
+        _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
+        _require_int(self.chunk, f"group {self.name!r}: chunk", 1)
+        _require_bool(self.draft, f"group {self.name!r}: draft")
+
+
+@dataclass(frozen=True)
+class MambaState:
+    """Recurrent layers (Mamba, GDN, linear attention): one state summarises the whole prefix."""
+
+    block_size: int  # tokens between two possible checkpoint positions
+    mode: MambaMode = MambaMode.ALL  # where checkpoints are written
+    name: str = "mamba"  # display name only
+
+    def __post_init__(self) -> None:
+        _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
+        if not isinstance(self.mode, MambaMode):
+            choices = ", ".join(m.value for m in MambaMode)
+            raise InvalidLayout(
+                f"group {self.name!r}: mode must be one of {choices}, got {self.mode!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CrossAttention:
+    """Decoder layers attending to encoder output: their KV depends on the encoder input only."""
+
+    block_size: int  # tokens per block of encoder output
+    name: str = "cross"  # display name only
+
+    def __post_init__(self) -> None:
+        _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
+
+
+Group = FullAttention | SlidingWindow | ChunkedLocal | MambaState | CrossAttention
+GROUP_KINDS: tuple[type, ...] = (
+    FullAttention,
+    SlidingWindow,
+    ChunkedLocal,
+    MambaState,
+    CrossAttention,
+)
+AttentionGroup = FullAttention | SlidingWindow | ChunkedLocal
+
+
+def is_cacheable(group: Group) -> bool:
+    """A group takes part in prefix hits unless its KV is a function of the encoder input."""
+    return not isinstance(group, CrossAttention)
+
+
+def is_draft(group: Group) -> bool:
+    """Whether the group holds speculative-decoding draft layers."""
+    return isinstance(group, AttentionGroup) and group.draft
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The groups of one model and how its draft layers are keyed."""
+
+    groups: tuple[Group, ...]  # in the engine's order; order does not change any hit
+    speculative: Speculative | None = None  # None: no speculative decoding
+    max_model_len: int | None = None  # longest request the engine admits, if known
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.groups, tuple) or not self.groups:
+            raise InvalidLayout("a layout needs a non-empty tuple of groups")
+        for index, group in enumerate(self.groups):
+            if not isinstance(group, GROUP_KINDS):
+                kinds = ", ".join(k.__name__ for k in GROUP_KINDS)
+                raise InvalidLayout(f"group {index} is {group!r}; expected one of {kinds}")
+        if self.speculative is not None and not isinstance(self.speculative, Speculative):
+            choices = ", ".join(s.value for s in Speculative)
+            raise InvalidLayout(
+                f"speculative must be one of {choices} or absent, got {self.speculative!r}"
+            )
+        drafts = [g.name for g in self.groups if is_draft(g)]
+        if self.speculative is None and drafts:
+            raise InvalidLayout(
+                f"groups {drafts} hold draft layers but no speculative profile is set; "
+                "set speculative to 'exact' or 'drop'"
+            )
+        if self.speculative is not None and not drafts:
+            raise InvalidLayout(
+                f"speculative={self.speculative.value!r} but no group holds draft layers; "
+                "mark the group(s) holding the draft layers with draft=true"
+            )
+        if self.max_model_len is not None:
+            _require_int(self.max_model_len, "max_model_len", 1)
+            alignment = hit_alignment(self)
+            if alignment > self.max_model_len - 1:
+                raise AlignmentImpossible(
+                    f"the smallest positive hit is {alignment} tokens (lcm of the block sizes) "
+                    f"but a request of max_model_len={self.max_model_len} tokens can reuse at "
+                    f"most {self.max_model_len - 1}; prefix caching could never hit. Choose "
+                    "block sizes whose lcm is below max_model_len"
+                )
+
+
+def hit_alignment(layout: Layout) -> int:
+    """Every hit is a multiple of this: the lcm of the cacheable groups' block sizes.
+
+    A corollary of HIT-GROUP-1 (each group accepts only multiples of its block size), not a
+    rule of its own; tests/spec checks it.
+    """
+    return math.lcm(*(g.block_size for g in layout.groups if is_cacheable(g)))

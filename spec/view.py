@@ -1,0 +1,90 @@
+"""§2 Cache view: what each group has cached for one request, in block indices.
+
+Block j of a group with block size B covers the request's tokens [j*B, (j+1)*B). "Group g has
+block j cached" means the group holds a block whose key equals the request's key for block j
+(HASH-MATCH-1); because keys chain, that block holds KV computed from exactly the request's
+tokens [0, (j+1)*B). For a state group, block j cached means a state checkpoint taken after
+token (j+1)*B - 1, i.e. at boundary (j+1)*B.
+
+The hit rules (§3, §4) read only this view, so they can be stated without hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcert.spec.errors import InvalidRequest
+from kvcert.spec.layout import (
+    CrossAttention,
+    Layout,
+    MambaMode,
+    MambaState,
+    Speculative,
+    is_draft,
+)
+
+
+def keyable_blocks(layout: Layout, group_index: int, num_tokens: int) -> int:
+    """How many of the request's blocks can have a key in this group.
+
+    Only full blocks are keyed; under the exact speculative profile a draft block's key also
+    covers the token after it (HASH-DRAFT-1), so that token must exist.
+    """
+    group = layout.groups[group_index]
+    lookahead = 1 if layout.speculative is Speculative.EXACT and is_draft(group) else 0
+    return max(0, (num_tokens - lookahead) // group.block_size)
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """One request's length and, per group, which of its blocks are cached."""
+
+    layout: Layout  # the model's groups
+    num_tokens: int  # tokens in the request (prompt plus any output so far)
+    cached: tuple[frozenset[int], ...]  # per group, the cached block indices
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int):
+            raise InvalidRequest(f"num_tokens must be an integer, got {self.num_tokens!r}")
+        if self.num_tokens < 1:
+            raise InvalidRequest(
+                f"num_tokens must be >= 1 (a request has at least one token to compute), "
+                f"got {self.num_tokens}"
+            )
+        limit = self.layout.max_model_len
+        if limit is not None and self.num_tokens > limit:
+            raise InvalidRequest(
+                f"num_tokens={self.num_tokens} exceeds max_model_len={limit}; "
+                "shorten the request or raise max_model_len"
+            )
+        if len(self.cached) != len(self.layout.groups):
+            raise InvalidRequest(
+                f"cached lists {len(self.cached)} groups but the layout has "
+                f"{len(self.layout.groups)}; give one entry per group, in layout order"
+            )
+        for index, blocks in enumerate(self.cached):
+            self._check_group(index, blocks)
+
+    def _check_group(self, index: int, blocks: frozenset[int]) -> None:
+        group = self.layout.groups[index]
+        label = f"group {index} ({group.name!r})"
+        if not isinstance(blocks, frozenset):
+            raise InvalidRequest(f"{label}: cached blocks must be a frozenset of indices")
+        if blocks and isinstance(group, CrossAttention):
+            raise InvalidRequest(
+                f"{label}: cross-attention KV is never cached (HIT-CROSS-1); leave it empty"
+            )
+        if blocks and isinstance(group, MambaState) and group.mode is MambaMode.NONE:
+            raise InvalidRequest(
+                f"{label}: mode 'none' keeps no state checkpoints (HIT-MAMBA-2); "
+                "leave it empty or use mode 'align' or 'all'"
+            )
+        count = keyable_blocks(self.layout, index, self.num_tokens)
+        valid = f"0..{count - 1}" if count else "none"
+        for j in blocks:
+            if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < count:
+                raise InvalidRequest(
+                    f"{label}: cached block {j!r} is not a keyed block of this "
+                    f"{self.num_tokens}-token request (valid indices: {valid}); "
+                    "only full blocks have keys"
+                )
