@@ -29,22 +29,9 @@ from kvcert.spec import (
     max_hit_length,
     needed_blocks,
 )
-from kvcert.spec.acceptance import (
-    chunked_local_needed,
-    full_needed,
-    sliding_window_needed,
-    state_needed,
-    state_serves_hits,
-)
+from kvcert.spec.acceptance import NEEDED_BY_KIND, state_serves_hits
 from kvcert.spec.hybrid import drop_draft_hit
 from kvcert.spec.rules import rule_of
-
-_NEEDED_RULE = {
-    FullAttention: full_needed,
-    SlidingWindow: sliding_window_needed,
-    ChunkedLocal: chunked_local_needed,
-    MambaState: state_needed,
-}
 
 
 def _tag(function: object) -> str:
@@ -88,7 +75,7 @@ def refusal(group: Group, cached: frozenset[int], length: int, limit: int) -> Re
     else:
         first, last = missing[0] * group.block_size, (missing[-1] + 1) * group.block_size - 1
         reason = f"needs block(s) {format_indices(missing)} (tokens {first}-{last}), not cached"
-    return Refusal(length, _tag(_NEEDED_RULE[type(group)]), reason, missing)
+    return Refusal(length, _tag(NEEDED_BY_KIND[type(group)]), reason, missing)
 
 
 @dataclass(frozen=True)

@@ -127,19 +127,18 @@ def cross_needed(group: CrossAttention, length: int) -> range:
     return range(0)
 
 
+NEEDED_BY_KIND = {
+    FullAttention: full_needed,
+    SlidingWindow: sliding_window_needed,
+    ChunkedLocal: chunked_local_needed,
+    MambaState: state_needed,
+    CrossAttention: cross_needed,
+}
+
+
 def needed_blocks(group: Group, length: int) -> range:
     """The blocks a hit of `length` needs, by kind (dispatch only; the rules are above)."""
-    match group:
-        case FullAttention():
-            return full_needed(group, length)
-        case SlidingWindow():
-            return sliding_window_needed(group, length)
-        case ChunkedLocal():
-            return chunked_local_needed(group, length)
-        case MambaState():
-            return state_needed(group, length)
-        case CrossAttention():
-            return cross_needed(group, length)
+    return NEEDED_BY_KIND[type(group)](group, length)  # type: ignore[operator]
 
 
 def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
@@ -156,13 +155,10 @@ def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
     post: __return__ or length > 0
     post: not __return__ or isinstance(group, CrossAttention) or length % group.block_size == 0
     """
-    if isinstance(group, CrossAttention):
-        return True
     if isinstance(group, MambaState) and not state_serves_hits(group):
         return length == 0
-    if length % group.block_size != 0:
-        return False
-    return all(j in cached for j in needed_blocks(group, length))
+    aligned = isinstance(group, CrossAttention) or length % group.block_size == 0
+    return aligned and all(j in cached for j in needed_blocks(group, length))
 
 
 def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int | None, ...]:
@@ -176,7 +172,6 @@ def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int
     pre: group_accepts(group, cached, length)
     post: all(b is NULL or b in cached for b in __return__)
     """
-    if isinstance(group, CrossAttention):
-        return ()
     needed = needed_blocks(group, length)
-    return tuple(j if j in needed else NULL for j in range(length // group.block_size))
+    count = 0 if isinstance(group, CrossAttention) else length // group.block_size
+    return tuple(j if j in needed else NULL for j in range(count))

@@ -1,15 +1,18 @@
 """§5 Block keys: an abstract hash chain that decides which blocks a request can reuse.
 
-The spec's keys are nested tuples, not digests: a tuple is equal to another only when every
-component is, so the abstract chain is injective by construction and a key match can be
-reasoned about exactly. kvcert.reference hashes a canonical byte encoding of the same
-structure with a collision-resistant function; its tests check that encoding is injective too.
+The spec's keys are tuples, not digests: a tuple equals another only when every component
+does, so the abstract chain is injective by construction and a key match can be reasoned
+about exactly. kvcert.reference hashes a canonical byte encoding of the same structure with a
+collision-resistant function; its tests check that encoding is injective too.
 
-    key(0) = (ROOT,   tokens[0:B],   extras(0))
-    key(j) = (key(j-1), tokens[jB:(j+1)B], extras(j))
+    link(j) = (tokens[jB:(j+1)B], extras(j))
+    key(0)  = (ROOT, link(0))
+    key(j)  = key(j-1) + (link(j),)
 
-Because key(j) contains key(j-1), a match of key(j) certifies the whole prefix
-[0, (j+1)B): a hit can never return a block whose tokens differ from the request's.
+Because key(j) extends key(j-1), a match of key(j) certifies the whole prefix [0, (j+1)B):
+a hit can never return a block whose tokens differ from the request's. The key is flat (a
+tuple of links, not nested pairs) so comparing two long keys never recurses; it grows with
+the prefix, which is the price of clarity here, not in the reference.
 """
 
 from __future__ import annotations
@@ -93,23 +96,22 @@ def block_extras(extras: Sequence[Extra], start: int, end: int) -> tuple[tuple[o
 def block_keys(
     tokens: Sequence[int], block_size: int, extras: Sequence[Extra] = (), lookahead: int = 0
 ) -> tuple[BlockKey, ...]:
-    """HASH-CHAIN-1: Block j's key is its parent's key, its tokens (plus `lookahead` tokens
-    after it) and its extra keys; only blocks whose tokens all exist get a key.
+    """HASH-CHAIN-1: Block j's key is its parent's key extended by the block's tokens (plus
+    `lookahead` tokens after it) and extra keys; only blocks whose tokens all exist get a key.
 
         B=4, tokens 7 8 9 1 | 2 3 4 5 | 6
-        key(0) = (ROOT, (7,8,9,1), ())
-        key(1) = (key(0), (2,3,4,5), ())          token 6 is not in a full block: no key
+        key(0) = (ROOT, ((7,8,9,1), ()))
+        key(1) = (ROOT, ((7,8,9,1), ()), ((2,3,4,5), ()))    token 6 fills no block: no key
 
     pre: block_size >= 1 and lookahead >= 0
     post: len(__return__) == max(0, (len(tokens) - lookahead) // block_size)
     """
     keys: list[BlockKey] = []
-    parent: BlockKey = ROOT
+    chain: BlockKey = (ROOT,)
     for j in range(max(0, (len(tokens) - lookahead) // block_size)):
-        start, end = j * block_size, (j + 1) * block_size
-        span = (start, end + lookahead)
-        parent = (parent, tuple(tokens[span[0] : span[1]]), block_extras(extras, *span))
-        keys.append(parent)
+        start, end = j * block_size, (j + 1) * block_size + lookahead
+        chain = (*chain, (tuple(tokens[start:end]), block_extras(extras, start, end)))
+        keys.append(chain)
     return tuple(keys)
 
 
@@ -118,8 +120,8 @@ def draft_lookahead(is_draft_group: bool, exact: bool) -> int:
     the one token after the block, on which the block's last draft position depends.
 
         B=4, tokens 7 8 9 1 | 2 3 4 5 | 6
-        draft key(0) = (ROOT, (7,8,9,1,2), ())    target key(0) = (ROOT, (7,8,9,1), ())
-        draft key(1) = (draft key(0), (2,3,4,5,6), ())
+        draft key(0) = (ROOT, ((7,8,9,1,2), ()))     target: (ROOT, ((7,8,9,1), ()))
+        draft key(1) = draft key(0) + (((2,3,4,5,6), ()),)
 
     pre: True
     post: __return__ in (0, 1)

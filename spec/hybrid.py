@@ -132,12 +132,10 @@ def hybrid_hit(view: CacheView) -> HybridHit:
         )
     common = common_lengths(view)
     plain = plain_hit(common)
-    match layout.speculative:
-        case Speculative.DROP:
-            length = drop_draft_hit(common)
-        case Speculative.EXACT:
-            length = exact_draft_hit(common)
-        case None:
-            length = plain
+    length = {
+        None: plain_hit,
+        Speculative.EXACT: exact_draft_hit,
+        Speculative.DROP: drop_draft_hit,
+    }[layout.speculative](common)
     blocks = tuple(group_blocks(g, view.cached[i], length) for i, g in enumerate(layout.groups))
     return HybridHit(length=length, blocks=blocks, plain_length=plain)

@@ -1,0 +1,104 @@
+"""Bad input: one typed error family, messages that say what to fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcert.spec import (
+    AlignmentImpossible,
+    CacheView,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    InvalidLayout,
+    InvalidRequest,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    SpecError,
+    Speculative,
+    UncacheableLayout,
+    hybrid_hit,
+)
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [
+        (lambda: FullAttention(0), "block_size must be >= 1"),
+        (lambda: FullAttention(-16), "block_size must be >= 1"),
+        (lambda: FullAttention(16.0), "block_size must be an integer"),
+        (lambda: FullAttention(True), "block_size must be an integer"),
+        (lambda: FullAttention(16, draft="yes"), "draft must be true or false"),
+        (lambda: SlidingWindow(16, 0), "window must be >= 1"),
+        (lambda: ChunkedLocal(16, 0), "chunk must be >= 1"),
+        (lambda: MambaState(16, "sometimes"), "mode must be one of none, align, all"),
+        (lambda: CrossAttention(0), "block_size must be >= 1"),
+        (lambda: Layout(()), "non-empty tuple of groups"),
+        (lambda: Layout([FullAttention(16)]), "non-empty tuple of groups"),
+        (lambda: Layout(("full",)), "expected one of FullAttention"),
+        (lambda: Layout((FullAttention(16),), speculative="eagle"), "exact, drop"),
+        (lambda: Layout((FullAttention(16, draft=True),)), "set speculative to 'exact' or 'drop'"),
+        (lambda: Layout((FullAttention(16),), Speculative.DROP), "mark the group"),
+        (lambda: Layout((FullAttention(16),), max_model_len=0), "max_model_len must be >= 1"),
+    ],
+)
+def test_invalid_layouts(build, fragment):
+    with pytest.raises(InvalidLayout, match=fragment):
+        build()
+
+
+def test_alignment_impossible_names_the_numbers():
+    """lcm(48, 64) = 192 > 100 - 1: no request could ever hit."""
+    with pytest.raises(AlignmentImpossible, match=r"192 tokens .* max_model_len=100"):
+        Layout((FullAttention(48), SlidingWindow(64, 128)), max_model_len=100)
+    Layout((FullAttention(48), SlidingWindow(64, 128)), max_model_len=193)  # fine
+
+
+LAYOUT = Layout((FullAttention(16), SlidingWindow(16, 32)), max_model_len=1000)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "cached", "fragment"),
+    [
+        (0, (frozenset(), frozenset()), "num_tokens must be >= 1"),
+        (-5, (frozenset(), frozenset()), "num_tokens must be >= 1"),
+        ("10", (frozenset(), frozenset()), "num_tokens must be an integer"),
+        (1001, (frozenset(), frozenset()), "exceeds max_model_len=1000"),
+        (40, (frozenset(),), "one entry per group"),
+        (40, (frozenset({2}), frozenset()), r"block 2 is not a keyed block .* 0\.\.1"),
+        (40, (frozenset({-1}), frozenset()), "block -1 is not a keyed block"),
+        (40, ({0}, frozenset()), "must be a frozenset"),
+        (10, (frozenset({0}), frozenset()), r"valid indices: none"),
+    ],
+)
+def test_invalid_views(num_tokens, cached, fragment):
+    with pytest.raises(InvalidRequest, match=fragment):
+        CacheView(LAYOUT, num_tokens, cached)
+
+
+def test_cross_and_mode_none_groups_cannot_hold_cached_blocks():
+    with pytest.raises(InvalidRequest, match="never cached"):
+        CacheView(Layout((FullAttention(4), CrossAttention(4))), 9, (frozenset(), frozenset({0})))
+    with pytest.raises(InvalidRequest, match="mode 'none' keeps no state"):
+        CacheView(Layout((MambaState(4, MambaMode.NONE),)), 9, (frozenset({0}),))
+
+
+def test_exact_draft_blocks_need_the_token_after_them():
+    """HASH-DRAFT-1: with 32 tokens and B=16, draft block 1 has no next token, so no key."""
+    layout = Layout((FullAttention(16, draft=True),), Speculative.EXACT)
+    with pytest.raises(InvalidRequest, match=r"valid indices: 0\.\.0"):
+        CacheView(layout, 32, (frozenset({0, 1}),))
+
+
+def test_lookup_on_a_cross_attention_only_model_is_refused():
+    view = CacheView(Layout((CrossAttention(16),)), 40, (frozenset(),))
+    with pytest.raises(UncacheableLayout, match="no prefix to reuse"):
+        hybrid_hit(view)
+
+
+def test_every_error_is_a_spec_error_and_a_value_error():
+    for error in (InvalidLayout, InvalidRequest, AlignmentImpossible, UncacheableLayout):
+        assert issubclass(error, SpecError)
+        assert issubclass(error, ValueError)
