@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcert.spec import (
     CacheView,
@@ -43,6 +43,8 @@ from kvcert.spec import (
 )
 from kvcert.spec.view import keyable_blocks
 
+T = TypeVar("T")
+
 
 class ScenarioError(ValueError):
     """A scenario file is malformed; the message names the JSON path and the fix."""
@@ -58,7 +60,7 @@ class Scenario:
     view: CacheView
 
 
-_GROUP_FIELDS: Mapping[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
+_GROUP_FIELDS: Mapping[str, tuple[Callable[..., Group], tuple[str, ...], tuple[str, ...]]] = {
     # kind: (spec type, required fields besides block_size, optional fields besides name)
     "full": (FullAttention, (), ("draft",)),
     "sliding_window": (SlidingWindow, ("window",), ("draft",)),
@@ -86,7 +88,7 @@ def _check_fields(
         raise ScenarioError(f"{where}: unknown field(s) {unknown}; allowed: {allowed}")
 
 
-def _spec_call(where: str, build: Callable[[], Any]) -> Any:
+def _spec_call(where: str, build: Callable[[], T]) -> T:
     try:
         return build()
     except SpecError as error:
@@ -97,7 +99,7 @@ def parse_group(obj: object, where: str, index: int) -> Group:
     """One group object -> the spec's group type; unnamed groups are named `kind#index`."""
     fields = _expect_object(obj, where)
     kind = fields.get("kind")
-    if kind not in _GROUP_FIELDS:
+    if not isinstance(kind, str) or kind not in _GROUP_FIELDS:
         raise ScenarioError(
             f"{where}: unknown kind {kind!r}; expected one of {list(_GROUP_FIELDS)}"
         )

@@ -20,6 +20,9 @@ window, chunked local and state groups are not. tests/spec shows both with examp
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from kvcert.spec.layout import (
     ChunkedLocal,
     CrossAttention,
@@ -127,7 +130,7 @@ def cross_needed(group: CrossAttention, length: int) -> range:
     return range(0)
 
 
-NEEDED_BY_KIND = {
+NEEDED_BY_KIND: Mapping[type, Callable[[Any, int], range]] = {
     FullAttention: full_needed,
     SlidingWindow: sliding_window_needed,
     ChunkedLocal: chunked_local_needed,
@@ -138,7 +141,7 @@ NEEDED_BY_KIND = {
 
 def needed_blocks(group: Group, length: int) -> range:
     """The blocks a hit of `length` needs, by kind (dispatch only; the rules are above)."""
-    return NEEDED_BY_KIND[type(group)](group, length)  # type: ignore[operator]
+    return NEEDED_BY_KIND[type(group)](group, length)
 
 
 def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
