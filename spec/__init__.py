@@ -9,12 +9,15 @@ is their generated index. Sections:
     §3 acceptance  which lengths one group can serve            kvcert.spec.acceptance
     §4 hybrid      the hit every group can serve                kvcert.spec.hybrid
     §5 hashing     the abstract key chain behind "cached"       kvcert.spec.hashing
+    §6 alloc       the allocator: step(state, op)               kvcert.spec.alloc
+    §7 invariants  what every reachable state satisfies         kvcert.spec.invariants
 """
 
 from kvcert.spec.acceptance import NULL, group_accepts, group_blocks, needed_blocks
 from kvcert.spec.errors import (
     AlignmentImpossible,
     InvalidLayout,
+    InvalidOp,
     InvalidRequest,
     SpecError,
     UncacheableLayout,
@@ -50,6 +53,7 @@ __all__ = [
     "Group",
     "HybridHit",
     "InvalidLayout",
+    "InvalidOp",
     "InvalidRequest",
     "Layout",
     "MambaMode",

@@ -26,3 +26,7 @@ class UncacheableLayout(InvalidLayout):
 
 class InvalidRequest(SpecError):
     """A request or cache view is malformed (negative or empty lengths, blocks out of range)."""
+
+
+class InvalidOp(SpecError):
+    """An allocator operation misuses the protocol (unknown request, work in flight, ...)."""

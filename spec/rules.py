@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvcert.spec import acceptance, hashing, hybrid
+from kvcert.spec import acceptance, alloc, hashing, hybrid, invariants
 
-RULE_MODULES: tuple[ModuleType, ...] = (acceptance, hybrid, hashing)
+RULE_MODULES: tuple[ModuleType, ...] = (acceptance, hybrid, hashing, alloc, invariants)
 TAG = re.compile(r"^(?P<tag>[A-Z]+(?:-[A-Z]+)*-\d+): (?P<rest>.+)$")
 
 

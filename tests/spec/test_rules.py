@@ -20,9 +20,11 @@ from kvcert.spec import (
     SlidingWindow,
     Speculative,
     acceptance,
+    alloc,
     hashing,
     hybrid,
     hybrid_hit,
+    invariants,
     layout,
     view,
 )
@@ -49,6 +51,23 @@ EXPECTED_TAGS = {
     "HASH-EXTRA-1",
     "HASH-DRAFT-1",
     "HASH-MATCH-1",
+    "ALLOC-INIT-1",
+    "ALLOC-LOOKUP-1",
+    "ALLOC-HOLD-1",
+    "ALLOC-WRITE-1",
+    "ALLOC-TWO-PHASE-1",
+    "ALLOC-SKIP-1",
+    "ALLOC-EVICT-1",
+    "ALLOC-FREE-1",
+    "ALLOC-COMMIT-1",
+    "ALLOC-VIS-1",
+    "ALLOC-RESET-1",
+    "INV-NULL-1",
+    "INV-REF-1",
+    "INV-FREE-1",
+    "INV-KEY-1",
+    "INV-HIT-1",
+    "INV-VIS-1",
 }
 
 
@@ -134,7 +153,7 @@ def test_every_contract_holds_on_every_small_case():
         getattr(__import__(r.module, fromlist=[r.function]), r.function) for r in RULES
     ]
     seen: set[str] = set()
-    modules = (acceptance, hybrid, hashing, layout, view, spec_package)
+    modules = (acceptance, hybrid, hashing, layout, view, spec_package, alloc, invariants)
     with contracts_enforced(modules, rule_functions, seen):
         cases = 0
         for chosen in small_layouts():
@@ -147,8 +166,47 @@ def test_every_contract_holds_on_every_small_case():
             for lookahead in (hashing.draft_lookahead(True, True), 0):
                 keys = hashing.block_keys(tokens, size, extras, lookahead)
                 hashing.matched_blocks(keys, frozenset(keys[:2]))
+        for chosen in small_layouts():
+            exercise_allocator(chosen)
     assert cases > 5_000
     assert seen == {r.function for r in RULES}, "every rule's contract was exercised"
+
+
+def exercise_allocator(chosen: Layout) -> None:
+    """A scripted trace through every allocator rule, invariants checked after each step."""
+    prompt = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+    ops = [
+        alloc.ResetCache(),
+        alloc.Admit("a", prompt, 4, lookahead=1),
+        alloc.Admit("b", prompt, 9),
+        alloc.ResetCache(),
+        alloc.EndStep(),
+        alloc.Extend("a", 2),
+        alloc.EndStep(),
+        alloc.Extend("a", 8),
+        alloc.EndStep(),
+        alloc.Extend("a", 1, appended=(5,)),
+        alloc.Finish("b"),
+        alloc.Admit("c", (*prompt, 5), 2),
+        alloc.EndStep(),
+        alloc.Preempt("a"),
+        alloc.Admit("d", tuple(range(20, 29)), 9),
+        alloc.Finish("c"),
+    ]
+    state = alloc.initial_state(alloc.PoolConfig(chosen, 12))
+    for scripted in ops:
+        op = scripted
+        request = state.requests.get(getattr(op, "rid", ""))
+        if isinstance(op, alloc.Finish | alloc.Preempt | alloc.Extend) and request is None:
+            continue  # the admission waited for capacity
+        if isinstance(op, alloc.Extend):
+            done = request.computed == len(request.tokens)
+            if done and not op.appended:
+                continue  # a chunked-only layout hit the prompt without computing it
+            if not done:
+                op = alloc.Extend(scripted.rid, scripted.budget)  # prompt not finished yet
+        state, _ = alloc.step(state, op)
+        assert invariants.violated(state) == []
 
 
 def test_the_contract_checker_catches_a_false_postcondition():

@@ -1,0 +1,627 @@
+"""§6 The allocator as a state machine: `step(state, op) -> (state, observation)`.
+
+One pool of `num_blocks` physical blocks serves every group (one page size, §8 later). Block
+0 is the null block: it stands in table positions a group needs nothing for and is never
+handed out. Every other block is either held (ref_count > 0) or in the free queue; a free
+block may still carry a registered key, and then a lookup can revive it until it is evicted.
+
+Operations, in the order a scheduler issues them within one step:
+
+    Admit(rid, tokens, budget)      look the prompt up, take the hit, allocate for the chunk
+    Extend(rid, budget, appended)   next prefill chunk or decode token of a running request
+    EndStep()                       the step's KV is written: commit, register full blocks
+    Finish(rid) / Preempt(rid)      release the request's blocks
+    ResetCache()                    forget every registered key (only when nothing is held)
+
+Blocks record what they were computed from (`Block.content`), not only their keys, so the
+invariants (§7) can check that a hit never hands a request KV of other tokens.
+
+Out of capacity is an observation (`Waiting`) that leaves the state unchanged. Misuse (an
+unknown request, a second admission, work while a chunk is in flight) raises `InvalidOp`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvcert.spec.acceptance import NULL
+from kvcert.spec.errors import InvalidOp
+from kvcert.spec.hashing import BlockKey, Extra, block_keys, draft_lookahead
+from kvcert.spec.hybrid import hybrid_hit
+from kvcert.spec.layout import (
+    ChunkedLocal,
+    CrossAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+    is_draft,
+)
+from kvcert.spec.view import CacheView
+
+NULL_BLOCK = 0  # physical id of the null block
+
+
+class Eviction(StrEnum):
+    """Named eviction profiles; an engine claims one to be compared on eviction order."""
+
+    LRU = "lru"  # vLLM's observable order (research notes §5): head of the free queue first
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What the allocator is built for."""
+
+    layout: Layout  # the groups sharing the pool
+    num_blocks: int  # physical blocks, the null block included
+    eviction: Eviction = Eviction.LRU  # the eviction profile
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
+            raise InvalidOp(f"num_blocks must be an integer, got {self.num_blocks!r}")
+        if self.num_blocks < 2:
+            raise InvalidOp(
+                f"num_blocks must be >= 2 (the null block plus one), got {self.num_blocks}"
+            )
+
+
+Content = tuple[int, tuple[int, ...], tuple[Extra, ...]]  # (group, tokens it covers, extras)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One physical block."""
+
+    ref_count: int = 0  # table entries of running requests that hold it
+    content: Content | None = None  # what its committed KV/state was computed from
+    key: tuple[int, BlockKey] | None = None  # (group, key) once registered: then hittable
+    stamp: int = 0  # registration order; the earliest of duplicate keys is the one looked up
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request the allocator holds blocks for."""
+
+    tokens: tuple[int, ...]  # prompt plus the outputs appended so far
+    extras: tuple[Extra, ...]  # extra keys (salt, LoRA, ...) of the request
+    computed: int  # tokens whose KV is written (committed at an end of step)
+    scheduled: int  # tokens being computed in the current step
+    lookahead: int  # speculative slots allocated beyond computed + scheduled
+    tables: tuple[tuple[int, ...], ...]  # per group, physical ids; NULL_BLOCK where none held
+    registered: tuple[int, ...]  # per group, table positions already considered for caching
+
+
+@dataclass(frozen=True)
+class State:
+    """The whole allocator state."""
+
+    config: PoolConfig  # fixed for the state's life
+    blocks: tuple[Block, ...]  # indexed by physical id
+    free: tuple[int, ...]  # the free queue, eviction candidate first
+    requests: dict[str, Request] = field(default_factory=dict)  # running requests by id
+    next_stamp: int = 1  # the stamp the next registration gets
+
+
+# --- operations ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Look a new (or preempted) request up and schedule its first chunk."""
+
+    rid: str
+    tokens: tuple[int, ...]
+    budget: int  # most tokens to compute in this step
+    extras: tuple[Extra, ...] = ()
+    lookahead: int = 0  # speculative slots to allocate beyond the chunk
+
+
+@dataclass(frozen=True)
+class Extend:
+    """Schedule more tokens of a running request; `appended` are newly sampled tokens."""
+
+    rid: str
+    budget: int
+    appended: tuple[int, ...] = ()
+    lookahead: int = 0
+
+
+@dataclass(frozen=True)
+class EndStep:
+    """The step's KV is written."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The request is done (or aborted): release its blocks."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """The request is evicted from the batch: release its blocks; it may be admitted again."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class ResetCache:
+    """Forget every registered key."""
+
+
+Op = Admit | Extend | EndStep | Finish | Preempt | ResetCache
+
+
+# --- observations --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admitted:
+    hit: int  # tokens served from the cache
+    scheduled: int  # tokens to compute in this step
+    tables: tuple[tuple[int, ...], ...]  # per group, after allocation
+
+
+@dataclass(frozen=True)
+class Extended:
+    scheduled: int
+    tables: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Not enough free blocks: nothing changed; retry in a later step."""
+
+    needed: int
+    free: int
+
+
+@dataclass(frozen=True)
+class StepEnded:
+    registered: int  # blocks that became hittable
+
+
+@dataclass(frozen=True)
+class Released:
+    blocks: int  # blocks whose reference count reached 0
+
+
+@dataclass(frozen=True)
+class CacheReset:
+    done: bool  # False when a request still holds blocks
+
+
+Observation = Admitted | Extended | Waiting | StepEnded | Released | CacheReset
+
+
+def initial_state(config: PoolConfig) -> State:
+    """ALLOC-INIT-1: An empty pool has every block but the null one free, in ascending id
+    order, and nothing registered.
+
+        num_blocks=5:   null=0   free queue: 1 2 3 4
+
+    pre: config.num_blocks >= 2
+    post: __return__.free == tuple(range(1, config.num_blocks))
+    """
+    return State(
+        config, tuple(Block() for _ in range(config.num_blocks)), tuple(range(1, config.num_blocks))
+    )
+
+
+# --- lookup ---------------------------------------------------------------------------------
+
+
+def key_lookahead(layout: Layout, group: Group) -> int:
+    """Tokens past a block that its key covers: 1 for draft groups under exact keying."""
+    return draft_lookahead(is_draft(group), layout.speculative is Speculative.EXACT)
+
+
+def request_keys(
+    layout: Layout, tokens: tuple[int, ...], extras: tuple[Extra, ...]
+) -> tuple[tuple[BlockKey, ...], ...]:
+    """Per group, the request's block keys (HASH-CHAIN-1, HASH-DRAFT-1)."""
+    return tuple(
+        block_keys(tokens, g.block_size, extras, key_lookahead(layout, g)) for g in layout.groups
+    )
+
+
+def registered_block(state: State, group: int, key: BlockKey) -> int | None:
+    """ALLOC-LOOKUP-1: A key is served by the block registered under it earliest; a key on no
+    block is a miss.
+
+        blocks 7 (stamp 3) and 4 (stamp 9) both hold key k of group 0  -> block 7
+
+    pre: 0 <= group < len(state.config.layout.groups)
+    post: __return__ is None or state.blocks[__return__].key == (group, key)
+    """
+    holders = [(b.stamp, i) for i, b in enumerate(state.blocks) if b.key == (group, key)]
+    return min(holders)[1] if holders else None
+
+
+def lookup(
+    state: State, tokens: tuple[int, ...], extras: tuple[Extra, ...]
+) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """The hit of a prompt over the registered blocks: length and per-group physical ids."""
+    layout = state.config.layout
+    keys = request_keys(layout, tokens, extras)
+    found = [
+        {
+            j: b
+            for j, key in enumerate(keys[g])
+            if (b := registered_block(state, g, key)) is not None
+        }
+        for g in range(len(layout.groups))
+    ]
+    view = CacheView(layout, len(tokens), tuple(frozenset(f) for f in found))
+    hit = hybrid_hit(view)
+    tables = tuple(
+        tuple(NULL_BLOCK if j is NULL else found[g][j] for j in hit.blocks[g])
+        for g in range(len(layout.groups))
+    )
+    return hit.length, tables
+
+
+# --- table shape -----------------------------------------------------------------------------
+
+
+def _end(group: Group, request: Request) -> int:
+    """Where a group's allocation ends: speculative slots are attention positions only."""
+    end = request.computed + request.scheduled
+    return end if isinstance(group, MambaState) else end + request.lookahead
+
+
+def positions_read(group: Group, computed: int, end: int) -> range:
+    """ALLOC-HOLD-1: While computing tokens [computed, end) a group keeps the table positions
+    its kind can still read; every earlier position may hold the null block.
+
+        B=16, tokens [64, 80):
+        full, state all     positions 0..4
+        SW W=32             positions 2..4   (token 64's window starts at token 33)
+        chunked C=32        positions 4..4   (token 64 opens a chunk)
+        state align/none    position 4       (the running state only)
+        cross               nothing
+
+    pre: 0 <= computed < end
+    post: isinstance(group, CrossAttention) or __return__.stop == -(-end // group.block_size)
+    """
+    if isinstance(group, CrossAttention):
+        return range(0)
+    size = group.block_size
+    last = -(-end // size)
+    match group:
+        case SlidingWindow():
+            first = max(0, computed - (group.window - 1)) // size
+        case ChunkedLocal():
+            first = (computed // group.chunk) * group.chunk // size
+        case MambaState() if group.mode is not MambaMode.ALL:
+            first = last - 1
+        case _:
+            first = 0
+    return range(first, last)
+
+
+def positions_written(group: Group, computed: int, end: int) -> range:
+    """ALLOC-WRITE-1: Computing tokens [computed, end) writes the positions those tokens fall
+    in, each of which needs a real block; a state group in mode align or none writes only
+    its running state, at the last position.
+
+        B=16, tokens [40, 80):   attention, state all: positions 2..4;  align/none: 4
+
+    pre: 0 <= computed < end
+    post: isinstance(group, CrossAttention) or __return__.stop == -(-end // group.block_size)
+    """
+    if isinstance(group, CrossAttention):
+        return range(0)
+    last = -(-end // group.block_size)
+    if isinstance(group, MambaState) and group.mode is not MambaMode.ALL:
+        return range(last - 1, last)
+    return range(computed // group.block_size, last)
+
+
+# --- the transition ------------------------------------------------------------------------
+
+
+def step(state: State, op: Op) -> tuple[State, Observation]:
+    """The next-state relation: one operation, one observation."""
+    match op:
+        case Admit():
+            return _admit(state, op)
+        case Extend():
+            return _extend(state, op)
+        case EndStep():
+            return end_step(state)
+        case Finish() | Preempt():
+            return release(state, op.rid)
+        case ResetCache():
+            return reset_cache(state)
+    raise InvalidOp(f"unknown operation {op!r}")  # pragma: no cover - Op is closed
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidOp(message)
+
+
+def _admit(state: State, op: Admit) -> tuple[State, Observation]:
+    layout = state.config.layout
+    _require(
+        op.rid not in state.requests,
+        f"request {op.rid!r} is already running; "
+        "Extend it, or Finish/Preempt it before admitting it again",
+    )
+    _require(len(op.tokens) >= 1, "a request needs at least one token")
+    _require(op.budget >= 1 and op.lookahead >= 0, "budget must be >= 1 and lookahead >= 0")
+    limit = layout.max_model_len
+    _require(
+        limit is None or len(op.tokens) <= limit,
+        f"{len(op.tokens)} tokens exceed max_model_len={limit}",
+    )
+    hit, hit_tables = lookup(state, op.tokens, op.extras)
+    scheduled = min(op.budget, len(op.tokens) - hit)
+    request = Request(
+        op.tokens,
+        op.extras,
+        hit,
+        scheduled,
+        op.lookahead,
+        hit_tables,
+        tuple(len(t) for t in hit_tables),
+    )
+    return admit_with_hit(state, op.rid, request)
+
+
+def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Observation]:
+    """ALLOC-TWO-PHASE-1: An admission first takes every hit block, then allocates new ones,
+    so its own allocation can never evict its hits; free hit blocks count against capacity.
+
+        free queue: 5 6 7 8, hits {6, 7} (free), 2 new blocks needed
+        need 2 + 2 = 4 <= 4:  take 6 7 -> queue 5 8;  pop 5 8 for the new positions
+
+    pre: rid not in state.requests
+    post: isinstance(__return__[1], (Admitted, Waiting))
+    """
+    hits = {b for table in request.tables for b in table if b != NULL_BLOCK}
+    reviving = [b for b in hits if state.blocks[b].ref_count == 0]
+    blocks = list(state.blocks)
+    for b in hits:
+        blocks[b] = dataclasses.replace(blocks[b], ref_count=blocks[b].ref_count + 1)
+    taken = dataclasses.replace(
+        state, blocks=tuple(blocks), free=tuple(b for b in state.free if b not in hits)
+    )
+    grown = _grow(taken, request, reserved=len(reviving))
+    if isinstance(grown, Waiting):
+        return state, grown
+    new_state, request = grown
+    requests = {**new_state.requests, rid: request}
+    return (
+        dataclasses.replace(new_state, requests=requests),
+        Admitted(request.computed, request.scheduled, request.tables),
+    )
+
+
+def _extend(state: State, op: Extend) -> tuple[State, Observation]:
+    _require(op.rid in state.requests, f"unknown request {op.rid!r}; Admit it first")
+    request = state.requests[op.rid]
+    _require(request.scheduled == 0, f"request {op.rid!r} has a chunk in flight; EndStep first")
+    _require(op.budget >= 1 and op.lookahead >= 0, "budget must be >= 1 and lookahead >= 0")
+    _require(
+        not op.appended or request.computed == len(request.tokens),
+        f"request {op.rid!r} still has prompt tokens to compute; append only after them",
+    )
+    tokens = request.tokens + op.appended
+    limit = state.config.layout.max_model_len
+    _require(
+        limit is None or len(tokens) <= limit,
+        f"{len(tokens)} tokens exceed max_model_len={limit}; Finish the request",
+    )
+    _require(
+        request.computed < len(tokens),
+        f"request {op.rid!r} has no token left to compute; append the sampled token",
+    )
+    scheduled = min(op.budget, len(tokens) - request.computed)
+    grown_request = dataclasses.replace(
+        request, tokens=tokens, scheduled=scheduled, lookahead=op.lookahead
+    )
+    released_state, released_request = release_unneeded(state, grown_request)
+    grown = _grow(released_state, released_request, reserved=0)
+    if isinstance(grown, Waiting):
+        return state, grown
+    new_state, new_request = grown
+    requests = {**new_state.requests, op.rid: new_request}
+    return (
+        dataclasses.replace(new_state, requests=requests),
+        Extended(new_request.scheduled, new_request.tables),
+    )
+
+
+def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
+    """ALLOC-SKIP-1: Before allocating, a request releases the blocks its groups can no longer
+    read (ALLOC-HOLD-1) and puts the null block in their place, latest position first.
+
+        SW W=32 B=16, computed 96:  positions 0..3 no longer read -> [0 0 0 0 b4 b5 ...]
+        released order: b3 b2 b1 b0 (each to the free queue tail when its count reaches 0)
+
+    pre: request.scheduled >= 1
+    post: all(len(t) == len(o) for t, o in zip(__return__[1].tables, request.tables))
+    """
+    layout = state.config.layout
+    order: list[int] = []
+    tables = []
+    for g, group in enumerate(layout.groups):
+        held = positions_read(group, request.computed, _end(group, request))
+        table = list(request.tables[g])
+        for j in reversed(range(len(table))):
+            if table[j] != NULL_BLOCK and j not in held:
+                order.append(table[j])
+                table[j] = NULL_BLOCK
+        tables.append(tuple(table))
+    new_state = _decrement(state, order)
+    return new_state, dataclasses.replace(request, tables=tuple(tables))
+
+
+def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request] | Waiting:
+    """Give every position ALLOC-WRITE-1 asks for a real block; `reserved` free hit blocks
+    were already taken from the free queue and count as needed too."""
+    layout = state.config.layout
+    wanted = []
+    for g, group in enumerate(layout.groups):
+        current = request.tables[g]
+        written = positions_written(group, request.computed, _end(group, request))
+        wanted.append([j for j in written if j >= len(current) or current[j] == NULL_BLOCK])
+    count = sum(len(w) for w in wanted)
+    if count > len(state.free):
+        return Waiting(count + reserved, len(state.free) + reserved)
+    state, fresh = evict_for(state, count)
+    supply = iter(fresh)
+    tables = []
+    for g, group in enumerate(layout.groups):
+        last = positions_read(group, request.computed, _end(group, request)).stop
+        table = list(request.tables[g]) + [NULL_BLOCK] * max(0, last - len(request.tables[g]))
+        for j in wanted[g]:
+            table[j] = next(supply)
+        tables.append(tuple(table))
+    return state, dataclasses.replace(request, tables=tuple(tables))
+
+
+def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
+    """ALLOC-EVICT-1: Under the lru profile new blocks come from the head of the free queue;
+    a popped block loses its key and content, so it stops being hittable.
+
+        free queue 3 9 4 (9 holds key k)    pop 2 -> blocks 3, 9; k is forgotten; queue 4
+
+    pre: 0 <= count <= len(state.free)
+    post: len(__return__[1]) == count
+    """
+    taken = state.free[:count]
+    blocks = list(state.blocks)
+    for b in taken:
+        blocks[b] = Block(ref_count=1)
+    return dataclasses.replace(state, blocks=tuple(blocks), free=state.free[count:]), taken
+
+
+def _decrement(state: State, order: list[int]) -> State:
+    blocks = list(state.blocks)
+    freed: list[int] = []
+    for b in order:
+        blocks[b] = dataclasses.replace(blocks[b], ref_count=blocks[b].ref_count - 1)
+        if blocks[b].ref_count == 0:
+            freed.append(b)
+    return dataclasses.replace(state, blocks=tuple(blocks), free=state.free + tuple(freed))
+
+
+def release(state: State, rid: str) -> tuple[State, Observation]:
+    """ALLOC-FREE-1: A finished or preempted request releases its blocks group by group in
+    layout order, each group's table from the last position to the first; blocks whose count
+    reaches 0 join the free queue tail in that order (the lru profile, vLLM's order).
+
+        tables  g0: [1 2 3]   g1: [0 5 6]     queue tail gains 3 2 1 6 5
+        so group 0's first block is evicted before any of group 1's blocks
+
+    pre: rid in state.requests
+    post: rid not in __return__[0].requests
+    """
+    _require(rid in state.requests, f"unknown request {rid!r}; it is not running")
+    request = state.requests[rid]
+    order = [b for table in request.tables for b in reversed(table) if b != NULL_BLOCK]
+    new_state = _decrement(state, order)
+    requests = {k: v for k, v in new_state.requests.items() if k != rid}
+    freed = len(new_state.free) - len(state.free)
+    return dataclasses.replace(new_state, requests=requests), Released(freed)
+
+
+def committed_positions(layout: Layout, g: int, request: Request, before: int) -> range:
+    """ALLOC-COMMIT-1: At the end of a step a group registers the table positions whose KV is
+    now entirely written; a draft group under exact keying also waits for the next token; a
+    state group registers a checkpoint at every boundary (all) or only where the step ended
+    (align), and never in mode none.
+
+        B=16, computed 40 -> 64 this step:   full registers positions 2, 3
+        draft (exact), 64 tokens known:      position 3 waits for token 64
+        state align:                         position 3 (the step ended at 64)
+
+    pre: 0 <= before <= request.computed
+    post: all(0 <= j < len(request.tables[g]) for j in __return__)
+    """
+    group = layout.groups[g]
+    size = 1 if isinstance(group, CrossAttention) else group.block_size
+    start, stop = request.registered[g], request.computed // size
+    if isinstance(group, CrossAttention):
+        return range(0)
+    if key_lookahead(layout, group):
+        stop = min(stop, (len(request.tokens) - 1) // size)
+    if isinstance(group, MambaState):
+        if group.mode is MambaMode.NONE:
+            return range(0)
+        if group.mode is MambaMode.ALIGN:
+            aligned = request.computed % size == 0 and request.computed > before
+            return range(stop - 1, stop) if aligned and stop - 1 >= start else range(0)
+    return range(start, max(start, stop))
+
+
+def end_step(state: State) -> tuple[State, Observation]:
+    """ALLOC-VIS-1: Blocks become hittable only at the end of the step that wrote them: scheduled
+    tokens are committed, then ALLOC-COMMIT-1's positions are registered, never earlier.
+
+        step 1: a computes tokens 0..63 (B=16); b looks up in step 1 -> hit 0
+        end of step 1: a's blocks 0..3 registered;    b looks up in step 2 -> hit 48
+
+    pre: True
+    post: all(r.scheduled == 0 for r in __return__[0].requests.values())
+    """
+    layout = state.config.layout
+    blocks = list(state.blocks)
+    stamp = state.next_stamp
+    requests = {}
+    registered = 0
+    for rid in sorted(state.requests):
+        old = state.requests[rid]
+        request = dataclasses.replace(old, computed=old.computed + old.scheduled, scheduled=0)
+        marks = list(request.registered)
+        for g, group in enumerate(layout.groups):
+            positions = committed_positions(layout, g, request, old.computed)
+            keys = (
+                block_keys(
+                    request.tokens, group.block_size, request.extras, key_lookahead(layout, group)
+                )
+                if positions
+                else ()
+            )
+            for j in positions:
+                b = request.tables[g][j]  # written by this request, so real and unkeyed
+                covered = (j + 1) * group.block_size + key_lookahead(layout, group)
+                blocks[b] = dataclasses.replace(
+                    blocks[b],
+                    key=(g, keys[j]),
+                    stamp=stamp,
+                    content=(g, request.tokens[:covered], request.extras),
+                )
+                stamp += 1
+                registered += 1
+            if positions:
+                marks[g] = positions.stop
+        requests[rid] = dataclasses.replace(request, registered=tuple(marks))
+    return (
+        dataclasses.replace(state, blocks=tuple(blocks), requests=requests, next_stamp=stamp),
+        StepEnded(registered),
+    )
+
+
+def reset_cache(state: State) -> tuple[State, Observation]:
+    """ALLOC-RESET-1: Resetting the prefix cache forgets every key, and is refused while any
+    request holds blocks (their tables would point at unregistered content).
+
+        no request running:   keys of blocks 1..N-1 cleared, free queue order kept
+        a request running:    refused, nothing changes
+
+    pre: True
+    post: __return__[1].done == (not state.requests)
+    """
+    if state.requests:
+        return state, CacheReset(False)
+    blocks = tuple(dataclasses.replace(b, key=None, content=None) for b in state.blocks)
+    return dataclasses.replace(state, blocks=blocks), CacheReset(True)

@@ -1,0 +1,146 @@
+"""§7 Invariants of the allocator state, checked after every step (tests/spec, stateful).
+
+Each is a predicate over `State`; `INVARIANTS` maps its tag to it. They hold in the initial
+state and `step` preserves them (THM-ALLOC-INV, tested by the stateful machines).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from kvcert.spec.alloc import NULL_BLOCK, State, key_lookahead, request_keys
+from kvcert.spec.hashing import block_keys
+
+
+def _held(state: State) -> Counter[int]:
+    return Counter(
+        b for r in state.requests.values() for t in r.tables for b in t if b != NULL_BLOCK
+    )
+
+
+def null_block_is_never_handed_out(state: State) -> bool:
+    """INV-NULL-1: The null block has no references, no key, no content, and is never free.
+
+        null=0:  ref 0, key None, not in the free queue; tables may name it freely
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    null = state.blocks[NULL_BLOCK]
+    return (
+        null.ref_count == 0
+        and null.key is None
+        and null.content is None
+        and NULL_BLOCK not in state.free
+    )
+
+
+def reference_counts_match_tables(state: State) -> bool:
+    """INV-REF-1: A block's reference count is the number of table entries that name it.
+
+        a: g0 [1 2]   b: g0 [1 3]      ref(1)=2  ref(2)=1  ref(3)=1  others 0
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    held = _held(state)
+    return all(
+        block.ref_count == held.get(i, 0) for i, block in enumerate(state.blocks) if i != NULL_BLOCK
+    )
+
+
+def free_queue_is_exactly_the_unreferenced_blocks(state: State) -> bool:
+    """INV-FREE-1: The free queue holds every unreferenced non-null block exactly once, and
+    nothing else, so blocks are conserved: free + held = num_blocks - 1.
+
+        num_blocks=6, held {1, 2}:   free queue is a permutation of 3 4 5
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    unreferenced = [i for i, b in enumerate(state.blocks) if i != NULL_BLOCK and b.ref_count == 0]
+    return sorted(state.free) == unreferenced
+
+
+def keys_describe_content(state: State) -> bool:
+    """INV-KEY-1: A registered key is the key of the tokens and extras the block's KV was
+    computed from: a lookup can only match content equal to the request's.
+
+        block 7: content (g0, tokens 0..15, salt s)  key (g0, key(tokens 0..15, salt s))
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    layout = state.config.layout
+    for block in state.blocks:
+        if block.key is None:
+            continue
+        if block.content is None or block.content[0] != block.key[0]:
+            return False
+        group, tokens, extras = block.content
+        spec_group = layout.groups[group]
+        keys = block_keys(tokens, spec_group.block_size, extras, key_lookahead(layout, spec_group))
+        if not keys or keys[-1] != block.key[1]:
+            return False
+    return True
+
+
+def tables_hold_the_request_tokens(state: State) -> bool:
+    """INV-HIT-1: Every block a request holds at a committed position was computed from the
+    request's own tokens and extras: a hit never hands over KV of other tokens.
+
+        a: tokens 5 6 7 8 | 9 ...   g0 [7 ...]   block 7's content is tokens 5 6 7 8
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    layout = state.config.layout
+    for request in state.requests.values():
+        keys = request_keys(layout, request.tokens, request.extras)
+        for g, table in enumerate(request.tables):
+            for j, b in enumerate(table):
+                content = state.blocks[b].content
+                if b == NULL_BLOCK or content is None:
+                    continue
+                if content[0] != g or state.blocks[b].key not in (None, (g, keys[g][j])):
+                    return False
+                covered = len(content[1])
+                if content[1] != request.tokens[:covered] or content[2] != request.extras:
+                    return False
+    return True
+
+
+def uncommitted_blocks_are_not_hittable(state: State) -> bool:
+    """INV-VIS-1: No block is registered beyond what its holders have committed: a block
+    written in the current step is not hittable until the step ends.
+
+        a: computed 32, scheduled 32 (B=16)    a's positions 2, 3 carry no key
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    layout = state.config.layout
+    for request in state.requests.values():
+        for g, table in enumerate(request.tables):
+            size = layout.groups[g].block_size
+            for j, b in enumerate(table):
+                uncommitted = b != NULL_BLOCK and (j + 1) * size > request.computed
+                if uncommitted and state.blocks[b].key is not None:
+                    return False
+    return True
+
+
+INVARIANTS: Mapping[str, Callable[[State], bool]] = {
+    "INV-NULL-1": null_block_is_never_handed_out,
+    "INV-REF-1": reference_counts_match_tables,
+    "INV-FREE-1": free_queue_is_exactly_the_unreferenced_blocks,
+    "INV-KEY-1": keys_describe_content,
+    "INV-HIT-1": tables_hold_the_request_tokens,
+    "INV-VIS-1": uncommitted_blocks_are_not_hittable,
+}
+
+
+def violated(state: State) -> list[str]:
+    """The tags of the invariants `state` breaks (empty when all hold)."""
+    return [tag for tag, holds in INVARIANTS.items() if not holds(state)]

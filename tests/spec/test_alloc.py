@@ -1,0 +1,408 @@
+"""§6-7 the allocator state machine: rule examples, broken states, a self-check machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvcert.spec import (
+    Extra,
+    ExtraKind,
+    FullAttention,
+    InvalidOp,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec.alloc import (
+    NULL_BLOCK,
+    Admit,
+    Admitted,
+    Block,
+    CacheReset,
+    EndStep,
+    Extend,
+    Extended,
+    Finish,
+    PoolConfig,
+    Preempt,
+    Released,
+    ResetCache,
+    StepEnded,
+    Waiting,
+    initial_state,
+    step,
+)
+from kvcert.spec.invariants import INVARIANTS, violated
+from tests.strategies import layouts
+
+PROMPT = tuple(range(100, 140))  # 40 distinct tokens
+
+
+def run(state, *ops):
+    observations = []
+    for op in ops:
+        state, observation = step(state, op)
+        assert violated(state) == [], (op, violated(state))
+        observations.append(observation)
+    return state, observations
+
+
+def pool(*groups, blocks=64, speculative=None):
+    return initial_state(PoolConfig(Layout(tuple(groups), speculative), blocks))
+
+
+def test_initial_state_frees_every_block_but_the_null_one():
+    """ALLOC-INIT-1."""
+    state = pool(FullAttention(4), blocks=5)
+    assert state.free == (1, 2, 3, 4)
+    assert violated(state) == []
+
+
+def test_blocks_become_hittable_only_at_the_end_of_the_step():
+    """VIS-1 (vLLM #41838): b admitted in a's step misses; after EndStep it hits."""
+    state = pool(FullAttention(16))
+    state, (first, same_step, _, next_step) = run(
+        state, Admit("a", PROMPT, 64), Admit("b", PROMPT, 64), EndStep(), Admit("c", PROMPT, 64)
+    )
+    assert (first.hit, same_step.hit) == (0, 0)
+    assert next_step.hit == 32  # 40 tokens: limit 39, two whole blocks of a
+
+
+def test_hit_blocks_are_shared_and_counted():
+    """ALLOC-LOOKUP-1: c's hit names a's blocks; their counts go to 2."""
+    state, (a, _, c) = run(
+        pool(FullAttention(16)), Admit("a", PROMPT, 64), EndStep(), Admit("c", PROMPT, 64)
+    )
+    assert c.tables[0][:2] == a.tables[0][:2]
+    assert [state.blocks[b].ref_count for b in c.tables[0][:2]] == [2, 2]
+
+
+def test_duplicates_are_cached_and_the_earliest_is_served():
+    """ALLOC-LOOKUP-1: a and b compute the same blocks in one step: two copies, a's first."""
+    _state, (a, b, ended, c) = run(
+        pool(FullAttention(16)),
+        Admit("a", PROMPT, 64),
+        Admit("b", PROMPT, 64),
+        EndStep(),
+        Admit("c", PROMPT, 64),
+    )
+    assert ended.registered == 4
+    assert c.tables[0][:2] == a.tables[0][:2] != b.tables[0][:2]
+
+
+def test_out_of_capacity_waits_and_changes_nothing():
+    """ALLOC-TWO-PHASE-1: 40 tokens need 3 blocks of 16; a pool of 3 free blocks has room for
+    one such request, not two."""
+    state, (a,) = run(pool(FullAttention(16), blocks=4), Admit("a", PROMPT, 64))
+    assert isinstance(a, Admitted)
+    after, observation = step(state, Admit("b", tuple(range(40)), 64))
+    assert observation == Waiting(needed=3, free=0)
+    assert after is state
+
+
+def test_free_hit_blocks_count_against_capacity_and_are_never_evicted_by_their_request():
+    """ALLOC-TWO-PHASE-1 (vLLM #33775): a's 2 cached blocks sit at the head of the free
+    queue; c hits them and needs 1 new block. The hits are taken first, so the new block is
+    not one of them."""
+    _state, (a, _, _, c) = run(
+        pool(FullAttention(16), blocks=4),
+        Admit("a", PROMPT, 64),
+        EndStep(),
+        Finish("a"),
+        Admit("c", PROMPT, 64),
+    )
+    assert c.hit == 32
+    assert c.tables[0][:2] == a.tables[0][:2]
+    assert c.tables[0][2] not in c.tables[0][:2]
+
+
+def test_eviction_takes_the_head_and_forgets_the_key():
+    """ALLOC-EVICT-1: after a finishes, an unrelated b reuses a's blocks; a's prefix misses."""
+    _state, obs = run(
+        pool(FullAttention(16), blocks=4),
+        Admit("a", PROMPT, 64),
+        EndStep(),
+        Finish("a"),
+        Admit("b", tuple(range(40)), 64),
+        EndStep(),
+        Finish("b"),
+        Admit("a2", PROMPT, 64),
+    )
+    assert obs[-1].hit == 0
+
+
+def test_lru_free_order_puts_group_zero_first():
+    """ALLOC-FREE-1, case C12 / vLLM #42948: after a finishes, the queue tail holds group 0's
+    blocks (last position first) before group 1's, so group 0's prefix is evicted first."""
+    state, (a, _, _) = run(
+        pool(FullAttention(16), SlidingWindow(16, 32)),
+        Admit("a", PROMPT, 64),
+        EndStep(),
+        Finish("a"),
+    )
+    g0, g1 = a.tables
+    assert state.free[-6:] == (*reversed(g0), *reversed(g1))
+
+
+def test_sliding_window_releases_blocks_outside_the_window_with_nulls():
+    """ALLOC-SKIP-1/ALLOC-HOLD-1: W=8, B=4: computing token 20 needs tokens 13.., so positions
+    0..2 are released, latest first, and replaced by the null block."""
+    state, (a, _, extended) = run(
+        pool(SlidingWindow(4, 8)), Admit("a", PROMPT, 20), EndStep(), Extend("a", 4)
+    )
+    assert extended.tables[0][:3] == (NULL_BLOCK,) * 3
+    assert state.free[-3:] == (a.tables[0][2], a.tables[0][1], a.tables[0][0])
+
+
+def test_mamba_align_registers_a_checkpoint_only_where_a_step_ends_on_a_boundary():
+    """ALLOC-COMMIT-1: steps ending at 16 (aligned) and 20 (not) with B=8: one checkpoint."""
+    state, (_, ended1, _, ended2) = run(
+        pool(MambaState(8, MambaMode.ALIGN)),
+        Admit("a", PROMPT, 16),
+        EndStep(),
+        Extend("a", 4),
+        EndStep(),
+    )
+    assert (ended1.registered, ended2.registered) == (1, 0)
+    state, (hit,) = run(state, Admit("b", PROMPT[:30], 30))
+    assert hit.hit == 16
+
+
+def test_mamba_none_never_registers():
+    _state, (_, ended) = run(pool(MambaState(8, MambaMode.NONE)), Admit("a", PROMPT, 16), EndStep())
+    assert ended.registered == 0
+
+
+def test_exact_draft_blocks_wait_for_the_next_token():
+    """ALLOC-COMMIT-1 with HASH-DRAFT-1: 16 tokens, B=8: the draft registers block 0 only,
+    because block 1's next token (16) does not exist yet."""
+    state, (_, ended) = run(
+        pool(FullAttention(8), FullAttention(8, draft=True), speculative=Speculative.EXACT),
+        Admit("a", PROMPT[:16], 16),
+        EndStep(),
+    )
+    assert ended.registered == 2 + 1
+    state, (_, ended) = run(state, Extend("a", 1, appended=(7,)), EndStep())
+    assert ended.registered == 1  # the draft's block 1 now has its next token
+
+
+def test_different_salts_never_share_blocks():
+    """Isolation: the same prompt under another cache salt hits nothing."""
+    salt_a, salt_b = (Extra(ExtraKind.CACHE_SALT, "a"),), (Extra(ExtraKind.CACHE_SALT, "b"),)
+    _, obs = run(
+        pool(FullAttention(8)),
+        Admit("a", PROMPT, 64, extras=salt_a),
+        EndStep(),
+        Admit("b", PROMPT, 64, extras=salt_b),
+        Admit("c", PROMPT, 64, extras=salt_a),
+    )
+    assert (obs[2].hit, obs[3].hit) == (0, 32)
+
+
+def test_preempt_releases_like_finish_and_allows_readmission():
+    _state, obs = run(
+        pool(FullAttention(8)),
+        Admit("a", PROMPT, 64),
+        EndStep(),
+        Preempt("a"),
+        Admit("a", PROMPT, 64),
+    )
+    assert isinstance(obs[2], Released)
+    assert obs[3].hit == 32
+
+
+def test_reset_is_refused_while_blocks_are_held():
+    """ALLOC-RESET-1."""
+    _state, (_, _, refused, _, done, again) = run(
+        pool(FullAttention(8)),
+        Admit("a", PROMPT, 64),
+        EndStep(),
+        ResetCache(),
+        Finish("a"),
+        ResetCache(),
+        Admit("b", PROMPT, 64),
+    )
+    assert (refused, done) == (CacheReset(False), CacheReset(True))
+    assert again.hit == 0
+
+
+def test_decode_appends_sampled_tokens_and_caches_output_blocks():
+    _state, obs = run(
+        pool(FullAttention(4)),
+        Admit("a", PROMPT[:8], 8),
+        EndStep(),
+        Extend("a", 1, appended=(1,)),
+        EndStep(),
+        Extend("a", 1, appended=(2,)),
+        EndStep(),
+        Extend("a", 1, appended=(3,)),
+        EndStep(),
+        Extend("a", 1, appended=(4,)),
+        EndStep(),
+    )
+    assert isinstance(obs[2], Extended)
+    assert [o.registered for o in obs if isinstance(o, StepEnded)] == [2, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("ops", "fragment"),
+    [
+        ([Extend("x", 1)], "unknown request"),
+        ([Finish("x")], "unknown request"),
+        ([Admit("a", PROMPT, 8), Admit("a", PROMPT, 8)], "already running"),
+        ([Admit("a", (), 8)], "at least one token"),
+        ([Admit("a", PROMPT, 0)], "budget must be >= 1"),
+        ([Admit("a", PROMPT, 8), Extend("a", 8)], "chunk in flight"),
+        ([Admit("a", PROMPT[:4], 8), EndStep(), Extend("a", 1)], "no token left"),
+        ([Admit("a", PROMPT, 8), EndStep(), Extend("a", 1, appended=(1,))], "prompt tokens"),
+    ],
+)
+def test_misuse_raises_invalid_op(ops, fragment):
+    state = pool(FullAttention(4))
+    with pytest.raises(InvalidOp, match=fragment):
+        run(state, *ops)
+
+
+def test_max_model_len_and_pool_size_are_enforced():
+    state = initial_state(PoolConfig(Layout((FullAttention(4),), max_model_len=10), 8))
+    with pytest.raises(InvalidOp, match="exceed max_model_len=10"):
+        step(state, Admit("a", PROMPT, 8))
+    state, _ = run(state, Admit("a", PROMPT[:10], 10), EndStep())
+    with pytest.raises(InvalidOp, match="exceed max_model_len"):
+        step(state, Extend("a", 1, appended=(1,)))
+    with pytest.raises(InvalidOp, match="num_blocks must be >= 2"):
+        PoolConfig(Layout((FullAttention(4),)), 1)
+    with pytest.raises(InvalidOp, match="num_blocks must be an integer"):
+        PoolConfig(Layout((FullAttention(4),)), "8")
+
+
+# --- broken twins: each invariant fails on a state that breaks it --------------------------
+
+
+def corrupt(name):
+    state, (a, _) = run(pool(FullAttention(4)), Admit("a", PROMPT[:10], 10), EndStep())
+    state, (b,) = run(state, Admit("b", PROMPT[:10], 10))
+    blocks = list(state.blocks)
+    held = a.tables[0][0]
+    if name == "INV-NULL-1":
+        return dataclasses.replace(state, free=(*state.free, NULL_BLOCK))
+    if name == "INV-REF-1":
+        blocks[held] = dataclasses.replace(blocks[held], ref_count=1)
+    if name == "INV-FREE-1":
+        return dataclasses.replace(state, free=state.free[1:])
+    if name == "INV-KEY-1":
+        blocks[held] = dataclasses.replace(blocks[held], content=(0, (9, 9, 9, 9), ()))
+        bad = dataclasses.replace(state, blocks=tuple(blocks))
+        assert not INVARIANTS["INV-KEY-1"](bad)
+        blocks[held] = dataclasses.replace(blocks[held], content=None)
+    if name == "INV-HIT-1":
+        request = state.requests["b"]
+        foreign = state.free[0]
+        blocks[foreign] = Block(ref_count=1, content=(0, (9, 9, 9, 9), ()))
+        table = (foreign, *request.tables[0][1:])
+        requests = {**state.requests, "b": dataclasses.replace(request, tables=(table,))}
+        blocks[request.tables[0][0]] = dataclasses.replace(
+            blocks[request.tables[0][0]], ref_count=blocks[request.tables[0][0]].ref_count - 1
+        )
+        return dataclasses.replace(
+            state, blocks=tuple(blocks), requests=requests, free=state.free[1:]
+        )
+    if name == "INV-VIS-1":
+        last = b.tables[0][-1]
+        blocks[last] = dataclasses.replace(blocks[last], key=blocks[held].key)
+    return dataclasses.replace(state, blocks=tuple(blocks))
+
+
+@pytest.mark.parametrize("tag", sorted(INVARIANTS))
+def test_each_invariant_has_a_state_that_breaks_it(tag):
+    assert tag in violated(corrupt(tag))
+
+
+def test_a_table_entry_under_another_groups_key_breaks_inv_hit():
+    """INV-HIT-1's key check: a block registered for group 1 held in group 0's table."""
+    layout = Layout((FullAttention(4), FullAttention(4, name="other")))
+    state, (a, _) = run(
+        initial_state(PoolConfig(layout, 16)), Admit("a", PROMPT[:10], 10), EndStep()
+    )
+    blocks = list(state.blocks)
+    mine, other = a.tables[0][0], a.tables[1][0]
+    blocks[mine] = dataclasses.replace(blocks[mine], key=blocks[other].key)
+    assert "INV-HIT-1" in violated(dataclasses.replace(state, blocks=tuple(blocks)))
+
+
+# --- the spec checking itself: random operation sequences keep every invariant ------------
+
+BASES = [tuple(range(1, 33)), tuple(range(1, 9)) + tuple(range(50, 74)), tuple(range(90, 122))]
+
+
+class SpecSelfCheck(RuleBasedStateMachine):
+    """Drives `step` with random operations; every invariant must hold after each one."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = None
+
+    @rule(layout=layouts(max_groups=3), blocks=st.integers(2, 40))
+    @precondition(lambda self: self.state is None)
+    def start(self, layout, blocks):
+        self.state = initial_state(PoolConfig(layout, blocks))
+
+    def _apply(self, op):
+        self.state, _ = step(self.state, op)
+
+    @rule(
+        rid=st.sampled_from("abcd"),
+        base=st.sampled_from(BASES),
+        length=st.integers(1, 32),
+        budget=st.integers(1, 32),
+        lookahead=st.integers(0, 3),
+        salt=st.sampled_from([(), (Extra(ExtraKind.CACHE_SALT, "s"),)]),
+    )
+    @precondition(lambda self: self.state is not None)
+    def admit(self, rid, base, length, budget, lookahead, salt):
+        if rid not in self.state.requests:
+            self._apply(Admit(rid, base[:length], budget, salt, lookahead))
+
+    @rule(
+        rid=st.sampled_from("abcd"),
+        budget=st.integers(1, 16),
+        token=st.integers(0, 3),
+        lookahead=st.integers(0, 3),
+    )
+    @precondition(lambda self: self.state is not None)
+    def extend(self, rid, budget, token, lookahead):
+        request = self.state.requests.get(rid)
+        if request is None or request.scheduled:
+            return
+        appended = (token,) if request.computed == len(request.tokens) else ()
+        self._apply(Extend(rid, budget, appended, lookahead))
+
+    @rule()
+    @precondition(lambda self: self.state is not None)
+    def end_step(self):
+        self._apply(EndStep())
+
+    @rule(rid=st.sampled_from("abcd"), preempt=st.booleans())
+    @precondition(lambda self: self.state is not None)
+    def release(self, rid, preempt):
+        if rid in self.state.requests:
+            self._apply(Preempt(rid) if preempt else Finish(rid))
+
+    @rule()
+    @precondition(lambda self: self.state is not None)
+    def reset(self):
+        self._apply(ResetCache())
+
+    @invariant()
+    def invariants_hold(self):
+        if self.state is not None:
+            assert violated(self.state) == []
+
+
+TestSpecSelfCheck = SpecSelfCheck.TestCase
