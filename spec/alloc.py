@@ -28,7 +28,7 @@ from enum import StrEnum
 
 from kvcert.spec.acceptance import NULL
 from kvcert.spec.errors import InvalidOp
-from kvcert.spec.hashing import BlockKey, Extra, block_keys, draft_lookahead
+from kvcert.spec.hashing import BlockKey, Extra, block_keys, draft_lookahead, extras_within
 from kvcert.spec.hybrid import hybrid_hit
 from kvcert.spec.layout import (
     ChunkedLocal,
@@ -361,6 +361,11 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         limit is None or len(op.tokens) <= limit,
         f"{len(op.tokens)} tokens exceed max_model_len={limit}",
     )
+    _require(
+        all(e.end is None or e.end <= len(op.tokens) for e in op.extras),
+        "a positioned extra (multimodal item, prompt embeddings) lies beyond the prompt; "
+        "its span must be within the request's tokens",
+    )
     hit, hit_tables = lookup(state, op.tokens, op.extras)
     scheduled = min(op.budget, len(op.tokens) - hit)
     request = Request(
@@ -538,7 +543,7 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     """ALLOC-COMMIT-1: At the end of a step a group registers the table positions whose KV is
     now entirely written; a draft group under exact keying also waits for the next token; a
     state group registers a checkpoint at every boundary (all) or only where the step ended
-    (align), and never in mode none.
+    (align), and never in mode none; a position already released holds nothing to register.
 
         B=16, computed 40 -> 64 this step:   full registers positions 2, 3
         draft (exact), 64 tokens known:      position 3 waits for token 64
@@ -592,13 +597,15 @@ def end_step(state: State) -> tuple[State, Observation]:
                 else ()
             )
             for j in positions:
-                b = request.tables[g][j]  # written by this request, so real and unkeyed
+                b = request.tables[g][j]
+                if b == NULL_BLOCK:  # released (ALLOC-SKIP-1) before its next token arrived
+                    continue
                 covered = (j + 1) * group.block_size + key_lookahead(layout, group)
                 blocks[b] = dataclasses.replace(
                     blocks[b],
                     key=(g, keys[j]),
                     stamp=stamp,
-                    content=(g, request.tokens[:covered], request.extras),
+                    content=(g, request.tokens[:covered], extras_within(request.extras, covered)),
                 )
                 stamp += 1
                 registered += 1

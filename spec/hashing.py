@@ -67,6 +67,11 @@ class Extra:
             )
 
 
+def extras_within(extras: Sequence[Extra], end: int) -> tuple[Extra, ...]:
+    """The extras KV of tokens [0, end) depends on: request-wide ones and those overlapping."""
+    return tuple(e for e in extras if e.end is None or e.start < end)
+
+
 def block_extras(extras: Sequence[Extra], start: int, end: int) -> tuple[tuple[object, ...], ...]:
     """HASH-EXTRA-1: A block's extra keys are the request-wide extras in block 0 and every
     positioned extra overlapping the block, each tagged by its kind and positioned ones by

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 
 from kvcert.spec.alloc import NULL_BLOCK, State, key_lookahead, request_keys
-from kvcert.spec.hashing import block_keys
+from kvcert.spec.hashing import block_keys, extras_within
 
 
 def _held(state: State) -> Counter[int]:
@@ -106,7 +106,8 @@ def tables_hold_the_request_tokens(state: State) -> bool:
                 if content[0] != g or state.blocks[b].key not in (None, (g, keys[g][j])):
                     return False
                 covered = len(content[1])
-                if content[1] != request.tokens[:covered] or content[2] != request.extras:
+                relevant = extras_within(request.extras, covered)
+                if content[1] != request.tokens[:covered] or content[2] != relevant:
                     return False
     return True
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvcert.spec import (
     Extra,
@@ -348,8 +348,7 @@ class SpecSelfCheck(RuleBasedStateMachine):
         super().__init__()
         self.state = None
 
-    @rule(layout=layouts(max_groups=3), blocks=st.integers(2, 40))
-    @precondition(lambda self: self.state is None)
+    @initialize(layout=layouts(max_groups=3), blocks=st.integers(2, 40))
     def start(self, layout, blocks):
         self.state = initial_state(PoolConfig(layout, blocks))
 
@@ -364,7 +363,6 @@ class SpecSelfCheck(RuleBasedStateMachine):
         lookahead=st.integers(0, 3),
         salt=st.sampled_from([(), (Extra(ExtraKind.CACHE_SALT, "s"),)]),
     )
-    @precondition(lambda self: self.state is not None)
     def admit(self, rid, base, length, budget, lookahead, salt):
         if rid not in self.state.requests:
             self._apply(Admit(rid, base[:length], budget, salt, lookahead))
@@ -375,7 +373,6 @@ class SpecSelfCheck(RuleBasedStateMachine):
         token=st.integers(0, 3),
         lookahead=st.integers(0, 3),
     )
-    @precondition(lambda self: self.state is not None)
     def extend(self, rid, budget, token, lookahead):
         request = self.state.requests.get(rid)
         if request is None or request.scheduled:
@@ -384,18 +381,15 @@ class SpecSelfCheck(RuleBasedStateMachine):
         self._apply(Extend(rid, budget, appended, lookahead))
 
     @rule()
-    @precondition(lambda self: self.state is not None)
     def end_step(self):
         self._apply(EndStep())
 
     @rule(rid=st.sampled_from("abcd"), preempt=st.booleans())
-    @precondition(lambda self: self.state is not None)
     def release(self, rid, preempt):
         if rid in self.state.requests:
             self._apply(Preempt(rid) if preempt else Finish(rid))
 
     @rule()
-    @precondition(lambda self: self.state is not None)
     def reset(self):
         self._apply(ResetCache())
 
@@ -406,3 +400,20 @@ class SpecSelfCheck(RuleBasedStateMachine):
 
 
 TestSpecSelfCheck = SpecSelfCheck.TestCase
+
+
+def test_a_draft_block_released_before_its_next_token_is_not_registered():
+    """Regression found by the differential machine: with a 1-token window, draft block 0 is
+    released (ALLOC-SKIP-1) before token 1 arrives, so ALLOC-COMMIT-1 has nothing to
+    register there; registering it would have put a key on the null block (INV-NULL-1)."""
+    state = pool(
+        FullAttention(2), SlidingWindow(1, 1, draft=True), blocks=3, speculative=Speculative.EXACT
+    )
+    state, observations = run(
+        state, Admit("b", (1,), 1), EndStep(), Extend("b", 1, appended=(0,)), EndStep()
+    )
+    assert observations[2].tables[1][0] == NULL_BLOCK
+    # only the full group's block 0 (tokens 0-1) registers; the draft's block 1 waits for
+    # token 2, and its block 0 is gone
+    assert observations[3] == StepEnded(registered=1)
+    assert violated(state) == []

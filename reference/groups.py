@@ -1,0 +1,47 @@
+"""Per-kind position arithmetic: what a hit needs, what a request reads and writes.
+
+Every kind needs a contiguous run of blocks ending at the hit (spec §3), so each rule reduces
+to "the first position": O(1) arithmetic instead of the spec's sets.
+"""
+
+from __future__ import annotations
+
+from kvcert.reference.config import GroupConfig, Kind, MambaMode
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def first_needed(group: GroupConfig, length: int) -> int:
+    """First block a hit of `length` needs; the run ends at length // block_size.
+
+    Implements HIT-FULL-1, HIT-SW-1, HIT-CHUNK-1, HIT-MAMBA-1 (length > 0 for state groups).
+    """
+    size = group.block_size
+    if group.kind is Kind.SLIDING_WINDOW:
+        return max(0, length - (group.window - 1)) // size
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return (length // group.chunk) * group.chunk // size
+    if group.kind is Kind.MAMBA:
+        return max(0, length // size - 1)
+    return 0
+
+
+def first_read(group: GroupConfig, computed: int, end: int) -> int:
+    """First position kept while computing [computed, end) (ALLOC-HOLD-1)."""
+    size = group.block_size
+    if group.kind is Kind.SLIDING_WINDOW:
+        return max(0, computed - (group.window - 1)) // size
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return (computed // group.chunk) * group.chunk // size
+    if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
+        return cdiv(end, size) - 1
+    return 0
+
+
+def first_written(group: GroupConfig, computed: int, end: int) -> int:
+    """First position written while computing [computed, end) (ALLOC-WRITE-1)."""
+    if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
+        return cdiv(end, group.block_size) - 1
+    return computed // group.block_size

@@ -1,0 +1,57 @@
+"""The differential machine has teeth: each seeded bug in the reference must be caught."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvcert.reference import block_pool, coordinator
+from kvcert.reference.errors import KVCacheError
+from tests.differential.test_allocator import ReferenceAgainstSpec
+
+# Detection only: no shrinking (issue 7 measures find-and-shrink times separately).
+SEARCH = settings(
+    max_examples=400,
+    stateful_step_count=80,
+    derandomize=True,
+    deadline=None,
+    print_blob=False,
+    phases=[Phase.generate],
+)
+# What a divergence raises: a failed comparison or invariant, an error only the reference
+# raised, or pytest's "DID NOT RAISE" when only the spec refused.
+DIVERGENCE = (AssertionError, KVCacheError, pytest.fail.Exception)
+
+
+def must_fail() -> None:
+    with pytest.raises(DIVERGENCE):
+        run_state_machine_as_test(ReferenceAgainstSpec, settings=SEARCH)
+
+
+def test_reused_block_keeps_its_old_key(monkeypatch):
+    """Bug: a block popped for new content stays registered (stale hits)."""
+    monkeypatch.setattr(block_pool.BlockPool, "_forget", lambda self, block: None)
+    must_fail()
+
+
+def test_release_in_forward_order(monkeypatch):
+    """Bug: blocks join the free queue first position first (another eviction order)."""
+    original = block_pool.BlockPool.release
+    monkeypatch.setattr(
+        block_pool.BlockPool, "release", lambda self, blocks: original(self, reversed(list(blocks)))
+    )
+    must_fail()
+
+
+def test_drop_applied_twice(monkeypatch):
+    """Bug: the speculative drop steps down twice (vLLM 0.16-0.19's double drop)."""
+    original = coordinator._first_two
+
+    def first_three(candidates, accepted):
+        found = original(candidates, accepted)
+        rest = [c for c in candidates if c < found[-1] and accepted(c)] if found else []
+        return found[1:2] + rest[:1] if len(found) == 2 and rest else found
+
+    monkeypatch.setattr(coordinator, "_first_two", first_three)
+    must_fail()
