@@ -1,0 +1,84 @@
+"""BlockPool: O(1) queue mechanics, duplicate keys, eviction forgets keys."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcert.reference.block_pool import BlockPool
+
+
+def test_initial_queue_is_ascending_without_the_null_block():
+    pool = BlockPool(5)
+    assert list(pool.free_queue()) == [1, 2, 3, 4]
+    assert pool.num_free == 4
+
+
+def test_take_unlinks_from_the_middle_and_release_appends_in_order():
+    pool = BlockPool(6)
+    pool.take([3])
+    assert list(pool.free_queue()) == [1, 2, 4, 5]
+    assert pool.allocate(2) == [1, 2]
+    assert pool.release([2, 3, 1]) == 3
+    assert list(pool.free_queue()) == [4, 5, 2, 3, 1]
+
+
+def test_shared_blocks_are_freed_only_by_their_last_holder():
+    pool = BlockPool(4)
+    (block,) = pool.allocate(1)
+    pool.take([block])
+    assert pool.release([block]) == 0
+    assert pool.release([block]) == 1
+
+
+def test_duplicates_serve_the_earliest_and_survive_eviction_of_one_copy():
+    pool = BlockPool(5)
+    a, b = pool.allocate(2)
+    pool.register(a, (0, b"k"))
+    pool.register(b, (0, b"k"))
+    assert pool.lookup((0, b"k")) == a
+    pool.release([a, b])
+    assert pool.allocate(3)[-1] == a  # 3, 4, then a: a's key is forgotten
+    assert pool.lookup((0, b"k")) == b
+    assert pool.key_of(a) is None
+    assert pool.num_registered == 1
+
+
+def test_reset_forgets_everything():
+    pool = BlockPool(3)
+    (a,) = pool.allocate(1)
+    pool.register(a, (1, b"x"))
+    pool.release([a])
+    pool.reset()
+    assert pool.lookup((1, b"x")) is None
+    assert pool.num_registered == 0
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["alloc", "take", "release"]), st.integers(0, 9)), max_size=60
+    )
+)
+def test_queue_matches_a_list_model(ops):
+    """The intrusive list behaves like a plain list with remove/append/pop-front."""
+    pool = BlockPool(10)
+    model = list(range(1, 10))
+    held: list[int] = []
+    for kind, value in ops:
+        if kind == "alloc" and model:
+            count = 1 + value % len(model)
+            assert pool.allocate(count) == model[:count]
+            held += model[:count]
+            del model[:count]
+        elif kind == "take" and model:
+            block = model[value % len(model)]
+            pool.take([block])
+            model.remove(block)
+            held.append(block)
+        elif kind == "release" and held:
+            block = held.pop(value % len(held))
+            if block not in held:
+                model.append(block)
+            pool.release([block])
+        assert list(pool.free_queue()) == model
+        assert pool.num_free == len(model)

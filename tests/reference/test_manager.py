@@ -1,0 +1,145 @@
+"""KVCacheManager: the engine-facing API, its errors and counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.errors import (
+    ConfigError,
+    KVCacheError,
+    MaxLengthError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from kvcert.reference.hashing import ExtraKey, ExtraKind
+from kvcert.reference.manager import KVCacheManager, Scheduled, Waiting
+
+FULL = GroupConfig(Kind.FULL, 16)
+SW = GroupConfig(Kind.SLIDING_WINDOW, 16, window=32)
+PROMPT = list(range(100, 171))  # 71 tokens
+
+
+def manager(*groups, blocks=64, **kwargs):
+    return KVCacheManager(CacheConfig(tuple(groups or (FULL, SW)), blocks, **kwargs))
+
+
+def test_resent_prompt_hits_after_the_step_that_wrote_it():
+    m = manager()
+    first = m.admit("a", PROMPT, 128)
+    assert isinstance(first, Scheduled)
+    assert first.hit == 0
+    assert m.admit("b", PROMPT, 128).hit == 0  # same step: not yet visible
+    assert m.end_step() == 2 * (4 + 4)
+    again = m.admit("c", PROMPT, 128)
+    assert again.hit == 64
+    assert again.tables[0][:4] == first.tables[0][:4]
+    assert again.tables[1][:2] == (0, 0)  # outside the window: null
+
+
+def test_lookup_has_no_side_effects():
+    m = manager()
+    m.admit("a", PROMPT, 128)
+    m.end_step()
+    m.finish("a")
+    free = m.stats().free_blocks
+    hit, _ = m.lookup(PROMPT)
+    assert hit == 64
+    assert m.stats().free_blocks == free
+    assert m.stats().running_requests == 0
+
+
+def test_waiting_changes_nothing():
+    m = manager(blocks=12)  # 11 usable; 71 tokens take 5 blocks in each of the 2 groups
+    assert isinstance(m.admit("a", PROMPT, 128), Scheduled)
+    before = m.stats()
+    assert m.admit("b", list(range(71)), 128) == Waiting(needed=10, free=1)
+    assert m.stats() == before
+
+
+def test_stats_count_hits():
+    m = manager()
+    m.admit("a", PROMPT, 128)
+    m.end_step()
+    m.admit("b", PROMPT, 128)
+    stats = m.stats()
+    assert (stats.lookups, stats.lookup_tokens, stats.hit_tokens) == (2, 142, 64)
+    assert stats.registered_blocks == 8
+
+
+def test_misuse_raises_typed_errors_with_advice():
+    m = manager(max_model_len=80)
+    m.admit("a", PROMPT, 16)
+    with pytest.raises(RequestStateError, match="already running"):
+        m.admit("a", PROMPT, 16)
+    with pytest.raises(RequestStateError, match="chunk in flight"):
+        m.extend("a", 16)
+    m.end_step()
+    with pytest.raises(RequestStateError, match="prompt tokens"):
+        m.extend("a", 1, appended=[5])
+    m.finish("a")
+    with pytest.raises(UnknownRequestError, match="not running"):
+        m.finish("a")  # double free
+    with pytest.raises(UnknownRequestError, match="not running"):
+        m.block_tables("a")
+    with pytest.raises(MaxLengthError, match="max_model_len=80"):
+        m.admit("b", list(range(81)), 16)
+    with pytest.raises(RequestStateError, match="at least one token"):
+        m.admit("b", [], 16)
+    with pytest.raises(RequestStateError, match="budget"):
+        m.admit("b", PROMPT, 0)
+    image = ExtraKey(ExtraKind.MULTIMODAL, "i", 2, 9)
+    with pytest.raises(RequestStateError, match="beyond the prompt"):
+        m.admit("b", PROMPT[:4], 4, extras=[image])
+
+
+def test_growing_past_max_model_len_and_running_dry():
+    m = manager(max_model_len=72)
+    m.admit("a", PROMPT, 128)
+    m.end_step()
+    m.extend("a", 1, appended=[1])
+    m.end_step()
+    with pytest.raises(MaxLengthError, match="finish the request"):
+        m.extend("a", 1, appended=[2])
+    with pytest.raises(RequestStateError, match="no token left"):
+        m.extend("a", 1)
+
+
+def test_reset_and_preempt():
+    m = manager()
+    m.admit("a", PROMPT, 128)
+    m.end_step()
+    assert m.reset_prefix_cache() is False
+    assert m.preempt("a") == 10
+    assert m.reset_prefix_cache() is True
+    assert m.admit("a", PROMPT, 128).hit == 0
+
+
+def test_configuration_errors():
+    with pytest.raises(ConfigError, match="at least one group"):
+        CacheConfig((), 8)
+    with pytest.raises(ConfigError, match="num_blocks"):
+        CacheConfig((FULL,), 1)
+    with pytest.raises(ConfigError, match="go together"):
+        CacheConfig((GroupConfig(Kind.FULL, 16, draft=True),), 8)
+    with pytest.raises(ConfigError, match="go together"):
+        CacheConfig((FULL,), 8, speculative=DraftKeying.DROP)
+    with pytest.raises(ConfigError, match="block_size"):
+        GroupConfig(Kind.FULL, 0)
+    with pytest.raises(ConfigError, match="window"):
+        GroupConfig(Kind.SLIDING_WINDOW, 16)
+    with pytest.raises(ConfigError, match="chunk"):
+        GroupConfig(Kind.CHUNKED_LOCAL, 16)
+    with pytest.raises(ConfigError, match="only attention groups"):
+        GroupConfig(Kind.MAMBA, 16, mode=MambaMode.ALL, draft=True)
+    with pytest.raises(ConfigError, match="kind"):
+        GroupConfig("full", 16)
+    with pytest.raises(ConfigError, match="max_model_len"):
+        CacheConfig((FULL,), 8, max_model_len=0)
+    with pytest.raises(ConfigError, match="cross attention"):
+        KVCacheManager(CacheConfig((GroupConfig(Kind.CROSS, 16),), 8))
+
+
+def test_every_error_is_a_kvcache_error():
+    for error in (ConfigError, UnknownRequestError, RequestStateError, MaxLengthError):
+        assert issubclass(error, KVCacheError)
