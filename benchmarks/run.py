@@ -24,7 +24,8 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.naive import NaiveManager
-from kvcert.conformance.reference_engine import cache_config
+from kvcert.conformance.codec import layout_to_json
+from kvcert.conformance.reference_engine import config_from_json
 from kvcert.reference.config import HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled
@@ -47,6 +48,11 @@ LAYOUTS = {
         Speculative.DROP,
     ),
 }
+
+
+def config_of(layout, num_blocks):
+    """A spec layout as the reference's configuration (through the vector JSON)."""
+    return config_from_json(layout_to_json(layout), num_blocks)
 
 
 def best(repeat: int, run: Callable[..., object], *args: object) -> float:
@@ -92,8 +98,8 @@ def lookup_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
     for name, layout in LAYOUTS.items():
         size = 1024 if quick else sizes[name]
         tokens = prompt(size)
-        reference = KVCacheManager(cache_config(layout, blocks_for(layout, size)))
-        naive = NaiveManager(cache_config(layout, blocks_for(layout, size)))
+        reference = KVCacheManager(config_of(layout, blocks_for(layout, size)))
+        naive = NaiveManager(config_of(layout, blocks_for(layout, size)))
         warm(reference, tokens)
         warm(naive, tokens)
         if reference.lookup(tokens) != naive.lookup(tokens):
@@ -103,7 +109,7 @@ def lookup_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
         naive_s = best(1, naive.lookup, tokens)
         rows.append((f"lookup {name}", f"{size} tokens", ref_s, "naive", naive_s))
         small = prompt(spec_size)
-        small_ref = KVCacheManager(cache_config(layout, blocks_for(layout, spec_size)))
+        small_ref = KVCacheManager(config_of(layout, blocks_for(layout, spec_size)))
         warm(small_ref, small)
         spec_s, spec_hit = spec_lookup_seconds(layout, small, 1)
         if spec_hit != small_ref.lookup(small)[0]:
@@ -168,11 +174,11 @@ def stream_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
     for shape, baseline in ((full, "naive"), (small, "spec")):
         length = shape.system + shape.unique + shape.decode
         blocks = blocks_for(layout, length, shape.concurrency + 2)
-        reference = partial(KVCacheManager, cache_config(layout, blocks))
+        reference = partial(KVCacheManager, config_of(layout, blocks))
         calls = stream(reference, shape)
         ref_s = best(3, stream, reference, shape)
         other = (
-            partial(NaiveManager, cache_config(layout, blocks))
+            partial(NaiveManager, config_of(layout, blocks))
             if baseline == "naive"
             else partial(SpecManager, spec.PoolConfig(layout, blocks))
         )

@@ -1,115 +1,155 @@
-"""Drive kvcert.reference with the spec's operations and report the spec's observations.
+"""Drive kvcert.reference from the vectors' JSON, without kvcert.spec in the path.
 
-The translation is mechanical (names and types only), so a difference between the two is a
-difference in behaviour. The conformance runner and the differential tests both use it.
+The translation is mechanical (field names and types only) and never goes through the
+spec's parsers, so the reference's own validation decides what it refuses: a difference from
+the spec is a difference in behaviour.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvcert.reference import config as ref
-from kvcert.reference.errors import KVCacheError
-from kvcert.reference.hashing import ExtraKey
-from kvcert.reference.hashing import ExtraKind as RefExtraKind
-from kvcert.reference.manager import KVCacheManager, Scheduled
-from kvcert.reference.manager import Waiting as RefWaiting
-from kvcert.spec import (
-    ChunkedLocal,
-    CrossAttention,
-    Extra,
-    FullAttention,
-    Group,
-    Layout,
-    MambaState,
-    SlidingWindow,
-)
-from kvcert.spec import alloc as spec
+from kvcert.reference.errors import ConfigError, KVCacheError, RequestStateError
+from kvcert.reference.hashing import ExtraKey, ExtraKind
+from kvcert.reference.manager import KVCacheManager, Waiting
+
+JSON = dict[str, Any]
+REFUSED: JSON = {"refused": True}
 
 
-def group_config(group: Group) -> ref.GroupConfig:
-    """A spec group as the reference's GroupConfig."""
-    match group:
-        case FullAttention():
-            return ref.GroupConfig(
-                ref.Kind.FULL, group.block_size, draft=group.draft, name=group.name
-            )
-        case SlidingWindow():
-            return ref.GroupConfig(
-                ref.Kind.SLIDING_WINDOW,
-                group.block_size,
-                window=group.window,
-                draft=group.draft,
-                name=group.name,
-            )
-        case ChunkedLocal():
-            return ref.GroupConfig(
-                ref.Kind.CHUNKED_LOCAL,
-                group.block_size,
-                chunk=group.chunk,
-                draft=group.draft,
-                name=group.name,
-            )
-        case MambaState():
-            return ref.GroupConfig(
-                ref.Kind.MAMBA,
-                group.block_size,
-                mode=ref.MambaMode(group.mode.value),
-                name=group.name,
-            )
-        case CrossAttention():
-            return ref.GroupConfig(ref.Kind.CROSS, group.block_size, name=group.name)
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be an integer, got {value!r}")
+    return value
 
 
-def cache_config(layout: Layout, num_blocks: int) -> ref.CacheConfig:
-    """A spec layout and pool size as the reference's CacheConfig."""
-    speculative = ref.DraftKeying(layout.speculative.value) if layout.speculative else None
-    return ref.CacheConfig(
-        tuple(group_config(g) for g in layout.groups),
-        num_blocks,
-        speculative=speculative,
-        max_model_len=layout.max_model_len,
+def group_from_json(obj: JSON) -> ref.GroupConfig:
+    """One layout group as the reference's GroupConfig."""
+    try:
+        kind = ref.Kind(obj["kind"])
+        mode = ref.MambaMode(obj.get("mode", "all"))
+    except (KeyError, ValueError) as error:
+        raise ConfigError(f"bad group {obj!r}: {error}") from error
+    draft = obj.get("draft", False)
+    if not isinstance(draft, bool):
+        raise ConfigError(f"draft must be a boolean, got {draft!r}")
+    return ref.GroupConfig(
+        kind,
+        _int(obj.get("block_size"), "block_size"),
+        window=_int(obj.get("window", 0), "window"),
+        chunk=_int(obj.get("chunk", 0), "chunk"),
+        mode=mode,
+        draft=draft,
+        name=str(obj.get("name", "")),
     )
 
 
-def extra_key(extra: Extra) -> ExtraKey:
-    """A spec extra key as the reference's."""
-    return ExtraKey(RefExtraKind(extra.kind.value), extra.value, extra.start, extra.end)
+def config_from_json(layout: JSON, num_blocks: int) -> ref.CacheConfig:
+    """A layout object and pool size as the reference's CacheConfig."""
+    groups = layout.get("groups")
+    if not isinstance(groups, list):
+        raise ConfigError("layout.groups must be a list")
+    speculative = layout.get("speculative")
+    try:
+        keying = ref.DraftKeying(speculative) if speculative is not None else None
+    except ValueError as error:
+        raise ConfigError(f"bad speculative keying {speculative!r}") from error
+    limit = layout.get("max_model_len")
+    config = ref.CacheConfig(
+        tuple(group_from_json(g) for g in groups),
+        num_blocks,
+        speculative=keying,
+        max_model_len=None if limit is None else _int(limit, "max_model_len"),
+    )
+    if limit is not None and config.alignment > limit - 1:
+        raise ConfigError(
+            f"alignment {config.alignment} exceeds what max_model_len={limit} can ever reuse"
+        )
+    return config
+
+
+def extra_from_json(obj: JSON) -> ExtraKey:
+    try:
+        return ExtraKey(ExtraKind(obj["kind"]), obj["value"], obj.get("start", 0), obj.get("end"))
+    except (KeyError, ValueError, TypeError) as error:
+        raise ConfigError(f"bad extra key {obj!r}: {error}") from error
+
+
+def tables_json(tables: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    return [list(t) for t in tables]
 
 
 class ReferenceSession:
-    """One reference allocator answering spec operations with spec observations."""
+    """One reference allocator answering the alloc suite's JSON operations."""
 
-    def __init__(self, config: spec.PoolConfig) -> None:
-        self.manager = KVCacheManager(cache_config(config.layout, config.num_blocks))
+    def __init__(self, layout: JSON, num_blocks: int) -> None:
+        self.manager = KVCacheManager(config_from_json(layout, num_blocks))
 
-    def apply(self, op: spec.Op) -> spec.Observation:
-        """Run one operation; reference misuse errors propagate as KVCacheError."""
+    def apply(self, op: JSON) -> JSON:
+        """Run one operation; reference errors become {"refused": true}."""
+        try:
+            return self._apply(op)
+        except KVCacheError:
+            return REFUSED
+
+    def _apply(self, op: JSON) -> JSON:
         manager = self.manager
-        match op:
-            case spec.Admit():
-                result = manager.admit(
-                    op.rid,
-                    op.tokens,
-                    op.budget,
-                    tuple(extra_key(e) for e in op.extras),
-                    op.lookahead,
-                )
-                if isinstance(result, RefWaiting):
-                    return spec.Waiting(result.needed, result.free)
-                return spec.Admitted(result.hit, result.scheduled, result.tables)
-            case spec.Extend():
-                extended = manager.extend(op.rid, op.budget, op.appended, op.lookahead)
-                if isinstance(extended, RefWaiting):
-                    return spec.Waiting(extended.needed, extended.free)
-                return spec.Extended(extended.scheduled, extended.tables)
-            case spec.EndStep():
-                return spec.StepEnded(manager.end_step())
-            case spec.Finish():
-                return spec.Released(manager.finish(op.rid))
-            case spec.Preempt():
-                return spec.Released(manager.preempt(op.rid))
-            case spec.ResetCache():
-                return spec.CacheReset(manager.reset_prefix_cache())
-        raise KVCacheError(f"unsupported operation {op!r}")  # pragma: no cover
+        kind = op.get("op")
+        if kind == "admit":
+            result = manager.admit(
+                str(op["rid"]),
+                list(op["tokens"]),
+                _int(op["budget"], "budget"),
+                [extra_from_json(e) for e in op.get("extras", ())],
+                _int(op.get("lookahead", 0), "lookahead"),
+            )
+            if isinstance(result, Waiting):
+                return {"waiting": {"needed": result.needed, "free": result.free}}
+            return {
+                "admitted": {
+                    "hit": result.hit,
+                    "scheduled": result.scheduled,
+                    "tables": tables_json(result.tables),
+                }
+            }
+        if kind == "extend":
+            result = manager.extend(
+                str(op["rid"]),
+                _int(op["budget"], "budget"),
+                list(op.get("appended", ())),
+                _int(op.get("lookahead", 0), "lookahead"),
+            )
+            if isinstance(result, Waiting):
+                return {"waiting": {"needed": result.needed, "free": result.free}}
+            return {
+                "extended": {"scheduled": result.scheduled, "tables": tables_json(result.tables)}
+            }
+        if kind == "end_step":
+            return {"step_ended": {"registered": manager.end_step()}}
+        if kind in ("finish", "preempt"):
+            release = manager.finish if kind == "finish" else manager.preempt
+            return {"released": {"blocks": release(str(op["rid"]))}}
+        if kind == "reset_cache":
+            return {"cache_reset": {"done": manager.reset_prefix_cache()}}
+        raise RequestStateError(f"unknown operation {op!r}")
 
 
-__all__ = ["ReferenceSession", "Scheduled", "cache_config", "extra_key", "group_config"]
+def check_view(config: ref.CacheConfig, num_tokens: object, cached: list[frozenset[int]]) -> int:
+    """The reference's checks on a hit query: a cache it could hold for this request."""
+    tokens = _int(num_tokens, "num_tokens")
+    if tokens < 1 or (config.max_model_len is not None and tokens > config.max_model_len):
+        raise RequestStateError(f"num_tokens={tokens} is not a valid request length")
+    if len(cached) != len(config.groups):
+        raise RequestStateError("one cached entry per group is required")
+    exact = config.speculative is ref.DraftKeying.EXACT
+    for group, blocks in zip(config.groups, cached, strict=True):
+        never = group.kind is ref.Kind.CROSS or (
+            group.kind is ref.Kind.MAMBA and group.mode is ref.MambaMode.NONE
+        )
+        if blocks and never:
+            raise RequestStateError(f"group {group.name!r} never holds cached blocks")
+        keyed = (tokens - (1 if exact and group.draft else 0)) // group.block_size
+        if any(not 0 <= j < keyed for j in blocks):
+            raise RequestStateError(f"group {group.name!r}: cached block outside the request")
+    return tokens

@@ -27,8 +27,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvcert.spec.acceptance import NULL
-from kvcert.spec.errors import InvalidOp
-from kvcert.spec.hashing import BlockKey, Extra, block_keys, draft_lookahead, extras_within
+from kvcert.spec.errors import InvalidOp, refuse
+from kvcert.spec.hashing import (
+    BlockKey,
+    Extra,
+    block_keys,
+    draft_lookahead,
+    extras_within,
+    matched_blocks,
+)
 from kvcert.spec.hybrid import hybrid_hit
 from kvcert.spec.layout import (
     ChunkedLocal,
@@ -62,10 +69,11 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
-            raise InvalidOp(f"num_blocks must be an integer, got {self.num_blocks!r}")
+            refuse(InvalidOp, f"num_blocks must be an integer, got {self.num_blocks!r}")
         if self.num_blocks < 2:
-            raise InvalidOp(
-                f"num_blocks must be >= 2 (the null block plus one), got {self.num_blocks}"
+            refuse(
+                InvalidOp,
+                f"num_blocks must be >= 2 (the null block plus one), got {self.num_blocks}",
             )
 
 
@@ -230,6 +238,13 @@ def request_keys(
     )
 
 
+def _served(state: State, group: int, key: BlockKey) -> int:
+    block = registered_block(state, group, key)
+    if block is None:  # pragma: no cover - matched keys are registered by definition
+        refuse(InvalidOp, f"key of group {group} matched but no block holds it")
+    return block
+
+
 def registered_block(state: State, group: int, key: BlockKey) -> int | None:
     """ALLOC-LOOKUP-1: A key is served by the block registered under it earliest; a key on no
     block is a miss.
@@ -246,21 +261,23 @@ def registered_block(state: State, group: int, key: BlockKey) -> int | None:
 def lookup(
     state: State, tokens: tuple[int, ...], extras: tuple[Extra, ...]
 ) -> tuple[int, tuple[tuple[int, ...], ...]]:
-    """The hit of a prompt over the registered blocks: length and per-group physical ids."""
+    """The hit of a prompt over the registered blocks: length and per-group physical ids.
+
+    The cache view is HASH-MATCH-1 over each group's registered keys; HIT-* decide the hit;
+    ALLOC-LOOKUP-1 names the physical block behind each used position.
+    """
     layout = state.config.layout
     keys = request_keys(layout, tokens, extras)
-    found = [
-        {
-            j: b
-            for j, key in enumerate(keys[g])
-            if (b := registered_block(state, g, key)) is not None
-        }
+    cached = tuple(
+        matched_blocks(
+            keys[g],
+            frozenset(b.key[1] for b in state.blocks if b.key is not None and b.key[0] == g),
+        )
         for g in range(len(layout.groups))
-    ]
-    view = CacheView(layout, len(tokens), tuple(frozenset(f) for f in found))
-    hit = hybrid_hit(view)
+    )
+    hit = hybrid_hit(CacheView(layout, len(tokens), cached))
     tables = tuple(
-        tuple(NULL_BLOCK if j is NULL else found[g][j] for j in hit.blocks[g])
+        tuple(NULL_BLOCK if j is NULL else _served(state, g, keys[g][j]) for j in hit.blocks[g])
         for g in range(len(layout.groups))
     )
     return hit.length, tables
@@ -339,12 +356,12 @@ def step(state: State, op: Op) -> tuple[State, Observation]:
             return release(state, op.rid)
         case ResetCache():
             return reset_cache(state)
-    raise InvalidOp(f"unknown operation {op!r}")  # pragma: no cover - Op is closed
+    refuse(InvalidOp, f"unknown operation {op!r}")  # pragma: no cover - Op is closed
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise InvalidOp(message)
+        refuse(InvalidOp, message)
 
 
 def _admit(state: State, op: Admit) -> tuple[State, Observation]:

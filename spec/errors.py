@@ -7,6 +7,8 @@ how to fix it, so an engine developer can act on them without reading the spec's
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 class SpecError(ValueError):
     """Base of every refusal raised by `kvcert.spec`."""
@@ -30,3 +32,16 @@ class InvalidRequest(SpecError):
 
 class InvalidOp(SpecError):
     """An allocator operation misuses the protocol (unknown request, work in flight, ...)."""
+
+
+def refuse(error: type[SpecError], message: str) -> NoReturn:
+    """INPUT-1: Invalid input is refused with a typed error that says what is wrong and how to
+    fix it, and nothing is computed from it.
+
+        FullAttention(block_size=0)     -> InvalidLayout("... block_size must be >= 1, got 0")
+        Admit("a", tokens=(), ...)      -> InvalidOp("a request needs at least one token")
+
+    pre: issubclass(error, SpecError) and bool(message)
+    post: False
+    """
+    raise error(message)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvcert.spec.errors import InvalidRequest
+from kvcert.spec.errors import InvalidRequest, refuse
 
 ROOT = ("kvcert-block-key", 1)  # parent of block 0; versioned so a format change never collides
 
@@ -51,19 +51,21 @@ class Extra:
     end: int | None = None  # one past its last position; None for a request-wide extra
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, ExtraKind):
-            raise InvalidRequest(f"extra kind must be an ExtraKind, got {self.kind!r}")
+        if not isinstance(self.kind, ExtraKind):  # type guard: Python callers only
+            refuse(InvalidRequest, f"extra kind must be an ExtraKind, got {self.kind!r}")
         if not isinstance(self.value, str):
-            raise InvalidRequest(f"{self.kind.value} extra value must be a string")
+            refuse(InvalidRequest, f"{self.kind.value} extra value must be a string")
         if self.kind in REQUEST_WIDE:
             if self.end is not None or self.start != 0:
-                raise InvalidRequest(
-                    f"{self.kind.value} applies to the whole request; give no start or end"
+                refuse(
+                    InvalidRequest,
+                    f"{self.kind.value} applies to the whole request; give no start or end",
                 )
         elif self.end is None or not 0 <= self.start < self.end:
-            raise InvalidRequest(
+            refuse(
+                InvalidRequest,
                 f"{self.kind.value} extra needs the token span it occupies: 0 <= start < end, "
-                f"got start={self.start}, end={self.end}"
+                f"got start={self.start}, end={self.end}",
             )
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcert.spec.acceptance import group_accepts, group_blocks
-from kvcert.spec.errors import UncacheableLayout
+from kvcert.spec.errors import UncacheableLayout, refuse
 from kvcert.spec.layout import Speculative, is_cacheable
 from kvcert.spec.view import CacheView
 
@@ -126,9 +126,10 @@ def hybrid_hit(view: CacheView) -> HybridHit:
     """
     layout = view.layout
     if not any(is_cacheable(g) for g in layout.groups):
-        raise UncacheableLayout(
+        refuse(
+            UncacheableLayout,
             "every group is cross attention, whose KV depends on the encoder input only; "
-            "this model has no prefix to reuse, so do not look it up"
+            "this model has no prefix to reuse, so do not look it up",
         )
     common = common_lengths(view)
     plain = plain_hit(common)

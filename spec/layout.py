@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvcert.spec.errors import AlignmentImpossible, InvalidLayout
+from kvcert.spec.errors import AlignmentImpossible, InvalidLayout, refuse
 
 
 class MambaMode(StrEnum):
@@ -36,14 +36,14 @@ class Speculative(StrEnum):
 
 def _require_int(value: object, what: str, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidLayout(f"{what} must be an integer, got {value!r}")
+        refuse(InvalidLayout, f"{what} must be an integer, got {value!r}")
     if value < minimum:
-        raise InvalidLayout(f"{what} must be >= {minimum}, got {value}")
+        refuse(InvalidLayout, f"{what} must be >= {minimum}, got {value}")
 
 
 def _require_bool(value: object, what: str) -> None:
     if not isinstance(value, bool):
-        raise InvalidLayout(f"{what} must be true or false, got {value!r}")
+        refuse(InvalidLayout, f"{what} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,11 @@ class MambaState:
 
     def __post_init__(self) -> None:
         _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
-        if not isinstance(self.mode, MambaMode):
+        if not isinstance(self.mode, MambaMode):  # type guard: Python callers only
             choices = ", ".join(m.value for m in MambaMode)
-            raise InvalidLayout(
-                f"group {self.name!r}: mode must be one of {choices}, got {self.mode!r}"
+            refuse(
+                InvalidLayout,
+                f"group {self.name!r}: mode must be one of {choices}, got {self.mode!r}",
             )
 
 
@@ -147,37 +148,43 @@ class Layout:
     max_model_len: int | None = None  # longest request the engine admits, if known
 
     def __post_init__(self) -> None:
-        if not isinstance(self.groups, tuple) or not self.groups:
-            raise InvalidLayout("a layout needs a non-empty tuple of groups")
+        if not isinstance(self.groups, tuple) or not self.groups:  # type guard: Python callers only
+            refuse(InvalidLayout, "a layout needs a non-empty tuple of groups")
         for index, group in enumerate(self.groups):
-            if not isinstance(group, GROUP_KINDS):
+            if not isinstance(group, GROUP_KINDS):  # type guard: Python callers only
                 kinds = ", ".join(k.__name__ for k in GROUP_KINDS)
-                raise InvalidLayout(f"group {index} is {group!r}; expected one of {kinds}")
-        if self.speculative is not None and not isinstance(self.speculative, Speculative):
+                refuse(InvalidLayout, f"group {index} is {group!r}; expected one of {kinds}")
+        if self.speculative is not None and not isinstance(
+            self.speculative, Speculative
+        ):  # type guard: Python callers only
             choices = ", ".join(s.value for s in Speculative)
-            raise InvalidLayout(
-                f"speculative must be one of {choices} or absent, got {self.speculative!r}"
+            refuse(
+                InvalidLayout,
+                f"speculative must be one of {choices} or absent, got {self.speculative!r}",
             )
         drafts = [g.name for g in self.groups if is_draft(g)]
         if self.speculative is None and drafts:
-            raise InvalidLayout(
+            refuse(
+                InvalidLayout,
                 f"groups {drafts} hold draft layers but no speculative profile is set; "
-                "set speculative to 'exact' or 'drop'"
+                "set speculative to 'exact' or 'drop'",
             )
         if self.speculative is not None and not drafts:
-            raise InvalidLayout(
+            refuse(
+                InvalidLayout,
                 f"speculative={self.speculative.value!r} but no group holds draft layers; "
-                "mark the group(s) holding the draft layers with draft=true"
+                "mark the group(s) holding the draft layers with draft=true",
             )
         if self.max_model_len is not None:
             _require_int(self.max_model_len, "max_model_len", 1)
             alignment = hit_alignment(self)
             if alignment > self.max_model_len - 1:
-                raise AlignmentImpossible(
+                refuse(
+                    AlignmentImpossible,
                     f"the smallest positive hit is {alignment} tokens (lcm of the block sizes) "
                     f"but a request of max_model_len={self.max_model_len} tokens can reuse at "
                     f"most {self.max_model_len - 1}; prefix caching could never hit. Choose "
-                    "block sizes whose lcm is below max_model_len"
+                    "block sizes whose lcm is below max_model_len",
                 )
 
 

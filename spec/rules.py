@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvcert.spec import acceptance, alloc, hashing, hybrid, invariants
+from kvcert.spec import acceptance, alloc, errors, hashing, hybrid, invariants
 
-RULE_MODULES: tuple[ModuleType, ...] = (acceptance, hybrid, hashing, alloc, invariants)
+RULE_MODULES: tuple[ModuleType, ...] = (acceptance, hybrid, hashing, alloc, invariants, errors)
 TAG = re.compile(r"^(?P<tag>[A-Z]+(?:-[A-Z]+)*-\d+): (?P<rest>.+)$")
 
 

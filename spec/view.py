@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcert.spec.errors import InvalidRequest
+from kvcert.spec.errors import InvalidRequest, refuse
 from kvcert.spec.layout import (
     CrossAttention,
     Layout,
@@ -45,22 +45,25 @@ class CacheView:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int):
-            raise InvalidRequest(f"num_tokens must be an integer, got {self.num_tokens!r}")
+            refuse(InvalidRequest, f"num_tokens must be an integer, got {self.num_tokens!r}")
         if self.num_tokens < 1:
-            raise InvalidRequest(
+            refuse(
+                InvalidRequest,
                 f"num_tokens must be >= 1 (a request has at least one token to compute), "
-                f"got {self.num_tokens}"
+                f"got {self.num_tokens}",
             )
         limit = self.layout.max_model_len
         if limit is not None and self.num_tokens > limit:
-            raise InvalidRequest(
+            refuse(
+                InvalidRequest,
                 f"num_tokens={self.num_tokens} exceeds max_model_len={limit}; "
-                "shorten the request or raise max_model_len"
+                "shorten the request or raise max_model_len",
             )
         if len(self.cached) != len(self.layout.groups):
-            raise InvalidRequest(
+            refuse(
+                InvalidRequest,
                 f"cached lists {len(self.cached)} groups but the layout has "
-                f"{len(self.layout.groups)}; give one entry per group, in layout order"
+                f"{len(self.layout.groups)}; give one entry per group, in layout order",
             )
         for index, blocks in enumerate(self.cached):
             self._check_group(index, blocks)
@@ -68,23 +71,26 @@ class CacheView:
     def _check_group(self, index: int, blocks: frozenset[int]) -> None:
         group = self.layout.groups[index]
         label = f"group {index} ({group.name!r})"
-        if not isinstance(blocks, frozenset):
-            raise InvalidRequest(f"{label}: cached blocks must be a frozenset of indices")
+        if not isinstance(blocks, frozenset):  # type guard: Python callers only
+            refuse(InvalidRequest, f"{label}: cached blocks must be a frozenset of indices")
         if blocks and isinstance(group, CrossAttention):
-            raise InvalidRequest(
-                f"{label}: cross-attention KV is never cached (HIT-CROSS-1); leave it empty"
+            refuse(
+                InvalidRequest,
+                f"{label}: cross-attention KV is never cached (HIT-CROSS-1); leave it empty",
             )
         if blocks and isinstance(group, MambaState) and group.mode is MambaMode.NONE:
-            raise InvalidRequest(
+            refuse(
+                InvalidRequest,
                 f"{label}: mode 'none' keeps no state checkpoints (HIT-MAMBA-2); "
-                "leave it empty or use mode 'align' or 'all'"
+                "leave it empty or use mode 'align' or 'all'",
             )
         count = keyable_blocks(self.layout, index, self.num_tokens)
         valid = f"0..{count - 1}" if count else "none"
         for j in blocks:
             if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < count:
-                raise InvalidRequest(
+                refuse(
+                    InvalidRequest,
                     f"{label}: cached block {j!r} is not a keyed block of this "
                     f"{self.num_tokens}-token request (valid indices: {valid}); "
-                    "only full blocks have keys"
+                    "only full blocks have keys",
                 )

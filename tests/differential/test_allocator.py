@@ -8,9 +8,6 @@ duplicates and evictions really happen.
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -21,12 +18,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from kvcert.conformance.codec import REFUSED, layout_to_json, observation_to_json, op_to_json
+from kvcert.conformance.compare import Renaming, compare_observation
 from kvcert.conformance.reference_engine import ReferenceSession
-from kvcert.reference.errors import KVCacheError
 from kvcert.spec import Extra, ExtraKind, SpecError
 from kvcert.spec import alloc as spec
 from kvcert.spec.invariants import violated
-from tests.differential.renaming import Renaming
 from tests.strategies import layouts
 
 BASES = [
@@ -43,18 +40,6 @@ EXTRAS = [
 RIDS = st.sampled_from("abcde")
 
 
-def tables_of(observation):
-    return getattr(observation, "tables", ())
-
-
-def same(expected, actual, renaming: Renaming) -> bool:
-    if type(expected) is not type(actual):
-        return False
-    plain = dataclasses.replace(expected, tables=()) if hasattr(expected, "tables") else expected
-    other = dataclasses.replace(actual, tables=()) if hasattr(actual, "tables") else actual
-    return plain == other and renaming.match(tables_of(expected), tables_of(actual))
-
-
 class ReferenceAgainstSpec(RuleBasedStateMachine):
     steps = 0  # operations applied, over every run of the machine in this process
 
@@ -68,21 +53,20 @@ class ReferenceAgainstSpec(RuleBasedStateMachine):
     def start(self, layout, blocks):
         config = spec.PoolConfig(layout, blocks)
         self.model = spec.initial_state(config)
-        self.engine = ReferenceSession(config)
+        self.engine = ReferenceSession(layout_to_json(layout), blocks)
 
     def apply(self, op):
         ReferenceAgainstSpec.steps += 1
         try:
-            self.model, expected = spec.step(self.model, op)
+            self.model, observation = spec.step(self.model, op)
+            expected = observation_to_json(observation)
         except SpecError:
-            event("refused by both")
-            with pytest.raises(KVCacheError):
-                self.engine.apply(op)
-            return
-        actual = self.engine.apply(op)
-        assert same(expected, actual, self.renaming), (op, expected, actual)
-        event(type(expected).__name__)
-        if isinstance(expected, spec.Admitted) and expected.hit:
+            observation, expected = None, REFUSED
+        actual = self.engine.apply(op_to_json(op))
+        difference = compare_observation(self.renaming, expected, actual)
+        assert difference is None, (op, difference)
+        event("refused by both" if observation is None else type(observation).__name__)
+        if isinstance(observation, spec.Admitted) and observation.hit:
             event("admitted with a hit")
 
     def running(self, index):

@@ -45,6 +45,7 @@ def checked(function: Callable[..., Any], seen: set[str]) -> Callable[..., Any]:
         for expression, code in compiled_pre:
             if not eval(code, scope):
                 raise ContractViolation(f"{function.__name__}: pre `{expression}` with {bound}")
+        seen.add(function.__name__)  # before the call: a rule may raise by design (INPUT-1)
         result = function(*args, **kwargs)
         scope["__return__"] = result
         for expression, code in compiled_post:

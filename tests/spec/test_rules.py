@@ -21,6 +21,7 @@ from kvcert.spec import (
     Speculative,
     acceptance,
     alloc,
+    errors,
     hashing,
     hybrid,
     hybrid_hit,
@@ -68,6 +69,7 @@ EXPECTED_TAGS = {
     "INV-KEY-1",
     "INV-HIT-1",
     "INV-VIS-1",
+    "INPUT-1",
 }
 
 
@@ -153,7 +155,7 @@ def test_every_contract_holds_on_every_small_case():
         getattr(__import__(r.module, fromlist=[r.function]), r.function) for r in RULES
     ]
     seen: set[str] = set()
-    modules = (acceptance, hybrid, hashing, layout, view, spec_package, alloc, invariants)
+    modules = (acceptance, hybrid, hashing, layout, view, spec_package, alloc, invariants, errors)
     with contracts_enforced(modules, rule_functions, seen):
         cases = 0
         for chosen in small_layouts():
@@ -168,6 +170,8 @@ def test_every_contract_holds_on_every_small_case():
                 hashing.matched_blocks(keys, frozenset(keys[:2]))
         for chosen in small_layouts():
             exercise_allocator(chosen)
+        with pytest.raises(errors.SpecError):
+            FullAttention(0)
     assert cases > 5_000
     assert seen == {r.function for r in RULES}, "every rule's contract was exercised"
 

@@ -1,0 +1,964 @@
+"""Generate the conformance vectors from the spec: `python -m kvcert.conformance.gen [--check]`.
+
+Sources, all deterministic (no clock, fixed seeds, sorted keys):
+* hand-written scenarios: every seed report and every bug in the research notes, by name;
+* bounded exhaustive enumeration of small hybrid layouts and cache views;
+* seeded random allocator traces over small pools;
+* regressions: failures the stateful machines found, as traces.
+
+Each case's expectation is what kvcert.spec answers, and its `rules` are the rule tags whose
+functions ran while the spec answered it (traced, not hand-listed). `--check` regenerates into
+memory and fails if any committed byte would change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import itertools
+import json
+import random
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvcert.conformance.codec import JSON, layout_to_json, op_to_json, to_ranges, to_runs
+from kvcert.conformance.engines import SpecEngine
+from kvcert.conformance.scenario import parse_scenario
+from kvcert.spec import (
+    SPEC_VERSION,
+    ChunkedLocal,
+    CrossAttention,
+    Extra,
+    ExtraKind,
+    FullAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+from kvcert.spec.rules import all_rules
+from kvcert.spec.view import keyable_blocks
+
+FORMAT = "kvcert-vector/1"
+VECTORS = Path(__file__).resolve().parent / "vectors"
+
+
+def _rule_codes() -> dict[object, str]:
+    return {
+        getattr(importlib.import_module(r.module), r.function).__code__: r.tag for r in all_rules()
+    }
+
+
+def traced(run: Callable[[], JSON]) -> tuple[JSON, list[str]]:
+    """Run the spec and record the rule tags whose functions were called."""
+    codes = _rule_codes()
+    seen: set[str] = set()
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.add(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(previous)
+    return result, sorted(seen)
+
+
+def requires(layout: Layout, ops: Sequence[spec.Op] = (), reuse: bool = False) -> list[str]:
+    """The engine features a case needs (the runner skips cases an engine lacks)."""
+    needed = set()
+    for group in layout.groups:
+        match group:
+            case FullAttention():
+                needed.add("kind.full")
+            case SlidingWindow():
+                needed.add("kind.sliding_window")
+            case ChunkedLocal():
+                needed.add("kind.chunked_local")
+            case MambaState():
+                needed.add(f"kind.mamba.{group.mode.value}")
+            case CrossAttention():
+                needed.add("kind.cross")
+    if layout.speculative is not None:
+        needed.add(f"speculative.{layout.speculative.value}")
+    for op in ops:
+        for extra in getattr(op, "extras", ()):
+            needed.add(f"extras.{extra.kind.value}")
+        if getattr(op, "lookahead", 0):
+            needed.add("alloc.lookahead")
+        if isinstance(op, spec.Preempt):
+            needed.add("alloc.preempt")
+        if isinstance(op, spec.ResetCache):
+            needed.add("alloc.reset_cache")
+    if reuse:
+        needed.add("eviction.lru")
+    return sorted(needed)
+
+
+# The rule each hand-written scenario was written for (by id prefix): failing engines are
+# reported against these first, since rules every case exercises cannot single a bug out.
+FOCUS: dict[str, tuple[str, ...]] = {
+    "hit.seed.gpt-oss-eagle": ("HIT-SPEC-2",),
+    "hit.seed.gemma4-dflash-exact": ("HIT-SPEC-1",),
+    "hit.seed.gemma4-dflash": ("HIT-SPEC-2",),
+    "hit.seed.eagle-block-aligned": ("HIT-SPEC-2", "HIT-LEN-1"),
+    "hit.seed.deepseek-v4-flash": ("HIT-FULL-1", "HIT-SW-1"),
+    "hit.seed.qwen35": ("HIT-MAMBA-1",),
+    "hit.vllm-c8": ("HIT-SW-1", "HIT-FULL-1"),
+    "hit.vllm-c1": ("HIT-SPEC-2",),
+    "hit.vllm-c2": ("HIT-SPEC-2",),
+    "hit.vllm-c3": ("HIT-SPEC-2",),
+    "hit.vllm-c4": ("HIT-SPEC-2", "HIT-HYB-1"),
+    "hit.vllm-c9": ("HIT-MAMBA-1",),
+    "hit.vllm-peer": ("HIT-SW-1",),
+    "hit.sw": ("HIT-SW-1",),
+    "hit.chunked": ("HIT-CHUNK-1",),
+    "hit.cross": ("HIT-CROSS-1",),
+    "hit.mamba-none": ("HIT-MAMBA-2",),
+    "alloc.visibility": ("ALLOC-VIS-1",),
+    "alloc.two-phase": ("ALLOC-TWO-PHASE-1",),
+    "alloc.duplicates": ("ALLOC-LOOKUP-1",),
+    "alloc.eviction": ("ALLOC-EVICT-1",),
+    "alloc.lru": ("ALLOC-FREE-1",),
+    "alloc.sliding-window": ("ALLOC-SKIP-1", "ALLOC-HOLD-1"),
+    "alloc.mamba-align": ("ALLOC-COMMIT-1",),
+    "alloc.mamba-none": ("ALLOC-COMMIT-1",),
+    "alloc.draft-exact": ("ALLOC-COMMIT-1", "HASH-DRAFT-1"),
+    "alloc.isolation": ("HASH-EXTRA-1",),
+    "alloc.multimodal": ("HASH-EXTRA-1",),
+    "alloc.reset": ("ALLOC-RESET-1",),
+    "alloc.decode": ("ALLOC-COMMIT-1",),
+    "alloc.capacity": ("ALLOC-TWO-PHASE-1",),
+    "alloc.lookahead": ("ALLOC-WRITE-1",),
+    "alloc.regression": ("ALLOC-COMMIT-1",),
+    "hit.refuse": ("INPUT-1",),
+    "alloc.refuse": ("INPUT-1",),
+}
+
+
+def _focus(case_id: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    if given:
+        return given
+    matches = [k for k in FOCUS if case_id.startswith(k)]
+    return FOCUS[max(matches, key=len)] if matches else ()
+
+
+def hit_case(
+    case_id: str,
+    layout: Layout,
+    num_tokens: int,
+    cached: list[list[int]],
+    origin: str | None = None,
+    comment: str = "",
+    focus: tuple[str, ...] = (),
+) -> JSON:
+    case_input = {
+        "suite": "hit",
+        "layout": layout_to_json(layout),
+        "num_tokens": num_tokens,
+        "cached": [to_ranges(c) for c in cached],
+    }
+    answer, rules = traced(lambda: SpecEngine().run(case_input))
+    expect = {"hit": answer["hit"], "block_runs": [to_runs(b) for b in answer["blocks"]]}
+    out: JSON = {"id": case_id, "rules": rules, "requires": requires(layout)}
+    if origin:
+        out["origin"] = origin
+    if comment:
+        out["comment"] = comment
+    focus = _focus(case_id, focus)
+    if focus:
+        missing = set(focus) - set(rules)
+        if missing:
+            raise ValueError(f"{case_id}: focus rules {missing} are not exercised by the case")
+        out["focus"] = list(focus)
+    out.update(input=case_input, expect=expect)
+    return out
+
+
+def reuses_freed_blocks(layout: Layout, num_blocks: int, ops: list[spec.Op]) -> bool:
+    """Whether a previously used block is handed out again: then which one is normative only
+    under the eviction profile."""
+    state = spec.initial_state(spec.PoolConfig(layout, num_blocks))
+    used: set[int] = set()
+    for op in ops:
+        before = state
+        try:
+            state, _ = spec.step(state, op)
+        except Exception:
+            continue
+        popped = {
+            b
+            for b in before.free
+            if b not in state.free and state.blocks[b].content is None and state.blocks[b].ref_count
+        }
+        if popped & used:
+            return True
+        used |= {
+            b for t in (r.tables for r in state.requests.values()) for tt in t for b in tt if b
+        }
+    return False
+
+
+def alloc_case(
+    case_id: str,
+    layout: Layout,
+    num_blocks: int,
+    ops: list[spec.Op],
+    origin: str | None = None,
+    comment: str = "",
+    focus: tuple[str, ...] = (),
+) -> JSON:
+    case_input = {
+        "suite": "alloc",
+        "layout": layout_to_json(layout),
+        "num_blocks": num_blocks,
+        "ops": [op_to_json(op) for op in ops],
+    }
+    expect, rules = traced(lambda: SpecEngine().run(case_input))
+    out: JSON = {
+        "id": case_id,
+        "rules": rules,
+        "requires": requires(layout, ops, reuses_freed_blocks(layout, num_blocks, ops)),
+    }
+    if origin:
+        out["origin"] = origin
+    if comment:
+        out["comment"] = comment
+    focus = _focus(case_id, focus)
+    if focus:
+        missing = set(focus) - set(rules)
+        if missing:
+            raise ValueError(f"{case_id}: focus rules {missing} are not exercised by the case")
+        out["focus"] = list(focus)
+    out.update(input=case_input, expect=expect)
+    return out
+
+
+# --- hand-written hit scenarios ---------------------------------------------------------------
+
+B = 16
+FULL, SW = FullAttention(B), SlidingWindow(B, 2 * B)
+
+
+def _all(n: int) -> list[int]:
+    return list(range(n))
+
+
+def hit_scenarios() -> Iterator[JSON]:
+    """Every seed, the vLLM probe cases (research notes §6) and the peer-test examples."""
+    for name in sorted(
+        p.name
+        for p in (resources.files("kvcert.conformance") / "examples").iterdir()
+        if p.name.endswith(".json")
+    ):
+        text = (resources.files("kvcert.conformance") / "examples" / name).read_text("utf-8")
+        obj = json.loads(text)
+        scenario = parse_scenario(obj, name)
+        view = scenario.view
+        yield hit_case(
+            f"hit.seed.{name.removesuffix('.json')}",
+            view.layout,
+            view.num_tokens,
+            [sorted(c) for c in view.cached],
+            obj.get("origin"),
+            obj["description"],
+        )
+    four = _all(4)
+    c8 = [
+        ("evict-full-0", [1, 2, 3], four),
+        ("evict-sw-0", four, [1, 2, 3]),
+        ("evict-full-3-sw-0", [0, 1, 2], [1, 2, 3]),
+        ("evict-full-2-sw-0", [0, 1, 3], [1, 2, 3]),
+        ("evict-sw-2", four, [0, 1, 3]),
+    ]
+    for label, full, window in c8:
+        yield hit_case(
+            f"hit.vllm-c8.{label}",
+            Layout((FULL, SW)),
+            69,
+            [full, window],
+            "vllm test_prefill_hybrid_model",
+            "downward closure and window eviction",
+        )
+    eagle = {
+        "c1": (FullAttention(B, draft=True), SW),
+        "c2": (FullAttention(B, draft=True), SW, MambaState(B)),
+        "c3": (FULL, SW, FullAttention(B, draft=True, name="draft")),
+        "c3b": (FullAttention(B, draft=True), SW, SlidingWindow(B, 4 * B)),
+    }
+    for label, groups in eagle.items():
+        origin = {"c1": "vllm#32802", "c3": "vllm#40624"}.get(label, "vllm notes §6")
+        yield hit_case(
+            f"hit.vllm-{label}.eagle-drop-once",
+            Layout(groups, Speculative.DROP),
+            69,
+            [four] * len(groups),
+            origin,
+            "the drop steps down once, whatever the group count (<= 0.19 spiralled to 0)",
+        )
+    yield hit_case(
+        "hit.vllm-c4.gemma4-block-sizes-eagle",
+        Layout((FullAttention(32, draft=True), SlidingWindow(16, 64)), Speculative.DROP),
+        133,
+        [_all(4), _all(8)],
+        "vllm#39450",
+        "lcm 32: 128 in common, one step down to 96 (0.19.1 dropped twice)",
+    )
+    yield hit_case(
+        "hit.vllm-c4b.reverse-block-sizes-eagle",
+        Layout((FullAttention(16, draft=True), SlidingWindow(32, 64)), Speculative.DROP),
+        133,
+        [_all(8), _all(4)],
+        "vllm notes §6",
+    )
+    yield hit_case(
+        "hit.vllm-c9.mamba-not-downward-closed",
+        Layout((FULL, MambaState(B))),
+        69,
+        [four, [0, 1, 2]],
+        "vllm notes §6",
+        "only the checkpoint at the hit counts",
+    )
+    yield hit_case(
+        "hit.vllm-c9.mamba-boundary-checkpoint",
+        Layout((SW, SlidingWindow(B, 4 * B), MambaState(B))),
+        69,
+        [four, four, [0, 1, 3]],
+        "vllm notes §6",
+    )
+    peer = [
+        ("a", [1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 1]),
+        ("b", [1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0]),
+        ("c", [1]),
+        ("d", [1, 0]),
+    ]
+    for label, pattern in peer:
+        cached = [j for j, bit in enumerate(pattern) if bit]
+        yield hit_case(
+            f"hit.vllm-peer.sw-possible-prefix-{label}",
+            Layout((SlidingWindow(2, 4),)),
+            2 * len(pattern) + 1,
+            [cached],
+            "vllm test_sliding_window_possible_cached_prefix",
+        )
+    yield hit_case(
+        "hit.sw.window-counts-the-query-token",
+        Layout((SlidingWindow(B, B + 1),)),
+        69,
+        [[0, 1, 3]],
+        "vllm cdiv(W-1, B)",
+        "W=17, B=16: a hit at 64 needs only block 3 (tokens 48-63); without the -1 it would "
+        "also need block 2",
+    )
+    yield hit_case(
+        "hit.chunked.boundary-needs-nothing",
+        Layout((ChunkedLocal(B, 2 * B),)),
+        70,
+        [[]],
+        None,
+        "a chunk boundary needs no cached block",
+    )
+    yield hit_case(
+        "hit.cross.constrains-nothing",
+        Layout((FULL, CrossAttention(B))),
+        69,
+        [four, []],
+        None,
+        "cross attention is never cached and never limits",
+    )
+    yield hit_case(
+        "hit.mamba-none.only-empty-hit",
+        Layout((FULL, MambaState(B, MambaMode.NONE))),
+        69,
+        [four, []],
+        None,
+    )
+
+
+# --- refusals: invalid layouts, requests and operations --------------------------------------
+
+
+def raw_case(case_id: str, case_input: JSON, comment: str) -> JSON:
+    """A case written directly in JSON (invalid input cannot be built from spec types)."""
+    expect, rules = traced(lambda: SpecEngine().run(case_input))
+    if expect != {"refused": True} and case_input["suite"] == "hit":
+        raise ValueError(f"{case_id} was meant to be refused, got {expect}")
+    return {
+        "id": case_id,
+        "rules": rules or ["HIT-GROUP-1"],
+        "requires": [],
+        "comment": comment,
+        "input": case_input,
+        "expect": expect,
+    }
+
+
+def refusals() -> Iterator[JSON]:
+    """Input every engine must refuse, each with what is wrong."""
+    full = {"kind": "full", "block_size": 16}
+    bad_layouts = {
+        "block-size-zero": ({"groups": [{"kind": "full", "block_size": 0}]}, "block size 0"),
+        "block-size-text": ({"groups": [{"kind": "full", "block_size": "16"}]}, "not an integer"),
+        "window-zero": (
+            {"groups": [full, {"kind": "sliding_window", "block_size": 16, "window": 0}]},
+            "window < 1",
+        ),
+        "chunk-zero": (
+            {"groups": [full, {"kind": "chunked_local", "block_size": 16, "chunk": 0}]},
+            "chunk < 1",
+        ),
+        "unknown-kind": ({"groups": [{"kind": "paged", "block_size": 16}]}, "unknown kind"),
+        "unknown-mamba-mode": (
+            {"groups": [full, {"kind": "mamba", "block_size": 16, "mode": "sometimes"}]},
+            "unknown mode",
+        ),
+        "no-groups": ({"groups": []}, "a layout needs groups"),
+        "draft-not-boolean": (
+            {"groups": [{**full, "draft": "yes"}], "speculative": "drop"},
+            "draft must be true or false",
+        ),
+        "draft-without-profile": (
+            {"groups": [{**full, "draft": True}]},
+            "draft layers but no speculative profile",
+        ),
+        "profile-without-draft": (
+            {"groups": [full], "speculative": "drop"},
+            "speculative profile but no draft group",
+        ),
+        "unknown-profile": (
+            {"groups": [{**full, "draft": True}], "speculative": "eagle"},
+            "unknown speculative profile",
+        ),
+        "draft-on-state-group": (
+            {
+                "groups": [full, {"kind": "mamba", "block_size": 16, "draft": True}],
+                "speculative": "drop",
+            },
+            "state groups hold no draft layers",
+        ),
+        "max-model-len-zero": ({"groups": [full], "max_model_len": 0}, "max_model_len < 1"),
+        "alignment-impossible": (
+            {
+                "groups": [
+                    {"kind": "full", "block_size": 48},
+                    {"kind": "sliding_window", "block_size": 64, "window": 128},
+                ],
+                "max_model_len": 100,
+            },
+            "lcm 192 exceeds what max_model_len 100 can reuse",
+        ),
+    }
+    for label, (layout, why) in bad_layouts.items():  # layout: a JSON object
+        yield raw_case(
+            f"hit.refuse.layout-{label}",
+            {
+                "suite": "hit",
+                "layout": layout,
+                "num_tokens": 40,
+                "cached": [[] for _ in layout["groups"]],  # type: ignore[index]
+            },
+            why,
+        )
+    ok = {
+        "groups": [
+            full,
+            {"kind": "cross", "block_size": 16},
+            {"kind": "mamba", "block_size": 16, "mode": "none"},
+        ],
+        "max_model_len": 100,
+    }
+    bad_views = {
+        "zero-tokens": (0, [[], [], []], "a request has at least one token"),
+        "tokens-not-integer": ("40", [[], [], []], "num_tokens must be an integer"),
+        "beyond-max-model-len": (101, [[], [], []], "longer than max_model_len"),
+        "cached-entries-per-group": (40, [[]], "one cached entry per group"),
+        "block-outside-request": (40, [[[0, 3]], [], []], "block 2 is not a full block"),
+        "cross-attention-cached": (40, [[], [[0, 1]], []], "cross attention is never cached"),
+        "mode-none-cached": (40, [[], [], [[0, 1]]], "mode none keeps no checkpoints"),
+    }
+    for label, (tokens, cached, why) in bad_views.items():
+        yield raw_case(
+            f"hit.refuse.request-{label}",
+            {"suite": "hit", "layout": ok, "num_tokens": tokens, "cached": cached},
+            why,
+        )
+    yield raw_case(
+        "hit.refuse.cross-attention-only",
+        {
+            "suite": "hit",
+            "layout": {"groups": [{"kind": "cross", "block_size": 16}]},
+            "num_tokens": 40,
+            "cached": [[]],
+        },
+        "nothing to cache: every group is cross attention",
+    )
+    yield raw_case(
+        "alloc.refuse.pool-too-small",
+        {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": 1, "ops": []},
+        "a pool needs the null block plus one",
+    )
+    yield raw_case(
+        "alloc.refuse.pool-size-not-integer",
+        {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": "64", "ops": []},
+        "num_blocks must be an integer",
+    )
+    bad_extras = [
+        {"kind": "cache_salt", "value": "s", "start": 0, "end": 4},
+        {"kind": "multimodal", "value": "img"},
+        {"kind": "lora", "value": 3},
+        {"kind": "watermark", "value": "w"},
+        {"kind": "multimodal", "value": "img", "start": 30, "end": 90},
+    ]
+    ops = [
+        {"op": "admit", "rid": f"r{i}", "tokens": list(PROMPT), "budget": 8, "extras": [e]}
+        for i, e in enumerate(bad_extras)
+    ]
+    yield raw_case(
+        "alloc.refuse.malformed-extras",
+        {
+            "suite": "alloc",
+            "layout": {"groups": [full, {"kind": "cross", "block_size": 16}]},
+            "num_blocks": 16,
+            "ops": [
+                *ops,
+                {"op": "admit", "rid": "ok", "tokens": list(PROMPT), "budget": 8},
+                {"op": "end_step"},
+                {"op": "finish", "rid": "ok"},
+            ],
+        },
+        "request-wide extras take no span, positioned ones need one within the prompt, kinds "
+        "are closed, values are strings; then a valid request in a layout with cross attention",
+    )
+
+
+# --- bounded enumeration --------------------------------------------------------------------
+
+
+def enumerated_hits(limit: int) -> Iterator[JSON]:
+    """Small layouts x lengths x cached subsets, one case per new (layout, outcome) shape."""
+    groups: list[Group] = [
+        FullAttention(2),
+        FullAttention(3),
+        SlidingWindow(2, 3),
+        ChunkedLocal(2, 3),
+        MambaState(2),
+        MambaState(2, MambaMode.ALIGN),
+        CrossAttention(2),
+    ]
+    drafts: list[Group] = [FullAttention(2, draft=True), SlidingWindow(3, 4, draft=True)]
+    layouts = [
+        Layout(c)
+        for size in (1, 2)
+        for c in itertools.combinations(groups, size)
+        if any(not isinstance(g, CrossAttention) for g in c)
+    ]
+    layouts += [Layout((g, d), p) for g in groups for d in drafts for p in Speculative]
+    seen: set[tuple[object, ...]] = set()
+    emitted = 0
+    for index, layout in enumerate(layouts):
+        for num_tokens in (5, 7, 9):
+            options = []
+            for g, group in enumerate(layout.groups):
+                count = keyable_blocks(layout, g, num_tokens)
+                serves = not isinstance(group, CrossAttention)
+                blocks = range(count) if serves else range(0)
+                options.append(
+                    [
+                        list(c)
+                        for r in range(len(blocks) + 1)
+                        for c in itertools.combinations(blocks, r)
+                    ]
+                )
+            for cached in itertools.product(*options):
+                case = hit_case(
+                    f"hit.enum.{index:03d}.{num_tokens}.{emitted:05d}",
+                    layout,
+                    num_tokens,
+                    list(cached),
+                )
+                shape = (
+                    index,
+                    case["expect"]["hit"],
+                    tuple(case["rules"]),
+                    json.dumps(case["expect"]["block_runs"]),
+                )
+                if shape in seen:
+                    continue
+                seen.add(shape)
+                emitted += 1
+                yield case
+                if emitted >= limit:
+                    return
+
+
+# --- allocator traces -------------------------------------------------------------------------
+
+PROMPT = tuple(range(100, 140))
+OTHER = tuple(range(500, 540))
+
+
+def alloc_scenarios() -> Iterator[JSON]:
+    """Hand-written traces for each allocator rule and each bug in the notes."""
+    one = Layout((FULL,))
+    two = Layout((FULL, SW))
+    yield alloc_case(
+        "alloc.visibility.same-step-miss",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Admit("c", PROMPT, 64),
+        ],
+        "vllm#41838",
+        "blocks are hittable only after the step that wrote them",
+    )
+    yield alloc_case(
+        "alloc.two-phase.hits-before-allocation",
+        one,
+        5,
+        [
+            spec.Admit("a", PROMPT[:32], 64),
+            spec.Admit("b", OTHER[:32], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Finish("b"),
+            spec.Admit("c", (*PROMPT[:32], *OTHER[:24]), 64),
+        ],
+        "vllm#33775",
+        "a's blocks head the free queue; c hits them and needs two new blocks: taking the "
+        "hits first keeps the allocation from evicting them",
+    )
+    yield alloc_case(
+        "alloc.duplicates.earliest-served",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Admit("c", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.eviction.reuse-forgets-key",
+        one,
+        4,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER, 64),
+            spec.EndStep(),
+            spec.Finish("b"),
+            spec.Admit("a2", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.lru.group-zero-prefix-evicted-first",
+        Layout((FULL, SW, SW)),
+        16,
+        [
+            spec.Admit("a", PROMPT[:39], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER[:39], 64),
+            spec.EndStep(),
+            spec.Finish("b"),
+            spec.Admit("a2", PROMPT[:39], 64),
+        ],
+        "vllm#42948",
+        "group-major release order sacrifices the full-attention prefix (C12)",
+    )
+    yield alloc_case(
+        "alloc.sliding-window.release-with-nulls",
+        Layout((SlidingWindow(4, 8),)),
+        32,
+        [spec.Admit("a", PROMPT, 20), spec.EndStep(), spec.Extend("a", 4)],
+    )
+    yield alloc_case(
+        "alloc.mamba-align.checkpoint-at-step-end",
+        Layout((MambaState(8, MambaMode.ALIGN),)),
+        16,
+        [
+            spec.Admit("a", PROMPT, 16),
+            spec.EndStep(),
+            spec.Extend("a", 4),
+            spec.EndStep(),
+            spec.Admit("b", PROMPT[:30], 30),
+        ],
+        "vllm#36493",
+    )
+    yield alloc_case(
+        "alloc.mamba-none.never-registers",
+        Layout((MambaState(8, MambaMode.NONE),)),
+        16,
+        [spec.Admit("a", PROMPT, 16), spec.EndStep(), spec.Admit("b", PROMPT, 16)],
+    )
+    yield alloc_case(
+        "alloc.draft-exact.waits-for-next-token",
+        Layout((FullAttention(8), FullAttention(8, draft=True)), Speculative.EXACT),
+        16,
+        [
+            spec.Admit("a", PROMPT[:16], 16),
+            spec.EndStep(),
+            spec.Extend("a", 1, (7,)),
+            spec.EndStep(),
+        ],
+    )
+    salt = (Extra(ExtraKind.CACHE_SALT, "x"),)
+    lora = (Extra(ExtraKind.LORA, "x"),)
+    yield alloc_case(
+        "alloc.isolation.salt-and-lora-do-not-collide",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64, salt),
+            spec.EndStep(),
+            spec.Admit("b", PROMPT, 64, (Extra(ExtraKind.CACHE_SALT, "y"),)),
+            spec.Admit("c", PROMPT, 64, lora),
+            spec.Admit("d", PROMPT, 64, salt),
+        ],
+        "vllm#44701",
+        "another salt or a LoRA named like the salt misses; the same salt hits",
+    )
+    image = (Extra(ExtraKind.MULTIMODAL, "img", 20, 30),)
+    yield alloc_case(
+        "alloc.multimodal.prefix-before-image-is-shared",
+        one,
+        32,
+        [spec.Admit("a", PROMPT, 64, image), spec.EndStep(), spec.Admit("b", PROMPT, 64)],
+    )
+    yield alloc_case(
+        "alloc.preempt-and-readmit",
+        two,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.Preempt("a"),
+            spec.Admit("a", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.reset.refused-while-held",
+        one,
+        16,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.ResetCache(),
+            spec.Finish("a"),
+            spec.ResetCache(),
+            spec.Admit("b", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.decode.output-blocks-cached",
+        Layout((FullAttention(4),)),
+        16,
+        [
+            spec.Admit("a", PROMPT[:8], 8),
+            spec.EndStep(),
+            *[op for t in (1, 2, 3, 4) for op in (spec.Extend("a", 1, (t,)), spec.EndStep())],
+            spec.Admit("b", (*PROMPT[:8], 1, 2, 3, 4, 5), 16),
+        ],
+    )
+    yield alloc_case(
+        "alloc.capacity.waiting-changes-nothing",
+        one,
+        4,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", OTHER, 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.lookahead.speculative-slots",
+        Layout((FullAttention(4),)),
+        16,
+        [
+            spec.Admit("a", PROMPT[:8], 8, (), 3),
+            spec.EndStep(),
+            spec.Extend("a", 1, (1,), 3),
+            spec.EndStep(),
+            spec.Extend("a", 1, (2,)),
+        ],
+    )
+    yield alloc_case(
+        "alloc.misuse.refused",
+        one,
+        8,
+        [
+            spec.Extend("x", 1),
+            spec.Finish("x"),
+            spec.Admit("a", PROMPT, 8),
+            spec.Admit("a", PROMPT, 8),
+            spec.Extend("a", 8),
+            spec.EndStep(),
+            spec.Extend("a", 1, (1,)),
+            spec.Admit("b", (), 8),
+            spec.Admit("c", PROMPT, 0),
+        ],
+    )
+    yield alloc_case(
+        "alloc.max-model-len.refused",
+        Layout((FULL,), max_model_len=40),
+        16,
+        [
+            spec.Admit("a", (*PROMPT, 1), 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Extend("b", 1, (1,)),
+        ],
+    )
+    yield alloc_case(
+        "alloc.regression.draft-window-released-before-next-token",
+        Layout((FullAttention(2), SlidingWindow(1, 1, draft=True)), Speculative.EXACT),
+        3,
+        [spec.Admit("b", (1,), 1), spec.EndStep(), spec.Extend("b", 1, (0,)), spec.EndStep()],
+        "kvcert differential machine",
+        "a released draft block must not be registered (it was the null block)",
+    )
+
+
+def random_traces(count: int) -> Iterator[JSON]:
+    """Seeded random traces over small random layouts (the stateful machine's op mix)."""
+    kinds: list[Callable[[random.Random], Group]] = [
+        lambda r: FullAttention(r.choice([1, 2, 4])),
+        lambda r: SlidingWindow(r.choice([1, 2, 4]), r.randint(1, 9)),
+        lambda r: ChunkedLocal(r.choice([2, 4]), r.randint(2, 9)),
+        lambda r: MambaState(r.choice([2, 4]), r.choice(list(MambaMode))),
+    ]
+    bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
+    for n in range(count):
+        rnd = random.Random(n)
+        groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(1, 3))]
+        if (
+            not any(isinstance(g, FullAttention | SlidingWindow | ChunkedLocal) for g in groups)
+            or rnd.random() < 0.3
+        ):
+            groups.append(FullAttention(rnd.choice([2, 4])))
+        profile = rnd.choice([None, None, Speculative.EXACT, Speculative.DROP])
+        if profile is not None:
+            groups.append(FullAttention(rnd.choice([2, 4]), draft=True))
+        layout = Layout(tuple(groups), profile)
+        ops: list[spec.Op] = []
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40)))
+        for _ in range(30):
+            roll = rnd.random()
+            running = sorted(state.requests)
+            if roll < 0.35:
+                rid = next((r for r in "abcd" if r not in state.requests), None)
+                if rid is None:
+                    continue
+                op: spec.Op = spec.Admit(
+                    rid,
+                    rnd.choice(bases)[: rnd.randint(1, 24)],
+                    rnd.randint(1, 24),
+                    (),
+                    rnd.choice([0, 0, 1]),
+                )
+            elif roll < 0.55 and running:
+                rid = rnd.choice(running)
+                request = state.requests[rid]
+                if request.scheduled:
+                    continue
+                done = request.computed == len(request.tokens)
+                op = spec.Extend(rid, rnd.randint(1, 8), (rnd.randint(0, 2),) if done else ())
+            elif roll < 0.85:
+                op = spec.EndStep()
+            elif running:
+                rid = rnd.choice(running)
+                op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
+            else:
+                continue
+            state, _ = spec.step(state, op)
+            ops.append(op)
+        yield alloc_case(f"alloc.random.{n:03d}", layout, state.config.num_blocks, ops)
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def suites() -> dict[str, list[JSON]]:
+    """Every file's cases, keyed by its path under vectors/."""
+    return {
+        "hit/scenarios.json": list(hit_scenarios()),
+        "hit/refusals.json": [c for c in refusals() if c["input"]["suite"] == "hit"],
+        "hit/enumerated.json": list(enumerated_hits(400)),
+        "alloc/scenarios.json": list(alloc_scenarios()),
+        "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
+        "alloc/random.json": list(random_traces(60)),
+    }
+
+
+def render() -> dict[str, str]:
+    """File name -> exact text, manifest included."""
+    files = {}
+    for path, cases in suites().items():
+        body = {
+            "format": FORMAT,
+            "spec_version": SPEC_VERSION,
+            "suite": path.split("/")[0],
+            "cases": cases,
+        }
+        files[path] = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    manifest = {
+        "format": FORMAT,
+        "spec_version": SPEC_VERSION,
+        "files": {
+            p: {
+                "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                "cases": len(json.loads(t)["cases"]),
+            }
+            for p, t in sorted(files.items())
+        },
+        "retired_ids": [],
+    }
+    files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="generate kvcert's conformance vectors")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="fail if the committed vectors differ from a regeneration",
+    )
+    args = parser.parse_args(argv)
+    files = render()
+    stale = []
+    for name, text in files.items():
+        path = VECTORS / name
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print(f"stale vectors: {stale}; run python -m kvcert.conformance.gen", file=sys.stderr)
+        return 1
+    total = sum(len(json.loads(t).get("cases", [])) for t in files.values())
+    print(f"{'checked' if args.check else 'wrote'} {len(files)} files, {total} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

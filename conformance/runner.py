@@ -1,0 +1,304 @@
+"""The conformance runner: validate, filter, drive, compare, account for every vector.
+
+Guarantees (CONFORMANCE.md states them for implementers):
+* every vector file is schema-validated and its sha256 checked against the manifest; a bad
+  file or case is reported as an error against it, never skipped silently;
+* a case runs unless the engine lacks a feature it requires, or a skip file names it with a
+  reason; either way it is recorded, so the run accounts for every case;
+* expected failures are strict: an xfail that passes fails the run;
+* an engine that raises, answers garbage or exceeds the per-case time limit is reported
+  against that case, and the run carries on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from kvcert.conformance.codec import JSON, from_ranges, layout_from_json
+from kvcert.conformance.compare import compare_alloc, compare_hit
+from kvcert.conformance.engines import Engine
+from kvcert.conformance.explain import explain, render
+from kvcert.spec import CacheView
+
+VECTORS: Traversable = resources.files("kvcert.conformance") / "vectors"
+SCHEMA: Traversable = resources.files("kvcert.conformance") / "schema" / "vector.schema.json"
+PASSING = {"passed", "xfailed", "skipped"}
+
+
+@dataclass
+class Result:
+    """What happened to one case."""
+
+    id: str
+    suite: str
+    status: str  # passed | failed | errored | skipped | xfailed | xpassed
+    rules: list[str]
+    detail: str = ""
+    origin: str | None = None
+    focus: list[str] = field(default_factory=list)  # the rules the case was written for
+
+
+@dataclass
+class Report:
+    """A whole run."""
+
+    engine: JSON
+    results: list[Result] = field(default_factory=list)
+
+    def counts(self) -> Counter[str]:
+        return Counter(r.status for r in self.results)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.status in PASSING for r in self.results)
+
+    def summary_line(self) -> str:
+        counts = self.counts()
+        failed = sum(counts[s] for s in ("failed", "errored", "xpassed"))
+        passed = counts["passed"] + counts["xfailed"]
+        return f"{passed} passed, {failed} failed, {counts['skipped']} skipped"
+
+    def to_json(self) -> JSON:
+        by_rule: dict[str, Counter[str]] = {}
+        for result in self.results:
+            for rule in result.rules:
+                by_rule.setdefault(rule, Counter())[result.status] += 1
+        return {
+            "engine": self.engine,
+            "summary": self.summary_line(),
+            "counts": dict(self.counts()),
+            "by_rule": {k: dict(v) for k, v in sorted(by_rule.items())},
+            "results": [asdict(r) for r in self.results],
+        }
+
+
+def load_reasons(path: Path | None, what: str) -> dict[str, str]:
+    """A skip or xfail file: {"case id": "reason", ...}; every entry needs a reason."""
+    if path is None:
+        return {}
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(entries, dict) or not all(
+        isinstance(v, str) and v.strip() for v in entries.values()
+    ):
+        raise ValueError(f"{path}: a {what} file maps case ids to non-empty reasons")
+    return entries
+
+
+def iter_cases(root: Traversable = VECTORS) -> Iterator[tuple[str, JSON | None, str]]:
+    """(file, case or None, error) for every case of every file in the manifest."""
+    import jsonschema  # noqa: PLC0415 - only certification needs it; explain stays stdlib-only
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    for name, entry in sorted(manifest["files"].items()):
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except OSError as error:
+            yield name, None, f"vector file missing: {error}"
+            continue
+        if hashlib.sha256(text.encode()).hexdigest() != entry["sha256"]:
+            yield name, None, "vector file does not match its manifest sha256"
+            continue
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as error:
+            yield name, None, f"not valid JSON: {error}"
+            continue
+        errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+        bad = {tuple(e.absolute_path)[:2] for e in errors}
+        if errors and not all(len(b) == 2 and b[0] == "cases" for b in bad):
+            yield name, None, f"schema: {errors[0].message} at {list(errors[0].absolute_path)}"
+            continue
+        for index, case in enumerate(body["cases"]):
+            if ("cases", index) in bad:
+                message = next(
+                    e.message for e in errors if tuple(e.absolute_path)[:2] == ("cases", index)
+                )
+                yield name, None, f"case {index} ({case.get('id')!r}) fails the schema: {message}"
+            else:
+                yield name, case, ""
+
+
+def call_with_timeout(run: Callable[[], Any], seconds: float) -> Any:
+    """run() in a daemon thread; TimeoutError if it does not return in time."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run()
+        except BaseException as error:
+            box["error"] = error
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def hit_diagram(case: JSON) -> str:
+    """The `kvcert explain` text of a hit case, for failure reports."""
+    data = case["input"]
+    view = CacheView(
+        layout_from_json(data["layout"]),
+        data["num_tokens"],
+        tuple(from_ranges(r) for r in data["cached"]),
+    )
+    return render(explain(view), case["id"], case.get("comment", ""))
+
+
+def run_vectors(
+    engine: Engine,
+    *,
+    skips: dict[str, str] | None = None,
+    xfails: dict[str, str] | None = None,
+    timeout: float = 30.0,
+    suites: tuple[str, ...] = ("hit", "alloc"),
+    root: Traversable = VECTORS,
+    progress: Callable[[int, Result], None] | None = None,
+) -> Report:
+    """Run every vector against `engine` and account for each one."""
+    skips, xfails = skips or {}, xfails or {}
+    info = engine.describe()
+    offered = set(info.get("features", [])) | set(info.get("profiles", []))
+    report = Report(info)
+    known: set[str] = set()
+    for name, case, error in iter_cases(root):
+        if case is None:
+            report.results.append(Result(f"{name}", name.split("/")[0], "errored", [], error))
+            continue
+        known.add(case["id"])
+        suite = case["input"]["suite"]
+        if suite not in suites:
+            result = Result(
+                case["id"],
+                suite,
+                "skipped",
+                case["rules"],
+                f"suite {suite} not selected",
+                case.get("origin"),
+            )
+        elif missing := sorted(set(case["requires"]) - offered):
+            result = Result(
+                case["id"],
+                suite,
+                "skipped",
+                case["rules"],
+                f"engine lacks {', '.join(missing)}",
+                case.get("origin"),
+            )
+        elif case["id"] in skips:
+            result = Result(
+                case["id"],
+                suite,
+                "skipped",
+                case["rules"],
+                f"skip file: {skips[case['id']]}",
+                case.get("origin"),
+            )
+        else:
+            result = run_case(engine, case, timeout)
+            if case["id"] in xfails:
+                result.status = "xpassed" if result.status == "passed" else "xfailed"
+                result.detail = f"expected failure ({xfails[case['id']]}): {result.detail}"
+        report.results.append(result)
+        if progress is not None:
+            progress(len(report.results), result)
+    for stale in sorted((set(skips) | set(xfails)) - known):
+        report.results.append(
+            Result(
+                stale, "-", "errored", [], "skip/xfail entry names no vector (retired or misspelt)"
+            )
+        )
+    return report
+
+
+def run_case(engine: Engine, case: JSON, timeout: float) -> Result:
+    """Run one case and compare."""
+    suite = case["input"]["suite"]
+    base = Result(
+        case["id"], suite, "passed", case["rules"], "", case.get("origin"), case.get("focus", [])
+    )
+    try:
+        answer = call_with_timeout(lambda: engine.run(case["input"]), timeout)
+    except Exception as error:
+        base.status, base.detail = "errored", f"{type(error).__name__}: {error}"
+        return base
+    compare = compare_hit if suite == "hit" else compare_alloc
+    try:
+        difference = compare(case["expect"], answer)
+    except (TypeError, KeyError, ValueError) as error:
+        difference = f"malformed answer: {type(error).__name__}: {error}"
+    if difference is not None:
+        base.status, base.detail = "failed", difference
+    return base
+
+
+def suspect_rules(report: Report, top: int = 5) -> list[tuple[str, int, int]]:
+    """Rules ranked by the share of their citing cases that failed: a broken rule fails most
+    of its cases, while rules every case cites fail only a small share."""
+    cited: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for result in report.results:
+        if result.status == "skipped":
+            continue
+        for rule in result.rules:
+            cited[rule] += 1
+            failed[rule] += result.status not in PASSING
+    ranked = sorted(
+        (r for r in failed if failed[r]), key=lambda r: (-failed[r] / cited[r], -failed[r], r)
+    )
+    return [(r, failed[r], cited[r]) for r in ranked[:top]]
+
+
+def render_report(report: Report, *, diagrams: bool = True) -> str:
+    """The readable report: totals per suite and per rule, then each unexpected result."""
+    lines = [f"engine: {report.engine.get('name')} {report.engine.get('version', '')}".rstrip()]
+    for suite in sorted({r.suite for r in report.results}):
+        counts = Counter(r.status for r in report.results if r.suite == suite)
+        lines.append(
+            f"  suite {suite}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        )
+    bad = [r for r in report.results if r.status not in PASSING]
+    focused = Counter(rule for r in bad for rule in r.focus)
+    if focused:
+        lines.append(
+            "  rules the failing scenarios were written for: "
+            + ", ".join(f"{rule} ({n})" for rule, n in focused.most_common())
+        )
+    suspects = suspect_rules(report)
+    if suspects:
+        lines.append(
+            "  rules most implicated (failed / citing cases): "
+            + ", ".join(f"{rule} {failed}/{cited}" for rule, failed, cited in suspects)
+        )
+    for result in bad:
+        origin = f" [{result.origin}]" if result.origin else ""
+        lines.append(f"{result.status.upper()} {result.id}{origin}: {result.detail}")
+        focus = f"focus {', '.join(result.focus)}; " if result.focus else ""
+        lines.append(f"  {focus}rules exercised: {', '.join(result.rules) or '-'}")
+        if diagrams and result.suite == "hit" and result.status == "failed":
+            case = _case_by_id(result.id)
+            if case is not None and "hit" in case["expect"]:
+                lines.extend("    " + line for line in hit_diagram(case).splitlines())
+    lines.append(report.summary_line())
+    return "\n".join(lines) + "\n"
+
+
+def _case_by_id(case_id: str) -> JSON | None:
+    for _, case, _ in iter_cases():
+        if case is not None and case["id"] == case_id:
+            return case
+    return None

@@ -1,0 +1,239 @@
+"""The conformance suite: vectors, runner, adapters, `kvcert certify`, and its meta tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from kvcert.conformance import gen
+from kvcert.conformance.cli import main
+from kvcert.conformance.engines import EngineError, ReferenceEngine, SpecEngine, load_engine
+from kvcert.conformance.runner import iter_cases, render_report, run_vectors
+from kvcert.conformance.stdio import StdioEngine
+from kvcert.spec.rules import all_rules
+from tests.conformance.broken import BROKEN
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def all_cases():
+    return [case for _, case, error in iter_cases() if not error]
+
+
+def test_vectors_are_fresh():
+    """A spec change that alters behaviour shows up as a vector diff: regenerate and commit."""
+    assert gen.main(["--check"]) == 0
+
+
+def test_vectors_validate_and_ids_are_unique():
+    problems = [error for _, _, error in iter_cases() if error]
+    assert problems == []
+    ids = [c["id"] for c in all_cases()]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_rule_is_cited_by_a_vector():
+    cited = {rule for c in all_cases() for rule in c["rules"] + c.get("focus", [])}
+    assert {r.tag for r in all_rules()} <= cited
+    assert all(c["rules"] for c in all_cases())
+
+
+def test_every_seed_and_noted_bug_has_a_vector():
+    origins = {c.get("origin") for c in all_cases()}
+    for origin in (
+        "vllm#32802",
+        "vllm#40624",
+        "vllm#42948",
+        "vllm#36493",
+        "vllm#41838",
+        "vllm#33775",
+        "vllm#44701",
+        "vllm#39450",
+    ):
+        assert origin in origins
+
+
+@pytest.mark.parametrize("engine", [ReferenceEngine(), SpecEngine()], ids=["reference", "spec"])
+def test_bundled_engines_pass_every_vector(engine):
+    report = run_vectors(engine)
+    assert report.ok, render_report(report, diagrams=False)
+    assert report.counts() == Counter({"passed": len(all_cases())})
+
+
+def test_reference_over_stdio_passes_every_vector():
+    command = f"{sys.executable} -m kvcert.conformance.cli serve --engine reference"
+    engine = StdioEngine(command)
+    try:
+        report = run_vectors(engine)
+    finally:
+        engine.close()
+    assert report.ok, render_report(report, diagrams=False)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_each_broken_engine_fails_and_the_report_names_its_rule(name):
+    engine_class, rule = BROKEN[name]
+    report = run_vectors(engine_class())
+    assert not report.ok
+    text = render_report(report, diagrams=False)
+    named = next(line for line in text.splitlines() if "written for" in line)
+    assert rule in named, text
+
+
+def test_vectors_alone_cover_every_branch_of_the_behavioural_spec(tmp_path):
+    """Coverage gate: the spec as an engine, driven by the vectors only, takes every branch of
+    the modules engines exercise (invariants and the rule index are checked by tests/spec).
+
+    Lines marked `# type guard` reject wrong Python types, which JSON input cannot produce
+    (the parser converts first); tests/spec covers them.
+    """
+    modules = ["acceptance", "alloc", "errors", "hashing", "hybrid", "layout", "view"]
+    include = ",".join(str(ROOT / "spec" / f"{m}.py") for m in modules)
+    rcfile = tmp_path / "gate.ini"
+    rcfile.write_text(
+        "[run]\nbranch = True\n[report]\nexclude_also =\n    type guard: Python callers only\n"
+    )
+    coverage = [sys.executable, "-m", "coverage"]
+    common = [f"--rcfile={rcfile}", f"--data-file={tmp_path / '.coverage'}"]
+    certify = ["-m", "kvcert.conformance.cli", "certify", "--engine", "spec", "--quiet"]
+    run = subprocess.run(
+        [*coverage, "run", *common, f"--include={include}", *certify],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = subprocess.run(
+        [*coverage, "report", *common, "--show-missing", "--fail-under=100"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert report.returncode == 0, report.stdout
+
+
+# --- the runner under bad input ---------------------------------------------------------------
+
+
+class Crashing(ReferenceEngine):
+    def run(self, case):
+        raise RuntimeError("engine bug")
+
+
+class Garbage(ReferenceEngine):
+    def run(self, case):
+        return {"hit": "lots"} if case["suite"] == "hit" else {"observations": 7}
+
+
+class Hanging(ReferenceEngine):
+    def run(self, case):
+        import time
+
+        time.sleep(5)
+
+
+class Lacking(ReferenceEngine):
+    def describe(self):
+        return {**super().describe(), "features": ["kind.full"], "profiles": []}
+
+
+def test_crashing_and_garbage_engines_are_reported_per_case():
+    crashed = run_vectors(Crashing())
+    assert crashed.counts() == Counter({"errored": len(all_cases())})
+    assert "RuntimeError: engine bug" in crashed.results[0].detail
+    garbage = run_vectors(Garbage())
+    assert garbage.counts() == Counter({"failed": len(all_cases())})
+    assert "malformed answer" in garbage.results[0].detail
+
+
+def test_a_hanging_engine_times_out_per_case_and_the_run_goes_on():
+    report = run_vectors(Hanging(), timeout=0.05, suites=("hit",))
+    assert report.counts()["errored"] == sum(1 for c in all_cases() if c["input"]["suite"] == "hit")
+    hit = next(r for r in report.results if r.suite == "hit")
+    assert "no answer within 0.05 s" in hit.detail
+
+
+def test_missing_features_skip_with_a_reason_and_are_counted():
+    report = run_vectors(Lacking())
+    skipped = [r for r in report.results if r.status == "skipped"]
+    assert skipped
+    assert all(r.detail.startswith("engine lacks ") for r in skipped)
+    assert report.ok
+    assert len(report.results) == len(all_cases())
+
+
+def test_expected_failures_are_strict_and_stale_entries_fail():
+    case_id = all_cases()[0]["id"]
+    xpassed = run_vectors(ReferenceEngine(), xfails={case_id: "thought broken"})
+    assert not xpassed.ok
+    assert [r.status for r in xpassed.results if r.id == case_id] == ["xpassed"]
+    xfailed = run_vectors(Crashing(), xfails={c["id"]: "known" for c in all_cases()})
+    assert xfailed.ok
+    stale = run_vectors(ReferenceEngine(), skips={"hit.no-such-case": "gone"})
+    assert not stale.ok
+    assert stale.results[-1].detail.startswith("skip/xfail entry names no vector")
+
+
+def test_malformed_vector_files_are_reported_not_skipped(tmp_path):
+    root = tmp_path / "vectors"
+    source = resources.files("kvcert.conformance") / "vectors"
+    (root / "hit").mkdir(parents=True)
+    good = json.loads((source / "hit" / "scenarios.json").read_text(encoding="utf-8"))
+    good["cases"] = good["cases"][:3]
+    del good["cases"][1]["expect"]
+    text = json.dumps(good)
+    (root / "hit" / "a.json").write_text(text, encoding="utf-8")
+    (root / "hit" / "b.json").write_text("{broken", encoding="utf-8")
+    import hashlib
+
+    manifest = {
+        "files": {
+            "hit/a.json": {"sha256": hashlib.sha256(text.encode()).hexdigest()},
+            "hit/b.json": {"sha256": hashlib.sha256(b"{broken").hexdigest()},
+            "hit/c.json": {"sha256": "0"},
+        }
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    report = run_vectors(ReferenceEngine(), root=root)
+    statuses = [(r.id, r.status) for r in report.results]
+    assert statuses.count(("hit/a.json", "errored")) == 1  # the bad case, reported
+    assert ("hit/b.json", "errored") in statuses
+    assert ("hit/c.json", "errored") in statuses
+    assert sum(1 for _, s in statuses if s == "passed") == 2
+
+
+def test_engines_load_by_name_and_by_module_factory():
+    assert isinstance(load_engine("reference"), ReferenceEngine)
+    assert isinstance(load_engine("kvcert.conformance.engines:make_spec"), SpecEngine)
+    with pytest.raises(EngineError, match="no engine named 'vllm'"):
+        load_engine("vllm")
+    with pytest.raises(EngineError, match="cannot load engine"):
+        load_engine("kvcert.nothing:here")
+    with pytest.raises(EngineError, match="no describe"):
+        load_engine("builtins:object")
+
+
+def test_certify_command_exit_codes_and_json_report(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["certify", "--quiet", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("failed, 0 skipped")
+    report = json.loads(out.read_text())
+    assert report["summary"] == f"{len(all_cases())} passed, 0 failed, 0 skipped"
+    assert "HIT-SPEC-2" in report["by_rule"]
+    broken = "tests.conformance.broken:PerGroupDropEngine"
+    assert main(["certify", "--quiet", "--engine", broken]) == 1
+    text = capsys.readouterr().out
+    assert "FAILED hit.vllm-c1.eagle-drop-once [vllm#32802]" in text
+    assert "HYBRID HIT: 48 tokens" in text  # the failing case's diagram, from kvcert explain
+    skips = tmp_path / "skips.json"
+    skips.write_text(json.dumps({"hit.vllm-c1.eagle-drop-once": ""}))
+    assert main(["certify", "--quiet", "--skips", str(skips)]) == 2
+    assert "non-empty reasons" in capsys.readouterr().err
