@@ -25,7 +25,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.codec import JSON, layout_to_json, op_to_json, to_ranges, to_runs
+from kvcert.conformance.codec import (
+    JSON,
+    layout_from_json,
+    layout_to_json,
+    op_from_json,
+    op_to_json,
+    to_ranges,
+    to_runs,
+)
 from kvcert.conformance.engines import SpecEngine
 from kvcert.conformance.scenario import parse_scenario
 from kvcert.spec import (
@@ -826,14 +834,6 @@ def alloc_scenarios() -> Iterator[JSON]:
             spec.Extend("b", 1, (1,)),
         ],
     )
-    yield alloc_case(
-        "alloc.regression.draft-window-released-before-next-token",
-        Layout((FullAttention(2), SlidingWindow(1, 1, draft=True)), Speculative.EXACT),
-        3,
-        [spec.Admit("b", (1,), 1), spec.EndStep(), spec.Extend("b", 1, (0,)), spec.EndStep()],
-        "kvcert differential machine",
-        "a released draft block must not be registered (it was the null block)",
-    )
 
 
 def random_traces(count: int) -> Iterator[JSON]:
@@ -892,6 +892,27 @@ def random_traces(count: int) -> Iterator[JSON]:
         yield alloc_case(f"alloc.random.{n:03d}", layout, state.config.num_blocks, ops)
 
 
+# --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
+
+REGRESSIONS = Path(__file__).resolve().parent / "regressions"
+
+
+def regression_cases() -> Iterator[JSON]:
+    """Each curated failure trace, with its expectation recomputed from the spec."""
+    for path in sorted(REGRESSIONS.glob("*.json")):
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        ops = [op_from_json(op) for op in saved["ops"]]
+        yield alloc_case(
+            saved["id"],
+            layout_from_json(saved["layout"]),
+            saved["num_blocks"],
+            ops,
+            saved.get("origin"),
+            saved.get("comment", ""),
+            tuple(saved.get("focus", ())),
+        )
+
+
 # --- files ------------------------------------------------------------------------------------
 
 
@@ -904,6 +925,7 @@ def suites() -> dict[str, list[JSON]]:
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),
+        "alloc/regressions.json": list(regression_cases()),
     }
 
 

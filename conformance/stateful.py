@@ -13,7 +13,10 @@ evictions really happen. Requires the `test` extra (hypothesis).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -64,6 +67,29 @@ def layouts(draw: st.DrawFn) -> Layout:
     return Layout(tuple(groups), profile)
 
 
+def save_failure(layout: Layout, num_blocks: int, ops: list[dict[str, Any]]) -> None:
+    """With KVCERT_REGRESSION_DIR set, keep the failing trace as a regression candidate.
+
+    Hypothesis replays the shrunk example last, so `latest-failure.json` ends up minimal;
+    copy it to conformance/regressions/ with an id and comment, and `python -m
+    kvcert.conformance.gen` turns it into a vector whose expectation comes from the spec.
+    """
+    folder = os.environ.get("KVCERT_REGRESSION_DIR")
+    if not folder:
+        return
+    trace = {
+        "id": "alloc.regression.CHANGE-ME",
+        "origin": "kvcert stateful machine",
+        "layout": layout_to_json(layout),
+        "num_blocks": num_blocks,
+        "ops": ops,
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "latest-failure.json").write_text(
+        json.dumps(trace, indent=1) + "\n", encoding="utf-8"
+    )
+
+
 def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMachine]:
     """A state machine class checking `engine_factory()` against the spec."""
 
@@ -103,6 +129,7 @@ def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMach
             }
             difference = compare_alloc({"observations": self.expected}, self.engine.run(case))
             if difference is not None:  # an explicit raise: `python -O` must not hide it
+                save_failure(layout, state.config.num_blocks, case["ops"])
                 raise AssertionError(f"engine diverges from the spec at {difference}")
 
         def _running(self, index: int) -> str | None:
@@ -111,7 +138,7 @@ def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMach
 
         @rule(
             base=st.sampled_from(BASES),
-            length=st.integers(1, 32),
+            length=st.integers(20, 32) | st.integers(1, 32),  # long shared prefixes hit
             budget=st.integers(1, 32),
             extras=st.sampled_from(EXTRAS),
             lookahead=st.integers(0, 2),

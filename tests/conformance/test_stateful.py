@@ -25,3 +25,28 @@ def test_broken_engines_fail_the_shipped_machine(name):
     search = settings(RUN, max_examples=300, phases=[Phase.generate], print_blob=False)
     with pytest.raises(AssertionError, match="diverges from the spec"):
         run_state_machine_as_test(machine_for(engine_class), settings=search)
+
+
+def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
+    """KVCERT_REGRESSION_DIR keeps the minimal failing trace; gen turns it into a vector that
+    the broken engine fails and the reference passes."""
+    import json
+
+    from kvcert.conformance import gen
+    from kvcert.conformance.engines import ReferenceEngine
+    from kvcert.conformance.runner import run_case
+
+    monkeypatch.setenv("KVCERT_REGRESSION_DIR", str(tmp_path))
+    engine_class, _ = BROKEN["allocation before hits"]
+    search = settings(RUN, max_examples=300, print_blob=False)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine_for(engine_class), settings=search)
+    saved = json.loads((tmp_path / "latest-failure.json").read_text())
+    saved["id"] = "alloc.regression.test"
+    (tmp_path / "case.json").write_text(json.dumps(saved))
+    (tmp_path / "latest-failure.json").unlink()
+    monkeypatch.setattr(gen, "REGRESSIONS", tmp_path)
+    (case,) = gen.regression_cases()
+    assert run_case(ReferenceEngine(), case, 10).status == "passed"
+    assert run_case(engine_class(), case, 10).status in {"failed", "errored"}
+    assert len(saved["ops"]) <= 12  # shrunk
