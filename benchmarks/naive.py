@@ -121,6 +121,8 @@ def scan_every_length(
 class NaiveManager(KVCacheManager):
     """The reference's bookkeeping over naive structures and a naive search."""
 
+    search = staticmethod(scan_every_length)
+
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
         self.pool = ListBlockPool(config.num_blocks)  # type: ignore[assignment]
@@ -135,12 +137,3 @@ class NaiveManager(KVCacheManager):
             chain.extend(tokens)
             chains.append(chain)
         return chains
-
-    def _find(
-        self, tokens: Sequence[int], chains: list[Chain | None]
-    ) -> tuple[int, list[list[int]]]:
-        def find(g: int, j: int) -> int | None:
-            key = self._key(chains, g, j)
-            return self.pool.lookup(key) if key is not None else None
-
-        return scan_every_length(self.config, len(tokens), find)

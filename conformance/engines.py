@@ -75,16 +75,21 @@ def _cached(case: JSON) -> tuple[frozenset[int], ...]:
     return tuple(from_ranges(ranges) for ranges in case["cached"])
 
 
+def describe_builtin(name: str) -> JSON:
+    """The bundled engines implement every feature and the lru profile."""
+    return {
+        "name": name,
+        "version": version("kvcert"),
+        "features": list(FEATURES),
+        "profiles": list(PROFILES),
+    }
+
+
 class SpecEngine:
     """The executable spec as an engine: the vectors' own oracle, used for the coverage gate."""
 
     def describe(self) -> JSON:
-        return {
-            "name": "kvcert.spec",
-            "version": version("kvcert"),
-            "features": list(FEATURES),
-            "profiles": list(PROFILES),
-        }
+        return describe_builtin("kvcert.spec")
 
     def run(self, case: JSON) -> JSON:
         try:
@@ -113,12 +118,7 @@ class ReferenceEngine:
     """kvcert.reference: hits through its coordinator, traces through KVCacheManager."""
 
     def describe(self) -> JSON:
-        return {
-            "name": "kvcert.reference",
-            "version": version("kvcert"),
-            "features": list(FEATURES),
-            "profiles": list(PROFILES),
-        }
+        return describe_builtin("kvcert.reference")
 
     def run(self, case: JSON) -> JSON:
         try:

@@ -161,6 +161,31 @@ def _focus(case_id: str, given: tuple[str, ...]) -> tuple[str, ...]:
     return FOCUS[max(matches, key=len)] if matches else ()
 
 
+def _case(
+    case_id: str,
+    rules: list[str],
+    needs: list[str],
+    case_input: JSON,
+    expect: JSON,
+    origin: str | None,
+    comment: str,
+    focus: tuple[str, ...],
+) -> JSON:
+    """One vector case; a focus rule must be one the case actually exercises."""
+    out: JSON = {"id": case_id, "rules": rules, "requires": needs}
+    if origin:
+        out["origin"] = origin
+    if comment:
+        out["comment"] = comment
+    focus = _focus(case_id, focus)
+    if set(focus) - set(rules):
+        raise ValueError(f"{case_id}: focus rules {set(focus) - set(rules)} are not exercised")
+    if focus:
+        out["focus"] = list(focus)
+    out.update(input=case_input, expect=expect)
+    return out
+
+
 def hit_case(
     case_id: str,
     layout: Layout,
@@ -178,19 +203,7 @@ def hit_case(
     }
     answer, rules = traced(lambda: SpecEngine().run(case_input))
     expect = {"hit": answer["hit"], "block_runs": [to_runs(b) for b in answer["blocks"]]}
-    out: JSON = {"id": case_id, "rules": rules, "requires": requires(layout)}
-    if origin:
-        out["origin"] = origin
-    if comment:
-        out["comment"] = comment
-    focus = _focus(case_id, focus)
-    if focus:
-        missing = set(focus) - set(rules)
-        if missing:
-            raise ValueError(f"{case_id}: focus rules {missing} are not exercised by the case")
-        out["focus"] = list(focus)
-    out.update(input=case_input, expect=expect)
-    return out
+    return _case(case_id, rules, requires(layout), case_input, expect, origin, comment, focus)
 
 
 def reuses_freed_blocks(layout: Layout, num_blocks: int, ops: list[spec.Op]) -> bool:
@@ -233,23 +246,8 @@ def alloc_case(
         "ops": [op_to_json(op) for op in ops],
     }
     expect, rules = traced(lambda: SpecEngine().run(case_input))
-    out: JSON = {
-        "id": case_id,
-        "rules": rules,
-        "requires": requires(layout, ops, reuses_freed_blocks(layout, num_blocks, ops)),
-    }
-    if origin:
-        out["origin"] = origin
-    if comment:
-        out["comment"] = comment
-    focus = _focus(case_id, focus)
-    if focus:
-        missing = set(focus) - set(rules)
-        if missing:
-            raise ValueError(f"{case_id}: focus rules {missing} are not exercised by the case")
-        out["focus"] = list(focus)
-    out.update(input=case_input, expect=expect)
-    return out
+    needs = requires(layout, ops, reuses_freed_blocks(layout, num_blocks, ops))
+    return _case(case_id, rules, needs, case_input, expect, origin, comment, focus)
 
 
 # --- hand-written hit scenarios ---------------------------------------------------------------

@@ -121,15 +121,16 @@ def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMach
                 self.expected.append(REFUSED)
             self.state = state
             self.ops.append(op)
+            ops = [op_to_json(o) for o in self.ops]
             case = {
                 "suite": "alloc",
                 "layout": layout_to_json(layout),
                 "num_blocks": state.config.num_blocks,
-                "ops": [op_to_json(o) for o in self.ops],
+                "ops": ops,
             }
             difference = compare_alloc({"observations": self.expected}, self.engine.run(case))
             if difference is not None:  # an explicit raise: `python -O` must not hide it
-                save_failure(layout, state.config.num_blocks, case["ops"])
+                save_failure(layout, state.config.num_blocks, ops)
                 raise AssertionError(f"engine diverges from the spec at {difference}")
 
         def _running(self, index: int) -> str | None:

@@ -87,6 +87,8 @@ class _Request:
 class KVCacheManager:
     """A hybrid KV-cache allocator with prefix caching over one shared block pool."""
 
+    search = staticmethod(find_hit)  # the hybrid hit search (a benchmark baseline swaps it)
+
     def __init__(self, config: CacheConfig) -> None:
         if all(g.kind is Kind.CROSS for g in config.groups):
             raise ConfigError("every group is cross attention: there is no prefix to cache")
@@ -143,7 +145,7 @@ class KVCacheManager:
             key = self._key(chains, g, j)
             return self.pool.lookup(key) if key is not None else None
 
-        return find_hit(self.config, len(tokens), find)
+        return self.search(self.config, len(tokens), find)
 
     # -- allocation -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ Each must fail at least one vector, and the report must name the rule it broke.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +19,7 @@ from kvcert.reference.config import DraftKeying, Kind
 
 @contextmanager
 def patched(obj: Any, name: str, value: Any):
-    original = getattr(obj, name)
+    original = inspect.getattr_static(obj, name)  # keeps a staticmethod wrapped on restore
     setattr(obj, name, value)
     try:
         yield
@@ -44,7 +45,10 @@ class PerGroupDropEngine(ReferenceEngine):
             lowered = max(0, hit - config.alignment * len(config.groups))
             return original(plain, lowered + 1, find)
 
-        with patched(engines, "find_hit", per_group), patched(manager, "find_hit", per_group):
+        with (
+            patched(engines, "find_hit", per_group),
+            patched(manager.KVCacheManager, "search", staticmethod(per_group)),
+        ):
             return super().run(case)
 
 

@@ -22,7 +22,7 @@ def test_reference_passes_the_shipped_machine():
 )
 def test_broken_engines_fail_the_shipped_machine(name):
     engine_class, _ = BROKEN[name]
-    search = settings(RUN, max_examples=300, phases=[Phase.generate], print_blob=False)
+    search = settings(RUN, max_examples=1500, phases=[Phase.generate], print_blob=False)
     with pytest.raises(AssertionError, match="diverges from the spec"):
         run_state_machine_as_test(machine_for(engine_class), settings=search)
 
