@@ -237,3 +237,31 @@ def test_certify_command_exit_codes_and_json_report(tmp_path, capsys):
     skips.write_text(json.dumps({"hit.vllm-c1.eagle-drop-once": ""}))
     assert main(["certify", "--quiet", "--skips", str(skips)]) == 2
     assert "non-empty reasons" in capsys.readouterr().err
+
+
+def test_a_misbehaving_stdio_engine_is_reported_per_case_and_restarted():
+    """Hang (timeout, process killed and restarted), exit, garbage: each is reported against
+    its case and every other case still passes."""
+    import shlex
+
+    from tests.conformance import flaky_stdio_engine as flaky
+
+    by_id = {c["id"]: c for c in all_cases()}
+    markers = [
+        json.dumps(by_id[i]["input"]["layout"], sort_keys=True)
+        for i in (flaky.HANG, flaky.EXIT, flaky.GARBAGE)
+    ]
+    command = " ".join(
+        shlex.quote(p)
+        for p in [sys.executable, "-m", "tests.conformance.flaky_stdio_engine", *markers]
+    )
+    engine = StdioEngine(command, timeout=2)
+    try:
+        report = run_vectors(engine, suites=("hit",), timeout=5)
+    finally:
+        engine.close()
+    bad = {r.id: r.detail for r in report.results if r.status not in {"passed", "skipped"}}
+    assert set(bad) == {flaky.HANG, flaky.EXIT, flaky.GARBAGE}
+    assert "no answer within 2 s" in bad[flaky.HANG]
+    assert "exited" in bad[flaky.EXIT]
+    assert "JSONDecodeError" in bad[flaky.GARBAGE]
