@@ -7,9 +7,11 @@
     kvcert explain --example NAME    the same for a bundled example
     kvcert examples                  list the bundled examples
     kvcert rules                     print the rule index (spec/RULES.md)
+    kvcert plan MODEL [--kv-cache-dtype D] [--memory GIB] [--compare] [--json FILE]
+                                     page plan: groups, block sizes, page bytes, capacity
 
 Exit status: 0 on success, 1 when certification finds unexpected results, 2 on bad input
-(the message says what to fix).
+(the message says what to fix), 3 when kvcert's reference and spec disagree (a kvcert bug).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from kvcert.conformance import plan_cli
 from kvcert.conformance.engines import Engine, EngineError, load_engine
 from kvcert.conformance.explain import explain, render
 from kvcert.conformance.runner import (
@@ -151,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("rules", help="print the rule index (spec/RULES.md)").set_defaults(
         run=_cmd_rules
     )
+    plan_cli.add_parser(commands)
     return parser
 
 

@@ -11,6 +11,9 @@ is their generated index. Sections:
     §5 hashing     the abstract key chain behind "cached"       kvcert.spec.hashing
     §6 alloc       the allocator: step(state, op)               kvcert.spec.alloc
     §7 invariants  what every reachable state satisfies         kvcert.spec.invariants
+    §8 layers      what one layer stores per block, in bytes    kvcert.spec.layers
+    §9 plan        groups, block sizes, one shared page size    kvcert.spec.plan
+    §10 page       where each element and scale lives           kvcert.spec.page_layout
 """
 
 from kvcert.spec.acceptance import NULL, group_accepts, group_blocks, needed_blocks
@@ -18,7 +21,9 @@ from kvcert.spec.errors import (
     AlignmentImpossible,
     InvalidLayout,
     InvalidOp,
+    InvalidPlan,
     InvalidRequest,
+    NoPageLayout,
     SpecError,
     UncacheableLayout,
 )
@@ -54,10 +59,12 @@ __all__ = [
     "HybridHit",
     "InvalidLayout",
     "InvalidOp",
+    "InvalidPlan",
     "InvalidRequest",
     "Layout",
     "MambaMode",
     "MambaState",
+    "NoPageLayout",
     "SlidingWindow",
     "SpecError",
     "Speculative",

@@ -26,6 +26,14 @@ class UncacheableLayout(InvalidLayout):
     """A prefix-cache lookup was asked of a layout in which no group can be cached."""
 
 
+class InvalidPlan(SpecError):
+    """A page-planning input (layers, dtype, kernel limits, memory) is malformed."""
+
+
+class NoPageLayout(InvalidPlan):
+    """No page layout satisfies the inputs: the message names the constraint that rules it out."""
+
+
 class InvalidRequest(SpecError):
     """A request or cache view is malformed (negative or empty lengths, blocks out of range)."""
 

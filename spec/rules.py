@@ -13,9 +13,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvcert.spec import acceptance, alloc, errors, hashing, hybrid, invariants
+from kvcert.spec import (
+    acceptance,
+    alloc,
+    errors,
+    hashing,
+    hybrid,
+    invariants,
+    layers,
+    page_layout,
+    plan,
+)
 
-RULE_MODULES: tuple[ModuleType, ...] = (acceptance, hybrid, hashing, alloc, invariants, errors)
+RULE_MODULES: tuple[ModuleType, ...] = (
+    acceptance,
+    hybrid,
+    hashing,
+    alloc,
+    invariants,
+    layers,
+    plan,
+    page_layout,
+    errors,
+)
 TAG = re.compile(r"^(?P<tag>[A-Z]+(?:-[A-Z]+)*-\d+): (?P<rest>.+)$")
 
 
