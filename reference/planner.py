@@ -261,7 +261,9 @@ def _anchor(request: PlanRequest) -> tuple[int, int]:
         block = -(-request.block_size // step) * step
         if block > request.maximum:
             raise PlanError(
-                f"no multiple of {step} from {request.block_size} up to {request.maximum}"
+                f"the anchor block must be a multiple of {step} (kernel multiple and state "
+                f"chunk) from {request.block_size} up to the kernel maximum {request.maximum}, "
+                "and none is; raise the kernel maximum or lower the state chunk"
             )
         return block, state_bytes
     # the most bytes per token: compare size / ratio by cross-multiplication

@@ -91,3 +91,91 @@ def views(
         for i, g in enumerate(chosen.groups)
     )
     return CacheView(chosen, num_tokens, cached)
+
+
+# --- page planning: plan-input JSON (kvcert.conformance.planning) ---------------------------
+
+KV_DTYPES = [
+    "fp32",
+    "fp16",
+    "bf16",
+    "fp8",
+    "int8",
+    "fp8_per_token_head",
+    "int8_per_token_head",
+]
+
+
+@st.composite
+def attention_layer_json(draw: st.DrawFn) -> dict[str, object]:
+    kind = draw(st.sampled_from(["full", "sliding_window", "chunked_local", "cross"]))
+    head_k = draw(st.sampled_from([32, 64, 96, 128, 256, 512]))
+    layer: dict[str, object] = {
+        "kind": kind,
+        "num_kv_heads": draw(st.sampled_from([1, 2, 4, 8, 16])),
+        "head_size_k": head_k,
+        "head_size_v": draw(st.sampled_from([head_k, head_k, 64, 128])),
+    }
+    if kind == "sliding_window":
+        layer["window"] = draw(st.sampled_from([128, 512, 1024, 4096]))
+    if kind == "chunked_local":
+        layer["chunk"] = draw(st.sampled_from([2048, 8192]))
+    if kind != "cross" and draw(st.integers(0, 9)) == 0:
+        layer["draft"] = True
+    return layer
+
+
+@st.composite
+def latent_layer_json(draw: st.DrawFn) -> dict[str, object]:
+    layer: dict[str, object] = {
+        "kind": draw(st.sampled_from(["full", "sliding_window"])),
+        "latent_size": draw(st.sampled_from([128, 448, 512])),
+        "rope_size": draw(st.sampled_from([0, 64])),
+        "ratio": draw(st.sampled_from([1, 1, 2, 4, 128])),
+    }
+    if layer["kind"] == "sliding_window":
+        layer["window"] = 128
+    return layer
+
+
+@st.composite
+def state_layer_json(draw: st.DrawFn) -> dict[str, object]:
+    tensors = draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "shape": st.lists(
+                        st.sampled_from([3, 16, 128, 1024, 4096]), min_size=1, max_size=3
+                    ),
+                    "dtype": st.sampled_from(["fp32", "fp16", "bf16"]),
+                }
+            ),
+            min_size=1,
+            max_size=2,
+        )
+    )
+    return {"kind": "mamba", "tensors": tensors}
+
+
+@st.composite
+def plan_inputs(draw: st.DrawFn) -> dict[str, object]:
+    """Plan-input JSON: a few layer types repeated in a random order; mostly plannable."""
+    kinds = [attention_layer_json(), latent_layer_json(), state_layer_json()]
+    types = draw(st.lists(st.one_of(*kinds[:1], *kinds), min_size=1, max_size=4))
+    order = draw(st.lists(st.integers(0, len(types) - 1), min_size=1, max_size=24))
+    layers = [dict(types[i], name=f"{n}") for n, i in enumerate(order)]
+    multiple = draw(st.sampled_from([8, 16, 16]))
+    maximum = draw(st.sampled_from([1024, 4096, 4096, 16384]))
+    obj: dict[str, object] = {
+        "layers": layers,
+        "kv_cache_dtype": draw(st.sampled_from(KV_DTYPES)),
+        "memory_bytes": draw(st.sampled_from([1 << 20, 1 << 26, 1 << 30, 24 << 30])),
+        "block_size": multiple * draw(st.sampled_from([1, 1, 2, 4])),
+        "kernel": {"multiple": multiple, "maximum": maximum},
+        "mamba_mode": draw(st.sampled_from(["none", "align", "all"])),
+        "state_chunk": draw(st.sampled_from([1, 64])),
+        "group_padding": draw(st.sampled_from(["0", "1/20", "1/4"])),
+    }
+    if any(layer.get("draft") for layer in layers):
+        obj["speculative"] = draw(st.sampled_from(["exact", "drop"]))
+    return obj
