@@ -87,6 +87,35 @@ def compare_observation(renaming: Renaming, want: dict[str, Any], have: object) 
     return None
 
 
+PLAN_FIELDS = ("page_size", "num_blocks", "token_capacity", "hit_alignment")
+GROUP_FIELDS = ("kind", "layers", "block_size", "page_bytes", "draft")
+
+
+def compare_page(expect: dict[str, Any], answer: object) -> str | None:
+    """None when the plan matches; groups compare as a set (their order is the engine's)."""
+    if refusal := _refusal(expect, answer):
+        return None if refusal == "ok" else refusal
+    if not isinstance(answer, dict) or not isinstance(answer.get("groups"), list):
+        return f"malformed answer {answer!r}: expected a plan with groups"
+    for field in PLAN_FIELDS:
+        if answer.get(field) != expect[field]:
+            return f"{field} {answer.get(field)!r} != expected {expect[field]}"
+
+    def canonical(groups: list[Any]) -> list[tuple[Any, ...]]:
+        rows = [tuple(json_key(g.get(f)) for f in GROUP_FIELDS) for g in groups]
+        return sorted(rows, key=repr)
+
+    got, want = canonical(answer["groups"]), canonical(expect["groups"])
+    if got != want:
+        return f"groups {answer['groups']} != expected {expect['groups']} (in any order)"
+    return None
+
+
+def json_key(value: Any) -> Any:
+    """Lists become tuples so groups can be sorted and compared."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 def _renames(renaming: Renaming, expected: Any, actual: Any) -> bool:
     try:
         return renaming.match(expected, actual)

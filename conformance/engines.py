@@ -7,6 +7,9 @@ An engine is any object with `describe() -> dict` and `run(case) -> dict`, both 
         -> {"hit": L, "blocks": [[j or null, ...], ...]}
     run({"suite": "alloc", "layout": {...}, "num_blocks": N, "ops": [{...}, ...]})
         -> {"observations": [{...} or {"refused": true}, ...]}
+    run({"suite": "page", "plan": {...}})   (kvcert.conformance.planning)
+        -> {"page_size": P, "num_blocks": N, "token_capacity": T, "hit_alignment": A,
+            "groups": [{"kind", "layers", "block_size", "page_bytes", "draft"}, ...]}
 
 Engines are found by name through the `kvcert.engines` entry points (`reference`, `spec` ship
 with kvcert) or as `module:factory`. Out-of-process engines speak the same messages over
@@ -27,6 +30,11 @@ from kvcert.conformance.codec import (
     observation_to_json,
     op_from_json,
 )
+from kvcert.conformance.planning import (
+    plan_input_from_json,
+    safe_reference_plan,
+    spec_plan_to_json,
+)
 from kvcert.conformance.reference_engine import ReferenceSession, check_view, config_from_json
 from kvcert.conformance.scenario import ScenarioError
 from kvcert.reference.coordinator import find_hit
@@ -35,6 +43,7 @@ from kvcert.reference.manager import KVCacheManager
 from kvcert.spec import CacheView, SpecError, hybrid_hit
 from kvcert.spec import alloc as spec
 from kvcert.spec.invariants import violated
+from kvcert.spec.plan import plan
 
 FEATURES = (
     "kind.full",
@@ -54,6 +63,7 @@ FEATURES = (
     "alloc.lookahead",
     "alloc.preempt",
     "alloc.reset_cache",
+    "page.plan",
 )
 PROFILES = ("eviction.lru",)
 
@@ -92,6 +102,11 @@ class SpecEngine:
         return describe_builtin("kvcert.spec")
 
     def run(self, case: JSON) -> JSON:
+        if case["suite"] == "page":
+            try:
+                return spec_plan_to_json(plan(plan_input_from_json(case["plan"])))
+            except (SpecError, ScenarioError):
+                return REFUSED
         try:
             layout = layout_from_json(case["layout"])
             if case["suite"] == "hit":
@@ -121,6 +136,8 @@ class ReferenceEngine:
         return describe_builtin("kvcert.reference")
 
     def run(self, case: JSON) -> JSON:
+        if case["suite"] == "page":
+            return safe_reference_plan(case["plan"]) or REFUSED
         try:
             if case["suite"] == "hit":
                 return self._hit(case)

@@ -14,7 +14,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from kvcert.conformance.models import Model, load_model, model_names
+from kvcert.conformance.catalog import Model, load_model, model_names
 from kvcert.conformance.planning import (
     JSON,
     plan_input_from_json,

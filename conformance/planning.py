@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from kvcert.conformance.scenario import ScenarioError
 from kvcert.reference import planner as ref
-from kvcert.reference.config import Kind
+from kvcert.reference.config import DraftKeying, Kind
 from kvcert.reference.config import MambaMode as RefMambaMode
 from kvcert.reference.errors import ConfigError
 from kvcert.spec import SpecError, hit_alignment
@@ -104,6 +104,10 @@ def _fraction(value: object, where: str) -> Fraction:
         raise ScenarioError(f'{where}: expected a number or a fraction "a/b": {error}') from error
 
 
+def _state_tensor(shape: list[Any], dtype: str, where: str) -> StateTensor:
+    return _spec(where, lambda: StateTensor(tuple(shape), KVDtype(dtype)))
+
+
 def layer_from_json(obj: object, where: str) -> Layer:
     """One LAYER object -> a spec layer."""
     fields = _object(obj, where)
@@ -122,7 +126,7 @@ def layer_from_json(obj: object, where: str) -> Layer:
             if not isinstance(shape, list):
                 raise ScenarioError(f"{where}.tensors[{i}].shape: expected a list of sizes")
             dtype = _choice(t.get("dtype"), list(KVDtype), f"{where}.tensors[{i}].dtype")
-            parsed.append(_spec(where, lambda s=shape, d=dtype: StateTensor(tuple(s), KVDtype(d))))
+            parsed.append(_state_tensor(shape, dtype, where))
         return _spec(where, lambda: StateLayer(tuple(parsed), name=name))
     if "latent_size" in fields:
         _only(fields, where, ("kind", "name", *LATENT_FIELDS))
@@ -241,6 +245,7 @@ def reference_plan(obj: JSON) -> ref.CachePlan:
         mamba_mode=RefMambaMode(obj.get("mamba_mode", "align")),
         state_chunk=obj.get("state_chunk", 1),
         group_padding=Fraction(obj.get("group_padding", "1/20")),
+        speculative=DraftKeying(obj["speculative"]) if obj.get("speculative") else None,
     )
     return ref.plan_cache(request)
 
@@ -304,7 +309,8 @@ def _vllm_padded_plan(plan_input: PlanInput) -> JSON:
     page = max(pages.values())
     sizes = [len(m) for m in buckets.values()]
     size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
-    groups = []
+    groups: list[JSON] = []
+    blocks_by_group: list[int] = []
     for key, members in buckets.items():
         first = plan_input.layers[members[0]]
         block = anchor
@@ -314,21 +320,18 @@ def _vllm_padded_plan(plan_input: PlanInput) -> JSON:
             return {"refused": "NotImplementedError: MLA pages that do not divide"}
         used = page_bytes(first, plan_input.dtype, block)
         count = -(-len(members) // size)
+        kind = "mamba" if isinstance(first, StateLayer) else first.kind.value
+        counts = kind not in ("cross", "mamba") or plan_input.mamba_mode is MambaMode.ALL
         for _ in range(count):
-            groups.append({"kind": first.kind if not isinstance(first, StateLayer) else "mamba",
-                           "block_size": block, "page_bytes": used})  # fmt: skip
+            groups.append({"kind": kind, "block_size": block, "page_bytes": used})
+            if counts:
+                blocks_by_group.append(block)
     blocks = pool_blocks(plan_input.memory_bytes, size, page)
-    counted = [
-        g["block_size"]
-        for g in groups
-        if g["kind"] not in ("cross", "mamba")
-        or (g["kind"] == "mamba" and plan_input.mamba_mode is MambaMode.ALL)
-    ]
     return {
         "page_size": page,
         "group_size": size,
         "num_blocks": blocks,
-        "token_capacity": token_capacity(counted, blocks),
-        "reported_tokens": blocks // len(groups) * min(g["block_size"] for g in groups),
+        "token_capacity": token_capacity(blocks_by_group, blocks),
+        "reported_tokens": blocks // len(groups) * min(int(g["block_size"]) for g in groups),
         "groups": groups,
     }

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.codec import JSON, from_ranges, layout_from_json
-from kvcert.conformance.compare import compare_alloc, compare_hit
+from kvcert.conformance.compare import compare_alloc, compare_hit, compare_page
 from kvcert.conformance.engines import Engine
 from kvcert.conformance.explain import explain, render
 from kvcert.spec import CacheView
@@ -165,7 +165,7 @@ def run_vectors(
     skips: dict[str, str] | None = None,
     xfails: dict[str, str] | None = None,
     timeout: float = 30.0,
-    suites: tuple[str, ...] = ("hit", "alloc"),
+    suites: tuple[str, ...] = ("hit", "alloc", "page"),
     root: Traversable = VECTORS,
     progress: Callable[[int, Result], None] | None = None,
 ) -> Report:
@@ -236,7 +236,7 @@ def run_case(engine: Engine, case: JSON, timeout: float) -> Result:
     except Exception as error:
         base.status, base.detail = "errored", f"{type(error).__name__}: {error}"
         return base
-    compare = compare_hit if suite == "hit" else compare_alloc
+    compare = {"hit": compare_hit, "alloc": compare_alloc, "page": compare_page}[suite]
     try:
         difference = compare(case["expect"], answer)
     except (TypeError, KeyError, ValueError) as error:

@@ -169,6 +169,7 @@ class CachePlan:
     tensors: tuple[tuple[int | None, ...], ...]
     token_capacity: int
     mamba_mode: MambaMode = MambaMode.ALIGN
+    speculative: DraftKeying | None = None
 
     @property
     def alignment(self) -> int:
@@ -180,9 +181,7 @@ class CachePlan:
         used = sum(1 for x in group.layers if x is not None) * group.page_bytes
         return 1 - Fraction(used, len(group.layers) * self.page_size)
 
-    def cache_config(
-        self, speculative: DraftKeying | None = None, max_model_len: int | None = None
-    ) -> CacheConfig:
+    def cache_config(self, max_model_len: int | None = None) -> CacheConfig:
         """The allocator configuration for this plan (kvcert.reference.manager)."""
         return CacheConfig(
             tuple(
@@ -198,7 +197,7 @@ class CachePlan:
                 for i, g in enumerate(self.groups)
             ),
             self.num_blocks,
-            speculative=speculative,
+            speculative=self.speculative,
             max_model_len=max_model_len,
         )
 
@@ -216,6 +215,7 @@ class PlanRequest:
     mamba_mode: MambaMode = MambaMode.ALIGN
     state_chunk: int = 1
     group_padding: Fraction = field(default=Fraction(1, 20))
+    speculative: DraftKeying | None = None
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -237,6 +237,12 @@ class PlanRequest:
             )
         if not 0 <= self.group_padding < 1:
             raise ConfigError(f"group_padding must be in [0, 1), got {self.group_padding}")
+        drafts = any(getattr(x, "draft", False) for x in self.layers)
+        if drafts != (self.speculative is not None):
+            raise ConfigError(
+                "draft layers and a speculative keying go together: mark the draft layers "
+                "with draft=True and set speculative ('exact' or 'drop'), or neither"
+            )
 
 
 def _key(layer: LayerShape) -> tuple[object, ...]:
@@ -359,4 +365,5 @@ def plan_cache(request: PlanRequest) -> CachePlan:
         tensors=tuple(tuple(gr.layers[i] for gr in groups) for i in range(g)),
         token_capacity=capacity,
         mamba_mode=request.mamba_mode,
+        speculative=request.speculative,
     )

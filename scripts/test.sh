@@ -4,7 +4,7 @@
 # Any failure, and pytest's exit 5 (no tests collected), fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test
+bash scripts/setup.sh test,proofs
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}

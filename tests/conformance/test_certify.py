@@ -38,9 +38,15 @@ def test_vectors_validate_and_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
+# The byte-layout rules are certified on kernels (issue 8 adds their suite); engines answer no
+# address queries yet. Listed here so the gap is visible, and this test fails once it closes.
+AWAITING_KERNEL_SUITE = {"PAGE-ADDR-1", "PAGE-ADDR-2", "PAGE-ADDR-3", "PAGE-ADDR-4", "PAGE-SLOT-1"}
+
+
 def test_every_rule_is_cited_by_a_vector():
     cited = {rule for c in all_cases() for rule in c["rules"] + c.get("focus", [])}
-    assert {r.tag for r in all_rules()} <= cited
+    assert {r.tag for r in all_rules()} - AWAITING_KERNEL_SUITE <= cited
+    assert not AWAITING_KERNEL_SUITE & cited, "a layout rule has vectors now: drop its exemption"
     assert all(c["rules"] for c in all_cases())
 
 

@@ -62,9 +62,10 @@ def test_a_plan_becomes_an_allocator_config():
         ],
         "kv_cache_dtype": "bf16",
         "memory_bytes": 1 << 24,
+        "speculative": "exact",
     }  # fmt: skip
     chosen = reference_plan(obj)
-    config = chosen.cache_config(speculative=ref.DraftKeying.EXACT, max_model_len=4096)
+    config = chosen.cache_config(max_model_len=4096)
     assert [g.kind for g in config.groups] == [Kind.SLIDING_WINDOW, Kind.FULL]
     assert config.groups[1].draft
     assert config.num_blocks == chosen.num_blocks

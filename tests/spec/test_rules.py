@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from importlib import resources
@@ -26,7 +27,10 @@ from kvcert.spec import (
     hybrid,
     hybrid_hit,
     invariants,
+    layers,
     layout,
+    page_layout,
+    plan,
     view,
 )
 from kvcert.spec.hashing import Extra, ExtraKind
@@ -69,6 +73,20 @@ EXPECTED_TAGS = {
     "INV-KEY-1",
     "INV-HIT-1",
     "INV-VIS-1",
+    "PAGE-BYTES-1",
+    "PAGE-ANCHOR-1",
+    "PAGE-SIZE-1",
+    "PAGE-FIT-1",
+    "PAGE-STATE-1",
+    "PAGE-GROUP-1",
+    "PAGE-SPLIT-1",
+    "PAGE-POOL-1",
+    "PAGE-CAP-1",
+    "PAGE-ADDR-1",
+    "PAGE-ADDR-2",
+    "PAGE-ADDR-3",
+    "PAGE-ADDR-4",
+    "PAGE-SLOT-1",
     "INPUT-1",
 }
 
@@ -155,7 +173,20 @@ def test_every_contract_holds_on_every_small_case():
         getattr(__import__(r.module, fromlist=[r.function]), r.function) for r in RULES
     ]
     seen: set[str] = set()
-    modules = (acceptance, hybrid, hashing, layout, view, spec_package, alloc, invariants, errors)
+    modules = (
+        acceptance,
+        hybrid,
+        hashing,
+        layout,
+        view,
+        spec_package,
+        alloc,
+        invariants,
+        layers,
+        plan,
+        page_layout,
+        errors,
+    )
     with contracts_enforced(modules, rule_functions, seen):
         cases = 0
         for chosen in small_layouts():
@@ -170,10 +201,54 @@ def test_every_contract_holds_on_every_small_case():
                 hashing.matched_blocks(keys, frozenset(keys[:2]))
         for chosen in small_layouts():
             exercise_allocator(chosen)
+        exercise_pages()
         with pytest.raises(errors.SpecError):
             FullAttention(0)
     assert cases > 5_000
     assert seen == {r.function for r in RULES}, "every rule's contract was exercised"
+
+
+def exercise_pages() -> None:
+    """Plans of small layer mixes in every dtype, and every address of their pages."""
+    kinds = layers.AttentionKind
+    attention = [
+        layers.AttentionLayer(kinds.FULL, 2, 4, 2),
+        layers.AttentionLayer(kinds.SLIDING_WINDOW, 1, 8, 8, window=4),
+        layers.AttentionLayer(kinds.CHUNKED_LOCAL, 1, 2, 2, chunk=8),
+        layers.AttentionLayer(kinds.CROSS, 1, 2, 2),
+    ]
+    latent = layers.LatentLayer(kinds.FULL, 4, 2, ratio=2)
+    state = layers.StateLayer(
+        (
+            layers.StateTensor((3,), layers.KVDtype.BF16),
+            layers.StateTensor((40,), layers.KVDtype.FP32),
+        )
+    )
+    for dtype in layers.KVDtype:
+        for mix in itertools.combinations([*attention, latent, state], 3):
+            for mode in MambaMode:
+                plan_input = plan.PlanInput(
+                    mix * 2, dtype, 1 << 16, block_size=2, kernel=plan.KernelLimits(2, 64),
+                    mamba_mode=mode, state_chunk=4,
+                )  # fmt: skip
+                with contextlib.suppress(errors.SpecError):
+                    plan.plan(plan_input)
+        for token, head, part, index in itertools.product(
+            range(2), range(2), page_layout.Part, range(2)
+        ):
+            page_layout.attention_offset(
+                attention[0], dtype, 2, token=token, head=head, part=part, index=index
+            )
+            if layers.scale_bytes(dtype):
+                page_layout.attention_scale_offset(
+                    attention[0], dtype, 2, token=token, head=head, part=part
+                )
+        for entry, index in itertools.product(range(2), range(6)):
+            page_layout.latent_offset(latent, dtype, 4, entry=entry, index=index)
+    for tensor, index in ((0, 2), (1, 39)):
+        page_layout.state_offset(state, tensor, index)
+    for position in range(8):
+        page_layout.slot_address((3, 1), 4, 100, position)
 
 
 def exercise_allocator(chosen: Layout) -> None:
