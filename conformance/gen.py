@@ -1065,6 +1065,44 @@ def page_refusals() -> Iterator[JSON]:
             "latent layers are full or sliding_window",
         ),
         ("group-padding-one", {**base, "group_padding": 1}, "group_padding < 1"),
+        (
+            "window-on-full",
+            {**base, "layers": [_layer("full", 8, 128, window=64)]},
+            "only sliding_window layers take a window",
+        ),
+        (
+            "chunk-on-sliding",
+            {**base, "layers": [_layer("sliding_window", 8, 128, window=64, chunk=64)]},
+            "only chunked_local layers take a chunk",
+        ),
+        (
+            "rope-negative",
+            {**base, "layers": [{"kind": "full", "latent_size": 8, "rope_size": -1}]},
+            "rope_size >= 0",
+        ),
+        (
+            "rope-fraction",
+            {**base, "layers": [{"kind": "full", "latent_size": 8, "rope_size": 1.5}]},
+            "rope_size is an integer",
+        ),
+        (
+            "state-without-tensors",
+            {**base, "layers": [{"kind": "mamba", "tensors": []}]},
+            "a state layer needs a tensor",
+        ),
+        (
+            "state-dimension-zero",
+            {**base, "layers": [{"kind": "mamba", "tensors": [{"shape": [0], "dtype": "fp32"}]}]},
+            "state dimensions >= 1",
+        ),
+        ("kernel-multiple-zero", {**base, "kernel": {"multiple": 0}}, "kernel multiple >= 1"),
+        (
+            "kernel-maximum-below-multiple",
+            {**base, "kernel": {"multiple": 32, "maximum": 16}},
+            "kernel maximum >= multiple",
+        ),
+        ("memory-zero", {**base, "memory_bytes": 0}, "memory_bytes >= 1"),
+        ("state-chunk-zero", {**base, "state_chunk": 0}, "state_chunk >= 1"),
     ]
     for label, plan, comment in bad:
         yield page_case(f"page.refuse.{label}", plan, comment=comment)

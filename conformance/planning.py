@@ -116,8 +116,8 @@ def layer_from_json(obj: object, where: str) -> Layer:
     if kind == "mamba":
         _only(fields, where, ("kind", "tensors", "name"))
         tensors = fields.get("tensors")
-        if not isinstance(tensors, list) or not tensors:
-            raise ScenarioError(f"{where}.tensors: expected a non-empty list")
+        if not isinstance(tensors, list):
+            raise ScenarioError(f"{where}.tensors: expected a list of state tensors")
         parsed = []
         for i, tensor in enumerate(tensors):
             t = _object(tensor, f"{where}.tensors[{i}]")
@@ -149,8 +149,8 @@ def plan_input_from_json(obj: object, where: str = "plan") -> PlanInput:
         if required not in fields:
             raise ScenarioError(f"{where}: missing field {required!r}")
     layers_json = fields["layers"]
-    if not isinstance(layers_json, list) or not layers_json:
-        raise ScenarioError(f"{where}.layers: expected a non-empty list of layers")
+    if not isinstance(layers_json, list):
+        raise ScenarioError(f"{where}.layers: expected a list of layers")
     layers = tuple(layer_from_json(x, f"{where}.layers[{i}]") for i, x in enumerate(layers_json))
     kernel_json = _object(fields.get("kernel", {}), f"{where}.kernel")
     _only(kernel_json, f"{where}.kernel", ("multiple", "maximum"))

@@ -193,7 +193,7 @@ def page_bytes(layer: Layer, dtype: KVDtype, block_size: int) -> int:
         return state_tensor_offsets(layer)[-1] + math.prod(last.shape) * ELEMENT_BYTES[last.dtype]
     element, scale = ELEMENT_BYTES[dtype], scale_bytes(dtype)
     if isinstance(layer, LatentLayer):
-        if block_size % layer.ratio:
+        if block_size % layer.ratio:  # direct callers only: a plan never splits an entry
             refuse(
                 NoPageLayout,
                 f"layer {layer.name!r} stores one entry per {layer.ratio} tokens; a block of "

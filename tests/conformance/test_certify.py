@@ -97,13 +97,25 @@ def test_vectors_alone_cover_every_branch_of_the_behavioural_spec(tmp_path):
     the modules engines exercise (invariants and the rule index are checked by tests/spec).
 
     Lines marked `# type guard` reject wrong Python types, which JSON input cannot produce
-    (the parser converts first); tests/spec covers them.
+    (the parser converts first), and `# direct callers only` guards a rule against calls no
+    plan makes; tests/spec covers both.
     """
-    modules = ["acceptance", "alloc", "errors", "hashing", "hybrid", "layout", "view"]
+    modules = [
+        "acceptance",
+        "alloc",
+        "errors",
+        "hashing",
+        "hybrid",
+        "layout",
+        "view",
+        "layers",
+        "plan",
+    ]
     include = ",".join(str(ROOT / "spec" / f"{m}.py") for m in modules)
     rcfile = tmp_path / "gate.ini"
     rcfile.write_text(
         "[run]\nbranch = True\n[report]\nexclude_also =\n    type guard: Python callers only\n"
+        "    direct callers only\n"
     )
     coverage = [sys.executable, "-m", "coverage"]
     common = [f"--rcfile={rcfile}", f"--data-file={tmp_path / '.coverage'}"]

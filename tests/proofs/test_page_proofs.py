@@ -16,8 +16,21 @@ from fractions import Fraction
 import pytest
 import z3  # the proofs extra; CI installs it, and a missing z3 must fail, not skip
 
-from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, page_bytes
-from kvcert.spec.plan import KernelLimits, PlanInput, fitted_block_size, group_size
+from kvcert.spec.layers import (
+    AttentionKind,
+    AttentionLayer,
+    KVDtype,
+    StateLayer,
+    StateTensor,
+    page_bytes,
+)
+from kvcert.spec.plan import (
+    KernelLimits,
+    PlanInput,
+    anchor_block_size,
+    fitted_block_size,
+    group_size,
+)
 
 RLIMIT = 5_000_000  # deterministic resource limit per check (z3 5.4.0, pinned)
 POWERS = [1 << k for k in range(9)]  # block multipliers anchor x 2^k, k <= 8
@@ -112,6 +125,68 @@ def test_padding_keeps_every_page_equal():
     prove(assumptions, z3.And(padding >= 0, m * u + padding == page))
 
 
+# --- PAGE-ANCHOR-1 / PAGE-SIZE-1: the shared page holds every layer, state included -------
+#
+# a: the anchor layers' bytes per token, t <= a another layer's, s: the largest state page,
+# req: the requested block size; blocks are step x n for n in 1..ANCHOR_STEPS (step = 16).
+
+STEP = 16
+ANCHOR_STEPS = 128
+
+
+def anchor_inputs():
+    a, t, s, req = z3.Ints("a t s req")
+    return (
+        a,
+        t,
+        s,
+        req,
+        [
+            a >= 1,
+            t >= 1,
+            t <= a,
+            a <= 1 << 16,
+            s >= 0,
+            s <= 1 << 26,
+            z3.Or([req == STEP * n for n in (1, 2, 4)]),
+            z3.Or([STEP * n * a >= s for n in range(1, ANCHOR_STEPS + 1)]),  # some block suffices
+        ],
+    )
+
+
+def anchor_block(a, s, req):
+    """The smallest allowed block >= req whose anchor page holds the state (If-chain)."""
+    result = z3.IntVal(0)
+    for n in range(ANCHOR_STEPS, 0, -1):
+        block = STEP * n
+        result = z3.If(z3.And(block >= req, block * a >= s), block, result)
+    return result
+
+
+def pages_hold_everything(a, t, s, block):
+    page = block * a  # linear: block is an If-chain of constants
+    return z3.And(block >= 1, s <= page, block * t <= page)
+
+
+def test_anchor_page_holds_every_layer_and_is_the_smallest():
+    a, t, s, req, assumptions = anchor_inputs()
+    block = anchor_block(a, s, req)
+    smaller = z3.And(
+        [
+            z3.Implies(z3.And(STEP * n < block, STEP * n >= req), STEP * n * a < s)
+            for n in range(1, ANCHOR_STEPS + 1)
+        ]
+    )
+    prove(assumptions, z3.And(pages_hold_everything(a, t, s, block), smaller))
+
+
+def test_twin_keeping_the_requested_block_overflows_with_state():
+    """Keep the requested block and pad the state to it: the state no longer fits."""
+    a, t, s, req, assumptions = anchor_inputs()
+    model = refute(assumptions, pages_hold_everything(a, t, s, req))
+    assert model.eval(s).as_long() > model.eval(req * a).as_long()
+
+
 # --- PAGE-GROUP-1: the largest g within the share, and no larger g qualifies --------------
 
 
@@ -172,6 +247,10 @@ def test_twin_vllm_min_or_max_rule_exceeds_the_share():
 # --- drift guard: the encodings agree with the Python spec -------------------------------
 
 
+def _state_of(nbytes: int) -> StateLayer:
+    return StateLayer((StateTensor((nbytes,), KVDtype.BF16),))
+
+
 def evaluate(expression, **values):
     substituted = z3.substitute(expression, *[(z3.Int(k), z3.IntVal(v)) for k, v in values.items()])
     return z3.simplify(substituted).as_long()
@@ -199,6 +278,19 @@ def test_encodings_agree_with_the_spec_on_random_inputs():
         spec_block = fitted_block_size(layer, plan_input, anchor, shared)
         encoded = evaluate(chosen, u=at_anchor, page=shared, cap=maximum // anchor)
         assert spec_block == anchor * encoded
+    a, _, s_, req, _ = anchor_inputs()
+    block = anchor_block(a, s_, req)
+    for _ in range(200):
+        heads, state_bytes = rng.randint(1, 8), rng.randint(0, 1 << 20)
+        layer = AttentionLayer(AttentionKind.FULL, heads, 64, 64)
+        requested = rng.choice([16, 32, 64])
+        layers = (layer,) if not state_bytes else (layer, _state_of(state_bytes))
+        plan_input = PlanInput(layers, KVDtype.FP8, 1 << 30, block_size=requested)
+        rate = page_bytes(layer, KVDtype.FP8, 1)
+        stored = page_bytes(layers[-1], KVDtype.FP8, 1) if state_bytes else 0
+        if STEP * ANCHOR_STEPS * rate < stored:
+            continue
+        assert evaluate(block, a=rate, s=stored, req=requested) == anchor_block_size(plan_input)
     n1, n2, _ = group_inputs()
     for share in (Fraction(1, 20), Fraction(1, 4)):
         g = chosen_group_size(n1, n2, share)

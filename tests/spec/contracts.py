@@ -33,8 +33,8 @@ def conditions(function: Callable[..., Any]) -> tuple[list[str], list[str]]:
 def checked(function: Callable[..., Any], seen: set[str]) -> Callable[..., Any]:
     """Wrap `function` so every call evaluates its contracts; record its name in `seen`."""
     pre, post = conditions(function)
-    compiled_pre = [(e, compile(e, function.__name__, "eval")) for e in pre]
-    compiled_post = [(e, compile(e, function.__name__, "eval")) for e in post]
+    compiled_pre = [(e, compile(e, f"<contract {function.__name__}>", "eval")) for e in pre]
+    compiled_post = [(e, compile(e, f"<contract {function.__name__}>", "eval")) for e in post]
     signature = inspect.signature(function)
 
     @functools.wraps(function)

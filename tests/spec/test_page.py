@@ -181,6 +181,12 @@ def test_peer_grouping_examples_from_the_notes():
     ("build", "error", "message"),
     [
         (lambda: AttentionLayer(FULL, 0, 64, 64), InvalidPlan, "num_kv_heads"),
+        (lambda: AttentionLayer("full", 1, 64, 64), InvalidPlan, "unknown kind"),
+        (lambda: AttentionLayer(FULL, 1, 64, 64, draft=1), InvalidPlan, "draft must be"),
+        (lambda: LatentLayer(FULL, 8, 0, draft="no"), InvalidPlan, "draft must be"),
+        (lambda: StateTensor([4], KVDtype.FP32), InvalidPlan, "non-empty shape"),
+        (lambda: StateTensor((), KVDtype.FP32), InvalidPlan, "non-empty shape"),
+        (lambda: PlanInput((QWEN_FULL,), "fp8", GIB), InvalidPlan, "unknown KV-cache dtype"),
         (lambda: AttentionLayer(SW, 1, 64, 64), InvalidPlan, "window"),
         (lambda: AttentionLayer(FULL, 1, 64, 64, window=4), InvalidPlan, "only sliding_window"),
         (lambda: AttentionLayer(FULL, 1, 64, 64, chunk=4), InvalidPlan, "only chunked_local"),
