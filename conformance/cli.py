@@ -9,6 +9,8 @@
     kvcert rules                     print the rule index (spec/RULES.md)
     kvcert plan MODEL [--kv-cache-dtype D] [--memory GIB] [--compare] [--json FILE]
                                      page plan: groups, block sizes, page bytes, capacity
+    kvcert check [--tier pr|long] [--only z3,crosshair,hypothesis] [--json FILE]
+                                     model checks: Z3 obligations, CrossHair, state machines
 
 Exit status: 0 on success, 1 when certification finds unexpected results, 2 on bad input
 (the message says what to fix), 3 when kvcert's reference and spec disagree (a kvcert bug).
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from kvcert.conformance import plan_cli
+from kvcert.conformance import check, plan_cli
 from kvcert.conformance.engines import Engine, EngineError, load_engine
 from kvcert.conformance.explain import explain, render
 from kvcert.conformance.runner import (
@@ -155,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         run=_cmd_rules
     )
     plan_cli.add_parser(commands)
+    check.add_parser(commands)
     return parser
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.invariants import violated
 
 BASES = (
     tuple(range(1, 33)),
@@ -90,13 +92,22 @@ def save_failure(layout: Layout, num_blocks: int, ops: list[dict[str, Any]]) -> 
     )
 
 
-def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMachine]:
-    """A state machine class checking `engine_factory()` against the spec."""
+def machine_for(engine_factory: Callable[[], Engine] | None) -> type[RuleBasedStateMachine]:
+    """A state machine class checking `engine_factory()` against the spec.
+
+    After every step the spec's own invariants (§7) are checked too; with no engine
+    (`machine_for(None)`) that is all it checks: the spec's self-check machine.
+    `failing_trace_lengths` records the length of each diverging trace, the shrunk one last;
+    `first_failure_at` when the first one was found (to split finding from shrinking).
+    """
 
     class KVCacheConformanceMachine(RuleBasedStateMachine):
+        failing_trace_lengths: list[int] = []  # noqa: RUF012 - shared on purpose, per class
+        first_failure_at: list[float] = []  # noqa: RUF012 - perf_counter() of the first one
+
         def __init__(self) -> None:
             super().__init__()
-            self.engine = engine_factory()
+            self.engine = engine_factory() if engine_factory is not None else None
             self.layout: Layout | None = None
             self.state: spec.State | None = None
             self.ops: list[spec.Op] = []
@@ -121,6 +132,10 @@ def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMach
                 self.expected.append(REFUSED)
             self.state = state
             self.ops.append(op)
+            if broken := violated(state):  # an explicit raise: `python -O` must not hide it
+                raise AssertionError(f"the spec broke its invariants {broken} after {op}")
+            if self.engine is None:
+                return
             ops = [op_to_json(o) for o in self.ops]
             case = {
                 "suite": "alloc",
@@ -130,6 +145,9 @@ def machine_for(engine_factory: Callable[[], Engine]) -> type[RuleBasedStateMach
             }
             difference = compare_alloc({"observations": self.expected}, self.engine.run(case))
             if difference is not None:  # an explicit raise: `python -O` must not hide it
+                self.failing_trace_lengths.append(len(ops))
+                if not self.first_failure_at:
+                    self.first_failure_at.append(time.perf_counter())
                 save_failure(layout, state.config.num_blocks, ops)
                 raise AssertionError(f"engine diverges from the spec at {difference}")
 

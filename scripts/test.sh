@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install kvcert with its test extras and run the whole suite: lint, format, pytest with the
-# 100% branch-coverage gate on kvcert.spec. Extra arguments go to pytest.
+# 100% branch-coverage gate on kvcert.spec, then the model checks (`kvcert check --tier pr`:
+# Z3 obligations, CrossHair contracts, state machines). Extra arguments go to pytest.
 # Any failure, and pytest's exit 5 (no tests collected), fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,proofs
+bash scripts/setup.sh test,proofs,symbolic
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
-exec .venv/bin/python -m pytest --cov --cov-branch --junitxml=.test-report.xml "$@"
+.venv/bin/python -m pytest --cov --cov-branch --junitxml=.test-report.xml "$@"
+.venv/bin/kvcert check --tier pr --json .check-report.json

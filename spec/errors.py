@@ -51,5 +51,6 @@ def refuse(error: type[SpecError], message: str) -> NoReturn:
 
     pre: issubclass(error, SpecError) and bool(message)
     post: False
+    raises: SpecError
     """
     raise error(message)

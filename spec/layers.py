@@ -187,6 +187,7 @@ def page_bytes(layer: Layer, dtype: KVDtype, block_size: int) -> int:
 
     pre: block_size >= 1
     post: __return__ >= 1
+    raises: NoPageLayout
     """
     if isinstance(layer, StateLayer):
         last = layer.tensors[-1]

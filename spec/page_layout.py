@@ -53,6 +53,7 @@ def attention_offset(
 
     pre: 0 <= token < block_size and 0 <= head < layer.num_kv_heads
     post: 0 <= __return__ < layers.page_bytes(layer, dtype, block_size)
+    raises: InvalidRequest
     """
     heads = layer.num_kv_heads
     size = layer.head_size_k if part is Part.K else layer.head_size_v
@@ -77,6 +78,7 @@ def attention_scale_offset(
 
     pre: 0 <= token < block_size and 0 <= head < layer.num_kv_heads
     post: 0 <= __return__ < 2 * block_size * layer.num_kv_heads * 4
+    raises: InvalidRequest
     """
     if not layers.scale_bytes(dtype):
         refuse(InvalidRequest, f"{dtype.value} pages hold no scales; only *_per_token_head do")
@@ -98,6 +100,7 @@ def latent_offset(
 
     pre: block_size % layer.ratio == 0 and 0 <= entry < block_size // layer.ratio
     post: 0 <= __return__ < layers.page_bytes(layer, dtype, block_size)
+    raises: InvalidRequest
     """
     entries = block_size // layer.ratio
     width = layer.latent_size + layer.rope_size
@@ -116,6 +119,7 @@ def state_offset(layer: StateLayer, tensor: int, index: int) -> int:
 
     pre: 0 <= tensor < len(layer.tensors)
     post: 0 <= __return__ < layers.page_bytes(layer, KVDtype.FP32, 1)
+    raises: InvalidRequest
     """
     _inside(tensor, len(layer.tensors), "state tensor")
     chosen = layer.tensors[tensor]
@@ -136,6 +140,7 @@ def slot_address(
 
     pre: 0 <= position < len(block_table) * block_size
     post: __return__[2] == __return__[0] * page_size and 0 <= __return__[1] < block_size
+    raises: InvalidRequest
     """
     _inside(position, len(block_table) * block_size, "position")
     block = block_table[position // block_size]

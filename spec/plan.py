@@ -274,7 +274,7 @@ def group_size(bucket_sizes: tuple[int, ...], share: Fraction) -> int:
     g = 1 (a group per layer) leaves no slot empty, so some g always qualifies. Fewer groups
     mean fewer block tables and a faster hit search; empty slots waste a page per block.
 
-    pre: len(bucket_sizes) >= 1 and min(bucket_sizes) >= 1
+    pre: len(bucket_sizes) >= 1 and min(bucket_sizes) >= 1 and 0 <= share < 1
     post: padding_slots(bucket_sizes, __return__) <= share * slot_count(bucket_sizes, __return__)
     """
     for size in range(max(bucket_sizes), 0, -1):
@@ -311,6 +311,7 @@ def pool_blocks(memory_bytes: int, size: int, page: int) -> int:
         30 GiB, g = 5, P = 66560:   32212254720 // (5 x 66560) = 96791 blocks
 
     pre: memory_bytes >= 1 and size >= 1 and page >= 1
+    raises: NoPageLayout
     post: __return__ * size * page <= memory_bytes and __return__ >= 2
     """
     blocks = memory_bytes // (size * page)
@@ -334,7 +335,7 @@ def token_capacity(block_sizes: Iterable[int], num_blocks: int) -> int:
     (a checkpoint per block). A sliding window or chunk frees blocks behind it in a real run,
     so this is the capacity of one request that never lets a block go (vLLM's figure too).
 
-    pre: num_blocks >= 2
+    pre: num_blocks >= 2 and all(b >= 1 for b in block_sizes)
     post: __return__ >= 0
     """
     per_token = sum(Fraction(1, b) for b in block_sizes)

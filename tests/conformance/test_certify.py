@@ -14,10 +14,10 @@ import pytest
 from kvcert.conformance import gen
 from kvcert.conformance.cli import main
 from kvcert.conformance.engines import EngineError, ReferenceEngine, SpecEngine, load_engine
+from kvcert.conformance.mutants import BROKEN
 from kvcert.conformance.runner import iter_cases, render_report, run_vectors
 from kvcert.conformance.stdio import StdioEngine
 from kvcert.spec.rules import all_rules
-from tests.conformance.broken import BROKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcert.conformance.engines import ReferenceEngine
+from kvcert.conformance.mutants import BROKEN
 from kvcert.conformance.stateful import machine_for
-from tests.conformance.broken import BROKEN
 
 RUN = settings(max_examples=60, stateful_step_count=25, deadline=None, derandomize=True)
 
@@ -38,7 +38,7 @@ def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
 
     monkeypatch.setenv("KVCERT_REGRESSION_DIR", str(tmp_path))
     engine_class, _ = BROKEN["allocation before hits"]
-    search = settings(RUN, max_examples=300, print_blob=False)
+    search = settings(RUN, max_examples=2000, stateful_step_count=15, print_blob=False)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(engine_class), settings=search)
     saved = json.loads((tmp_path / "latest-failure.json").read_text())

@@ -1,12 +1,15 @@
 """Deliberately broken engines: each reproduces one real bug class on top of the reference.
 
-Each must fail at least one vector, and the report must name the rule it broke.
+Shipped so anyone can see the checkers have teeth: each must fail at least one vector (and
+the report must name the rule it broke), and `kvcert check` times how long the shipped state
+machine takes to find and shrink each one. Never use them for anything else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +21,7 @@ from kvcert.reference.config import DraftKeying, Kind
 
 
 @contextmanager
-def patched(obj: Any, name: str, value: Any):
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     original = inspect.getattr_static(obj, name)  # keeps a staticmethod wrapped on restore
     setattr(obj, name, value)
     try:
@@ -33,7 +36,7 @@ class PerGroupDropEngine(ReferenceEngine):
     def run(self, case: JSON) -> JSON:
         original = coordinator.find_hit
 
-        def per_group(config, num_tokens, find):
+        def per_group(config: Any, num_tokens: int, find: Any) -> Any:
             if config.speculative is not DraftKeying.DROP:
                 return original(config, num_tokens, find)
             plain = dataclasses.replace(
@@ -58,10 +61,10 @@ class WindowOffByOneEngine(ReferenceEngine):
     def run(self, case: JSON) -> JSON:
         original = groups.first_needed
 
-        def needs_one_more(group, length):
+        def needs_one_more(group: Any, length: int) -> int:
             if group.kind is Kind.SLIDING_WINDOW:
-                return max(0, length - group.window) // group.block_size
-            return original(group, length)
+                return int(max(0, length - group.window) // group.block_size)
+            return int(original(group, length))
 
         with patched(coordinator, "first_needed", needs_one_more):
             return super().run(case)
@@ -72,7 +75,9 @@ class AllocateBeforeHitsEngine(ReferenceEngine):
     evict its own hits from the free queue."""
 
     def run(self, case: JSON) -> JSON:
-        def admit(self, rid, tokens, budget, extras=(), lookahead=0):
+        def admit(
+            self: Any, rid: str, tokens: Any, budget: int, extras: Any = (), lookahead: int = 0
+        ) -> Any:
             request = manager._Request(
                 list(tokens), tuple(extras), self._chains(tokens, tuple(extras))
             )
@@ -103,7 +108,9 @@ class VisibleBeforeWrittenEngine(ReferenceEngine):
     def run(self, case: JSON) -> JSON:
         original_admit = manager.KVCacheManager.admit
 
-        def admit(self, rid, tokens, budget, extras=(), lookahead=0):
+        def admit(
+            self: Any, rid: str, tokens: Any, budget: int, extras: Any = (), lookahead: int = 0
+        ) -> Any:
             result = original_admit(self, rid, tokens, budget, extras, lookahead)
             request = self._requests.get(rid)
             if request is not None:

@@ -1,0 +1,103 @@
+"""`kvcert check`: verdict rows, the JSON report, honest failure, and its three parts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from kvcert.conformance import check
+from kvcert.conformance.cli import main
+from kvcert.conformance.engines import ReferenceEngine
+from kvcert.conformance.mutants import BROKEN
+from kvcert.conformance.proofs import tier
+
+
+def test_z3_part_passes_and_writes_json(tmp_path, capsys):
+    target = tmp_path / "check.json"
+    assert main(["check", "--only", "z3", "--json", str(target)]) == 0
+    report = json.loads(target.read_text())
+    assert report["tier"] == "pr"
+    assert len(report["rows"]) == len(tier("pr"))
+    assert all(row["ok"] for row in report["rows"])
+    out = capsys.readouterr().out
+    assert "THM-HYB-SEARCH" in out
+    assert f"check: {len(tier('pr'))} as expected, 0 unexpected" in out
+
+
+def test_list_and_bad_arguments(capsys):
+    assert main(["check", "--list", "--tier", "long"]) == 0
+    assert "THM-HYB-SEARCH-LONG" in capsys.readouterr().out
+    assert main(["check", "--only", "z3,coq"]) == 2
+    assert "--only takes" in capsys.readouterr().err
+
+
+def test_an_unexpected_verdict_fails_the_run(monkeypatch, capsys):
+    def lying(_tier):
+        yield check.Row("z3", "THM-FAKE", "proved", "unknown", 0.1, "z3 gave up")
+
+    monkeypatch.setitem(check.RUNNERS, "z3", lying)
+    assert main(["check", "--only", "z3"]) == 1
+    out = capsys.readouterr().out
+    assert "UNEXPECTED" in out
+    assert "z3 gave up" in out
+    assert "0 as expected, 1 unexpected" in out
+
+
+def test_crosshair_golden_controls_and_diffbehavior():
+    """A correct function passes, a buggy one fails, and diffbehavior finds the off-by-one."""
+    budget = ["--per_condition_timeout", "2"]
+    for target, expected in check.GOLDEN:
+        got, _, detail = check._crosshair(["check", *budget, target], 120)
+        assert got == expected, detail
+    spec_side, buggy, expected = check.DIFF_TARGETS[2]
+    got, _, detail = check._crosshair(
+        ["diffbehavior", "--max_uninteresting_iterations", "20", spec_side, buggy], 120
+    )
+    assert got == expected == check.FOUND, detail
+    got, _, detail = check._crosshair(["check", *budget, "no.such.module.function"], 60)
+    assert got == "error"
+
+
+def test_a_spec_contract_holds_within_budget():
+    got, _, detail = check._crosshair(
+        ["check", "--per_condition_timeout", "2", "kvcert.spec.plan.split_bucket"], 120
+    )
+    assert got == check.NO_COUNTEREXAMPLE, detail
+
+
+SEARCH = settings(
+    max_examples=2000,
+    stateful_step_count=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def test_machines_pass_on_the_spec_and_reference_and_find_a_bug_class():
+    assert check._run_machine(None, SEARCH).got == "no divergence"
+    assert check._run_machine(ReferenceEngine, settings(SEARCH, max_examples=100)).got == (
+        "no divergence"
+    )
+    engine_class, _ = BROKEN["sliding window without -1"]
+    result = check._run_machine(engine_class, SEARCH)
+    assert result.got == check.FOUND
+    assert 0 < result.find_seconds <= result.total_seconds
+    assert result.shrunk_ops >= 1
+
+
+def test_missing_tools_are_named(monkeypatch):
+    monkeypatch.setattr(check.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="kvcert check needs z3"):
+        check.run(check_args(only="z3"))
+
+
+def check_args(**overrides):
+    import argparse
+
+    values = {"tier": "pr", "only": "z3", "json": None, "list": False} | overrides
+    return argparse.Namespace(**values)
