@@ -246,7 +246,7 @@ def test_certify_command_exit_codes_and_json_report(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["summary"] == f"{len(all_cases())} passed, 0 failed, 0 skipped"
     assert "HIT-SPEC-2" in report["by_rule"]
-    broken = "tests.conformance.broken:PerGroupDropEngine"
+    broken = "kvcert.conformance.mutants:PerGroupDropEngine"
     assert main(["certify", "--quiet", "--engine", broken]) == 1
     text = capsys.readouterr().out
     assert "FAILED hit.vllm-c1.eagle-drop-once [vllm#32802]" in text
