@@ -2,14 +2,15 @@
 
 Memory is `g` tensors of `num_blocks` pages of P bytes (§9). A layer lives in one tensor; its
 block n is that tensor's page n. Inside a page, scales come first so every region starts
-aligned to its element size (the scale region is a multiple of 8 bytes):
+aligned to its element size (scale regions are whole fp32s, and no element exceeds 4 bytes):
 
     attention  | K scales B.H x 4 | V scales B.H x 4 | K  B.H.Dk x e | V  B.H.Dv x e | padding |
                (scales only with the per-token-head dtypes; token-major, then head, then d)
     latent     | scales E x 4 | entries E x (latent + rope) x e | padding |     E = B / ratio
     state      | tensor 0 | tensor 1 | ... | padding |   each aligned to its element size
 
-The kernels (kvcert.kernels) are certified against exactly these functions.
+These functions are the contract for the data-path kernels (kvcert.kernels, issue 8): a kernel
+is certified by comparing every address it touches with them.
 """
 
 from __future__ import annotations
