@@ -73,6 +73,7 @@ CONTRACT_TARGETS = (
     "kvcert.spec.page_layout.attention_offset",
     "kvcert.spec.page_layout.attention_scale_offset",
     "kvcert.spec.page_layout.latent_offset",
+    "kvcert.spec.page_layout.latent_scale_offset",
     "kvcert.spec.page_layout.state_offset",
     "kvcert.spec.page_layout.slot_address",
 )

@@ -112,6 +112,21 @@ def latent_offset(
     )
 
 
+def latent_scale_offset(layer: LatentLayer, dtype: KVDtype, block_size: int, *, entry: int) -> int:
+    """PAGE-ADDR-5: The fp32 scale of a latent page's entry j is the j-th fp32 of the page.
+
+        E=2 entries, fp8_per_token_head:   entry 1 -> 1 x 4 = 4;   entries start at 8
+
+    pre: block_size % layer.ratio == 0 and 0 <= entry < block_size // layer.ratio
+    post: 0 <= __return__ < (block_size // layer.ratio) * 4
+    raises: InvalidRequest
+    """
+    if not layers.scale_bytes(dtype):
+        refuse(InvalidRequest, f"{dtype.value} pages hold no scales; only *_per_token_head do")
+    _inside(entry, block_size // layer.ratio, "entry")
+    return entry * layers.scale_bytes(dtype)
+
+
 def state_offset(layer: StateLayer, tensor: int, index: int) -> int:
     """PAGE-ADDR-4: Flat element i of state tensor k sits at the tensor's aligned start plus i
     elements.

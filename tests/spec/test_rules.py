@@ -86,6 +86,7 @@ EXPECTED_TAGS = {
     "PAGE-ADDR-2",
     "PAGE-ADDR-3",
     "PAGE-ADDR-4",
+    "PAGE-ADDR-5",
     "PAGE-SLOT-1",
     "INPUT-1",
 }
@@ -245,6 +246,8 @@ def exercise_pages() -> None:
                 )
         for entry, index in itertools.product(range(2), range(6)):
             page_layout.latent_offset(latent, dtype, 4, entry=entry, index=index)
+            if layers.scale_bytes(dtype):
+                page_layout.latent_scale_offset(latent, dtype, 4, entry=entry)
     for tensor, index in ((0, 2), (1, 39)):
         page_layout.state_offset(state, tensor, index)
     for position in range(8):
