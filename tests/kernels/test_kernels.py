@@ -303,3 +303,28 @@ def test_traffic_against_the_minimum():
     assert traffic.copy_blocks(8, doubled).ratio < 1.01  # 512 padding bytes per page
     assert traffic.copy_blocks(8, padded).ratio > 1.99  # half of each page is padding
     assert traffic.slot_mapping(100).ratio == 1.0
+
+
+@pytest.mark.parametrize("dtype", ["int8_per_token_head", "fp8_per_token_head"])
+def test_gemma4_padded_pages_of_seed_002(dtype):
+    """The planned Gemma 4 26B-A4B pages: sliding 16 x 8 x 256 fills the 66,560-byte page;
+    global 32 x 2 x 512 (block doubled by PAGE-FIT-1) leaves 512 bytes of padding."""
+    for block, heads, head, window in ((16, 8, 256, 24), (32, 2, 512, 0)):
+        layout = attention_layout(block, heads, head, head, dtype, page_size=66560)
+        pages = torch.full((4, 66560), 0xFF, dtype=torch.uint8)
+        slots = torch.arange(block, 3 * block, dtype=torch.int64)
+        key = values((len(slots), heads, head), torch.bfloat16, block)
+        value = values((len(slots), heads, head), torch.bfloat16, block + 1)
+        expected = pages.clone()
+        write_kv(key, value, pages, slots, layout)
+        reference.write_region(key, expected, slots, layout, "k")
+        reference.write_region(value, expected, slots, layout, "v")
+        assert torch.equal(pages, expected)
+        assert bool((pages[1:3, layout.data_bytes :] == 0xFF).all())  # padding untouched
+        query = values((1, heads * 2, head), torch.bfloat16, 3)
+        tables = torch.tensor([[1, 2]], dtype=torch.int32)
+        lengths = torch.tensor([2 * block - 3], dtype=torch.int32)
+        got = paged_decode(query, pages, tables, lengths, layout, window=window)
+        want = reference.decode(query, pages, tables, lengths, layout, window=window,
+                                sm_scale=reference.softmax_scale(head))  # fmt: skip
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
