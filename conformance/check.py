@@ -77,6 +77,10 @@ CONTRACT_TARGETS = (
     "kvcert.spec.page_layout.state_offset",
     "kvcert.spec.page_layout.slot_address",
 )
+# Per-target caps on CrossHair's per-condition budget: crosshair-tool 0.0.112 raises an
+# internal error ("assert_true on a non-symbolic") on group_size's Fraction after ~10 s of
+# search; below that it runs clean. Z3 (THM-PAGE-GROUP) and diffbehavior cover it in depth.
+BUDGET_CAPS = {"kvcert.spec.plan.group_size": 4}
 SYMBOLIC = "kvcert.conformance.symbolic"
 DIFF_TARGETS = (  # (spec side, reference side, expected verdict)
     (f"{SYMBOLIC}.spec_window_start", f"{SYMBOLIC}.reference_window_start", NO_COUNTEREXAMPLE),
@@ -156,7 +160,9 @@ def crosshair_rows(tier: Tier) -> Iterator[Row]:
         got, seconds, detail = _crosshair(["check", *timeout, target], backstop)
         yield Row("crosshair", f"golden {target.rsplit('.', 1)[1]}", expected, got, seconds, detail)
     for target in CONTRACT_TARGETS:
-        got, seconds, detail = _crosshair(["check", *timeout, target], backstop)
+        budget = min(tier.crosshair_seconds, BUDGET_CAPS.get(target, tier.crosshair_seconds))
+        per_target = ["--per_condition_timeout", str(budget)]
+        got, seconds, detail = _crosshair(["check", *per_target, target], backstop)
         name = target.removeprefix("kvcert.spec.")
         yield Row("crosshair", f"contracts {name}", NO_COUNTEREXAMPLE, got, seconds, detail)
     iterations = ["--max_uninteresting_iterations", str(tier.diff_iterations)]

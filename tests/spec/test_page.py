@@ -35,6 +35,7 @@ from kvcert.spec.page_layout import (
     attention_offset,
     attention_scale_offset,
     latent_offset,
+    latent_scale_offset,
     slot_address,
     state_offset,
 )
@@ -322,6 +323,11 @@ def test_addresses_of_the_docstring_examples():
     assert attention_scale_offset(layer, dtype, 2, token=0, head=0, part=Part.V) == 16
     latent = LatentLayer(FULL, 4, 2, ratio=2)
     assert latent_offset(latent, KVDtype.FP8_PER_TOKEN_HEAD, 4, entry=1, index=5) == 19
+    assert latent_scale_offset(latent, KVDtype.FP8_PER_TOKEN_HEAD, 4, entry=1) == 4
+    with pytest.raises(InvalidRequest, match="hold no scales"):
+        latent_scale_offset(latent, KVDtype.FP16, 4, entry=0)
+    with pytest.raises(InvalidRequest, match="entry must be in"):
+        latent_scale_offset(latent, KVDtype.FP8_PER_TOKEN_HEAD, 4, entry=2)
     assert state_offset(GDN_08B, 1, 5) == 36884
     assert slot_address((7, 3), 16, 66560, 20) == (3, 4, 199680)
 
