@@ -27,6 +27,10 @@ def use_triton() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -80,16 +84,12 @@ def _write(x: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor, layout: Pa
     data = layout.k_data if part == "k" else layout.v_data
     tokens, heads, width = x.shape
     x = x.contiguous()
-    grid = (triton_cdiv(tokens, BLOCK_T),)
+    grid = (_cdiv(tokens, BLOCK_T),)
     _triton.write_kernel[grid](
         x, pages, slots, tokens, x.stride(0), x.stride(1), layout.page_size, layout.block_size,
         scale, data, HEADS=heads, DIM=width, BLOCK_T=BLOCK_T, BLOCK_H=_pow2(heads),
         BLOCK_D=_pow2(width), IN_KIND=IN_KINDS[x.dtype], OUT_KIND=OUT_KINDS[layout.dtype],
     )  # fmt: skip
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, pages: torch.Tensor,
@@ -149,7 +149,7 @@ def paged_decode(query: torch.Tensor, pages: torch.Tensor, block_tables: torch.T
         length = int(seq_lens[r])
         if length < 1:
             raise KernelInputError(f"request {r}: seq_len must be >= 1")
-        last = triton_cdiv(length, layout.block_size)
+        last = _cdiv(length, layout.block_size)
         if last > block_tables.shape[1]:
             raise KernelInputError(
                 f"request {r}: {length} tokens need {last} blocks but its table has "
@@ -205,7 +205,7 @@ def copy_blocks(pages: torch.Tensor, pairs: torch.Tensor) -> None:
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
     chunk = 1024
-    grid = (int(pairs.shape[0]), triton_cdiv(int(pages.shape[1]), chunk))
+    grid = (int(pairs.shape[0]), _cdiv(int(pages.shape[1]), chunk))
     _triton.copy_kernel[grid](pages, pairs.contiguous(), int(pages.shape[1]), BLOCK=chunk)
 
 
@@ -237,7 +237,7 @@ def slot_mapping(block_tables: torch.Tensor, request_ids: torch.Tensor,
     tokens = int(positions.shape[0])
     out = torch.empty(tokens, dtype=torch.int64)
     tables = block_tables.contiguous()
-    _triton.slot_kernel[(triton_cdiv(max(tokens, 1), BLOCK_T),)](
+    _triton.slot_kernel[(_cdiv(max(tokens, 1), BLOCK_T),)](
         tables, request_ids, positions, out, tokens, tables.stride(0), block_size,
         BLOCK_T=BLOCK_T,
     )  # fmt: skip
