@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from kvcert.spec.acceptance import NULL
 from kvcert.spec.errors import InvalidOp, refuse
+from kvcert.spec.eviction import Cached, hybrid_victims, provably_dead, tail_first
 from kvcert.spec.hashing import (
     BlockKey,
     Extra,
@@ -57,6 +58,7 @@ class Eviction(StrEnum):
     """Named eviction profiles; an engine claims one to be compared on eviction order."""
 
     LRU = "lru"  # vLLM's observable order (research notes §5): head of the free queue first
+    HYBRID = "hybrid"  # dead blocks first, requests freed tail first (§11, EVICT-HYB-1)
 
 
 @dataclass(frozen=True)
@@ -472,18 +474,26 @@ def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
     post: all(len(t) == len(o) for t, o in zip(__return__[1].tables, request.tables))
     """
     layout = state.config.layout
-    order: list[int] = []
+    released: list[tuple[int, int, int]] = []
     tables = []
     for g, group in enumerate(layout.groups):
         held = positions_read(group, request.computed, _end(group, request))
         table = list(request.tables[g])
         for j in reversed(range(len(table))):
             if table[j] != NULL_BLOCK and j not in held:
-                order.append(table[j])
+                released.append((g, j, table[j]))
                 table[j] = NULL_BLOCK
         tables.append(tuple(table))
-    new_state = _decrement(state, order)
+    new_state = _decrement(state, release_order(state.config, released))
     return new_state, dataclasses.replace(request, tables=tuple(tables))
+
+
+def release_order(config: PoolConfig, released: list[tuple[int, int, int]]) -> list[int]:
+    """The order (group, position, block) entries join the free queue: as listed under lru
+    (ALLOC-FREE-1, ALLOC-SKIP-1), tail first under hybrid (EVICT-ORDER-1)."""
+    if config.eviction is Eviction.HYBRID:
+        return tail_first(config.layout, released)
+    return [block for _, _, block in released]
 
 
 def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request] | Waiting:
@@ -511,19 +521,45 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
 
 
 def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
-    """ALLOC-EVICT-1: Under the lru profile new blocks come from the head of the free queue;
-    a popped block loses its key and content, so it stops being hittable.
+    """ALLOC-EVICT-1: Under the lru profile new blocks come from the head of the free queue
+    (under hybrid EVICT-HYB-1 picks them); a popped block loses its key and content, so it
+    stops being hittable.
 
         free queue 3 9 4 (9 holds key k)    pop 2 -> blocks 3, 9; k is forgotten; queue 4
 
     pre: 0 <= count <= len(state.free)
     post: len(__return__[1]) == count
     """
-    taken = state.free[:count]
+    if state.config.eviction is Eviction.HYBRID:
+        taken = hybrid_victims(state.free, dead_free_blocks(state), count)
+    else:
+        taken = state.free[:count]
     blocks = list(state.blocks)
     for b in taken:
         blocks[b] = Block(ref_count=1)
-    return dataclasses.replace(state, blocks=tuple(blocks), free=state.free[count:]), taken
+    free = tuple(b for b in state.free if b not in taken)
+    return dataclasses.replace(state, blocks=tuple(blocks), free=free), taken
+
+
+def cached_blocks(state: State) -> tuple[Cached, ...]:
+    """Every registered block, as the eviction rules (§11) read it."""
+    layout = state.config.layout
+    out = []
+    for b, block in enumerate(state.blocks):
+        if block.key is None or block.content is None:
+            continue
+        g, tokens, extras = block.content
+        position = (len(tokens) - key_lookahead(layout, layout.groups[g])) // layout.groups[
+            g
+        ].block_size - 1
+        out.append(Cached(b, g, position, block.key[1], tokens, extras, block.stamp))
+    return tuple(out)
+
+
+def dead_free_blocks(state: State) -> frozenset[int]:
+    """Free blocks holding nothing a lookup could be served: unregistered or EVICT-DEAD-1."""
+    dead = provably_dead(state.config.layout, cached_blocks(state))
+    return frozenset(b for b in state.free if state.blocks[b].key is None or b in dead)
 
 
 def _decrement(state: State, order: list[int]) -> State:
@@ -539,7 +575,8 @@ def _decrement(state: State, order: list[int]) -> State:
 def release(state: State, rid: str) -> tuple[State, Observation]:
     """ALLOC-FREE-1: A finished or preempted request releases its blocks group by group in
     layout order, each group's table from the last position to the first; blocks whose count
-    reaches 0 join the free queue tail in that order (the lru profile, vLLM's order).
+    reaches 0 join the free queue tail in that order (the lru profile, vLLM's order; hybrid
+    reorders them by EVICT-ORDER-1).
 
         tables  g0: [1 2 3]   g1: [0 5 6]     queue tail gains 3 2 1 6 5
         so group 0's first block is evicted before any of group 1's blocks
@@ -549,8 +586,13 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
     """
     _require(rid in state.requests, f"unknown request {rid!r}; it is not running")
     request = state.requests[rid]
-    order = [b for table in request.tables for b in reversed(table) if b != NULL_BLOCK]
-    new_state = _decrement(state, order)
+    held = [
+        (g, j, table[j])
+        for g, table in enumerate(request.tables)
+        for j in reversed(range(len(table)))
+        if table[j] != NULL_BLOCK
+    ]
+    new_state = _decrement(state, release_order(state.config, held))
     requests = {k: v for k, v in new_state.requests.items() if k != rid}
     freed = len(new_state.free) - len(state.free)
     return dataclasses.replace(new_state, requests=requests), Released(freed)

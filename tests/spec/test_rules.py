@@ -23,6 +23,7 @@ from kvcert.spec import (
     acceptance,
     alloc,
     errors,
+    eviction,
     hashing,
     hybrid,
     hybrid_hit,
@@ -67,6 +68,10 @@ EXPECTED_TAGS = {
     "ALLOC-COMMIT-1",
     "ALLOC-VIS-1",
     "ALLOC-RESET-1",
+    "EVICT-LIVE-1",
+    "EVICT-DEAD-1",
+    "EVICT-HYB-1",
+    "EVICT-ORDER-1",
     "INV-NULL-1",
     "INV-REF-1",
     "INV-FREE-1",
@@ -182,6 +187,7 @@ def test_every_contract_holds_on_every_small_case():
         view,
         spec_package,
         alloc,
+        eviction,
         invariants,
         layers,
         plan,
@@ -275,7 +281,11 @@ def exercise_allocator(chosen: Layout) -> None:
         alloc.Admit("d", tuple(range(20, 29)), 9),
         alloc.Finish("c"),
     ]
-    state = alloc.initial_state(alloc.PoolConfig(chosen, 12))
+    for profile in alloc.Eviction:
+        run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12, profile)), ops)
+
+
+def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:
     for scripted in ops:
         op = scripted
         request = state.requests.get(getattr(op, "rid", ""))
