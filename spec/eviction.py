@@ -112,12 +112,13 @@ def useful_blocks(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
 def prerequisites(layout: Layout, c: Cached) -> tuple[tuple[int, BlockKey], ...]:
     """The full-attention keys every hit through `c` needs that `c`'s own tokens determine:
     per full-attention group, the last such key other than `c`'s own (see EVICT-DEAD-1)."""
+    span = (c.position + 1) * layout.groups[c.group].block_size  # every hit through c is >= this
     needs = []
     for f, group in enumerate(layout.groups):
         if not isinstance(group, FullAttention):
             continue
         keys = block_keys(c.tokens, group.block_size, c.extras, lookahead(layout, f))
-        last = len(keys) - 1
+        last = min(len(keys), span // group.block_size) - 1
         if (f, last) == (c.group, c.position):
             last -= 1
         if last >= 0:
@@ -131,8 +132,9 @@ def provably_dead(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
     nowhere; every provably dead block is useless (EVICT-LIVE-1).
 
     A hit of length L through block j of group g has L >= (j+1)*B_g, so every full-attention
-    group f needs its keys for all of [0, (j+1)*B_g), in particular the last one those tokens
-    fix. One missing key rules out every such L. Unregistered free blocks hold nothing at all
+    group f needs its blocks covering [0, (j+1)*B_g), in particular the last one whose key
+    the block's tokens fix (an exact draft key needs one token more). One missing key rules
+    out every such L. Unregistered free blocks hold nothing at all
     and are dead for the profile too (EVICT-HYB-1).
 
         full B=4 + SW B=4 W=9, 12 tokens cached, then f1 evicted:
