@@ -60,6 +60,15 @@ def layout_from_json(obj: object) -> Layout:
     return parse_layout(obj)
 
 
+def eviction_from_json(value: object) -> spec.Eviction:
+    """An alloc case's eviction profile; absent means lru."""
+    try:
+        return spec.Eviction(value if value is not None else "lru")
+    except ValueError:
+        choices = ", ".join(e.value for e in spec.Eviction)
+        raise ScenarioError(f"eviction must be one of {choices}, got {value!r}") from None
+
+
 def extra_to_json(extra: Extra) -> JSON:
     out: JSON = {"kind": extra.kind.value, "value": extra.value}
     if extra.end is not None:

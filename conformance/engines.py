@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from kvcert.conformance.codec import (
     JSON,
     REFUSED,
+    eviction_from_json,
     from_ranges,
     layout_from_json,
     observation_to_json,
@@ -65,7 +66,7 @@ FEATURES = (
     "alloc.reset_cache",
     "page.plan",
 )
-PROFILES = ("eviction.lru",)
+PROFILES = ("eviction.lru", "eviction.hybrid")
 
 
 class EngineError(Exception):
@@ -86,7 +87,7 @@ def _cached(case: JSON) -> tuple[frozenset[int], ...]:
 
 
 def describe_builtin(name: str) -> JSON:
-    """The bundled engines implement every feature and the lru profile."""
+    """The bundled engines implement every feature and both eviction profiles."""
     return {
         "name": name,
         "version": version("kvcert"),
@@ -113,7 +114,8 @@ class SpecEngine:
                 view = CacheView(layout, case["num_tokens"], _cached(case))
                 hit = hybrid_hit(view)
                 return {"hit": hit.length, "blocks": [list(b) for b in hit.blocks]}
-            state = spec.initial_state(spec.PoolConfig(layout, case["num_blocks"]))
+            eviction = eviction_from_json(case.get("eviction"))
+            state = spec.initial_state(spec.PoolConfig(layout, case["num_blocks"], eviction))
         except (SpecError, ScenarioError):
             return REFUSED
         observations = []
@@ -141,7 +143,9 @@ class ReferenceEngine:
         try:
             if case["suite"] == "hit":
                 return self._hit(case)
-            session = ReferenceSession(case["layout"], case["num_blocks"])
+            session = ReferenceSession(
+                case["layout"], case["num_blocks"], case.get("eviction", "lru")
+            )
         except KVCacheError:
             return REFUSED
         return {"observations": [session.apply(op) for op in case["ops"]]}

@@ -45,8 +45,8 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
     )
 
 
-def config_from_json(layout: JSON, num_blocks: int) -> ref.CacheConfig:
-    """A layout object and pool size as the reference's CacheConfig."""
+def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") -> ref.CacheConfig:
+    """A layout object, pool size and eviction profile as the reference's CacheConfig."""
     groups = layout.get("groups")
     if not isinstance(groups, list):
         raise ConfigError("layout.groups must be a list")
@@ -56,11 +56,16 @@ def config_from_json(layout: JSON, num_blocks: int) -> ref.CacheConfig:
     except ValueError as error:
         raise ConfigError(f"bad speculative keying {speculative!r}") from error
     limit = layout.get("max_model_len")
+    try:
+        profile = ref.Eviction(eviction)
+    except ValueError as error:
+        raise ConfigError(f"bad eviction profile {eviction!r}") from error
     config = ref.CacheConfig(
         tuple(group_from_json(g) for g in groups),
         num_blocks,
         speculative=keying,
         max_model_len=None if limit is None else _int(limit, "max_model_len"),
+        eviction=profile,
     )
     if limit is not None and config.alignment > limit - 1:
         raise ConfigError(
@@ -83,8 +88,8 @@ def tables_json(tables: tuple[tuple[int, ...], ...]) -> list[list[int]]:
 class ReferenceSession:
     """One reference allocator answering the alloc suite's JSON operations."""
 
-    def __init__(self, layout: JSON, num_blocks: int) -> None:
-        self.manager = KVCacheManager(config_from_json(layout, num_blocks))
+    def __init__(self, layout: JSON, num_blocks: int, eviction: object = "lru") -> None:
+        self.manager = KVCacheManager(config_from_json(layout, num_blocks, eviction))
 
     def apply(self, op: JSON) -> JSON:
         """Run one operation; reference errors become {"refused": true}."""

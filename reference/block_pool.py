@@ -1,19 +1,34 @@
-"""The block pool: reference counts, an O(1) free queue, and the key -> block map.
+"""The block pool: reference counts, the free queue under an eviction profile, the key map.
 
 Implements ALLOC-INIT-1, ALLOC-LOOKUP-1, ALLOC-EVICT-1 and the queue side of ALLOC-FREE-1
-and ALLOC-TWO-PHASE-1 of the spec, under the `lru` profile.
+and ALLOC-TWO-PHASE-1 of the spec, under the `lru` profile, and EVICT-DEAD-1 / EVICT-HYB-1
+under the `hybrid` profile.
 
-The free queue is an intrusive doubly linked list over arrays (`_prev`, `_next`, sentinel at
-index `num_blocks`), so taking a cached block out of the middle of the queue on a hit is
-O(1), as are popping the head and appending at the tail. The key map keeps, per key, an
-insertion-ordered dict of the blocks registered under it: the first one is the earliest
-registered (the spec's choice among duplicates), and evicting any copy is O(1).
+lru: the free queue is an intrusive doubly linked list over arrays (`_prev`, `_next`,
+sentinel at index `num_blocks`), so taking a cached block out of the middle of the queue on
+a hit is O(1), as are popping the head and appending at the tail.
+
+hybrid: the queue order is a join counter per free block, and two heaps (dead, alive) hold
+(counter, block) entries; an entry is current while the block is free, joined at that counter
+and still of that class, stale entries are skipped when popped. O(log n) per operation.
+
+Both profiles track EVICT-DEAD-1 (under lru only to count dead evictions): a registered block
+is dead when it is not the first holder of its key or when one of its prerequisite keys (the
+full-attention keys every hit through it needs) is held by no block. Per key, the blocks
+depending on it are indexed, so a key appearing or disappearing reclassifies exactly its
+dependents: O(1) per pool operation plus O(d) for the d dependents of that key.
+
+The key map keeps, per key, an insertion-ordered dict of the blocks registered under it: the
+first one is the earliest registered (the spec's choice among duplicates).
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator
+
+from kvcert.reference.config import Eviction
 
 NULL_BLOCK = 0
 
@@ -24,21 +39,39 @@ class BlockPool:
     """`num_blocks` physical blocks; block 0 is the null block and is never handed out."""
 
     __slots__ = (
+        "_alive_heap",
+        "_dead_heap",
+        "_dependents",
+        "_joined",
         "_keys",
         "_map",
+        "_missing",
         "_next",
+        "_prereqs",
         "_prev",
         "_sentinel",
+        "_ticks",
+        "dead_evictions",
+        "eviction",
+        "evictions",
         "num_blocks",
         "num_free",
         "ref_count",
     )
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(
+        self, num_blocks: int, eviction: Eviction = Eviction.LRU, num_groups: int = 1
+    ) -> None:
         self.num_blocks = num_blocks
+        self.eviction = eviction
         self.ref_count = [0] * num_blocks
         self._keys: list[Key | None] = [None] * num_blocks
         self._map: dict[Key, dict[int, None]] = {}
+        self._prereqs: list[tuple[Key, ...]] = [()] * num_blocks
+        self._missing = [0] * num_blocks
+        self._dependents: dict[Key, set[int]] = {}
+        self.evictions = [0] * num_groups  # registered blocks reused, per group
+        self.dead_evictions = [0] * num_groups  # of which EVICT-DEAD-1 said dead
         sentinel = num_blocks
         self._sentinel = sentinel
         order = [sentinel, *range(1, num_blocks), sentinel]
@@ -48,25 +81,82 @@ class BlockPool:
             self._next[left] = right
             self._prev[right] = left
         self.num_free = num_blocks - 1
+        self._ticks = itertools.count(num_blocks)
+        self._joined = list(range(num_blocks))  # hybrid: queue position of each free block
+        self._dead_heap = [(b, b) for b in range(1, num_blocks)]  # empty blocks are dead
+        self._alive_heap: list[tuple[int, int]] = []
+
+    # -- liveness (EVICT-DEAD-1) ------------------------------------------------------------
+
+    def is_dead(self, block: int) -> bool:
+        """Nothing a lookup could be served: unregistered, shadowed or missing a prerequisite."""
+        key = self._keys[block]
+        if key is None or self._missing[block]:
+            return True
+        return next(iter(self._map[key])) != block
+
+    def _reclassify(self, block: int) -> None:
+        """A free block's class may have changed: file it under its current one."""
+        if self.eviction is Eviction.HYBRID and self.ref_count[block] == 0 and block:
+            heap = self._dead_heap if self.is_dead(block) else self._alive_heap
+            heapq.heappush(heap, (self._joined[block], block))
+
+    def _key_appeared(self, key: Key) -> None:
+        for block in self._dependents.get(key, ()):
+            self._missing[block] -= 1
+            self._reclassify(block)
+
+    def _key_vanished(self, key: Key) -> None:
+        for block in self._dependents.get(key, ()):
+            self._missing[block] += 1
+            self._reclassify(block)
 
     # -- free queue -------------------------------------------------------------------------
 
     def _unlink(self, block: int) -> None:
+        self.num_free -= 1
+        if self.eviction is Eviction.HYBRID:
+            return  # heap entries go stale once the block is held
         prev, nxt = self._prev[block], self._next[block]
         self._next[prev] = nxt
         self._prev[nxt] = prev
-        self.num_free -= 1
 
     def _append(self, block: int) -> None:
+        self.num_free += 1
+        if self.eviction is Eviction.HYBRID:
+            self._joined[block] = next(self._ticks)
+            self._reclassify(block)
+            return
         last = self._prev[self._sentinel]
         self._next[last] = block
         self._prev[block] = last
         self._next[block] = self._sentinel
         self._prev[self._sentinel] = block
-        self.num_free += 1
+
+    def _current(self, entry: tuple[int, int], dead: bool) -> bool:
+        joined, block = entry
+        return (
+            self.ref_count[block] == 0
+            and self._joined[block] == joined
+            and self.is_dead(block) == dead
+        )
+
+    def _pop_victim(self) -> int:
+        """EVICT-HYB-1: the earliest-joined dead free block, else the earliest-joined one."""
+        for heap, dead in ((self._dead_heap, True), (self._alive_heap, False)):
+            while heap:
+                entry = heapq.heappop(heap)
+                if self._current(entry, dead):
+                    return entry[1]
+        raise RuntimeError("no free block although num_free > 0")  # pragma: no cover
 
     def free_queue(self) -> Iterator[int]:
-        """The free queue from the next eviction victim to the most recently freed block."""
+        """The free queue in joining order, from the oldest to the most recently freed block
+        (under lru also the eviction order)."""
+        if self.eviction is Eviction.HYBRID:
+            free = [b for b in range(1, self.num_blocks) if self.ref_count[b] == 0]
+            yield from sorted(free, key=self._joined.__getitem__)
+            return
         block = self._next[self._sentinel]
         while block != self._sentinel:
             yield block
@@ -79,10 +169,20 @@ class BlockPool:
         holders = self._map.get(key)
         return next(iter(holders)) if holders else None
 
-    def register(self, block: int, key: Key) -> None:
-        """Make `block` hittable under `key` (a block carries at most one key)."""
+    def register(self, block: int, key: Key, prerequisites: tuple[Key, ...] = ()) -> None:
+        """Make `block` hittable under `key` (a block carries at most one key); it stays
+        useful only while every prerequisite key is held somewhere (EVICT-DEAD-1)."""
         self._keys[block] = key
-        self._map.setdefault(key, {})[block] = None
+        holders = self._map.get(key)
+        if holders is None:
+            self._map[key] = {block: None}
+            self._key_appeared(key)
+        else:
+            holders[block] = None
+        self._prereqs[block] = prerequisites
+        self._missing[block] = sum(1 for p in prerequisites if p not in self._map)
+        for p in prerequisites:
+            self._dependents.setdefault(p, set()).add(block)
 
     def key_of(self, block: int) -> Key | None:
         """The key `block` is registered under, if any."""
@@ -90,12 +190,28 @@ class BlockPool:
 
     def _forget(self, block: int) -> None:
         key = self._keys[block]
-        if key is not None:
-            holders = self._map[key]
-            del holders[block]
-            if not holders:
-                del self._map[key]
-            self._keys[block] = None
+        if key is None:
+            return
+        group = key[0]
+        self.evictions[group] += 1
+        if self.is_dead(block):
+            self.dead_evictions[group] += 1
+        for p in self._prereqs[block]:
+            dependents = self._dependents[p]
+            dependents.discard(block)
+            if not dependents:
+                del self._dependents[p]
+        self._prereqs[block] = ()
+        self._missing[block] = 0
+        self._keys[block] = None
+        holders = self._map[key]
+        first = next(iter(holders))
+        del holders[block]
+        if not holders:
+            del self._map[key]
+            self._key_vanished(key)
+        elif first == block:
+            self._reclassify(next(iter(holders)))  # the next copy is served now
 
     @property
     def num_registered(self) -> int:
@@ -113,15 +229,18 @@ class BlockPool:
             ref[block] += 1
 
     def allocate(self, count: int) -> list[int]:
-        """Pop `count` blocks from the queue head, forgetting their keys; the caller has
-        checked `count <= num_free`."""
+        """Take `count` blocks as the profile orders them, forgetting their keys; the caller
+        has checked `count <= num_free`."""
         taken = []
+        hybrid = self.eviction is Eviction.HYBRID
         for _ in range(count):
-            block = self._next[self._sentinel]
+            block = self._pop_victim() if hybrid else self._next[self._sentinel]
             self._unlink(block)
             self._forget(block)
             self.ref_count[block] = 1
             taken.append(block)
+        if hybrid and len(self._dead_heap) + len(self._alive_heap) > 4 * self.num_blocks:
+            self._rebuild_heaps()
         return taken
 
     def release(self, blocks: Iterable[int]) -> int:
@@ -136,7 +255,23 @@ class BlockPool:
                 freed += 1
         return freed
 
+    def _rebuild_heaps(self) -> None:
+        """Drop stale entries (they pile up when free blocks change class often)."""
+        dead, alive = [], []
+        for block in range(1, self.num_blocks):
+            if self.ref_count[block] == 0:
+                entry = (self._joined[block], block)
+                (dead if self.is_dead(block) else alive).append(entry)
+        heapq.heapify(dead)
+        heapq.heapify(alive)
+        self._dead_heap, self._alive_heap = dead, alive
+
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""
         self._map.clear()
+        self._dependents.clear()
         self._keys = [None] * self.num_blocks
+        self._prereqs = [()] * self.num_blocks
+        self._missing = [0] * self.num_blocks
+        if self.eviction is Eviction.HYBRID:
+            self._rebuild_heaps()

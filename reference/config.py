@@ -38,6 +38,13 @@ class DraftKeying(StrEnum):
     DROP = "drop"
 
 
+class Eviction(StrEnum):
+    """Which free block a new allocation takes (spec ALLOC-EVICT-1, EVICT-HYB-1)."""
+
+    LRU = "lru"  # the head of the free queue; requests freed group by group
+    HYBRID = "hybrid"  # provably dead blocks first; requests freed tail first
+
+
 class HashAlgorithm(StrEnum):
     """Collision-resistant digests for block keys."""
 
@@ -86,6 +93,7 @@ class CacheConfig:
     speculative: DraftKeying | None = None
     max_model_len: int | None = None
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
+    eviction: Eviction = Eviction.LRU
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -105,6 +113,9 @@ class CacheConfig:
                 "draft groups and a speculative keying go together: mark the "
                 "draft groups with draft=True and set speculative, or neither"
             )
+        if not isinstance(self.eviction, Eviction):
+            choices = ", ".join(e.value for e in Eviction)
+            raise ConfigError(f"eviction must be one of {choices}, got {self.eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
 

@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.config import (
+    CacheConfig,
+    DraftKeying,
+    Eviction,
+    GroupConfig,
+    Kind,
+    MambaMode,
+)
 from kvcert.reference.coordinator import find_hit
 from kvcert.reference.errors import (
     ConfigError,
@@ -93,7 +100,7 @@ class KVCacheManager:
         if all(g.kind is Kind.CROSS for g in config.groups):
             raise ConfigError("every group is cross attention: there is no prefix to cache")
         self.config = config
-        self.pool = BlockPool(config.num_blocks)
+        self.pool = BlockPool(config.num_blocks, config.eviction, len(config.groups))
         self._digest = hasher(config.hash_algorithm)
         self._requests: dict[str, _Request] = {}
         self._in_flight: set[str] = set()
@@ -106,6 +113,8 @@ class KVCacheManager:
         ]
         self._base_size = math.gcd(*base) if base else 0
         self._lookups = self._lookup_tokens = self._hit_tokens = 0
+        self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
+        self._hybrid = config.eviction is Eviction.HYBRID
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -275,7 +284,7 @@ class KVCacheManager:
             return Waiting(count, self.pool.num_free + freed)
         for g, j, _ in released:
             request.tables[g][j] = NULL_BLOCK
-        self.pool.release(b for _, _, b in released)
+        self.pool.release(self._release_order(released))
         self._fill(request, wanted)
         if appended:
             request.tokens.extend(appended)
@@ -321,12 +330,30 @@ class KVCacheManager:
                     key = self._key(request.chains, g, j)
                     if key is None:  # pragma: no cover - committed tokens are always digested
                         raise RuntimeError(f"no digest for committed block {j} of group {g}")
-                    self.pool.register(block, key)
+                    self.pool.register(block, key, self._prerequisites(request, g, j))
                     registered += 1
                 if positions:
                     request.registered[g] = positions.stop
         self._in_flight.clear()
         return registered
+
+    def _prerequisites(self, request: _Request, g: int, j: int) -> tuple[tuple[int, bytes], ...]:
+        """EVICT-DEAD-1: per full-attention group, the last key that every hit through block
+        j of group g needs and that the block's tokens fix (its own key excluded)."""
+        groups = self.config.groups
+        span = (j + 1) * groups[g].block_size
+        covered = span + self._shifted[g]
+        needs = []
+        for f in self._full_groups:
+            size = groups[f].block_size
+            last = min((covered - self._shifted[f]) // size, span // size) - 1
+            if f == g and last == j:
+                last -= 1
+            if last >= 0:
+                key = self._key(request.chains, f, last)
+                if key is not None:
+                    needs.append(key)
+        return tuple(needs)
 
     def _committed(self, g: int, group: GroupConfig, request: _Request, before: int) -> range:
         if group.kind is Kind.CROSS:
@@ -347,7 +374,26 @@ class KVCacheManager:
         request = self._running(rid)
         del self._requests[rid]
         self._in_flight.discard(rid)
-        return self.pool.release(b for t in request.tables for b in reversed(t) if b != NULL_BLOCK)
+        held = [
+            (g, j, table[j])
+            for g, table in enumerate(request.tables)
+            for j in range(len(table) - 1, -1, -1)
+            if table[j] != NULL_BLOCK
+        ]
+        return self.pool.release(self._release_order(held))
+
+    def _release_order(self, held: list[tuple[int, int, int]]) -> list[int]:
+        """(group, position, block) as listed under lru; tail first under hybrid
+        (EVICT-ORDER-1: latest last token first, full attention last at equal ends)."""
+        if self._hybrid:
+            groups = self.config.groups
+
+            def end(item: tuple[int, int, int]) -> tuple[int, bool, int]:
+                g, j, _ = item
+                return (-(j + 1) * groups[g].block_size, groups[g].kind is Kind.FULL, g)
+
+            held = sorted(held, key=end)
+        return [b for _, _, b in held]
 
     def finish(self, rid: str) -> int:
         """Release a finished or aborted request; returns how many blocks became free."""

@@ -28,7 +28,7 @@ from enum import StrEnum
 
 from kvcert.spec.acceptance import NULL
 from kvcert.spec.errors import InvalidOp, refuse
-from kvcert.spec.eviction import Cached, hybrid_victims, provably_dead, tail_first
+from kvcert.spec.eviction import Cached, hybrid_victim, provably_dead, tail_first
 from kvcert.spec.hashing import (
     BlockKey,
     Extra,
@@ -530,15 +530,18 @@ def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
     pre: 0 <= count <= len(state.free)
     post: len(__return__[1]) == count
     """
-    if state.config.eviction is Eviction.HYBRID:
-        taken = hybrid_victims(state.free, dead_free_blocks(state), count)
-    else:
-        taken = state.free[:count]
-    blocks = list(state.blocks)
-    for b in taken:
-        blocks[b] = Block(ref_count=1)
-    free = tuple(b for b in state.free if b not in taken)
-    return dataclasses.replace(state, blocks=tuple(blocks), free=free), taken
+    taken: list[int] = []
+    for _ in range(count):
+        if state.config.eviction is Eviction.HYBRID:
+            victim = hybrid_victim(state.free, dead_free_blocks(state))
+        else:
+            victim = state.free[0]
+        blocks = list(state.blocks)
+        blocks[victim] = Block(ref_count=1)
+        free = tuple(b for b in state.free if b != victim)
+        state = dataclasses.replace(state, blocks=tuple(blocks), free=free)
+        taken.append(victim)
+    return state, tuple(taken)
 
 
 def cached_blocks(state: State) -> tuple[Cached, ...]:

@@ -86,7 +86,7 @@ def useful_blocks(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
     limit = layout.max_model_len
     fresh = 1 + max((t for c in cached for t in c.tokens), default=0)
     candidates = {(c.tokens, c.extras) for c in cached} | {
-        (c.tokens + (fresh,), c.extras) for c in cached
+        ((*c.tokens, fresh), c.extras) for c in cached
     }
     useful: set[int] = set()
     for tokens, extras in candidates:
@@ -156,18 +156,19 @@ def provably_dead(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
     return frozenset(dead)
 
 
-def hybrid_victims(free: Sequence[int], dead: frozenset[int], count: int) -> tuple[int, ...]:
-    """EVICT-HYB-1: Under the hybrid profile new blocks come first from free blocks that are
-    unregistered or provably dead, then from the rest, each in free-queue order.
+def hybrid_victim(free: Sequence[int], dead: frozenset[int]) -> int:
+    """EVICT-HYB-1: Under the hybrid profile each new block is the first free block in queue
+    order that is unregistered or provably dead, else the head of the queue; blocks are taken
+    one at a time, so evicting one can make the next one dead.
 
-        free queue 3 9 4 7,  dead {4} (unregistered or EVICT-DEAD-1)
-        pop 2 -> 4, 3;   queue 9 7
+        free queue 3 9 4 7,  dead {4}:      take 4;  queue 3 9 7
+        then, if 4 held the parent of 7:    take 7;  queue 3 9
+        then, nothing dead:                 take 3;  queue 9
 
-    pre: 0 <= count <= len(free)
-    post: len(__return__) == count
+    pre: len(free) > 0
+    post: __return__ in free
     """
-    ordered = [b for b in free if b in dead] + [b for b in free if b not in dead]
-    return tuple(ordered[:count])
+    return next((b for b in free if b in dead), free[0])
 
 
 def tail_first(layout: Layout, held: Sequence[tuple[int, int, int]]) -> list[int]:
@@ -185,6 +186,7 @@ def tail_first(layout: Layout, held: Sequence[tuple[int, int, int]]) -> list[int
     pre: True
     post: sorted(__return__) == sorted(b for _, _, b in held)
     """
+
     def end(item: tuple[int, int, int]) -> tuple[int, bool, int]:
         group, position, _ = item
         kind = layout.groups[group]

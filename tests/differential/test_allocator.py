@@ -49,11 +49,15 @@ class ReferenceAgainstSpec(RuleBasedStateMachine):
         self.engine = None
         self.renaming = Renaming()
 
-    @initialize(layout=layouts(max_groups=3), blocks=st.integers(4, 96))
-    def start(self, layout, blocks):
-        config = spec.PoolConfig(layout, blocks)
+    @initialize(
+        layout=layouts(max_groups=3),
+        blocks=st.integers(4, 96),
+        eviction=st.sampled_from(list(spec.Eviction)),
+    )
+    def start(self, layout, blocks, eviction):
+        config = spec.PoolConfig(layout, blocks, eviction)
         self.model = spec.initial_state(config)
-        self.engine = ReferenceSession(layout_to_json(layout), blocks)
+        self.engine = ReferenceSession(layout_to_json(layout), blocks, eviction.value)
 
     def apply(self, op):
         ReferenceAgainstSpec.steps += 1
