@@ -84,7 +84,12 @@ def traced(run: Callable[[], JSON]) -> tuple[JSON, list[str]]:
     return result, sorted(seen)
 
 
-def requires(layout: Layout, ops: Sequence[spec.Op] = (), reuse: bool = False) -> list[str]:
+def requires(
+    layout: Layout,
+    ops: Sequence[spec.Op] = (),
+    reuse: bool = False,
+    eviction: spec.Eviction = spec.Eviction.LRU,
+) -> list[str]:
     """The engine features a case needs (the runner skips cases an engine lacks)."""
     needed = set()
     for group in layout.groups:
@@ -111,7 +116,7 @@ def requires(layout: Layout, ops: Sequence[spec.Op] = (), reuse: bool = False) -
         if isinstance(op, spec.ResetCache):
             needed.add("alloc.reset_cache")
     if reuse:
-        needed.add("eviction.lru")
+        needed.add(f"eviction.{eviction.value}")
     return sorted(needed)
 
 
@@ -140,6 +145,8 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "alloc.duplicates": ("ALLOC-LOOKUP-1",),
     "alloc.eviction": ("ALLOC-EVICT-1",),
     "alloc.lru": ("ALLOC-FREE-1",),
+    "alloc.hybrid.resent": ("EVICT-ORDER-1",),
+    "alloc.hybrid": ("EVICT-HYB-1",),
     "alloc.sliding-window": ("ALLOC-SKIP-1", "ALLOC-HOLD-1"),
     "alloc.mamba-align": ("ALLOC-COMMIT-1",),
     "alloc.mamba-none": ("ALLOC-COMMIT-1",),
@@ -208,10 +215,15 @@ def hit_case(
     return _case(case_id, rules, requires(layout), case_input, expect, origin, comment, focus)
 
 
-def reuses_freed_blocks(layout: Layout, num_blocks: int, ops: list[spec.Op]) -> bool:
+def reuses_freed_blocks(
+    layout: Layout,
+    num_blocks: int,
+    ops: list[spec.Op],
+    eviction: spec.Eviction = spec.Eviction.LRU,
+) -> bool:
     """Whether a previously used block is handed out again: then which one is normative only
     under the eviction profile."""
-    state = spec.initial_state(spec.PoolConfig(layout, num_blocks))
+    state = spec.initial_state(spec.PoolConfig(layout, num_blocks, eviction))
     used: set[int] = set()
     for op in ops:
         before = state
@@ -240,15 +252,19 @@ def alloc_case(
     origin: str | None = None,
     comment: str = "",
     focus: tuple[str, ...] = (),
+    eviction: spec.Eviction = spec.Eviction.LRU,
 ) -> JSON:
-    case_input = {
+    case_input: JSON = {
         "suite": "alloc",
         "layout": layout_to_json(layout),
         "num_blocks": num_blocks,
         "ops": [op_to_json(op) for op in ops],
     }
+    if eviction is not spec.Eviction.LRU:
+        case_input["eviction"] = eviction.value
     expect, rules = traced(lambda: SpecEngine().run(case_input))
-    needs = requires(layout, ops, reuses_freed_blocks(layout, num_blocks, ops))
+    reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
+    needs = requires(layout, ops, reuse, eviction)
     return _case(case_id, rules, needs, case_input, expect, origin, comment, focus)
 
 
@@ -615,6 +631,63 @@ PROMPT = tuple(range(100, 140))
 OTHER = tuple(range(500, 540))
 
 
+def hybrid_scenarios() -> Iterator[JSON]:
+    """The hybrid eviction profile (§11): the lru scenario above, and each EVICT-* rule."""
+    resend = [
+        spec.Admit("a", PROMPT[:39], 64),
+        spec.EndStep(),
+        spec.Finish("a"),
+        spec.Admit("b", OTHER[:39], 64),
+        spec.EndStep(),
+        spec.Finish("b"),
+        spec.Admit("a2", PROMPT[:39], 64),
+    ]
+    yield alloc_case(
+        "alloc.hybrid.resent-prefix-survives",
+        Layout((FULL, SW, SW)),
+        16,
+        resend,
+        "vllm#42948",
+        "the lru case above under the hybrid profile: b evicts a's tail, the prefix stays",
+        eviction=spec.Eviction.HYBRID,
+    )
+    yield alloc_case(
+        "alloc.hybrid.shadowed-copy-first",
+        Layout((FULL,)),
+        7,
+        [
+            spec.Admit("a", PROMPT[:40], 64),
+            spec.Admit("b", PROMPT[:40], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Finish("b"),
+            spec.Admit("c", OTHER[:33], 64),
+            spec.EndStep(),
+            spec.Admit("a2", PROMPT[:40], 64),
+        ],
+        comment="b's copies of a's blocks are never served: c evicts them before a's",
+        eviction=spec.Eviction.HYBRID,
+    )
+    yield alloc_case(
+        "alloc.hybrid.orphans-follow-their-parent",
+        Layout((FullAttention(8), SlidingWindow(8, 9))),
+        12,
+        [
+            spec.Admit("a", PROMPT[:33], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER[:17], 64),
+            spec.EndStep(),
+            spec.Finish("b"),
+            spec.Admit("c", OTHER[17:40], 64),
+            spec.EndStep(),
+            spec.Admit("a2", PROMPT[:33], 64),
+        ],
+        comment="once a block's full-attention prerequisite is evicted it is dead and goes next",
+        eviction=spec.Eviction.HYBRID,
+    )
+
+
 def alloc_scenarios() -> Iterator[JSON]:
     """Hand-written traces for each allocator rule and each bug in the notes."""
     one = Layout((FULL,))
@@ -689,6 +762,7 @@ def alloc_scenarios() -> Iterator[JSON]:
         "vllm#42948",
         "group-major release order sacrifices the full-attention prefix (C12)",
     )
+    yield from hybrid_scenarios()
     yield alloc_case(
         "alloc.sliding-window.release-with-nulls",
         Layout((SlidingWindow(4, 8),)),
@@ -836,7 +910,9 @@ def alloc_scenarios() -> Iterator[JSON]:
     )
 
 
-def random_traces(count: int) -> Iterator[JSON]:
+def random_traces(
+    count: int, eviction: spec.Eviction = spec.Eviction.LRU, first_seed: int = 0
+) -> Iterator[JSON]:
     """Seeded random traces over small random layouts (the stateful machine's op mix)."""
     kinds: list[Callable[[random.Random], Group]] = [
         lambda r: FullAttention(r.choice([1, 2, 4])),
@@ -846,7 +922,7 @@ def random_traces(count: int) -> Iterator[JSON]:
     ]
     bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
     for n in range(count):
-        rnd = random.Random(n)
+        rnd = random.Random(first_seed + n)
         groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(1, 3))]
         if (
             not any(isinstance(g, FullAttention | SlidingWindow | ChunkedLocal) for g in groups)
@@ -858,7 +934,7 @@ def random_traces(count: int) -> Iterator[JSON]:
             groups.append(FullAttention(rnd.choice([2, 4]), draft=True))
         layout = Layout(tuple(groups), profile)
         ops: list[spec.Op] = []
-        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40)))
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40), eviction))
         for _ in range(30):
             roll = rnd.random()
             running = sorted(state.requests)
@@ -889,7 +965,14 @@ def random_traces(count: int) -> Iterator[JSON]:
                 continue
             state, _ = spec.step(state, op)
             ops.append(op)
-        yield alloc_case(f"alloc.random.{n:03d}", layout, state.config.num_blocks, ops)
+        label = "random" if eviction is spec.Eviction.LRU else f"random-{eviction.value}"
+        yield alloc_case(
+            f"alloc.{label}.{n:03d}",
+            layout,
+            state.config.num_blocks,
+            ops,
+            eviction=eviction,
+        )
 
 
 # --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
@@ -1162,6 +1245,7 @@ def suites() -> dict[str, list[JSON]]:
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),
+        "alloc/random-hybrid.json": list(random_traces(40, spec.Eviction.HYBRID, 1000)),
         "alloc/regressions.json": list(regression_cases()),
         "page/scenarios.json": list(page_scenarios()),
         "page/refusals.json": list(page_refusals()),

@@ -51,10 +51,17 @@ AWAITING_KERNEL_SUITE = {
 }
 
 
+# EVICT-LIVE-1 is the meaning the hybrid profile is checked against (tests/spec/test_eviction):
+# which blocks some lookup could be served. No operation of the alloc protocol observes it;
+# what engines are held to is EVICT-DEAD-1/EVICT-HYB-1, which the vectors cite.
+MEANING_ONLY = {"EVICT-LIVE-1"}
+
+
 def test_every_rule_is_cited_by_a_vector():
     cited = {rule for c in all_cases() for rule in c["rules"] + c.get("focus", [])}
-    assert {r.tag for r in all_rules()} - AWAITING_KERNEL_SUITE <= cited
+    assert {r.tag for r in all_rules()} - AWAITING_KERNEL_SUITE - MEANING_ONLY <= cited
     assert not AWAITING_KERNEL_SUITE & cited, "a layout rule has vectors now: drop its exemption"
+    assert not MEANING_ONLY & cited
     assert all(c["rules"] for c in all_cases())
 
 
