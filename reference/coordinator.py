@@ -28,8 +28,13 @@ from kvcert.reference.groups import first_needed
 Finder = Callable[[int, int], int | None]  # (group, block index) -> block id or None
 
 
-def find_hit(config: CacheConfig, num_tokens: int, find: Finder) -> tuple[int, list[list[int]]]:
-    """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed)."""
+def find_hit(
+    config: CacheConfig, num_tokens: int, find: Finder, *, ignore_state: bool = False
+) -> tuple[int, list[list[int]]]:
+    """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed).
+
+    With `ignore_state` state groups constrain only the alignment and nothing is dropped: the
+    result is the branch point (spec BRANCH-1), where the attention groups' prefix ends."""
     groups = config.groups
     limit = num_tokens - 1
     alignment = config.alignment
@@ -49,6 +54,8 @@ def find_hit(config: CacheConfig, num_tokens: int, find: Finder) -> tuple[int, l
             while (prefix + 1) * group.block_size <= bound and cached(g, prefix) is not None:
                 prefix += 1
             bound = min(bound, prefix * group.block_size)
+        elif group.kind is Kind.MAMBA and ignore_state:
+            continue
         elif group.kind is Kind.MAMBA and group.mode is MambaMode.NONE:
             bound = 0
         elif group.kind is not Kind.CROSS:
@@ -65,7 +72,7 @@ def find_hit(config: CacheConfig, num_tokens: int, find: Finder) -> tuple[int, l
     candidates = range((bound // alignment) * alignment, -1, -alignment)
     found = _first_two(candidates, accepted)
     hit = found[0] if found else 0
-    if config.speculative is DraftKeying.DROP:
+    if config.speculative is DraftKeying.DROP and not ignore_state:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
     tables: list[list[int]] = []
     for g, group in enumerate(groups):

@@ -13,7 +13,7 @@ admission one digest per new block of prompt plus the coordinator's lookups.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
@@ -147,14 +147,23 @@ class KVCacheManager:
         hit, tables = self._find(tokens, chains)
         return hit, tuple(tuple(t) for t in tables)
 
-    def _find(
-        self, tokens: Sequence[int], chains: list[Chain | None]
-    ) -> tuple[int, list[list[int]]]:
+    def branch_point(self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()) -> int:
+        """Where the attention groups' cached prefix of `tokens` ends, aligned for every group
+        (spec BRANCH-1): the length a `branch` placement checkpoints state at."""
+        chains = self._chains(tokens, tuple(extras))
+        return find_hit(self.config, len(tokens), self._finder(chains), ignore_state=True)[0]
+
+    def _finder(self, chains: list[Chain | None]) -> Callable[[int, int], int | None]:
         def find(g: int, j: int) -> int | None:
             key = self._key(chains, g, j)
             return self.pool.lookup(key) if key is not None else None
 
-        return self.search(self.config, len(tokens), find)
+        return find
+
+    def _find(
+        self, tokens: Sequence[int], chains: list[Chain | None]
+    ) -> tuple[int, list[list[int]]]:
+        return self.search(self.config, len(tokens), self._finder(chains))
 
     # -- allocation -------------------------------------------------------------------------
 

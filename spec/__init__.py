@@ -15,6 +15,7 @@ is their generated index. Sections:
     §9 plan        groups, block sizes, one shared page size    kvcert.spec.plan
     §10 page       where each element and scale lives           kvcert.spec.page_layout
     §11 eviction   which cached blocks matter; the hybrid profile kvcert.spec.eviction
+    §12 checkpoints where state checkpoints go (placement)      kvcert.spec.checkpoints
 """
 
 from kvcert.spec.acceptance import NULL, group_accepts, group_blocks, needed_blocks

@@ -16,6 +16,7 @@ from types import ModuleType
 from kvcert.spec import (
     acceptance,
     alloc,
+    checkpoints,
     errors,
     eviction,
     hashing,
@@ -32,6 +33,7 @@ RULE_MODULES: tuple[ModuleType, ...] = (
     hashing,
     alloc,
     eviction,
+    checkpoints,
     invariants,
     layers,
     plan,

@@ -22,6 +22,7 @@ from kvcert.spec import (
     Speculative,
     acceptance,
     alloc,
+    checkpoints,
     errors,
     eviction,
     hashing,
@@ -72,6 +73,10 @@ EXPECTED_TAGS = {
     "EVICT-DEAD-1",
     "EVICT-HYB-1",
     "EVICT-ORDER-1",
+    "BRANCH-1",
+    "CKPT-ALL-1",
+    "CKPT-ALIGN-1",
+    "CKPT-BRANCH-1",
     "INV-NULL-1",
     "INV-REF-1",
     "INV-FREE-1",
@@ -188,6 +193,7 @@ def test_every_contract_holds_on_every_small_case():
         spec_package,
         alloc,
         eviction,
+        checkpoints,
         invariants,
         layers,
         plan,
@@ -209,6 +215,10 @@ def test_every_contract_holds_on_every_small_case():
         for chosen in small_layouts():
             exercise_allocator(chosen)
         exercise_pages()
+        for placement, computed, budget in itertools.product(
+            checkpoints.Placement, range(10), (1, 3, 8)
+        ):
+            checkpoints.next_chunk(placement, computed, 10, budget, 2, branch=4)
         with pytest.raises(errors.SpecError):
             FullAttention(0)
     assert cases > 5_000
@@ -299,6 +309,7 @@ def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:
                 op = alloc.Extend(scripted.rid, scripted.budget)  # prompt not finished yet
         state, _ = alloc.step(state, op)
         assert invariants.violated(state) == []
+        checkpoints.branch_point(state, (1, 2, 3, 4, 5, 6, 7, 8, 9, 5), ())
 
 
 def test_the_contract_checker_catches_a_false_postcondition():
