@@ -42,7 +42,7 @@ class ListBlockPool:
         holders = self.map.get(key)
         return holders[0] if holders else None
 
-    def register(self, block: int, key: Key) -> None:
+    def register(self, block: int, key: Key, prerequisites: tuple[Key, ...] = ()) -> None:
         self.keys[block] = key
         self.map.setdefault(key, []).append(block)
 
@@ -69,7 +69,7 @@ class ListBlockPool:
             taken.append(block)
         return taken
 
-    def release(self, blocks: Iterable[int]) -> int:
+    def release(self, blocks: Iterable[int], cold: bool = False) -> int:
         freed = 0
         for block in blocks:
             self.ref_count[block] -= 1

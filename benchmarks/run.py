@@ -50,9 +50,9 @@ LAYOUTS = {
 }
 
 
-def config_of(layout, num_blocks):
+def config_of(layout, num_blocks, eviction="lru"):
     """A spec layout as the reference's configuration (through the vector JSON)."""
-    return config_from_json(layout_to_json(layout), num_blocks)
+    return config_from_json(layout_to_json(layout), num_blocks, eviction)
 
 
 def best(repeat: int, run: Callable[..., object], *args: object) -> float:
@@ -189,6 +189,30 @@ def stream_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
     return rows
 
 
+def eviction_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
+    """The hybrid profile's cost: the same evicting stream under lru (the reference's O(1)
+    queue), and against the spec's hybrid profile at a size the spec can run."""
+    layout = LAYOUTS["gpt-oss"]
+    full = Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)
+    small = Shape(8, 64, 16, 4, 2) if quick else Shape(24, 256, 64, 8, 4)
+    rows = []
+    for shape, baseline in ((full, "lru"), (small, "spec")):
+        length = shape.system + shape.unique + shape.decode
+        blocks = blocks_for(layout, length, shape.concurrency + 2)
+        hybrid = partial(KVCacheManager, config_of(layout, blocks, "hybrid"))
+        calls = stream(hybrid, shape)
+        ref_s = best(3, stream, hybrid, shape)
+        other = (
+            partial(KVCacheManager, config_of(layout, blocks))
+            if baseline == "lru"
+            else partial(SpecManager, spec.PoolConfig(layout, blocks, spec.Eviction.HYBRID))
+        )
+        size = f"{calls} calls ({shape.requests} requests)"
+        other_s = best(1, stream, other, shape)
+        rows.append(("stream, hybrid eviction", size, ref_s, baseline, other_s))
+    return rows
+
+
 class SpecManager:
     """The spec state machine behind the manager's call names (for the stream baseline)."""
 
@@ -241,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     args = parser.parse_args(argv)
-    rows = lookup_rows(args.quick) + stream_rows(args.quick) + hashing_rows(args.quick)
+    rows = (
+        lookup_rows(args.quick)
+        + stream_rows(args.quick)
+        + eviction_rows(args.quick)
+        + hashing_rows(args.quick)
+    )
     print(f"{'workload':34} {'size':32} {'reference':>11} {'baseline':>18} {'ratio':>9}")
     for workload, size, ref_s, baseline, base_s in rows:
         print(

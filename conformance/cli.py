@@ -9,6 +9,9 @@
     kvcert rules                     print the rule index (spec/RULES.md)
     kvcert plan MODEL [--kv-cache-dtype D] [--memory GIB] [--compare] [--json FILE]
                                      page plan: groups, block sizes, page bytes, capacity
+    kvcert simulate MODEL [--trace resend|shared-prefix|agentic|FILE.jsonl] [--pool-requests X]
+                     [--eviction lru,hybrid] [--placement align,branch] [--plot FILE.png]
+                                     hit rates of eviction/placement policies on a trace
     kvcert check [--tier pr|long] [--only z3,crosshair,hypothesis] [--json FILE]
                                      model checks: Z3 obligations, CrossHair, state machines
 
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from kvcert.conformance import check, plan_cli
+from kvcert.conformance import check, plan_cli, simulate_cli
 from kvcert.conformance.engines import Engine, EngineError, load_engine
 from kvcert.conformance.explain import explain, render
 from kvcert.conformance.runner import (
@@ -157,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         run=_cmd_rules
     )
     plan_cli.add_parser(commands)
+    simulate_cli.add_parser(commands)
     check.add_parser(commands)
     return parser
 

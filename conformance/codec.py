@@ -63,7 +63,7 @@ def layout_from_json(obj: object) -> Layout:
 def eviction_from_json(value: object) -> spec.Eviction:
     """An alloc case's eviction profile; absent means lru."""
     try:
-        return spec.Eviction(value if value is not None else "lru")
+        return spec.Eviction("lru" if value is None else str(value))
     except ValueError:
         choices = ", ".join(e.value for e in spec.Eviction)
         raise ScenarioError(f"eviction must be one of {choices}, got {value!r}") from None

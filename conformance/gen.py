@@ -633,7 +633,7 @@ OTHER = tuple(range(500, 540))
 
 def hybrid_scenarios() -> Iterator[JSON]:
     """The hybrid eviction profile (§11): the lru scenario above, and each EVICT-* rule."""
-    resend = [
+    resend: list[spec.Op] = [
         spec.Admit("a", PROMPT[:39], 64),
         spec.EndStep(),
         spec.Finish("a"),

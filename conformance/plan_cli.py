@@ -164,6 +164,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_plan_options(parser: argparse.ArgumentParser, memory: float = 40.0) -> None:
+    """The planner's options (shared by `kvcert plan` and `kvcert simulate`)."""
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto (the model's dtype), fp32, fp16, bf16, fp8, int8, fp8_per_token_head, "
+        "int8_per_token_head",
+    )
+    parser.add_argument("--memory", type=float, default=memory, help="KV-cache GiB per worker")
+    parser.add_argument("--block-size", type=int, default=16, help="requested block size")
+    parser.add_argument("--kernel-multiple", type=int, default=16, help="block sizes' multiple")
+    parser.add_argument("--kernel-maximum", type=int, default=4096, help="largest block size")
+    parser.add_argument("--mamba-mode", default="align", help="none, align or all")
+    parser.add_argument("--state-chunk", type=int, default=1, help="mode all: checkpoint step")
+    parser.add_argument(
+        "--group-padding", default="1/20", help="most empty layer slots accepted for fewer groups"
+    )
+    parser.add_argument("--speculative", help="exact or drop (for models with draft layers)")
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `kvcert plan`."""
     parser = commands.add_parser(
@@ -175,22 +195,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("model", nargs="?", help="bundled model name, model file or config.json")
     parser.add_argument("--list", action="store_true", help="list the bundled models")
-    parser.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        help="auto (the model's dtype), fp32, fp16, bf16, fp8, int8, fp8_per_token_head, "
-        "int8_per_token_head",
-    )
-    parser.add_argument("--memory", type=float, default=40.0, help="KV-cache GiB per worker")
-    parser.add_argument("--block-size", type=int, default=16, help="requested block size")
-    parser.add_argument("--kernel-multiple", type=int, default=16, help="block sizes' multiple")
-    parser.add_argument("--kernel-maximum", type=int, default=4096, help="largest block size")
-    parser.add_argument("--mamba-mode", default="align", help="none, align or all")
-    parser.add_argument("--state-chunk", type=int, default=1, help="mode all: checkpoint step")
-    parser.add_argument(
-        "--group-padding", default="1/20", help="most empty layer slots accepted for fewer groups"
-    )
-    parser.add_argument("--speculative", help="exact or drop (for models with draft layers)")
+    add_plan_options(parser)
     parser.add_argument("--compare", action="store_true", help="add vLLM's padding and plain dtype")
     parser.add_argument("--json", type=Path, help="write the JSON report here ('-': stdout)")
     parser.set_defaults(run=run)

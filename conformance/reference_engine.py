@@ -57,7 +57,7 @@ def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") ->
         raise ConfigError(f"bad speculative keying {speculative!r}") from error
     limit = layout.get("max_model_len")
     try:
-        profile = ref.Eviction(eviction)
+        profile = ref.Eviction(str(eviction))
     except ValueError as error:
         raise ConfigError(f"bad eviction profile {eviction!r}") from error
     config = ref.CacheConfig(

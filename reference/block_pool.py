@@ -8,9 +8,10 @@ lru: the free queue is an intrusive doubly linked list over arrays (`_prev`, `_n
 sentinel at index `num_blocks`), so taking a cached block out of the middle of the queue on
 a hit is O(1), as are popping the head and appending at the tail.
 
-hybrid: the queue order is a join counter per free block, and two heaps (dead, alive) hold
-(counter, block) entries; an entry is current while the block is free, joined at that counter
-and still of that class, stale entries are skipped when popped. O(log n) per operation.
+hybrid: the queue order is a join counter per free block, and three heaps (dead, cold, warm)
+hold (counter, block) entries; an entry is current while the block is free, joined at that
+counter and still of that class, stale entries are skipped when popped. O(log n) per
+operation. Cold blocks are those a running request released mid-way (spec EVICT-HYB-1).
 
 Both profiles track EVICT-DEAD-1 (under lru only to count dead evictions): a registered block
 is dead when it is not the first holder of its key or when one of its prerequisite keys (the
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from kvcert.reference.config import Eviction
 
 NULL_BLOCK = 0
+DEAD, COLD, WARM = 0, 1, 2  # hybrid victim classes, taken in this order
 
 Key = tuple[int, bytes]  # (group index, digest)
 
@@ -39,9 +41,9 @@ class BlockPool:
     """`num_blocks` physical blocks; block 0 is the null block and is never handed out."""
 
     __slots__ = (
-        "_alive_heap",
-        "_dead_heap",
+        "_cold",
         "_dependents",
+        "_heaps",
         "_joined",
         "_keys",
         "_map",
@@ -83,8 +85,13 @@ class BlockPool:
         self.num_free = num_blocks - 1
         self._ticks = itertools.count(num_blocks)
         self._joined = list(range(num_blocks))  # hybrid: queue position of each free block
-        self._dead_heap = [(b, b) for b in range(1, num_blocks)]  # empty blocks are dead
-        self._alive_heap: list[tuple[int, int]] = []
+        self._cold = [False] * num_blocks  # hybrid: freed mid-request
+        # hybrid: per class (DEAD, COLD, WARM) the free blocks' (joined, block); empty ones dead
+        self._heaps: tuple[list[tuple[int, int]], ...] = (
+            [(b, b) for b in range(1, num_blocks)],
+            [],
+            [],
+        )
 
     # -- liveness (EVICT-DEAD-1) ------------------------------------------------------------
 
@@ -95,11 +102,14 @@ class BlockPool:
             return True
         return next(iter(self._map[key])) != block
 
+    def _class(self, block: int) -> int:
+        """EVICT-HYB-1's order: 0 dead, 1 cold, 2 the rest."""
+        return DEAD if self.is_dead(block) else COLD if self._cold[block] else WARM
+
     def _reclassify(self, block: int) -> None:
         """A free block's class may have changed: file it under its current one."""
         if self.eviction is Eviction.HYBRID and self.ref_count[block] == 0 and block:
-            heap = self._dead_heap if self.is_dead(block) else self._alive_heap
-            heapq.heappush(heap, (self._joined[block], block))
+            heapq.heappush(self._heaps[self._class(block)], (self._joined[block], block))
 
     def _key_appeared(self, key: Key) -> None:
         for block in self._dependents.get(key, ()):
@@ -133,20 +143,20 @@ class BlockPool:
         self._next[block] = self._sentinel
         self._prev[self._sentinel] = block
 
-    def _current(self, entry: tuple[int, int], dead: bool) -> bool:
+    def _current(self, entry: tuple[int, int], kind: int) -> bool:
         joined, block = entry
         return (
             self.ref_count[block] == 0
             and self._joined[block] == joined
-            and self.is_dead(block) == dead
+            and self._class(block) == kind
         )
 
     def _pop_victim(self) -> int:
-        """EVICT-HYB-1: the earliest-joined dead free block, else the earliest-joined one."""
-        for heap, dead in ((self._dead_heap, True), (self._alive_heap, False)):
+        """EVICT-HYB-1: the earliest-joined dead free block, else cold, else any."""
+        for kind, heap in enumerate(self._heaps):
             while heap:
                 entry = heapq.heappop(heap)
-                if self._current(entry, dead):
+                if self._current(entry, kind):
                     return entry[1]
         raise RuntimeError("no free block although num_free > 0")  # pragma: no cover
 
@@ -237,34 +247,36 @@ class BlockPool:
             block = self._pop_victim() if hybrid else self._next[self._sentinel]
             self._unlink(block)
             self._forget(block)
+            self._cold[block] = False
             self.ref_count[block] = 1
             taken.append(block)
-        if hybrid and len(self._dead_heap) + len(self._alive_heap) > 4 * self.num_blocks:
+        if hybrid and sum(len(h) for h in self._heaps) > 4 * self.num_blocks:
             self._rebuild_heaps()
         return taken
 
-    def release(self, blocks: Iterable[int]) -> int:
+    def release(self, blocks: Iterable[int], cold: bool = False) -> int:
         """Drop one reference per listed block; blocks reaching 0 join the queue tail in the
-        given order. Returns how many did."""
+        given order (`cold`: released mid-request, for the hybrid profile). Returns how many
+        did."""
         ref = self.ref_count
         freed = 0
         for block in blocks:
             ref[block] -= 1
             if ref[block] == 0:
+                self._cold[block] = cold
                 self._append(block)
                 freed += 1
         return freed
 
     def _rebuild_heaps(self) -> None:
         """Drop stale entries (they pile up when free blocks change class often)."""
-        dead, alive = [], []
+        heaps: tuple[list[tuple[int, int]], ...] = ([], [], [])
         for block in range(1, self.num_blocks):
             if self.ref_count[block] == 0:
-                entry = (self._joined[block], block)
-                (dead if self.is_dead(block) else alive).append(entry)
-        heapq.heapify(dead)
-        heapq.heapify(alive)
-        self._dead_heap, self._alive_heap = dead, alive
+                heaps[self._class(block)].append((self._joined[block], block))
+        for heap in heaps:
+            heapq.heapify(heap)
+        self._heaps = heaps
 
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""

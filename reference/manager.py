@@ -293,7 +293,7 @@ class KVCacheManager:
             return Waiting(count, self.pool.num_free + freed)
         for g, j, _ in released:
             request.tables[g][j] = NULL_BLOCK
-        self.pool.release(self._release_order(released))
+        self.pool.release(self._release_order(released), cold=self._hybrid)
         self._fill(request, wanted)
         if appended:
             request.tokens.extend(appended)

@@ -6,7 +6,7 @@
 # Any failure, and pytest's exit 5 (no tests collected), fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,proofs,symbolic,kernels
+bash scripts/setup.sh test,proofs,symbolic,kernels,sim
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}

@@ -90,6 +90,7 @@ class Block:
     content: Content | None = None  # what its committed KV/state was computed from
     key: tuple[int, BlockKey] | None = None  # (group, key) once registered: then hittable
     stamp: int = 0  # registration order; the earliest of duplicate keys is the one looked up
+    cold: bool = False  # hybrid profile: freed mid-request by ALLOC-SKIP-1 (EVICT-HYB-1)
 
 
 @dataclass(frozen=True)
@@ -484,7 +485,8 @@ def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
                 released.append((g, j, table[j]))
                 table[j] = NULL_BLOCK
         tables.append(tuple(table))
-    new_state = _decrement(state, release_order(state.config, released))
+    cold = state.config.eviction is Eviction.HYBRID
+    new_state = _decrement(state, release_order(state.config, released), cold=cold)
     return new_state, dataclasses.replace(request, tables=tuple(tables))
 
 
@@ -533,7 +535,8 @@ def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
     taken: list[int] = []
     for _ in range(count):
         if state.config.eviction is Eviction.HYBRID:
-            victim = hybrid_victim(state.free, dead_free_blocks(state))
+            cold = frozenset(b for b in state.free if state.blocks[b].cold)
+            victim = hybrid_victim(state.free, dead_free_blocks(state), cold)
         else:
             victim = state.free[0]
         blocks = list(state.blocks)
@@ -565,12 +568,13 @@ def dead_free_blocks(state: State) -> frozenset[int]:
     return frozenset(b for b in state.free if state.blocks[b].key is None or b in dead)
 
 
-def _decrement(state: State, order: list[int]) -> State:
+def _decrement(state: State, order: list[int], cold: bool = False) -> State:
     blocks = list(state.blocks)
     freed: list[int] = []
     for b in order:
         blocks[b] = dataclasses.replace(blocks[b], ref_count=blocks[b].ref_count - 1)
         if blocks[b].ref_count == 0:
+            blocks[b] = dataclasses.replace(blocks[b], cold=cold)
             freed.append(b)
     return dataclasses.replace(state, blocks=tuple(blocks), free=state.free + tuple(freed))
 

@@ -7,7 +7,8 @@ prefix block gates the hits of every group above it.
 
     EVICT-LIVE-1   useful blocks: served by some lookup now            (the meaning)
     EVICT-DEAD-1   provably dead: a missing key shows it is not useful (what a policy can see)
-    EVICT-HYB-1    the hybrid profile takes provably dead free blocks first, then the oldest
+    EVICT-HYB-1    the hybrid profile takes provably dead free blocks first, then blocks freed
+                   mid-request (cold), then the oldest
     EVICT-ORDER-1  and frees a request's blocks tail first across groups
 
 EVICT-LIVE-1 asks every cached prefix, so no allocator can afford it per eviction; EVICT-DEAD-1
@@ -156,19 +157,26 @@ def provably_dead(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
     return frozenset(dead)
 
 
-def hybrid_victim(free: Sequence[int], dead: frozenset[int]) -> int:
+def hybrid_victim(free: Sequence[int], dead: frozenset[int], cold: frozenset[int]) -> int:
     """EVICT-HYB-1: Under the hybrid profile each new block is the first free block in queue
-    order that is unregistered or provably dead, else the head of the queue; blocks are taken
-    one at a time, so evicting one can make the next one dead.
+    order that is unregistered or provably dead, else the first cold one (released mid-request
+    by ALLOC-SKIP-1), else the head of the queue; blocks are taken one at a time, so evicting
+    one can make the next one dead.
 
-        free queue 3 9 4 7,  dead {4}:      take 4;  queue 3 9 7
-        then, if 4 held the parent of 7:    take 7;  queue 3 9
-        then, nothing dead:                 take 3;  queue 9
+        free queue 3 9 4 7 5,  dead {4}, cold {5}:    take 4;  queue 3 9 7 5
+        then, if 4 held the parent of 7:              take 7;  queue 3 9 5
+        then, nothing dead:                           take 5 (cold);  then 3, 9
+
+    A cold block left a running request's window or chunk while the request went on: it can
+    serve only a prompt that stops exactly inside that request's prefill, while a finished
+    request's blocks serve its re-send and continuation. Chunked prefill of one long prompt
+    frees thousands of them (a 2048-token chunk frees 128 blocks per 16-token SW group), and
+    under lru they push every finished request's prefix out first.
 
     pre: len(free) > 0
     post: __return__ in free
     """
-    return next((b for b in free if b in dead), free[0])
+    return next((b for b in free if b in dead), next((b for b in free if b in cold), free[0]))
 
 
 def tail_first(layout: Layout, held: Sequence[tuple[int, int, int]]) -> list[int]:

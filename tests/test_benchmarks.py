@@ -23,4 +23,4 @@ def test_quick_benchmark_runs_and_reports_ratios():
     )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.endswith("x")]
-    assert len(lines) == 10
+    assert len(lines) == 12

@@ -39,7 +39,9 @@ def test_release_in_forward_order(monkeypatch):
     """Bug: blocks join the free queue first position first (another eviction order)."""
     original = block_pool.BlockPool.release
     monkeypatch.setattr(
-        block_pool.BlockPool, "release", lambda self, blocks: original(self, reversed(list(blocks)))
+        block_pool.BlockPool,
+        "release",
+        lambda self, blocks, cold=False: original(self, reversed(list(blocks)), cold),
     )
     must_fail()
 
