@@ -195,12 +195,21 @@ def plot(path: Path, title: str, result: Comparison) -> None:
     rates.set_ylim(0, 100)
     rates.legend()
     rates.set_title("hit rate by policy")
-    for run in result.runs:
-        per_request.plot(run.hits, marker="o", label=run.policy.label)
-    per_request.plot(result.unbounded[0].hits, "k--", label="cacheable", alpha=0.6)
+    count, width = len(result.trace), 0.8 / (len(result.runs) + 1)
+    for k, run in enumerate([*result.unbounded[:1], *result.runs]):
+        label = "cacheable (unbounded)" if k == 0 else run.policy.label
+        positions = [i + (k - len(result.runs) / 2) * width for i in range(len(run.hits))]
+        if count <= 16 and not any(r.skipped for r in result.runs):
+            per_request.bar(
+                positions, run.hits, width=width, label=label, alpha=0.5 if k == 0 else 1
+            )
+        else:
+            per_request.plot(run.hits, ".", label=label)
+    if count <= 16:
+        per_request.set_xticks(range(count), [r.rid for r in result.trace], rotation=20)
     per_request.set_xlabel("request (arrival order)")
     per_request.set_ylabel("hit tokens")
-    per_request.legend(fontsize="small")
+    per_request.legend(fontsize="small", loc="upper left")
     per_request.set_title("hit per request")
     figure.suptitle(title)
     figure.tight_layout()

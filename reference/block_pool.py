@@ -13,9 +13,10 @@ hold (counter, block) entries; an entry is current while the block is free, join
 counter and still of that class, stale entries are skipped when popped. O(log n) per
 operation. Cold blocks are those a running request released mid-way (spec EVICT-HYB-1).
 
-Both profiles track EVICT-DEAD-1 (under lru only to count dead evictions): a registered block
-is dead when it is not the first holder of its key or when one of its prerequisite keys (the
-full-attention keys every hit through it needs) is held by no block. Per key, the blocks
+The hybrid profile tracks EVICT-DEAD-1 (lru only when the manager passes prerequisite keys,
+to count dead evictions; without them lru counts only shadowed blocks as dead): a registered
+block is dead when it is not the first holder of its key or when one of its prerequisite keys
+(the full-attention keys every hit through it needs) is held by no block. Per key, the blocks
 depending on it are indexed, so a key appearing or disappearing reclassifies exactly its
 dependents: O(1) per pool operation plus O(d) for the d dependents of that key.
 
@@ -73,7 +74,7 @@ class BlockPool:
         self._missing = [0] * num_blocks
         self._dependents: dict[Key, set[int]] = {}
         self.evictions = [0] * num_groups  # registered blocks reused, per group
-        self.dead_evictions = [0] * num_groups  # of which EVICT-DEAD-1 said dead
+        self.dead_evictions = [0] * num_groups  # of which dead (see the module docstring)
         sentinel = num_blocks
         self._sentinel = sentinel
         order = [sentinel, *range(1, num_blocks), sentinel]

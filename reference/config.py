@@ -94,6 +94,7 @@ class CacheConfig:
     max_model_len: int | None = None
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
     eviction: Eviction = Eviction.LRU
+    count_dead_evictions: bool = False  # track EVICT-DEAD-1 under lru too (hybrid always does)
 
     def __post_init__(self) -> None:
         if not self.groups:

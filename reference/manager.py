@@ -115,6 +115,7 @@ class KVCacheManager:
         self._lookups = self._lookup_tokens = self._hit_tokens = 0
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
         self._hybrid = config.eviction is Eviction.HYBRID
+        self._track = self._hybrid or config.count_dead_evictions
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -339,7 +340,8 @@ class KVCacheManager:
                     key = self._key(request.chains, g, j)
                     if key is None:  # pragma: no cover - committed tokens are always digested
                         raise RuntimeError(f"no digest for committed block {j} of group {g}")
-                    self.pool.register(block, key, self._prerequisites(request, g, j))
+                    needs = self._prerequisites(request, g, j) if self._track else ()
+                    self.pool.register(block, key, needs)
                     registered += 1
                 if positions:
                     request.registered[g] = positions.stop

@@ -57,3 +57,31 @@ def test_drop_applied_twice(monkeypatch):
 
     monkeypatch.setattr(coordinator, "_first_two", first_three)
     must_fail()
+
+
+def test_hybrid_counts_only_empty_blocks_as_dead(monkeypatch):
+    """Bug: shadowed copies and orphans are not dead (EVICT-DEAD-1 reduced to "no key")."""
+    monkeypatch.setattr(block_pool.BlockPool, "is_dead", lambda self, b: self._keys[b] is None)
+    must_fail()
+
+
+def test_hybrid_ignores_missing_prerequisites(monkeypatch):
+    """Bug: EVICT-DEAD-1 without its prerequisite keys (only empty and shadowed blocks die)."""
+    original = block_pool.BlockPool.register
+    monkeypatch.setattr(
+        block_pool.BlockPool,
+        "register",
+        lambda self, block, key, prerequisites=(): original(self, block, key, ()),
+    )
+    must_fail()
+
+
+def test_hybrid_blocks_freed_mid_request_are_not_cold(monkeypatch):
+    """Bug: blocks a running request releases (ALLOC-SKIP-1) are not marked cold."""
+    original = block_pool.BlockPool.release
+    monkeypatch.setattr(
+        block_pool.BlockPool,
+        "release",
+        lambda self, blocks, cold=False: original(self, blocks, False),
+    )
+    must_fail()
