@@ -22,7 +22,7 @@ from enum import StrEnum
 from kvcert.spec.acceptance import group_accepts
 from kvcert.spec.alloc import State, request_keys
 from kvcert.spec.hashing import Extra, matched_blocks
-from kvcert.spec.layout import Layout, MambaState
+from kvcert.spec.layout import MambaState
 
 
 class Placement(StrEnum):
@@ -31,11 +31,6 @@ class Placement(StrEnum):
     ALL = "all"  # mode all: a checkpoint at every block boundary
     ALIGN = "align"  # mode align, whole-block chunks ending at the re-send boundary
     BRANCH = "branch"  # align plus a checkpoint at the branch point
-
-
-def state_block(layout: Layout) -> int:
-    """The block size the chunk ends must respect: that of the (first) state group, else 1."""
-    return next((g.block_size for g in layout.groups if isinstance(g, MambaState)), 1)
 
 
 def branch_point(state: State, tokens: tuple[int, ...], extras: tuple[Extra, ...]) -> int:

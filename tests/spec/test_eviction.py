@@ -61,6 +61,14 @@ def test_useful_and_dead_after_a_window_block_is_lost():
     assert useful_blocks(FULL_SW, cached) == {full[0], window[0]}  # s2 dead, not yet provably
 
 
+def test_a_block_only_a_too_long_request_could_use_is_useless():
+    """max_model_len 8: block 1 (tokens 0..7) serves only hits of 8, which need 9 tokens."""
+    layout = Layout((FullAttention(4),), max_model_len=8)
+    state, _ = run(layout, 4, serve("a", tuple(range(1, 9))))
+    full = blocks_of(state, 0)
+    assert useful_blocks(layout, spec.cached_blocks(state)) == {full[0]}
+
+
 def test_a_shadowed_duplicate_is_dead():
     tokens = tuple(range(1, 10))
     ops = [spec.Admit("a", tokens, 9), spec.Admit("b", tokens, 9), spec.EndStep()]
