@@ -167,49 +167,31 @@ def stream(factory: Callable[[], object], shape: Shape) -> int:
 
 
 def stream_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
+    """The allocate/commit/free stream: the reference (lru) against the naive baseline and the
+    spec; then the hybrid profile's cost against lru and against the spec's hybrid profile."""
     layout = LAYOUTS["gpt-oss"]
     full = Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)
     small = Shape(8, 64, 16, 4, 2) if quick else Shape(24, 256, 64, 8, 4)
+    plans = [
+        ("allocate/commit/free stream", "lru", full, "naive"),
+        ("allocate/commit/free stream", "lru", small, "spec"),
+        ("stream, hybrid eviction", "hybrid", full, "lru"),
+        ("stream, hybrid eviction", "hybrid", small, "spec"),
+    ]
     rows = []
-    for shape, baseline in ((full, "naive"), (small, "spec")):
+    for workload, eviction, shape, baseline in plans:
         length = shape.system + shape.unique + shape.decode
         blocks = blocks_for(layout, length, shape.concurrency + 2)
-        reference = partial(KVCacheManager, config_of(layout, blocks))
+        reference = partial(KVCacheManager, config_of(layout, blocks, eviction))
         calls = stream(reference, shape)
         ref_s = best(3, stream, reference, shape)
-        other = (
-            partial(NaiveManager, config_of(layout, blocks))
-            if baseline == "naive"
-            else partial(SpecManager, spec.PoolConfig(layout, blocks))
-        )
+        other = {
+            "naive": partial(NaiveManager, config_of(layout, blocks)),
+            "lru": partial(KVCacheManager, config_of(layout, blocks)),
+            "spec": partial(SpecManager, spec.PoolConfig(layout, blocks, spec.Eviction(eviction))),
+        }[baseline]
         size = f"{calls} calls ({shape.requests} requests)"
-        rows.append(
-            ("allocate/commit/free stream", size, ref_s, baseline, best(1, stream, other, shape))
-        )
-    return rows
-
-
-def eviction_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
-    """The hybrid profile's cost: the same evicting stream under lru (the reference's O(1)
-    queue), and against the spec's hybrid profile at a size the spec can run."""
-    layout = LAYOUTS["gpt-oss"]
-    full = Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)
-    small = Shape(8, 64, 16, 4, 2) if quick else Shape(24, 256, 64, 8, 4)
-    rows = []
-    for shape, baseline in ((full, "lru"), (small, "spec")):
-        length = shape.system + shape.unique + shape.decode
-        blocks = blocks_for(layout, length, shape.concurrency + 2)
-        hybrid = partial(KVCacheManager, config_of(layout, blocks, "hybrid"))
-        calls = stream(hybrid, shape)
-        ref_s = best(3, stream, hybrid, shape)
-        other = (
-            partial(KVCacheManager, config_of(layout, blocks))
-            if baseline == "lru"
-            else partial(SpecManager, spec.PoolConfig(layout, blocks, spec.Eviction.HYBRID))
-        )
-        size = f"{calls} calls ({shape.requests} requests)"
-        other_s = best(1, stream, other, shape)
-        rows.append(("stream, hybrid eviction", size, ref_s, baseline, other_s))
+        rows.append((workload, size, ref_s, baseline, best(1, stream, other, shape)))
     return rows
 
 
@@ -265,12 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     args = parser.parse_args(argv)
-    rows = (
-        lookup_rows(args.quick)
-        + stream_rows(args.quick)
-        + eviction_rows(args.quick)
-        + hashing_rows(args.quick)
-    )
+    rows = lookup_rows(args.quick) + stream_rows(args.quick) + hashing_rows(args.quick)
     print(f"{'workload':34} {'size':32} {'reference':>11} {'baseline':>18} {'ratio':>9}")
     for workload, size, ref_s, baseline, base_s in rows:
         print(

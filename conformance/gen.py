@@ -631,22 +631,23 @@ PROMPT = tuple(range(100, 140))
 OTHER = tuple(range(500, 540))
 
 
+def served(rid: str, tokens: tuple[int, ...]) -> list[spec.Op]:
+    """A request computed in one step, then finished."""
+    return [spec.Admit(rid, tokens, 64), spec.EndStep(), spec.Finish(rid)]
+
+
+def seed_001_ops() -> list[spec.Op]:
+    """A, an unrelated B of the same length, A again (seed 001's re-send)."""
+    return [*served("a", PROMPT[:39]), *served("b", OTHER[:39]), spec.Admit("a2", PROMPT[:39], 64)]
+
+
 def hybrid_scenarios() -> Iterator[JSON]:
     """The hybrid eviction profile (§11): the lru scenario above, and each EVICT-* rule."""
-    resend: list[spec.Op] = [
-        spec.Admit("a", PROMPT[:39], 64),
-        spec.EndStep(),
-        spec.Finish("a"),
-        spec.Admit("b", OTHER[:39], 64),
-        spec.EndStep(),
-        spec.Finish("b"),
-        spec.Admit("a2", PROMPT[:39], 64),
-    ]
     yield alloc_case(
         "alloc.hybrid.resent-prefix-survives",
         Layout((FULL, SW, SW)),
         16,
-        resend,
+        seed_001_ops(),
         "vllm#42948",
         "the lru case above under the hybrid profile: b evicts a's tail, the prefix stays",
         eviction=spec.Eviction.HYBRID,
@@ -673,12 +674,8 @@ def hybrid_scenarios() -> Iterator[JSON]:
         Layout((FullAttention(8), SlidingWindow(8, 9))),
         12,
         [
-            spec.Admit("a", PROMPT[:33], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
-            spec.Admit("b", OTHER[:17], 64),
-            spec.EndStep(),
-            spec.Finish("b"),
+            *served("a", PROMPT[:33]),
+            *served("b", OTHER[:17]),
             spec.Admit("c", OTHER[17:40], 64),
             spec.EndStep(),
             spec.Admit("a2", PROMPT[:33], 64),
@@ -750,15 +747,7 @@ def alloc_scenarios() -> Iterator[JSON]:
         "alloc.lru.group-zero-prefix-evicted-first",
         Layout((FULL, SW, SW)),
         16,
-        [
-            spec.Admit("a", PROMPT[:39], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
-            spec.Admit("b", OTHER[:39], 64),
-            spec.EndStep(),
-            spec.Finish("b"),
-            spec.Admit("a2", PROMPT[:39], 64),
-        ],
+        seed_001_ops(),
         "vllm#42948",
         "group-major release order sacrifices the full-attention prefix (C12)",
     )
