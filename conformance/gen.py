@@ -221,8 +221,10 @@ def reuses_freed_blocks(
     ops: list[spec.Op],
     eviction: spec.Eviction = spec.Eviction.LRU,
 ) -> bool:
-    """Whether a previously used block is handed out again: then which one is normative only
-    under the eviction profile."""
+    """Whether new blocks are handed out while a previously used block is free: then which
+    block an engine hands out is normative only under the eviction profile (an engine with
+    another order may legally pick the used one, e.g. vLLM 0.33 reuses unhashed blocks
+    first)."""
     state = spec.initial_state(spec.PoolConfig(layout, num_blocks, eviction))
     used: set[int] = set()
     for op in ops:
@@ -236,7 +238,7 @@ def reuses_freed_blocks(
             for b in before.free
             if b not in state.free and state.blocks[b].content is None and state.blocks[b].ref_count
         }
-        if popped & used:
+        if popped and used & set(before.free):
             return True
         used |= {
             b for t in (r.tables for r in state.requests.values()) for tt in t for b in tt if b
@@ -412,15 +414,16 @@ def hit_scenarios() -> Iterator[JSON]:
 # --- refusals: invalid layouts, requests and operations --------------------------------------
 
 
-def raw_case(case_id: str, case_input: JSON, comment: str) -> JSON:
-    """A case written directly in JSON (invalid input cannot be built from spec types)."""
+def raw_case(case_id: str, case_input: JSON, comment: str, needs: Sequence[str] = ()) -> JSON:
+    """A case written directly in JSON (invalid input cannot be built from spec types).
+    `needs`: the features a valid layout in it uses (an invalid layout needs none)."""
     expect, rules = traced(lambda: SpecEngine().run(case_input))
     if expect != {"refused": True} and case_input["suite"] == "hit":
         raise ValueError(f"{case_id} was meant to be refused, got {expect}")
     return {
         "id": case_id,
         "rules": rules or ["HIT-GROUP-1"],
-        "requires": [],
+        "requires": sorted(needs),
         "comment": comment,
         "input": case_input,
         "expect": expect,
@@ -515,6 +518,7 @@ def refusals() -> Iterator[JSON]:
             f"hit.refuse.request-{label}",
             {"suite": "hit", "layout": ok, "num_tokens": tokens, "cached": cached},
             why,
+            ("kind.full", "kind.cross", "kind.mamba.none"),
         )
     yield raw_case(
         "hit.refuse.cross-attention-only",
@@ -525,16 +529,19 @@ def refusals() -> Iterator[JSON]:
             "cached": [[]],
         },
         "nothing to cache: every group is cross attention",
+        ("kind.cross",),
     )
     yield raw_case(
         "alloc.refuse.pool-too-small",
         {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": 1, "ops": []},
         "a pool needs the null block plus one",
+        ("kind.full",),
     )
     yield raw_case(
         "alloc.refuse.pool-size-not-integer",
         {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": "64", "ops": []},
         "num_blocks must be an integer",
+        ("kind.full",),
     )
     bad_extras = [
         {"kind": "cache_salt", "value": "s", "start": 0, "end": 4},
@@ -562,6 +569,7 @@ def refusals() -> Iterator[JSON]:
         },
         "request-wide extras take no span, positioned ones need one within the prompt, kinds "
         "are closed, values are strings; then a valid request in a layout with cross attention",
+        ("kind.full", "kind.cross"),
     )
 
 

@@ -1,0 +1,206 @@
+"""Write a release's expected-results file from a certification report, one reason per case.
+
+    python engines/expected.py .engines/vllm-0.33.0.report.json > engines/vllm/0.33.0/expected.json
+
+Every unexpected result gets the cause it was traced to (engines/vllm/README.md explains each
+cause with its evidence). A failure that matches no known cause is written as "uninvestigated":
+such entries are open work, never a reason to stop looking.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvcert.conformance.runner import iter_cases
+
+CAUSES = {
+    "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
+    "layers own that check, and the adapter drives the manager only",
+    "chunk-alignment": "vLLM requires block_size to divide the attention chunk (its attention "
+    "backends assert it at start-up); the spec allows any chunk",
+    "chunk-block-sizes": "vLLM asserts that chunked local attention cannot share a model with "
+    "groups of other block sizes (HybridKVCacheCoordinator)",
+    "same-step": "ALLOC-VIS-1: vLLM makes blocks hittable at allocate_slots, so a request admitted "
+    "in the step that computes them hits them (by design for attention, PR #29387 defers "
+    "only Mamba); the spec registers at the end of the step",
+    "salt-lora": "vllm#44701: cache-salt and LoRA extra keys collide in the block hash",
+    "align-hold": "vLLM's Mamba align mode keeps the previous step's state block until the "
+    "next step; ALLOC-HOLD-1 keeps only the running state",
+    "registration-unit": "registered count differs in a layout of several block sizes: vLLM "
+    "caches in whole units of the hit alignment (seen on 0.33: a B=1 group caches nothing "
+    "until the B=2 group's block is full); the spec registers every full block at the step "
+    "end. Hits are alignment-multiples, so none differs",
+    "equal-specs": "vLLM <= 0.28's HybridKVCacheCoordinator asserts that two groups have "
+    "different specs (its planner merges equal ones, draft layers included); 0.33 accepts them",
+    "preempt-in-flight": "new (candidate wrong output): a request released in the step that "
+    "scheduled it leaves the blocks of its unwritten chunk registered, because vLLM caches at "
+    "allocate_slots; vLLM's priority scheduler preempts requests already scheduled in the "
+    "step (sched/scheduler.py). The spec registers only committed chunks (ALLOC-VIS-1)",
+    "mamba-all-hold": "vLLM keeps only the running Mamba block held in mode all too (older "
+    "checkpoints go back to the cache at once); ALLOC-HOLD-1 keeps every position of a mode-all "
+    "state group held. A spec choice to revisit: no later token reads an older checkpoint",
+    "eagle-drop": "vllm#32802 family: the EAGLE last-block drop loses more than one block. "
+    "<= 0.15.0 spirals to 0 (PR #33524 fixed one full plus one other group in 0.16.0); "
+    "<= 0.19.1 drops once per group pass and spirals with three or more attention groups "
+    "(both fixed in 0.20.0, research notes §6 C1-C4b)",
+    "eagle-block-sizes": "vllm#39450 era: EAGLE with groups of different block sizes asserts "
+    "'aligned_length is not compatible with eagle' (fixed in 0.19.1)",
+    "eagle-chunked-local": "new (limitation): vLLM asserts 'Hybrid KV cache is not supported "
+    "for eagle + chunked local attention'; no upstream issue found",
+    "timeout": "the adapter's hit set-up (a writer request computed chunk by chunk) exceeds "
+    "the per-case time limit on this release",
+    "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
+}
+VALIDATION = {
+    "alloc.refuse.pool-too-small",
+    "hit.refuse.layout-draft-without-profile",
+    "hit.refuse.layout-profile-without-draft",
+    "hit.refuse.layout-max-model-len-zero",
+    "hit.refuse.layout-alignment-impossible",
+    "hit.refuse.layout-unknown-mamba-mode",
+    "hit.refuse.layout-draft-on-state-group",
+}
+
+
+def same_step(ops: list[dict[str, Any]], index: int) -> bool:
+    """Whether op `index` is an admission while an earlier op of the same step scheduled work."""
+    if ops[index].get("op") != "admit":
+        return False
+    for op in reversed(ops[:index]):
+        if op.get("op") == "end_step":
+            return False
+        if op.get("op") in ("admit", "extend"):
+            return True
+    return False
+
+
+def released_in_flight(ops: list[dict[str, Any]], index: int) -> bool:
+    """Whether op `index` ends a step in which a request was released after being scheduled."""
+    if ops[index].get("op") != "end_step":
+        return False
+    scheduled: set[str] = set()
+    for op in ops[:index]:
+        kind = op.get("op")
+        if kind == "end_step":
+            scheduled.clear()
+        elif kind in ("admit", "extend"):
+            scheduled.add(str(op.get("rid")))
+        elif kind in ("finish", "preempt") and str(op.get("rid")) in scheduled:
+            return True
+    return False
+
+
+def _equal_groups(layout: dict[str, Any]) -> bool:
+    shapes = [
+        tuple(sorted((k, v) for k, v in g.items() if k not in ("name", "draft")))
+        for g in layout.get("groups", [])
+    ]
+    return len(set(shapes)) < len(shapes)
+
+
+def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
+    detail = result["detail"]
+    if result["id"] in VALIDATION:
+        return "validation"
+    if result["id"] == "alloc.isolation.salt-and-lora-do-not-collide":
+        return "salt-lora"
+    if result["id"] == "alloc.mamba-align.checkpoint-at-step-end":
+        return "align-hold"
+    if "aligned_length is not compatible with eagle" in detail:
+        return "eagle-block-sizes"
+    if "not supported for eagle + chunked local" in detail:
+        return "eagle-chunked-local"
+    if "TimeoutError" in detail:
+        return "timeout"
+    if "different block sizes are not compatible with chunked local" in detail:
+        return "chunk-block-sizes"
+    layout = (case or {}).get("input", {}).get("layout", {})
+    if detail == "the engine refused valid input" and _equal_groups(layout):
+        return "equal-specs"
+    if detail == "the engine refused valid input" and any(
+        g.get("kind") == "chunked_local" and g["chunk"] % g["block_size"]
+        for g in layout.get("groups", [])
+    ):
+        return "chunk-alignment"
+    if layout.get("speculative") == "drop":
+        hits = re.match(r"hit (\d+) != expected (\d+)", detail)
+        if hits and int(hits.group(1)) < int(hits.group(2)):
+            return "eagle-drop"
+        needs = re.search(r"'needed': (\d+).*'needed': (\d+)", detail)
+        if needs and int(needs.group(1)) > int(needs.group(2)):
+            return "eagle-drop"  # a smaller hit leaves more blocks to allocate
+    step = re.match(r"step (\d+):", detail)
+    if case is not None and step:
+        ops = case["input"]["ops"]
+        index = int(step.group(1))
+        if same_step(ops, index):
+            return "same-step"
+        if released_in_flight(ops, index):
+            return "preempt-in-flight"
+        all_mode = any(g.get("mode") == "all" for g in layout["groups"])
+        if all_mode and "tables" in detail and "not a consistent renaming" in detail:
+            return "mamba-all-hold"
+        if ops[index].get("op") == "end_step" and "registered" in detail:
+            sizes = {g["block_size"] for g in layout["groups"]}
+            if len(sizes) > 1:
+                return "registration-unit"
+    return "uninvestigated"
+
+
+def classify(report: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """case id -> (cause, detail) for every result that is not a pass."""
+    cases = {c["id"]: c for _, c, _ in iter_cases() if c is not None}
+    return {
+        r["id"]: (cause(r, cases.get(r["id"])), r["detail"])
+        for r in report["results"]
+        if r["status"] in ("failed", "errored", "xfailed")
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results document of one release."""
+    engine = report["engine"]
+    found = classify(report)
+    lines = [
+        f"# {engine['name']} {engine['version']}: conformance results",
+        "",
+        "Generated by `python engines/expected.py --markdown REPORT` from "
+        "`scripts/engine-certify.sh`'s report; causes are explained in ../../README.md.",
+        "",
+        f"* features claimed (probed): {', '.join(engine['features'])}",
+        f"* profiles claimed: {', '.join(engine['profiles']) or 'none (see README: free order)'}",
+        f"* counts: {json.dumps(report['counts'], sort_keys=True)}",
+        "",
+        "| cause | cases | first example (what differed) |",
+        "|---|---|---|",
+    ]
+    by_cause: dict[str, list[str]] = {}
+    for case_id, (name, _) in sorted(found.items()):
+        by_cause.setdefault(name, []).append(case_id)
+    for name, ids in sorted(by_cause.items(), key=lambda item: -len(item[1])):
+        detail = found[ids[0]][1].replace("|", "/")[:160]
+        lines.append(f"| {name} | {len(ids)} | `{ids[0]}`: {detail} |")
+    lines += ["", "## Every case", ""]
+    for name, ids in sorted(by_cause.items()):
+        lines.append(f"* **{name}** ({CAUSES[name]}): " + ", ".join(f"`{i}`" for i in ids))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    as_markdown = "--markdown" in argv
+    paths = [a for a in argv if a != "--markdown"]
+    report = json.loads(Path(paths[0]).read_text(encoding="utf-8"))
+    if as_markdown:
+        print(markdown(report), end="")
+    else:
+        reasons = {k: CAUSES[name] for k, (name, _) in classify(report).items()}
+        print(json.dumps(reasons, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

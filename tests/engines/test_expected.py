@@ -1,0 +1,104 @@
+"""The real-engine bookkeeping that runs without an engine: expected-results files, causes,
+and the vLLM adapter's translation checks (vLLM itself runs in scripts/engine-certify.sh)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcert.conformance.adapters import vllm as adapter
+from kvcert.conformance.runner import iter_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = importlib.util.spec_from_file_location("engine_expected", ROOT / "engines" / "expected.py")
+assert SPEC is not None
+assert SPEC.loader is not None
+expected = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(expected)
+RELEASE_DIRS = sorted(p.parent for p in ROOT.glob("engines/*/*/expected.json"))
+
+
+def test_every_pinned_release_has_a_lock_an_expected_file_and_results():
+    assert RELEASE_DIRS, "no engine release is pinned under engines/"
+    for release in RELEASE_DIRS:
+        assert (release / "requirements.txt").is_file(), release
+        assert (release / "RESULTS.md").is_file(), release
+
+
+@pytest.mark.parametrize("release", RELEASE_DIRS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_expected_files_name_live_vectors_with_known_causes(release):
+    known = {case["id"] for _, case, _ in iter_cases() if case is not None}
+    entries = json.loads((release / "expected.json").read_text(encoding="utf-8"))
+    assert set(entries) <= known, f"stale entries: {sorted(set(entries) - known)}"
+    assert set(entries.values()) <= set(expected.CAUSES.values())
+    uninvestigated = [k for k, v in entries.items() if v == expected.CAUSES["uninvestigated"]]
+    assert not uninvestigated, f"traced to no cause yet: {uninvestigated}"
+
+
+def test_same_step_means_an_admission_after_scheduled_work_in_the_same_step():
+    ops = [
+        {"op": "admit", "rid": "a", "tokens": [1], "budget": 1},
+        {"op": "admit", "rid": "b", "tokens": [1], "budget": 1},
+        {"op": "end_step"},
+        {"op": "admit", "rid": "c", "tokens": [1], "budget": 1},
+    ]
+    assert expected.same_step(ops, 1)
+    assert not expected.same_step(ops, 3)
+    assert not expected.same_step(ops, 2)
+
+
+def test_released_in_flight_needs_a_release_of_work_scheduled_in_that_step():
+    base = [{"op": "admit", "rid": "a", "tokens": [1], "budget": 1}]
+    assert expected.released_in_flight(
+        [*base, {"op": "preempt", "rid": "a"}, {"op": "end_step"}], 2
+    )
+    later = [*base, {"op": "end_step"}, {"op": "finish", "rid": "a"}, {"op": "end_step"}]
+    assert not expected.released_in_flight(later, 3)
+
+
+def test_causes_fall_back_to_uninvestigated():
+    result = {"id": "alloc.x", "detail": "step 0: something else"}
+    case = {"input": {"layout": {"groups": [{"kind": "full", "block_size": 4}]}, "ops": [{}]}}
+    assert expected.cause(result, case) == "uninvestigated"
+    chunky = {"groups": [{"kind": "chunked_local", "block_size": 2, "chunk": 3}]}
+    refused = {"id": "hit.y", "detail": "the engine refused valid input"}
+    assert expected.cause(refused, {"input": {"layout": chunky}}) == "chunk-alignment"
+
+
+def test_markdown_lists_every_unexpected_case(tmp_path):
+    report = {
+        "engine": {"name": "e", "version": "1", "features": ["kind.full"], "profiles": []},
+        "counts": {"failed": 1},
+        "results": [{"id": "alloc.refuse.pool-too-small", "status": "failed", "detail": "x"}],
+    }
+    text = expected.markdown(report)
+    assert "`alloc.refuse.pool-too-small`" in text
+    assert "validation" in text
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ({"groups": []}, "non-empty"),
+        ({"groups": [{"kind": "full", "block_size": 0}]}, "block_size"),
+        ({"groups": [{"kind": "full", "block_size": "4"}]}, "block_size"),
+        ({"groups": [{"kind": "full", "block_size": 4, "draft": "yes"}]}, "draft"),
+        ({"groups": [{"kind": "full", "block_size": 4}], "speculative": "eagle"}, "profile"),
+    ],
+)
+def test_adapter_refuses_json_it_cannot_translate(layout, message):
+    with pytest.raises(ValueError, match=message):
+        adapter.valid_shape(layout)
+
+
+def test_adapter_declares_cross_attention_unsupported():
+    with pytest.raises(adapter.Unsupported, match="cross"):
+        adapter.valid_shape({"groups": [{"kind": "cross", "block_size": 4}]})
+
+
+def test_the_adapter_imports_without_vllm():
+    assert "vllm" not in sys.modules
