@@ -305,3 +305,25 @@ def test_a_misbehaving_stdio_engine_is_reported_per_case_and_restarted():
     assert "no answer within 2 s" in bad[flaky.HANG]
     assert "exited" in bad[flaky.EXIT]
     assert "JSONDecodeError" in bad[flaky.GARBAGE]
+
+
+class PicksyEngine(ReferenceEngine):
+    """The reference, except that it declares alloc cases inexpressible."""
+
+    def run(self, case):
+        if case["suite"] == "alloc":
+            return {"unsupported": "no block tables here"}
+        return super().run(case)
+
+
+def test_unsupported_answers_are_skipped_with_the_reason_never_passed():
+    report = run_vectors(PicksyEngine(), suites=("hit", "alloc"))
+    alloc = [r for r in report.results if r.suite == "alloc"]
+    assert alloc
+    assert all(r.status == "skipped" for r in alloc)
+    ran = [r for r in alloc if "no block tables here" in r.detail]
+    assert ran, "no alloc case reached the engine"
+    xfail = {ran[0].id: "would be an xfail"}
+    again = run_vectors(PicksyEngine(), suites=("alloc",), xfails=xfail)
+    assert {r.status for r in again.results if r.id == ran[0].id} == {"skipped"}
+    assert again.ok
