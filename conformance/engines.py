@@ -66,7 +66,7 @@ FEATURES = (
     "alloc.reset_cache",
     "page.plan",
 )
-PROFILES = ("eviction.lru", "eviction.hybrid")
+PROFILES = ("eviction.lru", "eviction.hybrid", "eviction.lru-unkeyed-first")
 
 
 class EngineError(Exception):

@@ -972,6 +972,25 @@ def random_traces(
         )
 
 
+def unkeyed_first_twins(cases: Iterator[JSON]) -> Iterator[JSON]:
+    """The lru scenarios whose outcome depends on the free order, replayed under the
+    lru-unkeyed-first profile (ALLOC-FREE-2), so engines with vLLM 0.25+'s order run them."""
+    for case in cases:
+        if "eviction.lru" not in case["requires"]:
+            continue
+        data = case["input"]
+        yield alloc_case(
+            case["id"].replace("alloc.", "alloc.unkeyed-first.", 1),
+            layout_from_json(data["layout"]),
+            data["num_blocks"],
+            [op_from_json(op) for op in data["ops"]],
+            case.get("origin"),
+            case.get("comment", ""),
+            tuple(case.get("focus", ())),
+            eviction=spec.Eviction.LRU_UNKEYED_FIRST,
+        )
+
+
 # --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
@@ -1243,6 +1262,10 @@ def suites() -> dict[str, list[JSON]]:
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),
         "alloc/random-hybrid.json": list(random_traces(40, spec.Eviction.HYBRID, 1000)),
+        "alloc/random-lru-unkeyed-first.json": list(
+            random_traces(40, spec.Eviction.LRU_UNKEYED_FIRST, 2000)
+        ),
+        "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
         "page/scenarios.json": list(page_scenarios()),
         "page/refusals.json": list(page_refusals()),

@@ -257,17 +257,36 @@ class BlockPool:
 
     def release(self, blocks: Iterable[int], cold: bool = False) -> int:
         """Drop one reference per listed block; blocks reaching 0 join the queue tail in the
-        given order (`cold`: released mid-request, for the hybrid profile). Returns how many
-        did."""
+        given order (`cold`: released mid-request, for the hybrid profile). Under
+        lru-unkeyed-first the unregistered ones go to the head instead, as one run in the given
+        order (spec ALLOC-FREE-2: one call per group). Returns how many reached 0."""
         ref = self.ref_count
+        front: list[int] = []
+        unkeyed_first = self.eviction is Eviction.LRU_UNKEYED_FIRST
         freed = 0
         for block in blocks:
             ref[block] -= 1
             if ref[block] == 0:
+                freed += 1
+                if unkeyed_first and self._keys[block] is None:
+                    front.append(block)
+                    continue
                 self._cold[block] = cold
                 self._append(block)
-                freed += 1
+        self._prepend_run(front)
         return freed
+
+    def _prepend_run(self, blocks: list[int]) -> None:
+        """Put `blocks` at the head of the (linked-list) queue, keeping their order."""
+        after = self._next[self._sentinel]
+        previous = self._sentinel
+        for block in blocks:
+            self._next[previous] = block
+            self._prev[block] = previous
+            previous = block
+        self._next[previous] = after
+        self._prev[after] = previous
+        self.num_free += len(blocks)
 
     def _rebuild_heaps(self) -> None:
         """Drop stale entries (they pile up when free blocks change class often)."""

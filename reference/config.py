@@ -43,6 +43,7 @@ class Eviction(StrEnum):
 
     LRU = "lru"  # the head of the free queue; requests freed group by group
     HYBRID = "hybrid"  # provably dead blocks first; requests freed tail first
+    LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, but unregistered blocks go to the head
 
 
 class HashAlgorithm(StrEnum):

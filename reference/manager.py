@@ -294,7 +294,7 @@ class KVCacheManager:
             return Waiting(count, self.pool.num_free + freed)
         for g, j, _ in released:
             request.tables[g][j] = NULL_BLOCK
-        self.pool.release(self._release_order(released), cold=self._hybrid)
+        self._give_back(released, cold=self._hybrid)
         self._fill(request, wanted)
         if appended:
             request.tokens.extend(appended)
@@ -391,7 +391,17 @@ class KVCacheManager:
             for j in range(len(table) - 1, -1, -1)
             if table[j] != NULL_BLOCK
         ]
-        return self.pool.release(self._release_order(held))
+        return self._give_back(held)
+
+    def _give_back(self, held: list[tuple[int, int, int]], cold: bool = False) -> int:
+        """Release (group, position, block) entries; lru-unkeyed-first releases group by
+        group, as vLLM's managers each free their own blocks (spec ALLOC-FREE-2)."""
+        if self.config.eviction is not Eviction.LRU_UNKEYED_FIRST:
+            return self.pool.release(self._release_order(held), cold=cold)
+        return sum(
+            self.pool.release([b for group, _, b in held if group == g])
+            for g in range(len(self.config.groups))
+        )
 
     def _release_order(self, held: list[tuple[int, int, int]]) -> list[int]:
         """(group, position, block) as listed under lru; tail first under hybrid

@@ -59,6 +59,7 @@ class Eviction(StrEnum):
 
     LRU = "lru"  # vLLM's observable order (research notes §5): head of the free queue first
     HYBRID = "hybrid"  # dead blocks first, requests freed tail first (§11, EVICT-HYB-1)
+    LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # vLLM 0.25+: unkeyed reused first (ALLOC-FREE-2)
 
 
 @dataclass(frozen=True)
@@ -486,8 +487,7 @@ def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
                 table[j] = NULL_BLOCK
         tables.append(tuple(table))
     cold = state.config.eviction is Eviction.HYBRID
-    new_state = _decrement(state, release_order(state.config, released), cold=cold)
-    return new_state, dataclasses.replace(request, tables=tuple(tables))
+    return give_back(state, released, cold), dataclasses.replace(request, tables=tuple(tables))
 
 
 def release_order(config: PoolConfig, released: list[tuple[int, int, int]]) -> list[int]:
@@ -568,15 +568,44 @@ def dead_free_blocks(state: State) -> frozenset[int]:
     return frozenset(b for b in state.free if state.blocks[b].key is None or b in dead)
 
 
-def _decrement(state: State, order: list[int], cold: bool = False) -> State:
+def _decrement(
+    state: State, order: list[int], cold: bool = False, unkeyed_first: bool = False
+) -> State:
     blocks = list(state.blocks)
+    front: list[int] = []
     freed: list[int] = []
     for b in order:
         blocks[b] = dataclasses.replace(blocks[b], ref_count=blocks[b].ref_count - 1)
         if blocks[b].ref_count == 0:
             blocks[b] = dataclasses.replace(blocks[b], cold=cold)
-            freed.append(b)
-    return dataclasses.replace(state, blocks=tuple(blocks), free=state.free + tuple(freed))
+            (front if unkeyed_first and blocks[b].key is None else freed).append(b)
+    free = tuple(front) + state.free + tuple(freed)
+    return dataclasses.replace(state, blocks=tuple(blocks), free=free)
+
+
+def give_back(state: State, released: list[tuple[int, int, int]], cold: bool = False) -> State:
+    """Release (group, position, block) entries in the order the eviction profile sets."""
+    if state.config.eviction is Eviction.LRU_UNKEYED_FIRST:
+        return unkeyed_first(state, released)
+    return _decrement(state, release_order(state.config, released), cold)
+
+
+def unkeyed_first(state: State, released: list[tuple[int, int, int]]) -> State:
+    """ALLOC-FREE-2: Under the lru-unkeyed-first profile (vLLM 0.25+) each group's released
+    blocks, in ALLOC-FREE-1's order, split on reaching 0: blocks without a key go to the
+    queue head (a later group's ahead of an earlier one's), keyed blocks join the tail; so a
+    new allocation reuses KV nobody can hit before it evicts KV somebody might.
+
+        queue 7 8;  g0 releases 3 2 1 (1 keyed), then g1 releases 6 5 (5 keyed)
+        after g0: 3 2 7 8 1     after g1: 6 3 2 7 8 1 5
+
+    pre: all(state.blocks[b].ref_count > 0 for _, _, b in released)
+    post: len(__return__.free) >= len(state.free)
+    """
+    for g in range(len(state.config.layout.groups)):
+        batch = [b for group, _, b in released if group == g]
+        state = _decrement(state, batch, unkeyed_first=True)
+    return state
 
 
 def release(state: State, rid: str) -> tuple[State, Observation]:
@@ -599,7 +628,7 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
         for j in reversed(range(len(table)))
         if table[j] != NULL_BLOCK
     ]
-    new_state = _decrement(state, release_order(state.config, held))
+    new_state = give_back(state, held)
     requests = {k: v for k, v in new_state.requests.items() if k != rid}
     freed = len(new_state.free) - len(state.free)
     return dataclasses.replace(new_state, requests=requests), Released(freed)

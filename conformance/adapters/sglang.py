@@ -2,7 +2,7 @@
 
 Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang 0.5.23`). SGLang keeps
 the KV cache as a radix tree of token runs, not as per-group block tables, so only part of
-the suite maps (ENGINES.md has the table):
+the suite maps (engines/README.md has the table):
 
     layout of one full-attention group, block size B     RadixCache(page_size=B)
     the group's cached blocks                             the longest cached prefix is inserted
@@ -178,4 +178,5 @@ def make_engine() -> SglangEngine:
             "SGLang is not installed in this Python; create its venv with "
             "`scripts/engine-venv.sh sglang VERSION` and run that venv's kvcert"
         )
+    sglang_api()  # import now (5 s), not inside the first case's time limit
     return SglangEngine()

@@ -5,7 +5,7 @@ here is imported by kvcert otherwise. The adapter plays vLLM's scheduler, no mor
 the manager from a layout, turns each operation into the calls the scheduler makes, and reads
 the observations back. Which features a release supports is probed, not assumed (`describe`).
 
-Mapping (one line per concept; ENGINES.md has the full table):
+Mapping (one line per concept; engines/README.md has the full table):
 
     layout group          FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec /
                           MambaSpec(mamba_cache_mode=align|all), one KVCacheGroupSpec each
@@ -24,7 +24,9 @@ Mapping (one line per concept; ENGINES.md has the full table):
                           as uncached is evicted; a second request's lookup is the answer
 
 Protocol misuse (an unknown request, a chunk still in flight, ...) is refused by the adapter
-before vLLM sees it, as vLLM's scheduler never issues such calls.
+before vLLM sees it, as vLLM's scheduler never issues such calls. What a release cannot
+express is answered `{"unsupported": why}` (the runner records it as skipped), and the free
+order is probed into an eviction profile (`free_order_profile`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ def _check_layout(layout: JSON) -> None:
 class _Running:
     request: Any
     scheduled: int = 0  # tokens allocated this step, committed at end_step
+    # Sampled tokens already appended by an extend that then had to wait: vLLM appends a
+    # sampled token once (when the step's output arrives) and retries the allocation.
+    pending: tuple[int, ...] = ()
 
 
 @dataclass
@@ -268,18 +273,21 @@ class Session:
             return REFUSED
         request = entry.request
         computed = request.num_computed_tokens
-        if appended and computed != request.num_tokens:
+        retry = bool(appended) and tuple(appended) == entry.pending
+        if appended and computed != request.num_tokens - (len(appended) if retry else 0):
             return REFUSED
-        total = request.num_tokens + len(appended)
+        total = request.num_tokens + (0 if retry else len(appended))
         if total > self.max_model_len or computed >= total:
             return REFUSED
-        for token in appended:
-            request.append_output_token_ids(token)
+        if not retry:
+            for token in appended:
+                request.append_output_token_ids(token)
         chunk = min(budget, total - computed)
         ok, needed, free = self.allocate(request, chunk, lookahead=lookahead)
         if not ok:
+            entry.pending = tuple(appended)
             return {"waiting": {"needed": needed, "free": free}}
-        entry.scheduled = chunk
+        entry.scheduled, entry.pending = chunk, ()
         return {"extended": {"scheduled": chunk, "tables": self.tables(rid)}}
 
     def _end_step(self, _: JSON) -> JSON:
@@ -350,10 +358,16 @@ class VllmEngine:
             "name": "vllm",
             "version": version("vllm"),
             "features": probe_features(),
-            "profiles": ["eviction.lru"] if frees_in_lru_order() else [],
+            "profiles": [profile] if (profile := free_order_profile()) else [],
         }
 
     def run(self, case: JSON) -> JSON:
+        try:
+            return self._run(case)
+        except Unsupported as error:
+            return {"unsupported": str(error)}
+
+    def _run(self, case: JSON) -> JSON:
         suite = case.get("suite")
         if suite not in ("hit", "alloc"):
             raise Unsupported(f"suite {suite!r} is not driven by the vLLM adapter")
@@ -444,16 +458,19 @@ def probe_features() -> list[str]:
 
 
 @cache
-def frees_in_lru_order() -> bool:
-    """Whether this release's free queue follows the `eviction.lru` profile: a finished
-    request's blocks all join the queue tail. (0.33 puts blocks without a hash at the head,
-    block_pool.free_blocks, so a new request reuses them before any untouched free block.)"""
+def free_order_profile() -> str | None:
+    """The eviction profile this release's free queue follows, found by a probe: a request
+    leaves one keyed and one unkeyed block; which block does the next request get?
+    The `eviction.lru` tail (block 3) or, from 0.25, the unkeyed block at the head (block 2,
+    spec ALLOC-FREE-2; vLLM's BlockPool.free_blocks prepends blocks without a hash)."""
     session = Session({"groups": [{"kind": "full", "block_size": 4}]}, 8)
     session.apply({"op": "admit", "rid": "x", "tokens": [1, 2, 3, 4, 5, 6], "budget": 6})
     session.apply({"op": "end_step"})
     session.apply({"op": "finish", "rid": "x"})
     answer = session.apply({"op": "admit", "rid": "y", "tokens": [7, 8, 9], "budget": 3})
-    return bool(answer["admitted"]["tables"] == [[3]])
+    return {"[[3]]": "eviction.lru", "[[2]]": "eviction.lru-unkeyed-first"}.get(
+        str(answer["admitted"]["tables"])
+    )
 
 
 def make_engine() -> VllmEngine:

@@ -85,3 +85,15 @@ def test_hybrid_blocks_freed_mid_request_are_not_cold(monkeypatch):
         lambda self, blocks, cold=False: original(self, blocks, False),
     )
     must_fail()
+
+
+def test_unkeyed_first_run_reversed(monkeypatch):
+    """Bug: lru-unkeyed-first puts a group's unregistered blocks at the head in reverse order
+    (ALLOC-FREE-2 keeps ALLOC-FREE-1's order within the run)."""
+    original = block_pool.BlockPool._prepend_run
+    monkeypatch.setattr(
+        block_pool.BlockPool,
+        "_prepend_run",
+        lambda self, blocks: original(self, blocks[::-1]),
+    )
+    must_fail()

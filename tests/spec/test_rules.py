@@ -66,6 +66,7 @@ EXPECTED_TAGS = {
     "ALLOC-SKIP-1",
     "ALLOC-EVICT-1",
     "ALLOC-FREE-1",
+    "ALLOC-FREE-2",
     "ALLOC-COMMIT-1",
     "ALLOC-VIS-1",
     "ALLOC-RESET-1",
