@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcert.conformance.adapters import sglang
 from kvcert.conformance.adapters import vllm as adapter
 from kvcert.conformance.runner import iter_cases
 
@@ -102,3 +103,53 @@ def test_adapter_declares_cross_attention_unsupported():
 
 def test_the_adapter_imports_without_vllm():
     assert "vllm" not in sys.modules
+
+
+def test_sglang_state_helpers():
+    """The tree can hold the full group's prefix; the SW group becomes one insert per run."""
+    assert sglang._cached_prefix({0, 1, 3}) == 2
+    assert sglang._cached_prefix(set()) == 0
+    assert sglang._live_runs({1, 2, 4, 7}, 6) == [(1, 3), (4, 5)]
+    assert sglang._live_runs(set(), 3) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [
+        ({"groups": [{"kind": "mamba", "block_size": 4}]}, "one full-attention group"),
+        (
+            {
+                "groups": [
+                    {"kind": "full", "block_size": 4},
+                    {"kind": "sliding_window", "block_size": 8, "window": 8},
+                ]
+            },
+            "block sizes differ",
+        ),
+        (
+            {
+                "groups": [
+                    {"kind": "full", "block_size": 4},
+                    {"kind": "sliding_window", "block_size": 4, "window": 1},
+                ]
+            },
+            "W >= 2",
+        ),
+        ({"groups": [{"kind": "full", "block_size": 4, "draft": True}]}, "draft"),
+    ],
+)
+def test_sglang_adapter_says_what_it_cannot_express(layout, why):
+    """Answered before SGLang is imported, so this runs without SGLang."""
+    cached = [[] for _ in layout["groups"]]
+    case = {"suite": "hit", "layout": layout, "num_tokens": 9, "cached": cached}
+    answer = sglang.SglangEngine().run(case)
+    assert why in answer["unsupported"]
+
+
+def test_sglang_adapter_refuses_bad_json_and_other_suites():
+    engine = sglang.SglangEngine()
+    bad = {"groups": [{"kind": "full", "block_size": 0}]}
+    case = {"suite": "hit", "layout": bad, "num_tokens": 9, "cached": [[]]}
+    assert engine.run(case) == {"refused": True}
+    assert "tree" in engine.run({"suite": "alloc", "layout": bad})["unsupported"]
+    assert "sglang" not in sys.modules
