@@ -1,7 +1,6 @@
 """vLLM's own Scheduler serves KV that no forward pass wrote, after a same-step preemption.
 
-Run in a vLLM release venv (`scripts/engine-venv.sh vllm 0.33.0`; the scheduler's config
-also imports `einops`, so `.engines/vllm-0.33.0/bin/pip install einops` first):
+Run in a vLLM release venv (`scripts/engine-venv.sh vllm 0.33.0`):
 
     .engines/vllm-0.33.0/bin/python engines/vllm/repro/preempt_in_flight.py [priority|fcfs]
 
