@@ -21,6 +21,7 @@ Unknown fields are refused so typos cannot pass.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -289,7 +290,11 @@ def vllm_padded_plan(plan_input: PlanInput) -> JSON:
     size unchanged (MLA pages that do not divide raise in vLLM: reported as `refused`).
     Groups: `min` bucket size, or `max` when max < 1.5 x min. Capacity uses PAGE-CAP-1, and
     `reported_tokens` is vLLM's own log figure, num_blocks // groups x the smallest block.
-    Not normative: a peer's behaviour, to show what the planner's rules buy.
+    With chunked local attention vLLM switches its hybrid manager off by default (unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1): every attention layer is then
+    allocated as full attention, in one group. engines/vllm/plan/plan_check.py checks this
+    model against vLLM 0.33.0's own planner. Not normative: a peer's behaviour, to show what
+    the planner's rules buy.
     """
     try:
         return _vllm_padded_plan(plan_input)
@@ -299,20 +304,20 @@ def vllm_padded_plan(plan_input: PlanInput) -> JSON:
 
 def _vllm_padded_plan(plan_input: PlanInput) -> JSON:
     anchor = anchor_block_size(plan_input)
+    layers = plan_input.layers
+    if any(getattr(layer, "kind", None) is AttentionKind.CHUNKED_LOCAL for layer in layers):
+        layers = tuple(_as_full_attention(layer) for layer in layers)
     buckets: dict[tuple[object, ...], list[int]] = {}
-    for index, layer in enumerate(plan_input.layers):
+    for index, layer in enumerate(layers):
         buckets.setdefault(bucket_key(layer), []).append(index)
-    pages = {
-        key: page_bytes(plan_input.layers[m[0]], plan_input.dtype, anchor)
-        for key, m in buckets.items()
-    }
+    pages = {key: page_bytes(layers[m[0]], plan_input.dtype, anchor) for key, m in buckets.items()}
     page = max(pages.values())
     sizes = [len(m) for m in buckets.values()]
     size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
     groups: list[JSON] = []
     blocks_by_group: list[int] = []
     for key, members in buckets.items():
-        first = plan_input.layers[members[0]]
+        first = layers[members[0]]
         block = anchor
         if not isinstance(first, StateLayer) and page % pages[key] == 0:
             block = anchor * (page // pages[key])
@@ -335,3 +340,12 @@ def _vllm_padded_plan(plan_input: PlanInput) -> JSON:
         "reported_tokens": blocks // len(groups) * min(int(g["block_size"]) for g in groups),
         "groups": groups,
     }
+
+
+def _as_full_attention(layer: Layer) -> Layer:
+    """vLLM without its hybrid manager: windowed and chunked layers keep every token."""
+    if isinstance(layer, AttentionLayer) and layer.kind is not AttentionKind.CROSS:
+        return dataclasses.replace(layer, kind=AttentionKind.FULL, window=None, chunk=None)
+    if isinstance(layer, LatentLayer) and layer.window is not None:
+        return dataclasses.replace(layer, window=None)
+    return layer

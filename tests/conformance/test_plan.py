@@ -126,6 +126,23 @@ def test_vllm_model_refuses_what_it_cannot_model():
     assert "refused" in vllm_padded_plan(plan_input_from_json(obj))
 
 
+@pytest.mark.parametrize(
+    ("model", "groups", "blocks"),
+    [
+        # vLLM 0.33.0's own planner gives these (engines/vllm/plan/plan_check.py, 30 GiB, bf16)
+        ("gemma-4-26B-A4B", [("full", 32)] + [("sliding_window", 16)] * 5, 49152),
+        ("gpt-oss-120b", [("full", 16), ("sliding_window", 16)], 54613),
+        # chunked local: vLLM switches its hybrid manager off, one full-attention group
+        ("llama-4-scout", [("full", 16)], 10240),
+    ],
+)
+def test_vllm_model_matches_vllms_planner(model, groups, blocks):
+    obj = {"layers": list(load_model(model).layers), "kv_cache_dtype": "bf16"}
+    plan = vllm_padded_plan(plan_input_from_json({**obj, "memory_bytes": 30 << 30}))
+    assert sorted((g["kind"], g["block_size"]) for g in plan["groups"]) == sorted(groups)
+    assert plan["num_blocks"] == blocks
+
+
 # --- Hugging Face config.json ---------------------------------------------------------------
 
 GEMMA4 = {

@@ -1,0 +1,216 @@
+"""Check kvcert's model of vLLM's page planning against vLLM's own planner.
+
+`kvcert plan --compare` prints what vLLM 0.26-0.33 would plan (`vllm_padded_plan`, a model
+written from the research notes), and the project's page-planning figures lean on it. This
+runs vLLM's real planner (`get_kv_cache_groups`, `get_kv_cache_config_from_groups`) on the
+same bundled models and compares page size, number of blocks and the groups (kind, block
+size, how many), model by model:
+
+    .engines/vllm-0.33.0/bin/python engines/vllm/plan/plan_check.py [--memory GIB]
+
+Models whose layers vLLM would build from kernels we cannot name here (Mamba/GDN state
+shapes, DeepSeek-V4 compressed latents) are listed as not compared, with the reason.
+Exit 1 when a compared model disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections import Counter
+from typing import Any
+
+import torch
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.v1.attention.backends.utils import record_kv_cache_layout
+from vllm.v1.core.kv_cache_planning import (
+    get_kv_cache_config_from_groups,
+    get_kv_cache_groups,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+from kvcert.conformance.catalog import load_model, model_names
+from kvcert.conformance.planning import plan_input_from_json, vllm_padded_plan
+from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer
+
+GIB = 1 << 30
+TORCH_DTYPE = {
+    KVDtype.FP32: torch.float32,
+    KVDtype.FP16: torch.float16,
+    KVDtype.BF16: torch.bfloat16,
+    KVDtype.FP8: torch.uint8,  # vLLM stores fp8 KV as bytes
+}
+
+
+class NotCompared(Exception):
+    """A layer vLLM's planner would get from a kernel this script cannot stand in for."""
+
+
+def vllm_config(block_size: int) -> VllmConfig:
+    """A config of a weightless tiny model: the planner reads only cache and scheduler."""
+    path = tempfile.mkdtemp(prefix="kvcert-tiny-llama-")
+    shape = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+    }
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(shape, f)
+    model = ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=4096)
+    config = VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig(device="cpu"),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(max_model_len=4096, is_encoder_decoder=False),
+    )
+    # The engine core resolves one layout from the backends; the page math ignores it.
+    record_kv_cache_layout(config.cache_config, "LBNHC")
+    return config
+
+
+def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
+    """The KVCacheSpec vLLM's attention backends publish for one kvcert layer."""
+    if dtype not in TORCH_DTYPE:
+        raise NotCompared(f"KV dtype {dtype.value} has no plain vLLM spec here")
+    torch_dtype = TORCH_DTYPE[dtype]
+    if isinstance(layer, LatentLayer):
+        if layer.ratio != 1 or layer.window is not None:
+            raise NotCompared("DeepSeek-V4 compressed / windowed latents (vLLM's sparse MLA)")
+        return MLAAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=layer.latent_size + layer.rope_size,
+            dtype=torch_dtype,
+        )
+    if not isinstance(layer, AttentionLayer):
+        raise NotCompared("state layers: vLLM sizes them from the Mamba/GDN kernel's shapes")
+    common: dict[str, Any] = {
+        "block_size": block_size,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_size": layer.head_size_k,
+        "head_size_v": layer.head_size_v,
+        "dtype": torch_dtype,
+    }
+    if layer.kind is AttentionKind.SLIDING_WINDOW:
+        return SlidingWindowSpec(sliding_window=layer.window, **common)
+    if layer.kind is AttentionKind.CHUNKED_LOCAL:
+        return ChunkedLocalAttentionSpec(attention_chunk_size=layer.chunk, **common)
+    if layer.kind is AttentionKind.FULL:
+        return FullAttentionSpec(**common)
+    raise NotCompared(f"{layer.kind.value} layers")
+
+
+KIND = {
+    "FullAttentionSpec": "full",
+    "MLAAttentionSpec": "full",
+    "SlidingWindowSpec": "sliding_window",
+    "ChunkedLocalAttentionSpec": "chunked_local",
+}
+
+
+def kind_of(spec: KVCacheSpec) -> str:
+    """A group's attention kind (a UniformTypeKVCacheSpecs holds layers of one kind)."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    first = next(iter(inner.values())) if inner else spec
+    return KIND[type(first).__name__]
+
+
+def real_plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int) -> dict[str, Any]:
+    # What VllmConfig decides on a GPU (this CPU platform would switch the hybrid manager
+    # off): on, except with chunked local attention, where vLLM turns it off by default
+    # (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset) and allocates those layers
+    # as full attention.
+    chunked = any(isinstance(spec, ChunkedLocalAttentionSpec) for spec in specs.values())
+    config.scheduler_config.disable_hybrid_kv_cache_manager = chunked
+    groups = get_kv_cache_groups(config, dict(specs))
+    kv = get_kv_cache_config_from_groups(config, groups, memory)
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    return {
+        "page_size": max(pages),
+        "num_blocks": kv.num_blocks,
+        "groups": Counter((kind_of(g.kv_cache_spec), g.kv_cache_spec.block_size) for g in groups),
+        "group_size": max(len(g.layer_names) for g in groups),
+    }
+
+
+def modelled_plan(plan_input: object) -> dict[str, Any] | str:
+    plan = vllm_padded_plan(plan_input)
+    if "refused" in plan:
+        return str(plan["refused"])
+    return {
+        "page_size": plan["page_size"],
+        "num_blocks": plan["num_blocks"],
+        "groups": Counter((g["kind"], g["block_size"]) for g in plan["groups"]),
+        "group_size": plan["group_size"],
+    }
+
+
+def show(plan: dict[str, Any]) -> str:
+    groups = ", ".join(f"{n}x{kind}/{block}" for (kind, block), n in sorted(plan["groups"].items()))
+    size = f"page {plan['page_size']} B, {plan['num_blocks']} blocks"
+    return f"{size}, g={plan['group_size']}: {groups}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memory", type=float, default=30.0, help="KV-cache GiB")
+    parser.add_argument("--dtypes", default="bf16,fp8", help="comma-separated KV dtypes")
+    args = parser.parse_args()
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    memory = int(args.memory * GIB)
+    config = vllm_config(16)
+    disagree = compared = 0
+    for name in model_names():
+        model = load_model(name)
+        for dtype in args.dtypes.split(","):
+            plan_input = plan_input_from_json(
+                {"layers": list(model.layers), "kv_cache_dtype": dtype, "memory_bytes": memory}
+            )
+            try:
+                specs = {
+                    f"model.layers.{i}.attn": spec_of(layer, plan_input.dtype, 16)
+                    for i, layer in enumerate(plan_input.layers)
+                }
+            except NotCompared as why:
+                print(f"--   {name} {dtype}: not compared ({why})")
+                continue
+            try:
+                real = real_plan(config, specs, memory)
+            except Exception as error:  # vLLM refusing is an answer too
+                real = None
+                real_text = f"vLLM refuses: {type(error).__name__}: {error}"
+            modelled = modelled_plan(plan_input)
+            compared += 1
+            if real is None or isinstance(modelled, str):
+                same = real is None and isinstance(modelled, str)
+                detail = real_text if real is None else show(real)
+                mine = modelled if isinstance(modelled, str) else show(modelled)
+            else:
+                same = real == modelled
+                detail, mine = show(real), show(modelled)
+            disagree += not same
+            print(f"{'ok  ' if same else 'DIFF'} {name} {dtype}: vLLM {detail}")
+            if not same:
+                print(f"     {'':{len(name) + len(dtype) + 1}}  model {mine}")
+    print(f"{compared} compared, {disagree} disagree")
+    return 1 if disagree else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
