@@ -35,6 +35,7 @@ from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    KVQuantMode,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
@@ -49,6 +50,14 @@ TORCH_DTYPE = {
     KVDtype.FP16: torch.float16,
     KVDtype.BF16: torch.bfloat16,
     KVDtype.FP8: torch.uint8,  # vLLM stores fp8 KV as bytes
+    KVDtype.INT8: torch.int8,
+}
+# Per-token-head quantization: one byte per element plus an fp32 scale for K and one for V
+# per (token, head), which the backend publishes as the packed cell size (an assumption of
+# this script, from the research notes: 520 B for two heads of 256, 1032 B for 512).
+PER_TOKEN_HEAD = {
+    KVDtype.INT8_PER_TOKEN_HEAD: (torch.int8, KVQuantMode.INT8_PER_TOKEN_HEAD),
+    KVDtype.FP8_PER_TOKEN_HEAD: (torch.uint8, KVQuantMode.FP8_PER_TOKEN_HEAD),
 }
 
 
@@ -86,10 +95,17 @@ def vllm_config(block_size: int) -> VllmConfig:
 
 def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
     """The KVCacheSpec vLLM's attention backends publish for one kvcert layer."""
-    if dtype not in TORCH_DTYPE:
-        raise NotCompared(f"KV dtype {dtype.value} has no plain vLLM spec here")
-    torch_dtype = TORCH_DTYPE[dtype]
+    quant: dict[str, Any] = {}
+    if dtype in PER_TOKEN_HEAD:
+        torch_dtype, mode = PER_TOKEN_HEAD[dtype]
+        if isinstance(layer, AttentionLayer):
+            cell = layer.head_size_k + layer.head_size_v + 2 * 4
+            quant = {"kv_quant_mode": mode, "state_content_bytes": cell}
+    else:
+        torch_dtype = TORCH_DTYPE[dtype]
     if isinstance(layer, LatentLayer):
+        if dtype in PER_TOKEN_HEAD:
+            raise NotCompared("per-token-head scales on MLA latents")
         if layer.ratio != 1 or layer.window is not None:
             raise NotCompared("DeepSeek-V4 compressed / windowed latents (vLLM's sparse MLA)")
         return MLAAttentionSpec(
@@ -106,6 +122,7 @@ def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
         "head_size": layer.head_size_k,
         "head_size_v": layer.head_size_v,
         "dtype": torch_dtype,
+        **quant,
     }
     if layer.kind is AttentionKind.SLIDING_WINDOW:
         return SlidingWindowSpec(sliding_window=layer.window, **common)
@@ -170,7 +187,11 @@ def show(plan: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memory", type=float, default=30.0, help="KV-cache GiB")
-    parser.add_argument("--dtypes", default="bf16,fp8", help="comma-separated KV dtypes")
+    parser.add_argument(
+        "--dtypes",
+        default="bf16,fp8,int8_per_token_head",
+        help="comma-separated KV dtypes",
+    )
     args = parser.parse_args()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     memory = int(args.memory * GIB)
