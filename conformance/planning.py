@@ -289,7 +289,9 @@ def vllm_padded_plan(plan_input: PlanInput) -> JSON:
     smaller page is scaled to P when it divides P and otherwise padded to P with its block
     size unchanged (MLA pages that do not divide raise in vLLM: reported as `refused`).
     Groups: `min` bucket size, or `max` when max < 1.5 x min. Capacity uses PAGE-CAP-1, and
-    `reported_tokens` is vLLM's own log figure, num_blocks // groups x the smallest block.
+    `reported_tokens` is the figure vLLM up to 0.19 logs, num_blocks // groups x the smallest
+    block; from 0.20 vLLM logs max concurrency x max_model_len instead, which depends on
+    max_model_len and is not modelled here.
     With chunked local attention vLLM switches its hybrid manager off by default (unless
     VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1): every attention layer is then
     allocated as full attention, in one group. engines/vllm/plan/plan_check.py checks this
