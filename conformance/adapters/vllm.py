@@ -482,3 +482,31 @@ def make_engine() -> VllmEngine:
             "(scripts/engine-certify.sh vllm VERSION does both)"
         )
     return VllmEngine()
+
+
+def weightless_model(max_model_len: int) -> Any:
+    """vLLM's ModelConfig for a one-layer Llama config with no weights, written to a temporary
+    directory: vLLM's scheduler and page planner read only shapes, so the scripts under
+    engines/vllm/ that drive them need no model download."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from vllm.config import ModelConfig  # type: ignore[import-not-found]
+
+    shape = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 1000,
+        "max_position_embeddings": max_model_len,
+    }
+    path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-llama-"))
+    (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
+    return ModelConfig(
+        model=str(path), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
+    )

@@ -16,16 +16,13 @@ Exit 1 when a compared model disagrees.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
-import tempfile
 from collections import Counter
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.v1.attention.backends.utils import record_kv_cache_layout
 from vllm.v1.core.kv_cache_planning import (
     get_kv_cache_config_from_groups,
@@ -40,6 +37,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+from kvcert.conformance.adapters.vllm import weightless_model
 from kvcert.conformance.catalog import load_model, model_names
 from kvcert.conformance.planning import plan_input_from_json, vllm_padded_plan
 from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer
@@ -67,23 +65,8 @@ class NotCompared(Exception):
 
 def vllm_config(block_size: int) -> VllmConfig:
     """A config of a weightless tiny model: the planner reads only cache and scheduler."""
-    path = tempfile.mkdtemp(prefix="kvcert-tiny-llama-")
-    shape = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 1,
-        "vocab_size": 1000,
-        "max_position_embeddings": 4096,
-    }
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(shape, f)
-    model = ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=4096)
     config = VllmConfig(
-        model_config=model,
+        model_config=weightless_model(4096),
         device_config=DeviceConfig(device="cpu"),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(max_model_len=4096, is_encoder_decoder=False),

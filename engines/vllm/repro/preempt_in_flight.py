@@ -30,14 +30,11 @@ every read sound (exit 0).
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import sys
-import tempfile
 
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -47,35 +44,14 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from kvcert.conformance.adapters.vllm import weightless_model
+
 BLOCK = 16
 
 
-def tiny_model_dir() -> str:
-    """A Llama config with no weights: the scheduler reads only the model's shape."""
-    path = tempfile.mkdtemp(prefix="kvcert-tiny-llama-")
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 1,
-        "vocab_size": 1000,
-        "max_position_embeddings": 1024,
-        "torch_dtype": "float32",
-    }
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f)
-    return path
-
-
 def make_scheduler(usable_blocks: int, policy: str) -> Scheduler:
-    model = ModelConfig(
-        model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=1024, dtype="float32"
-    )
     config = VllmConfig(
-        model_config=model,
+        model_config=weightless_model(1024),
         device_config=DeviceConfig(device="cpu"),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(
