@@ -23,8 +23,9 @@ already-computed tokens sit in the slots its block table names. On 0.33.0, prior
 
 Exit 1 when reproduced (0.15.0 to 0.33.0 all reproduce it; releases before 0.33 chunk a lone
 prefill at 32, so the script also tries a pool of 7). `fcfs` is the control: FCFS preempts
-the last running request, never one scheduled earlier in the step, and the ledger then finds
-every read sound (exit 0).
+the last running request, never one scheduled earlier in the step; on 0.33.0 it preempts and
+resumes Y and the ledger finds every read sound (exit 0). On older releases the FCFS sequence
+never preempts and resumes anyone (exit 2), so the control is established on 0.33.0 only.
 """
 
 from __future__ import annotations
