@@ -8,10 +8,12 @@ reference manager's bookkeeping, so both compute the same answers (the benchmark
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from kvcert.reference.block_pool import NULL_BLOCK, Key
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, MambaMode
+from kvcert.reference.coordinator import K, Keys, Served
+from kvcert.reference.eviction import FreeQueue
 from kvcert.reference.groups import first_needed
 from kvcert.reference.hashing import Chain, ExtraKey
 from kvcert.reference.manager import KVCacheManager
@@ -20,31 +22,38 @@ from kvcert.reference.manager import KVCacheManager
 class ListBlockPool:
     """Same interface as BlockPool, with a list for the free queue."""
 
-    def __init__(self, num_blocks: int) -> None:
+    tracking = False
+
+    def __init__(self, num_blocks: int, num_groups: int, order: FreeQueue) -> None:
         self.num_blocks = num_blocks
         self.ref_count = [0] * num_blocks
-        self.queue = list(range(1, num_blocks))
-        self.keys: list[Key | None] = [None] * num_blocks
-        self.map: dict[Key, list[int]] = {}
+        self.free = list(range(1, num_blocks))
+        self.keys: list[tuple[int, bytes] | None] = [None] * num_blocks
+        self.holders: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
+        self.served: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
+        self.queue = order  # only its release order is used (lru's: ALLOC-FREE-1)
 
     @property
     def num_free(self) -> int:
-        return len(self.queue)
+        return len(self.free)
 
     @property
     def num_registered(self) -> int:
-        return sum(len(v) for v in self.map.values())
+        return sum(len(v) for group in self.holders for v in group.values())
 
     def free_queue(self) -> Iterable[int]:
-        return iter(self.queue)
+        return iter(self.free)
 
-    def lookup(self, key: Key) -> int | None:
-        holders = self.map.get(key)
-        return holders[0] if holders else None
+    def lookup(self, group: int, key: bytes) -> int | None:
+        return self.served[group].get(key)
 
-    def register(self, block: int, key: Key, prerequisites: tuple[Key, ...] = ()) -> None:
-        self.keys[block] = key
-        self.map.setdefault(key, []).append(block)
+    def register(
+        self, block: int, group: int, key: bytes, prerequisites: tuple[Key, ...] = ()
+    ) -> None:
+        self.keys[block] = (group, key)
+        holders = self.holders[group].setdefault(key, [])
+        holders.append(block)
+        self.served[group][key] = holders[0]
 
     def key_of(self, block: int) -> Key | None:
         return self.keys[block]
@@ -52,18 +61,22 @@ class ListBlockPool:
     def take(self, blocks: Iterable[int]) -> None:
         for block in blocks:
             if self.ref_count[block] == 0:
-                self.queue.remove(block)
+                self.free.remove(block)
             self.ref_count[block] += 1
 
     def allocate(self, count: int) -> list[int]:
         taken = []
         for _ in range(count):
-            block = self.queue.pop(0)
+            block = self.free.pop(0)
             key = self.keys[block]
             if key is not None:
-                self.map[key].remove(block)
-                if not self.map[key]:
-                    del self.map[key]
+                group, digest = key
+                holders = self.holders[group][digest]
+                holders.remove(block)
+                if holders:
+                    self.served[group][digest] = holders[0]
+                else:
+                    del self.holders[group][digest], self.served[group][digest]
                 self.keys[block] = None
             self.ref_count[block] = 1
             taken.append(block)
@@ -74,19 +87,25 @@ class ListBlockPool:
         for block in blocks:
             self.ref_count[block] -= 1
             if self.ref_count[block] == 0:
-                self.queue.append(block)
+                self.free.append(block)
                 freed += 1
         return freed
 
     def reset(self) -> None:
-        self.map.clear()
+        for group in self.holders:
+            group.clear()
+        for served in self.served:
+            served.clear()
         self.keys = [None] * self.num_blocks
 
 
 def scan_every_length(
-    config: CacheConfig, num_tokens: int, find: Callable[[int, int], int | None]
+    config: CacheConfig, num_tokens: int, keys: Keys[K], served: Served[K], **_: object
 ) -> tuple[int, list[list[int]]]:
     """The definition run literally: every length from the limit down, every needed block."""
+
+    def find(g: int, j: int) -> int | None:
+        return served[g].get(keys[g][j]) if j < len(keys[g]) else None
 
     def accepts(length: int) -> bool:
         for g, group in enumerate(config.groups):
@@ -125,15 +144,15 @@ class NaiveManager(KVCacheManager):
 
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
-        self.pool = ListBlockPool(config.num_blocks)  # type: ignore[assignment]
+        groups = len(config.groups)
+        self.pool = ListBlockPool(config.num_blocks, groups, self.pool.queue)  # type: ignore[assignment]
 
-    def _chains(self, tokens: Sequence[int], extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+    def _chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+        """One chain per group at its own block size: no digest is shared."""
         chains: list[Chain | None] = []
         for group, shifted in zip(self.config.groups, self._shifted, strict=True):
             if group.kind is Kind.CROSS:
                 chains.append(None)
                 continue
-            chain = Chain(group.block_size, 1 if shifted else 0, extras, self._digest)
-            chain.extend(tokens)
-            chains.append(chain)
+            chains.append(Chain(group.block_size, 1 if shifted else 0, extras, self._digest))
         return chains

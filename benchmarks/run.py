@@ -24,8 +24,8 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.naive import NaiveManager
-from kvcert.conformance.codec import layout_to_json
-from kvcert.conformance.reference_engine import config_from_json
+from kvcert.conformance.contract.codec import layout_to_json
+from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference.config import HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.runner import iter_cases
+from kvcert.conformance.certify.runner import iter_cases
 
 CAUSES = {
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "

@@ -12,6 +12,8 @@ from enum import StrEnum
 
 from kvcert.reference.errors import ConfigError
 
+MAX_BLOCKS = 2**31 - 1  # block ids are int32 in engines' block tables
+
 
 class Kind(StrEnum):
     """How a group's layers read earlier tokens."""
@@ -59,16 +61,42 @@ class GroupConfig:
 
     kind: Kind
     block_size: int
-    window: int = 0  # sliding window, the query token included
-    chunk: int = 0  # chunked local attention chunk
-    mode: MambaMode = MambaMode.ALL  # state groups only
+    window: int = 0  # sliding window groups only: the window, the query token included
+    chunk: int = 0  # chunked local groups only: the attention chunk
+    mode: MambaMode | None = None  # state groups only (default all)
     draft: bool = False  # holds speculative-decoding draft layers
     name: str = ""
 
     def __post_init__(self) -> None:
-        label = self.name or self.kind
+        label = self.name or str(self.kind)
         if not isinstance(self.kind, Kind):
-            raise ConfigError(f"group {label!r}: kind must be a Kind, got {self.kind!r}")
+            choices = ", ".join(k.value for k in Kind)
+            raise ConfigError(
+                f"group {label!r}: kind must be a Kind ({choices}), got {self.kind!r}"
+            )
+        for field, value, kind in (
+            ("window", self.window, Kind.SLIDING_WINDOW),
+            ("chunk", self.chunk, Kind.CHUNKED_LOCAL),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"group {label!r}: {field} must be an integer, got {value!r}")
+            if value and self.kind is not kind:
+                raise ConfigError(
+                    f"group {label!r}: {field}={value} applies to {kind.value} groups only, "
+                    f"not {self.kind.value}; drop it or change the kind"
+                )
+        if self.mode is not None and self.kind is not Kind.MAMBA:
+            raise ConfigError(
+                f"group {label!r}: mode applies to mamba groups only, not {self.kind.value}"
+            )
+        if self.kind is Kind.MAMBA:
+            if self.mode is None:
+                object.__setattr__(self, "mode", MambaMode.ALL)
+            elif not isinstance(self.mode, MambaMode):
+                choices = ", ".join(m.value for m in MambaMode)
+                raise ConfigError(
+                    f"group {label!r}: mode must be one of {choices}, got {self.mode!r}"
+                )
         if (
             isinstance(self.block_size, bool)
             or not isinstance(self.block_size, int)
@@ -81,6 +109,8 @@ class GroupConfig:
             raise ConfigError(f"group {label!r}: a sliding window needs window >= 1")
         if self.kind is Kind.CHUNKED_LOCAL and self.chunk < 1:
             raise ConfigError(f"group {label!r}: chunked local attention needs chunk >= 1")
+        if not isinstance(self.draft, bool):
+            raise ConfigError(f"group {label!r}: draft must be True or False, got {self.draft!r}")
         if self.draft and self.kind in (Kind.MAMBA, Kind.CROSS):
             raise ConfigError(f"group {label!r}: only attention groups can hold draft layers")
 
@@ -103,11 +133,11 @@ class CacheConfig:
         if (
             isinstance(self.num_blocks, bool)
             or not isinstance(self.num_blocks, int)
-            or (self.num_blocks < 2)
+            or not 2 <= self.num_blocks <= MAX_BLOCKS
         ):
             raise ConfigError(
-                f"num_blocks must be an integer >= 2 (the null block plus one), "
-                f"got {self.num_blocks!r}"
+                f"num_blocks must be an integer in [2, 2**31 - 1] (the null block plus one at "
+                f"least; block ids are int32 in engines' block tables), got {self.num_blocks!r}"
             )
         drafts = any(g.draft for g in self.groups)
         if drafts != (self.speculative is not None):
@@ -120,6 +150,13 @@ class CacheConfig:
             raise ConfigError(f"eviction must be one of {choices}, got {self.eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_model_len is not None and self.alignment > self.max_model_len - 1:
+            raise ConfigError(
+                f"every hit is a multiple of {self.alignment} tokens (the lcm of the block "
+                f"sizes) but a request of max_model_len={self.max_model_len} can reuse at most "
+                f"{self.max_model_len - 1}: prefix caching could never hit; choose smaller "
+                "blocks or a longer max_model_len"
+            )
 
     @property
     def alignment(self) -> int:

@@ -29,7 +29,7 @@ def first_needed(group: GroupConfig, length: int) -> int:
 
 
 def first_read(group: GroupConfig, computed: int, end: int) -> int:
-    """First position kept while computing [computed, end) (ALLOC-HOLD-1)."""
+    """First position kept while computing [computed, end). Implements ALLOC-HOLD-1."""
     size = group.block_size
     if group.kind is Kind.SLIDING_WINDOW:
         return max(0, computed - (group.window - 1)) // size
@@ -41,7 +41,7 @@ def first_read(group: GroupConfig, computed: int, end: int) -> int:
 
 
 def first_written(group: GroupConfig, computed: int, end: int) -> int:
-    """First position written while computing [computed, end) (ALLOC-WRITE-1)."""
+    """First position written while computing [computed, end). Implements ALLOC-WRITE-1."""
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
         return cdiv(end, group.block_size) - 1
     return computed // group.block_size

@@ -139,7 +139,8 @@ def entry(layer: AttentionShape | LatentShape, dtype: str) -> tuple[int, int]:
 
 
 def page_bytes(layer: LayerShape, dtype: str, block_size: int) -> int:
-    """PAGE-BYTES-1 (the caller guarantees whole entries)."""
+    """Bytes of one block's page. Implements PAGE-BYTES-1 (the caller guarantees whole
+    entries)."""
     if isinstance(layer, StateShape):
         return layer.nbytes
     size, ratio = entry(layer, dtype)
@@ -190,7 +191,7 @@ class CachePlan:
                     g.block_size,
                     window=g.window,
                     chunk=g.chunk,
-                    mode=self.mamba_mode,
+                    mode=self.mamba_mode if g.kind is Kind.MAMBA else None,
                     draft=g.draft,
                     name=f"{i}:{g.kind}",
                 )
@@ -255,7 +256,7 @@ def _key(layer: LayerShape) -> tuple[object, ...]:
 
 
 def _anchor(request: PlanRequest) -> tuple[int, int]:
-    """PAGE-ANCHOR-1 and PAGE-SIZE-1: (anchor block size, shared page size)."""
+    """(anchor block size, shared page size). Implements PAGE-ANCHOR-1 and PAGE-SIZE-1."""
     dtype = request.dtype
     tokens = [x for x in request.layers if not isinstance(x, StateShape)]
     states = [x for x in request.layers if isinstance(x, StateShape)]
@@ -293,7 +294,8 @@ def _anchor(request: PlanRequest) -> tuple[int, int]:
 
 
 def _fit(layer: AttentionShape | LatentShape, request: PlanRequest, anchor: int, page: int) -> int:
-    """PAGE-FIT-1 in closed form: the largest anchor x 2^k within the page and the maximum."""
+    """The largest anchor x 2^k within the page and the maximum. Implements PAGE-FIT-1 in
+    closed form."""
     size, ratio = entry(layer, request.dtype)
     step = math.lcm(request.multiple, ratio)
     most = min(page * ratio // size, request.maximum) // anchor  # largest multiplier that fits
@@ -310,7 +312,7 @@ def _fit(layer: AttentionShape | LatentShape, request: PlanRequest, anchor: int,
 
 
 def _group_size(sizes: list[int], most_padding: Fraction) -> int:
-    """PAGE-GROUP-1: scan g downwards; g = 1 never pads."""
+    """Scan g downwards; g = 1 never pads. Implements PAGE-GROUP-1."""
     for g in range(max(sizes), 1, -1):
         slots = sum(-(-n // g) * g for n in sizes)
         if (slots - sum(sizes)) <= most_padding * slots:
@@ -319,7 +321,8 @@ def _group_size(sizes: list[int], most_padding: Fraction) -> int:
 
 
 def plan_cache(request: PlanRequest) -> CachePlan:
-    """The plan for `request` (PAGE-* rules of kvcert.spec.plan)."""
+    """The plan for `request`. Implements PAGE-STATE-1 (state layers take the anchor block),
+    PAGE-SPLIT-1, PAGE-POOL-1 and PAGE-CAP-1, with the helpers above for the others."""
     anchor, page = _anchor(request)
     buckets: dict[tuple[object, ...], list[int]] = {}
     for index, layer in enumerate(request.layers):

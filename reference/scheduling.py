@@ -28,7 +28,10 @@ def next_chunk(
     *,
     branch: int = 0,
 ) -> int:
-    """Tokens to schedule in the next prefill step of a prompt of `num_tokens`."""
+    """Tokens to schedule in the next prefill step of a prompt of `num_tokens`.
+
+    Implements CKPT-ALL-1, CKPT-ALIGN-1 and CKPT-BRANCH-1 (the branch point is BRANCH-1's,
+    from KVCacheManager.branch_point)."""
     remaining = num_tokens - computed
     if placement is Placement.ALL:
         return min(budget, remaining)

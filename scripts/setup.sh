@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install kvcert into it, editable, with the given extras.
-# Usage: scripts/setup.sh [EXTRAS]      e.g. scripts/setup.sh test
+# Usage: scripts/setup.sh [EXTRAS]      e.g. scripts/setup.sh test,proofs
 # Versions come from constraints.txt, so nothing can swap the CPU torch for a CUDA build.
+# An install is skipped when .venv already holds these extras (or more) from the same
+# pyproject.toml and constraints.txt (the install is editable: code changes need none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-}
 if [ ! -x .venv/bin/python ]; then
+  echo "kvcert setup: creating .venv"
   "${PYTHON:-python3}" -m venv .venv
+fi
+inputs=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+read -r stamped installed 2>/dev/null < .venv/.kvcert-stamp || true
+if [ "${stamped:-}" = "$inputs" ]; then
+  missing=0
+  for extra in ${extras//,/ }; do
+    [[ ",${installed:-}," == *",$extra,"* ]] || missing=1
+  done
+  [ "$missing" = 0 ] && exit 0
+  # Keep what is installed: the union of the extras, so main.sh after test.sh (or the
+  # reverse) never reinstalls back and forth.
+  extras=$(echo "${installed:-},$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e "$spec"
+echo "kvcert setup: installing kvcert${extras:+[$extras]} into .venv (a first install takes 1-2 min)"
+# pip's own lines are the progress; the machine's pip.conf warnings are noise.
+.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off \
+  -c constraints.txt -e "$spec" 2>&1 | { grep --line-buffered -v "^WARNING: Location '" || true; }
+echo "$inputs $extras" > .venv/.kvcert-stamp
+echo "kvcert setup: done"

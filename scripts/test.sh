@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Install kvcert with its test extras and run the whole suite: lint, format, pytest with the
-# 100% branch-coverage gate on kvcert.spec, the Triton kernels under the interpreter in their
-# own process, then the model checks (`kvcert check --tier pr`:
-# Z3 obligations, CrossHair contracts, state machines). Extra arguments go to pytest.
-# Any failure, and pytest's exit 5 (no tests collected), fails the script.
+# The fast tier, the README's test command: install kvcert with its test extras, then lint,
+# format, pytest on both cores (kvcert.spec held to 100% branch coverage by tests/spec), the
+# Triton kernels under the interpreter in their own process, and the model checks
+# (`kvcert check --tier pr`: Z3 obligations, CrossHair contracts, state machines).
+# Extra arguments go to pytest. Any failure, and pytest's exit 5 (no tests), fails the script.
+# The same assertions with deep budgets: scripts/test-long.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,proofs,symbolic,kernels,sim
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
-.venv/bin/python -m pytest --cov --cov-branch --junitxml=.test-report.xml --ignore=tests/kernels "$@"
+.venv/bin/python -m pytest -n 2 --cov --cov-branch --junitxml=.test-report.xml \
+  --ignore=tests/kernels "$@"
 # Triton kernels in their own process: TRITON_INTERPRET=1 must be set before triton is imported.
-TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/kernels --junitxml=.kernel-report.xml -p no:cacheprovider
-.venv/bin/kvcert check --tier pr --json .check-report.json
+TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/kernels --junitxml=.kernel-report.xml \
+  -p no:cacheprovider
+tier=pr
+[ "$HYPOTHESIS_PROFILE" = long ] && tier=long
+.venv/bin/kvcert check --tier "$tier" --json .check-report.json

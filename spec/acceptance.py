@@ -53,8 +53,8 @@ def sliding_window_needed(group: SlidingWindow, length: int) -> range:
     """HIT-SW-1: A sliding-window group needs the blocks holding the W-1 tokens before the hit.
 
     Token L, the first one computed, attends to [L-W+1, L]; its own KV is computed, so the
-    cache must supply [max(0, L-W+1), L). At aligned L >= W-1 that is cdiv(W-1, B) blocks,
-    vLLM's reference count; below W-1 it reaches back to block 0.
+    cache must supply [max(0, L-W+1), L). At aligned L >= W-1 that is cdiv(W-1, B) blocks;
+    below W-1 it reaches back to block 0.
 
         B=16, W=32, L=64:  needed tokens [33, 64)
         blocks        | 0 | 1 | 2 | 3 |

@@ -33,8 +33,8 @@ from kvcert.spec.hashing import (
     BlockKey,
     Extra,
     block_keys,
-    draft_lookahead,
     extras_within,
+    key_lookahead,
     matched_blocks,
 )
 from kvcert.spec.hybrid import hybrid_hit
@@ -46,20 +46,20 @@ from kvcert.spec.layout import (
     MambaMode,
     MambaState,
     SlidingWindow,
-    Speculative,
-    is_draft,
 )
 from kvcert.spec.view import CacheView
 
 NULL_BLOCK = 0  # physical id of the null block
+MAX_BLOCKS = 2**31 - 1  # block ids fit the int32 block tables engines use
+TOKEN_ID_LIMIT = 2**63  # token ids are integers in [0, 2**63): what an int64 tensor holds
 
 
 class Eviction(StrEnum):
     """Named eviction profiles; an engine claims one to be compared on eviction order."""
 
-    LRU = "lru"  # vLLM's observable order (research notes §5): head of the free queue first
+    LRU = "lru"  # the head of the free queue first; released blocks join its tail
     HYBRID = "hybrid"  # dead blocks first, requests freed tail first (§11, EVICT-HYB-1)
-    LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # vLLM 0.25+: unkeyed reused first (ALLOC-FREE-2)
+    LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, released unkeyed blocks reused first
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,11 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             refuse(InvalidOp, f"num_blocks must be an integer, got {self.num_blocks!r}")
-        if self.num_blocks < 2:
+        if not 2 <= self.num_blocks <= MAX_BLOCKS:
             refuse(
                 InvalidOp,
-                f"num_blocks must be >= 2 (the null block plus one), got {self.num_blocks}",
+                f"num_blocks must be >= 2 (the null block plus one) and <= 2**31 - 1 (block "
+                f"ids are int32 in engines' block tables), got {self.num_blocks}",
             )
 
 
@@ -228,11 +229,6 @@ def initial_state(config: PoolConfig) -> State:
 # --- lookup ---------------------------------------------------------------------------------
 
 
-def key_lookahead(layout: Layout, group: Group) -> int:
-    """Tokens past a block that its key covers: 1 for draft groups under exact keying."""
-    return draft_lookahead(is_draft(group), layout.speculative is Speculative.EXACT)
-
-
 def request_keys(
     layout: Layout, tokens: tuple[int, ...], extras: tuple[Extra, ...]
 ) -> tuple[tuple[BlockKey, ...], ...]:
@@ -242,24 +238,24 @@ def request_keys(
     )
 
 
-def _served(state: State, group: int, key: BlockKey) -> int:
-    block = registered_block(state, group, key)
-    if block is None:  # pragma: no cover - matched keys are registered by definition
-        refuse(InvalidOp, f"key of group {group} matched but no block holds it")
-    return block
-
-
-def registered_block(state: State, group: int, key: BlockKey) -> int | None:
+def served_blocks(state: State) -> dict[tuple[int, BlockKey], int]:
     """ALLOC-LOOKUP-1: A key is served by the block registered under it earliest; a key on no
     block is a miss.
 
-        blocks 7 (stamp 3) and 4 (stamp 9) both hold key k of group 0  -> block 7
+        blocks 7 (stamp 3) and 4 (stamp 9) both hold key k of group 0   (0, k) -> block 7
+        no block holds key m of group 1                                 (1, m) -> a miss
 
-    pre: 0 <= group < len(state.config.layout.groups)
-    post: __return__ is None or state.blocks[__return__].key == (group, key)
+    pre: True
+    post: all(state.blocks[b].key == slot for slot, b in __return__.items())
     """
-    holders = [(b.stamp, i) for i, b in enumerate(state.blocks) if b.key == (group, key)]
-    return min(holders)[1] if holders else None
+    earliest: dict[tuple[int, BlockKey], int] = {}
+    for b, block in enumerate(state.blocks):
+        if block.key is None:
+            continue
+        holder = earliest.get(block.key)
+        if holder is None or block.stamp < state.blocks[holder].stamp:
+            earliest[block.key] = b
+    return earliest
 
 
 def lookup(
@@ -272,16 +268,14 @@ def lookup(
     """
     layout = state.config.layout
     keys = request_keys(layout, tokens, extras)
+    served = served_blocks(state)
     cached = tuple(
-        matched_blocks(
-            keys[g],
-            frozenset(b.key[1] for b in state.blocks if b.key is not None and b.key[0] == g),
-        )
+        matched_blocks(keys[g], frozenset(key for group, key in served if group == g))
         for g in range(len(layout.groups))
     )
     hit = hybrid_hit(CacheView(layout, len(tokens), cached))
     tables = tuple(
-        tuple(NULL_BLOCK if j is NULL else _served(state, g, keys[g][j]) for j in hit.blocks[g])
+        tuple(NULL_BLOCK if j is NULL else served[g, keys[g][j]] for j in hit.blocks[g])
         for g in range(len(layout.groups))
     )
     return hit.length, tables
@@ -368,15 +362,36 @@ def _require(condition: bool, message: str) -> None:
         refuse(InvalidOp, message)
 
 
+def _require_token_ids(tokens: object, what: str) -> None:
+    _require(
+        isinstance(tokens, tuple)
+        and all(isinstance(t, int) and 0 <= t < TOKEN_ID_LIMIT for t in tokens),
+        f"{what} must be token ids: integers in [0, 2**63), got {tokens!r}",
+    )
+
+
+def _require_budget(budget: object, lookahead: object) -> None:
+    _require(
+        isinstance(budget, int) and budget >= 1 and isinstance(lookahead, int) and lookahead >= 0,
+        f"budget must be an integer >= 1 and lookahead an integer >= 0, "
+        f"got {budget!r} and {lookahead!r}",
+    )
+
+
 def _admit(state: State, op: Admit) -> tuple[State, Observation]:
     layout = state.config.layout
+    _require(
+        isinstance(op.rid, str) and op.rid != "",
+        f"a request id is a non-empty string, got {op.rid!r}",
+    )
+    _require_token_ids(op.tokens, "a prompt's tokens")
     _require(
         op.rid not in state.requests,
         f"request {op.rid!r} is already running; "
         "Extend it, or Finish/Preempt it before admitting it again",
     )
     _require(len(op.tokens) >= 1, "a request needs at least one token")
-    _require(op.budget >= 1 and op.lookahead >= 0, "budget must be >= 1 and lookahead >= 0")
+    _require_budget(op.budget, op.lookahead)
     limit = layout.max_model_len
     _require(
         limit is None or len(op.tokens) <= limit,
@@ -432,9 +447,10 @@ def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Obs
 
 def _extend(state: State, op: Extend) -> tuple[State, Observation]:
     _require(op.rid in state.requests, f"unknown request {op.rid!r}; Admit it first")
+    _require_token_ids(op.appended, "appended tokens")
     request = state.requests[op.rid]
     _require(request.scheduled == 0, f"request {op.rid!r} has a chunk in flight; EndStep first")
-    _require(op.budget >= 1 and op.lookahead >= 0, "budget must be >= 1 and lookahead >= 0")
+    _require_budget(op.budget, op.lookahead)
     _require(
         not op.appended or request.computed == len(request.tokens),
         f"request {op.rid!r} still has prompt tokens to compute; append only after them",
@@ -532,19 +548,26 @@ def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
     pre: 0 <= count <= len(state.free)
     post: len(__return__[1]) == count
     """
-    taken: list[int] = []
-    for _ in range(count):
-        if state.config.eviction is Eviction.HYBRID:
+    if state.config.eviction is Eviction.HYBRID:
+        taken: list[int] = []
+        for _ in range(count):  # one at a time: each eviction can make the next block dead
             cold = frozenset(b for b in state.free if state.blocks[b].cold)
             victim = hybrid_victim(state.free, dead_free_blocks(state), cold)
-        else:
-            victim = state.free[0]
-        blocks = list(state.blocks)
+            state = _hand_out(state, (victim,))
+            taken.append(victim)
+        return state, tuple(taken)
+    victims = state.free[:count]
+    return _hand_out(state, victims), victims
+
+
+def _hand_out(state: State, victims: tuple[int, ...]) -> State:
+    """Take `victims` off the free queue, each now held once and holding nothing."""
+    blocks = list(state.blocks)
+    for victim in victims:
         blocks[victim] = Block(ref_count=1)
-        free = tuple(b for b in state.free if b != victim)
-        state = dataclasses.replace(state, blocks=tuple(blocks), free=free)
-        taken.append(victim)
-    return state, tuple(taken)
+    chosen = frozenset(victims)
+    free = tuple(b for b in state.free if b not in chosen)
+    return dataclasses.replace(state, blocks=tuple(blocks), free=free)
 
 
 def cached_blocks(state: State) -> tuple[Cached, ...]:
@@ -591,7 +614,7 @@ def give_back(state: State, released: list[tuple[int, int, int]], cold: bool = F
 
 
 def unkeyed_first(state: State, released: list[tuple[int, int, int]]) -> State:
-    """ALLOC-FREE-2: Under the lru-unkeyed-first profile (vLLM 0.25+) each group's released
+    """ALLOC-FREE-2: Under the lru-unkeyed-first profile each group's released
     blocks, in ALLOC-FREE-1's order, split on reaching 0: blocks without a key go to the
     queue head (a later group's ahead of an earlier one's), keyed blocks join the tail; so a
     new allocation reuses KV nobody can hit before it evicts KV somebody might.
@@ -611,7 +634,7 @@ def unkeyed_first(state: State, released: list[tuple[int, int, int]]) -> State:
 def release(state: State, rid: str) -> tuple[State, Observation]:
     """ALLOC-FREE-1: A finished or preempted request releases its blocks group by group in
     layout order, each group's table from the last position to the first; blocks whose count
-    reaches 0 join the free queue tail in that order (the lru profile, vLLM's order; hybrid
+    reaches 0 join the free queue tail in that order (under lru; hybrid
     reorders them by EVICT-ORDER-1).
 
         tables  g0: [1 2 3]   g1: [0 5 6]     queue tail gains 3 2 1 6 5

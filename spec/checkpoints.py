@@ -86,8 +86,8 @@ def align_chunk(computed: int, num_tokens: int, budget: int, block: int) -> int:
         block 16, prompt 100 (resend boundary 96), budget 40:  chunks 32 32 32 4
         budget 8 (below a block):                               chunks 16 x 6, then 4
 
-    vLLM's scheduler stops at num_tokens - num_tokens % block instead, which a re-send of a
-    block-aligned prompt cannot use (HIT-LEN-1 leaves its last token to compute).
+    Stopping at num_tokens - num_tokens % block instead would checkpoint where a re-send of
+    a block-aligned prompt cannot use it (HIT-LEN-1 leaves its last token to compute).
 
     pre: 0 <= computed < num_tokens and budget >= 1 and block >= 1
     post: 1 <= __return__ <= num_tokens - computed

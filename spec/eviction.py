@@ -11,9 +11,9 @@ prefix block gates the hits of every group above it.
                    mid-request (cold), then the oldest
     EVICT-ORDER-1  and frees a request's blocks tail first across groups
 
-EVICT-LIVE-1 asks every cached prefix, so no allocator can afford it per eviction; EVICT-DEAD-1
-reads only the keys a block's own tokens determine, so an allocator can track it in O(1) per
-key event, and every block it calls dead is useless (tests/spec checks the inclusion).
+EVICT-LIVE-1 is the meaning: what some lookup could be served. EVICT-DEAD-1 decides from the
+keys a block's own tokens determine, and every block it calls dead is useless (tests/spec
+checks the inclusion).
 
 What the profile guarantees (tests/spec, Hypothesis over random traces): evicting a provably
 dead block changes no lookup, and in a trace where it never has to evict a useful block every
@@ -24,13 +24,14 @@ serve a later request better (tests/spec/test_eviction.py has one such trace).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvcert.spec.acceptance import NULL, group_blocks
-from kvcert.spec.hashing import BlockKey, Extra, block_keys, draft_lookahead, matched_blocks
+from kvcert.spec.hashing import BlockKey, Extra, block_keys, key_lookahead, matched_blocks
 from kvcert.spec.hybrid import common_lengths
-from kvcert.spec.layout import FullAttention, Layout, Speculative, is_draft
+from kvcert.spec.layout import FullAttention, Layout
 from kvcert.spec.view import CacheView
 
 
@@ -45,12 +46,6 @@ class Cached:
     tokens: tuple[int, ...]  # the tokens its key covers (one more for exact draft keys)
     extras: tuple[Extra, ...]  # the extras its key covers
     stamp: int  # registration order: the earliest holder of a key is the one served
-
-
-def lookahead(layout: Layout, group: int) -> int:
-    """Tokens past a block that its key covers (HASH-DRAFT-1)."""
-    exact = layout.speculative is Speculative.EXACT
-    return draft_lookahead(is_draft(layout.groups[group]), exact)
 
 
 def served(cached: Iterable[Cached]) -> dict[tuple[int, BlockKey], int]:
@@ -94,7 +89,7 @@ def useful_blocks(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
         if limit is not None and len(tokens) > limit:
             continue
         keys = [
-            block_keys(tokens, g.block_size, extras, lookahead(layout, i))
+            block_keys(tokens, g.block_size, extras, key_lookahead(layout, g))
             for i, g in enumerate(layout.groups)
         ]
         view = CacheView(
@@ -110,15 +105,17 @@ def useful_blocks(layout: Layout, cached: Sequence[Cached]) -> frozenset[int]:
     return frozenset(useful)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def prerequisites(layout: Layout, c: Cached) -> tuple[tuple[int, BlockKey], ...]:
     """The full-attention keys every hit through `c` needs that `c`'s own tokens determine:
-    per full-attention group, the last such key other than `c`'s own (see EVICT-DEAD-1)."""
+    per full-attention group, the last such key other than `c`'s own (see EVICT-DEAD-1).
+    A pure function of its arguments, hence memoised."""
     span = (c.position + 1) * layout.groups[c.group].block_size  # every hit through c is >= this
     needs = []
     for f, group in enumerate(layout.groups):
         if not isinstance(group, FullAttention):
             continue
-        keys = block_keys(c.tokens, group.block_size, c.extras, lookahead(layout, f))
+        keys = block_keys(c.tokens, group.block_size, c.extras, key_lookahead(layout, group))
         last = min(len(keys), span // group.block_size) - 1
         if (f, last) == (c.group, c.position):
             last -= 1

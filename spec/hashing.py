@@ -10,9 +10,8 @@ collision-resistant function; its tests check that encoding is injective too.
     key(j)  = key(j-1) + (link(j),)
 
 Because key(j) extends key(j-1), a match of key(j) certifies the whole prefix [0, (j+1)B):
-a hit can never return a block whose tokens differ from the request's. The key is flat (a
-tuple of links, not nested pairs) so comparing two long keys never recurses; it grows with
-the prefix, which is the price of clarity here, not in the reference.
+a hit can never return a block whose tokens differ from the request's. The key is the flat
+tuple of every link of the prefix, so that certificate can be read off the key itself.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvcert.spec.errors import InvalidRequest, refuse
+from kvcert.spec.layout import Group, Layout, Speculative, is_draft
 
 ROOT = ("kvcert-block-key", 1)  # parent of block 0; versioned so a format change never collides
 
@@ -134,6 +134,12 @@ def draft_lookahead(is_draft_group: bool, exact: bool) -> int:
     post: __return__ in (0, 1)
     """
     return 1 if is_draft_group and exact else 0
+
+
+def key_lookahead(layout: Layout, group: Group) -> int:
+    """Tokens past a block that `group`'s keys cover in `layout` (HASH-DRAFT-1): 1 for a
+    draft group under exact keying, else 0."""
+    return draft_lookahead(is_draft(group), layout.speculative is Speculative.EXACT)
 
 
 def matched_blocks(keys: Sequence[BlockKey], cached_keys: frozenset[BlockKey]) -> frozenset[int]:

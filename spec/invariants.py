@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from kvcert.spec.alloc import NULL_BLOCK, State, key_lookahead, request_keys
-from kvcert.spec.hashing import block_keys, extras_within
+from kvcert.spec.alloc import NULL_BLOCK, State, request_keys
+from kvcert.spec.hashing import block_keys, extras_within, key_lookahead
 
 
 def _held(state: State) -> Counter[int]:

@@ -17,8 +17,9 @@ The objective is stated where it is decided. For a fixed P, PAGE-FIT-1 leaves ea
 least padding among the block sizes that keep the hit alignment equal to the largest block
 (THM-PAGE-FIT proves it), which maximises the token capacity at that alignment; P itself
 follows the requested block size, the hit granularity the operator chose.
-vLLM instead scales a block size only when one page divides the other and otherwise pads the
-smaller page with the block size unchanged (0.24+); `kvcert plan --compare` shows both.
+Another rule, scaling a block size only when one page divides the other and otherwise padding
+the smaller page with the block size unchanged, pads far more when head sizes differ;
+`kvcert plan --compare` shows both.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def anchor_block_size(plan_input: PlanInput) -> int:
 
         requested B=16, anchor 2048 B/token, GDN state 1085440 B:
             16 x 2048 = 32768 < 1085440  ...  528 x 2048 < 1085440 <= 544 x 2048
-            -> anchor block 544                         (vLLM's Qwen3.5-0.8B figure)
+            -> anchor block 544
 
     Allowed: multiples of the kernel multiple, of each anchor layer's entry ratio and, in
     mamba mode `all`, of the state chunk, up to the kernel maximum. Without attention layers
@@ -208,7 +209,7 @@ def fitted_block_size(
 
         P = 66560 (Gemma 4 sliding, 8 x 520 B per token, anchor block 16)
         global, 2 x 1032 = 2064 B/token:   16 -> 33024,  32 -> 66048 <= 66560,  64 -> 132096
-            -> block 32, padding 512 B (0.8%)       vLLM 0.26: block 16, padding 33536 B (50%)
+            -> block 32, padding 512 B (0.8%)     (block 16 would pad 33536 B, 50%)
 
     Doubling from the anchor keeps every block size a multiple of every smaller one, so the
     hit alignment (their lcm) is the largest block size. Any multiple of the kernel's would
@@ -272,7 +273,7 @@ def group_size(bucket_sizes: tuple[int, ...], share: Fraction) -> int:
         buckets 12 sliding + 13 full (one a draft):  g=13: 1 empty of 26 (3.8%)  -> g = 13
 
     g = 1 (a group per layer) leaves no slot empty, so some g always qualifies. Fewer groups
-    mean fewer block tables and a faster hit search; empty slots waste a page per block.
+    mean fewer block tables; empty slots waste a page per block.
 
     pre: len(bucket_sizes) >= 1 and min(bucket_sizes) >= 1 and 0 <= share < 1
     post: padding_slots(bucket_sizes, __return__) <= share * slot_count(bucket_sizes, __return__)
@@ -290,7 +291,7 @@ def split_bucket(members: tuple[int, ...], size: int) -> tuple[tuple[int | None,
         7 sliding layers [3..9], g = 3  ->  3 groups:  (3, 6, 9)  (4, 7, None)  (5, 8, None)
 
     Striding spreads each group over the model's depth, so every pipeline stage holds a share
-    of every group (vLLM's choice too).
+    of every group.
 
     pre: len(members) >= 1 and size >= 1
     post: sorted(x for g in __return__ for x in g if x is not None) == sorted(members)
@@ -333,7 +334,7 @@ def token_capacity(block_sizes: Iterable[int], num_blocks: int) -> int:
 
     Counted: full, sliding-window and chunked-local groups, and state groups in mode `all`
     (a checkpoint per block). A sliding window or chunk frees blocks behind it in a real run,
-    so this is the capacity of one request that never lets a block go (vLLM's figure too).
+    so this is the capacity of one request that never lets a block go.
 
     pre: num_blocks >= 2 and all(b >= 1 for b in block_sizes)
     post: __return__ >= 0

@@ -93,7 +93,7 @@ def views(
     return CacheView(chosen, num_tokens, cached)
 
 
-# --- page planning: plan-input JSON (kvcert.conformance.planning) ---------------------------
+# --- page planning: plan-input JSON (kvcert.conformance.contract.plans) ---------------------------
 
 KV_DTYPES = [
     "fp32",

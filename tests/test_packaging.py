@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -79,37 +80,137 @@ def test_the_console_script_answers_help():
     assert "explain" in result.stdout
 
 
-def test_a_built_wheel_installs_and_runs_outside_the_repo(tmp_path):
-    """Build the wheel, install it into a fresh venv, run `kvcert explain` from elsewhere.
+def tree_contents() -> tuple[set[str], set[str]]:
+    """What the wheel must hold, read off the four folders: every package (a folder with an
+    __init__.py, as kvcert.X.Y) and every data file (anything but Python sources and caches)."""
+    packages, files = set(), set()
+    for package, folder in FOLDERS.items():
+        root = ROOT / folder
+        for path in root.rglob("*"):
+            relative = path.relative_to(root)
+            if "__pycache__" in relative.parts or path.suffix == ".pyc" or path.is_dir():
+                continue
+            installed = "/".join(("kvcert", package.split(".")[1], *relative.parts))
+            if path.name == "__init__.py":
+                packages.add(".".join(installed.split("/")[:-1]))
+            files.add(installed)
+    return packages, files
 
-    This is the check a broken folder mapping or a missing data file cannot pass.
-    """
-    wheels = tmp_path / "wheels"
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The wheel built from a clean copy of the tree: a working copy's stale *.egg-info (from
+    the editable install) or build/ would smuggle in files the configuration forgot."""
+    source = tmp_path_factory.mktemp("source") / "kvcert"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".engines", "build", "*.egg-info", "__pycache__", ".*cache"
+        ),
+    )
+    wheels = tmp_path_factory.mktemp("wheels")
     built = run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        cwd=tmp_path,
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+        cwd=wheels,
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = wheels.glob("kvcert-*.whl")
+    (path,) = wheels.glob("kvcert-*.whl")
+    return path
+
+
+def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel):
+    packages, files = tree_contents()
+    assert "kvcert.conformance.checks.proofs" in packages  # the package the wheel once lost
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in (
-        "kvcert/spec/RULES.md",
-        "kvcert/spec/py.typed",
-        "kvcert/conformance/examples/gpt-oss-eagle.json",
-        "kvcert/reference/__init__.py",
-        "kvcert/kernels/__init__.py",
-    ):
-        assert expected in names
-    assert not any(n.startswith(("tests/", "spec/")) for n in names)
+    in_wheel = {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("__init__.py")}
+    assert packages - in_wheel == set(), "pyproject's [tool.setuptools] packages misses these"
+    assert files - names == set(), "pyproject's package-data misses these files"
+    assert not any(n.startswith(("tests/", "spec/", "conformance/")) for n in names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+def test_a_built_wheel_installs_and_runs_outside_the_repo(wheel, tmp_path):
+    """Install the wheel (not editable) into a fresh venv and run it from elsewhere: the check a
+    broken folder mapping, a missing package or a missing data file cannot pass."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    constraints = str(ROOT / "constraints.txt")
     installed = run(
-        [str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], cwd=tmp_path
+        [str(python), "-m", "pip", "install", "-q", "-c", constraints, f"{wheel}[proofs]"],
+        cwd=tmp_path,
     )
     assert installed.returncode == 0, installed.stderr
-    result = run(
-        [str(env_dir / "bin" / "kvcert"), "explain", "--example", "gpt-oss-eagle"], cwd=tmp_path
-    )
+    kvcert = str(env_dir / "bin" / "kvcert")
+    result = run([kvcert, "explain", "--example", "gpt-oss-eagle"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "HYBRID HIT: 976 tokens" in result.stdout
+    listed = run([kvcert, "check", "--list"], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "THM-HYB-SEARCH" in listed.stdout
+
+
+def test_kernels_import_without_torch_and_name_the_extra(tmp_path):
+    """Once `import kvcert.kernels` failed without torch and nothing named the extra."""
+    probe = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import kvcert.kernels as kernels\n"
+        "print(kernels.attention_layout.__name__)\n"
+        "try:\n"
+        "    from kvcert.kernels import write_kv\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    result = run([sys.executable, "-c", probe], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "attention_layout"
+    assert "kvcert.kernels.write_kv needs torch" in result.stdout
+    assert "'kvcert[kernels]'" in result.stdout
+
+
+def test_the_suite_collects_with_the_test_extra_alone(tmp_path):
+    """`pip install -e .[test] && pytest` must collect: the tests that need z3, CrossHair,
+    matplotlib or torch skip without them instead of failing to import."""
+    probe = (
+        "import sys\n"
+        "for name in ('z3', 'crosshair', 'matplotlib', 'torch', 'triton'):\n"
+        "    sys.modules[name] = None\n"
+        "import pytest\n"
+        f"sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', "
+        f"'--ignore={ROOT / 'tests' / 'kernels'}', '{ROOT / 'tests'}']))\n"
+    )
+    result = run([sys.executable, "-c", probe], cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "ERROR collecting" not in result.stdout
+
+
+def test_setup_installs_once_and_only_what_is_missing(tmp_path):
+    """`bash scripts/main.sh ARGS` once reinstalled on every call: setup.sh now skips pip
+    when .venv holds the extras asked for (or more) from the same pyproject and constraints."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    for name in ("pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    fake = tmp_path / ".venv" / "bin" / "python"  # records each pip call instead of running it
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "pip-calls"}\n', encoding="utf-8")
+    fake.chmod(0o755)
+
+    def setup(extras: str) -> list[str]:
+        done = run(["bash", "scripts/setup.sh", extras], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        calls = tmp_path / "pip-calls"
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    assert len(setup("test,proofs")) == 1
+    assert len(setup("test,proofs")) == 1  # nothing changed: no reinstall
+    assert len(setup("")) == 1  # the main job needs no extra
+    assert len(setup("proofs")) == 1  # a subset of what is installed
+    assert setup("sim")[-1].endswith("-e .[proofs,sim,test]")  # the union, not a swap
+    (tmp_path / "constraints.txt").write_text("z3-solver==5.4.0.0\n", encoding="utf-8")
+    assert len(setup("sim")) == 3  # a changed constraint reinstalls
+    fake.write_text("#!/bin/sh\necho 'ERROR: no matching distribution'\nexit 1\n")
+    failed = run(["bash", "scripts/setup.sh", "kernels"], cwd=tmp_path)
+    assert failed.returncode != 0  # a failed pip fails the setup, and records nothing
+    assert "kernels" not in (tmp_path / ".venv" / ".kvcert-stamp").read_text()

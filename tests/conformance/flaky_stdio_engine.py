@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from kvcert.conformance.engines import ReferenceEngine
+from kvcert.conformance.engines.reference_engine import ReferenceEngine
 
 HANG, EXIT, GARBAGE = (
     "hit.vllm-c1.eagle-drop-once",

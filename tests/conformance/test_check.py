@@ -7,11 +7,14 @@ import json
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from kvcert.conformance import check
+pytest.importorskip("z3", reason="the proofs extra: pip install -c constraints.txt '.[proofs]'")
+pytest.importorskip("crosshair", reason="the symbolic extra: '.[symbolic]'")
+
+from kvcert.conformance.checks import check
+from kvcert.conformance.checks.proofs import tier
 from kvcert.conformance.cli import main
-from kvcert.conformance.engines import ReferenceEngine
-from kvcert.conformance.mutants import BROKEN
-from kvcert.conformance.proofs import tier
+from kvcert.conformance.engines.mutants import BROKEN
+from kvcert.conformance.engines.reference_engine import ReferenceEngine
 
 
 def test_z3_part_passes_and_writes_json(tmp_path, capsys):
@@ -34,7 +37,7 @@ def test_list_and_bad_arguments(capsys):
 
 
 def test_an_unexpected_verdict_fails_the_run(monkeypatch, capsys):
-    def lying(_tier):
+    def lying(_tier, _jobs):
         yield check.Row("z3", "THM-FAKE", "proved", "unknown", 0.1, "z3 gave up")
 
     monkeypatch.setitem(check.RUNNERS, "z3", lying)
@@ -99,5 +102,5 @@ def test_missing_tools_are_named(monkeypatch):
 def check_args(**overrides):
     import argparse
 
-    values = {"tier": "pr", "only": "z3", "json": None, "list": False} | overrides
+    values = {"tier": "pr", "only": "z3", "json": None, "list": False, "jobs": 1} | overrides
     return argparse.Namespace(**values)

@@ -7,9 +7,13 @@ import re
 from importlib import resources
 
 import pytest
+from hypothesis import given, settings
 
-from kvcert.conformance.cli import example_names, main
-from kvcert.conformance.explain import format_block_list, format_indices
+from kvcert.conformance.cli import main
+from kvcert.conformance.tools.explain import explain, format_block_list, format_indices, render
+from kvcert.conformance.tools.scenario import example_names, parse_scenario
+from tests.strategies import views
+from tests.tiers import tiered
 
 # Hit lengths derived in tests/spec/test_worked_examples.py from the rules and the reports.
 EXPECTED_HITS = {
@@ -34,7 +38,7 @@ def test_explain_prints_the_hit_per_group_and_a_diagram(name, capsys):
     out = capsys.readouterr().out
     assert f"HYBRID HIT: {EXPECTED_HITS[name]} tokens" in out
     scenario = json.loads(
-        resources.files("kvcert.conformance").joinpath(f"examples/{name}.json").read_text()
+        resources.files("kvcert.conformance.tools").joinpath(f"examples/{name}.json").read_text()
     )
     groups = scenario["layout"]["groups"]
     for index, group in enumerate(groups):
@@ -202,3 +206,59 @@ def test_run_length_formatting():
     assert format_indices([1, 2, 3, 7]) == "1-3, 7"
     assert format_block_list([None, None, 2, 3, None, 5]) == "[null x2, 2-3, null, 5]"
     assert format_block_list([]) == "[]"
+
+
+# --- explain: linear search, bounded spec cross-check --------------------------------------
+
+
+@settings(max_examples=tiered(150, 3000))
+@given(views())
+def test_explain_agrees_with_the_spec_definition(view):
+    """The reference's search gives the lengths; the spec's definition must give the same:
+    the hit, and each group's longest hit alone (the maximum of its accepted lengths)."""
+    from kvcert.spec import group_accepts, hybrid_hit, max_hit_length
+
+    explanation = explain(view, spec_check_tokens=0)  # the fast path alone
+    assert not explanation.spec_checked
+    assert explanation.hit == hybrid_hit(view)
+    limit = max_hit_length(view.num_tokens)
+    for report in explanation.groups:
+        accepted = [
+            n for n in range(limit + 1) if group_accepts(report.group, view.cached[report.index], n)
+        ]
+        assert report.alone == accepted[-1]
+
+
+def test_a_million_token_request_never_runs_the_quadratic_definition(monkeypatch, capsys):
+    """Once quadratic: 200k tokens took 46 s and 10^7 never returned."""
+    import kvcert.conformance.tools.explain as module
+
+    def forbidden(view):
+        raise AssertionError("the spec's every-length definition ran above the bound")
+
+    monkeypatch.setattr(module, "hybrid_hit", forbidden)
+    scenario = {
+        "layout": {
+            "groups": [
+                {"kind": "full", "block_size": 16, "draft": True},
+                {"kind": "sliding_window", "block_size": 16, "window": 128},
+                {"kind": "mamba", "block_size": 64, "mode": "all"},
+            ],
+            "speculative": "drop",
+        },
+        "request": {"num_tokens": 1_000_000},
+        "cached": ["all", ["0-62000"], "all"],
+    }
+    explanation = explain(parse_scenario(scenario).view)
+    assert explanation.hit.length == 991_936  # 62001 SW blocks = 992016 tokens, then the drop
+    assert explanation.hit.plain_length == 992_000
+    assert not explanation.spec_checked
+    assert "cross-check against kvcert.spec's definition" in render(explanation)
+
+
+def test_a_search_that_disagrees_with_the_spec_is_an_internal_error(monkeypatch, capsys):
+    import kvcert.conformance.tools.explain as module
+
+    monkeypatch.setattr(module, "find_hit", lambda *args, **kwargs: (0, []))
+    assert main(["explain", "--example", "gpt-oss-eagle"]) == 3
+    assert "internal error, please report" in capsys.readouterr().err

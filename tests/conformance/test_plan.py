@@ -6,16 +6,17 @@ import json
 
 import pytest
 
-from kvcert.conformance.catalog import (
+from kvcert.conformance.cli import main
+from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.plans import plan_input_from_json
+from kvcert.conformance.tools.catalog import (
     MODELS,
-    from_hf_config,
     load_model,
     model_names,
     parse_model,
 )
-from kvcert.conformance.cli import main
-from kvcert.conformance.planning import plan_input_from_json, vllm_padded_plan
-from kvcert.conformance.scenario import ScenarioError
+from kvcert.conformance.tools.hf_config import from_hf_config
+from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
 
 REQUIRED_MODELS = {
     "gemma-4-31B",
@@ -49,13 +50,11 @@ def test_a_model_file_without_a_citation_is_refused():
     text = (MODELS / "gpt-oss-20b.json").read_text(encoding="utf-8")
     obj = json.loads(text)
     del obj["cite"]["layer_types.sliding.window"]
-    with pytest.raises(
-        ScenarioError, match=r"no source cited for \['layer_types.sliding.window'\]"
-    ):
+    with pytest.raises(InputError, match=r"no source cited for \['layer_types.sliding.window'\]"):
         parse_model(obj, "broken")
     obj = json.loads(text)
     obj["cite"]["layers"] = "nowhere"
-    with pytest.raises(ScenarioError, match="unknown sources"):
+    with pytest.raises(InputError, match="unknown sources"):
         parse_model(obj, "broken")
 
 
@@ -104,11 +103,16 @@ def test_json_report_file_and_table(tmp_path, capsys):
         (["plan", "llama-3.1-8b", "--group-padding", "x"], "group_padding"),
         (["plan", "llama-3.1-8b", "--memory", "0.0001"], "at least 2"),
         (["plan", "qwen3.5-0.8b", "--kernel-maximum", "256"], "state layers need"),
+        (["plan", "llama-3.1-8b", "--kv-cache-dtype", "fp99"], "one of fp32, fp16, bf16, fp8,"),
+        (["plan", "llama-3.1-8b", "--mamba-mode", "often"], "one of none, align, all, got"),
+        (["plan", "llama-3.1-8b", "--speculative", "maybe"], "one of exact, drop, got 'maybe'"),
     ],
 )
 def test_bad_plan_requests_exit_2_with_what_to_fix(argv, message, capsys):
     assert main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert "<" not in err, "an enum repr leaked into the message"
 
 
 def test_plan_list(capsys):
@@ -220,6 +224,17 @@ LLAMA = {
     "torch_dtype": "float16",
 }
 
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16",
+}
+
 
 def test_hf_configs_map_field_by_field():
     gemma = from_hf_config(GEMMA4, "gemma4")
@@ -265,8 +280,95 @@ def test_an_hf_config_file_plans(tmp_path, capsys):
         ({**LLAMA, "num_key_value_heads": "8"}, "num_key_value_heads"),
         ({k: v for k, v in QWEN_NEXT.items() if k != "linear_num_key_heads"}, "linear_num_key"),
         ([1, 2], "JSON object"),
+        ({**LLAMA, "num_attention_heads": 30}, "hidden_size 4096 is not a multiple of"),
+        ({**LLAMA, "num_kv_shared_layers": 4}, "num_kv_shared_layers"),
+        ({**LLAMA, "model_type": "newlm", "sliding_window": 4096}, "no field says which layers"),
+        ({**LLAMA, "model_type": "newlm", "attention_chunk_size": 8192}, "no_rope_layers nor"),
+        (
+            {**GEMMA3, "layer_types": ["full_attention"] * 6},
+            "layer_types and sliding_window_pattern disagree",
+        ),
     ],
 )
 def test_unmappable_hf_configs_are_refused_by_field(config, message):
-    with pytest.raises(ScenarioError, match=message):
+    with pytest.raises(InputError, match=message):
         from_hf_config(config, "config.json")
+
+
+SW, FULL = "sliding_window", "full"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected", "rule"),
+    [
+        (GEMMA3, [SW] * 5 + [FULL], "sliding_window_pattern=6"),
+        ({**GEMMA3, "sliding_window_pattern": 2}, [SW, FULL] * 3, "sliding_window_pattern=2"),
+        (
+            {k: v for k, v in GEMMA3.items() if k != "sliding_window_pattern"},
+            [SW] * 5 + [FULL],
+            "gemma3_text's default pattern 6",
+        ),
+        ({**GEMMA3, "model_type": "gemma2", "sliding_window_pattern": None}, [SW, FULL] * 3, "2"),
+        (
+            {
+                **GEMMA3,
+                "model_type": "gemma4_text",
+                "num_hidden_layers": 8,
+                "sliding_window_pattern": None,
+            },
+            [SW] * 5 + [FULL, SW, FULL],
+            "the last layer full",
+        ),
+        ({**LLAMA, "model_type": "mistral", "sliding_window": 4096}, [SW, SW], "every layer"),
+        (
+            {
+                **LLAMA,
+                "model_type": "qwen2",
+                "sliding_window": 4096,
+                "use_sliding_window": False,
+                "max_window_layers": 1,
+            },
+            [FULL, FULL],
+            "no field names another kind",
+        ),
+        (
+            {
+                **LLAMA,
+                "model_type": "qwen2",
+                "sliding_window": 4096,
+                "use_sliding_window": True,
+                "max_window_layers": 1,
+            },
+            [FULL, SW],
+            "max_window_layers=1",
+        ),
+        ({**SCOUT["text_config"], "no_rope_layers": None}, ["chunked_local"] * 3 + [FULL], "4"),
+    ],
+)
+def test_pattern_fields_and_family_defaults_decide_the_layer_kinds(config, expected, rule):
+    """Once every Gemma 2/3 layer was planned as sliding window when layer_types was absent."""
+    mapped = from_hf_config(config, "config.json")
+    assert [layer["kind"] for layer in mapped.layers] == expected
+    assert rule in mapped.notes[0]
+
+
+def test_every_mapping_says_which_fields_it_read_and_which_it_ignored(tmp_path, capsys):
+    qwen = from_hf_config(
+        {
+            **LLAMA,
+            "model_type": "qwen2",
+            "sliding_window": 4096,
+            "use_sliding_window": False,
+            "max_window_layers": 1,
+        },
+        "config.json",
+    )
+    assert "use_sliding_window" in qwen.notes[1]
+    assert qwen.notes[2] == "cache-relevant fields present but not used: max_window_layers"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "model_type": "newlm"}))
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: layer kinds: no field names another kind: every layer full attention" in out
+    assert "note: model_type 'newlm' is not one kvcert has checked" in out
+    assert "num_key_value_heads" in out  # among the fields read

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from kvcert.conformance import traces
 from kvcert.conformance.cli import main
-from kvcert.conformance.simulate import Policy, compare, replay, unbounded_blocks
+from kvcert.conformance.tools.simulate import traces
+from kvcert.conformance.tools.simulate.model import Policy, compare, replay, unbounded_blocks
 from kvcert.reference.config import CacheConfig, Eviction, GroupConfig, Kind, MambaMode
 from kvcert.reference.scheduling import Placement
 
@@ -94,6 +94,7 @@ def test_the_operations_rerun_on_the_spec_engine_give_the_same_hits(capsys):
 
 
 def test_plot_and_saved_trace(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the sim extra: '.[sim]'")
     png, saved = tmp_path / "sim.png", tmp_path / "trace.jsonl"
     code = main(
         [
@@ -144,3 +145,40 @@ def test_bad_trace_lines_are_refused_by_name(tmp_path, line, message):
 def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--plot", "/no/such/folder/seed.png"], "--plot /no/such/folder/seed.png: the folder"),
+        (["--plot", "/"], "is a directory"),
+        (["--json", "/no/such/folder/r.json"], "--json"),
+        (["--save-trace", "/etc/hostname/trace.jsonl"], "the folder /etc/hostname does not"),
+        (["--engine", "no-such-engine"], "no engine named 'no-such-engine'"),
+        (["--engine", "spec", "--engine-timeout", "0"], "--engine-timeout must be > 0"),
+    ],
+)
+def test_arguments_are_refused_before_the_replay_starts(monkeypatch, capsys, extra, message):
+    """Once --plot and --engine were checked only after the whole run."""
+    import kvcert.conformance.tools.simulate.cli as cli_module
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the replay started before the arguments were checked")
+
+    monkeypatch.setattr(cli_module, "compare", no_replay)
+    assert main(["simulate", "gpt-oss-20b", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_engine_rerun_that_exceeds_its_time_is_reported_not_waited_for(capsys):
+    code = main(
+        [
+            "simulate", "llama-3.1-8b", "--trace", "resend", "--prompt-tokens", "4096",
+            "--engine", "spec", "--engine-timeout", "0.2",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "spec: lru: not checked, no answer within 0.2 s" in out
+    assert "--engine-timeout" in out
+    assert "spec: hybrid" not in out  # the unfinished replay stops the check

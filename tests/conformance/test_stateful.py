@@ -6,11 +6,14 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcert.conformance.engines import ReferenceEngine
-from kvcert.conformance.mutants import BROKEN
-from kvcert.conformance.stateful import machine_for
+from kvcert.conformance.checks.stateful import machine_for
+from kvcert.conformance.engines.mutants import BROKEN
+from kvcert.conformance.engines.reference_engine import ReferenceEngine
+from tests.tiers import tiered
 
-RUN = settings(max_examples=60, stateful_step_count=25, deadline=None, derandomize=True)
+RUN = settings(
+    max_examples=tiered(60, 1000), stateful_step_count=25, deadline=None, derandomize=True
+)
 
 
 def test_reference_passes_the_shipped_machine():
@@ -32,9 +35,9 @@ def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
     the broken engine fails and the reference passes."""
     import json
 
-    from kvcert.conformance import gen
-    from kvcert.conformance.engines import ReferenceEngine
-    from kvcert.conformance.runner import run_case
+    from kvcert.conformance.certify.runner import run_case
+    from kvcert.conformance.engines.reference_engine import ReferenceEngine
+    from kvcert.conformance.vectors.generate import alloc as gen
 
     monkeypatch.setenv("KVCERT_REGRESSION_DIR", str(tmp_path))
     engine_class, _ = BROKEN["allocation before hits"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from kvcert.conformance.codec import layout_to_json
-from kvcert.conformance.reference_engine import config_from_json
+from kvcert.conformance.contract.codec import layout_to_json
+from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference.coordinator import find_hit
 from kvcert.spec import NULL, hybrid_hit
 from tests.strategies import views
@@ -21,7 +21,9 @@ def test_find_hit_equals_the_spec(view):
     """Implements HIT-HYB-1/HIT-SPEC-1/HIT-SPEC-2: equal length and equal block lists."""
     config = config_of(view.layout, 2)
     ids = {(g, j): 1 + 1000 * g + j for g, blocks in enumerate(view.cached) for j in blocks}
-    length, tables = find_hit(config, view.num_tokens, lambda g, j: ids.get((g, j)))
+    keys = [range(view.num_tokens) for _ in view.cached]  # block j keyed by its index
+    served = [{j: ids[(g, j)] for j in blocks} for g, blocks in enumerate(view.cached)]
+    length, tables = find_hit(config, view.num_tokens, keys, served)
     expected = hybrid_hit(view)
     assert length == expected.length
     assert tables == [

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcert.reference import block_pool, coordinator
+from kvcert.reference import block_pool, coordinator, eviction
 from kvcert.reference.errors import KVCacheError
 from tests.differential.test_allocator import ReferenceAgainstSpec
 
@@ -90,10 +90,10 @@ def test_hybrid_blocks_freed_mid_request_are_not_cold(monkeypatch):
 def test_unkeyed_first_run_reversed(monkeypatch):
     """Bug: lru-unkeyed-first puts a group's unregistered blocks at the head in reverse order
     (ALLOC-FREE-2 keeps ALLOC-FREE-1's order within the run)."""
-    original = block_pool.BlockPool._prepend_run
+    original = eviction.FreeQueue._prepend
     monkeypatch.setattr(
-        block_pool.BlockPool,
-        "_prepend_run",
+        eviction.FreeQueue,
+        "_prepend",
         lambda self, blocks: original(self, blocks[::-1]),
     )
     must_fail()

@@ -5,30 +5,30 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from kvcert.conformance.planning import (
-    plan_input_from_json,
+from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
+from kvcert.conformance.engines.reference_engine import (
     reference_plan,
     reference_plan_to_json,
     safe_reference_plan,
-    spec_plan_to_json,
 )
-from kvcert.conformance.scenario import ScenarioError
 from kvcert.reference import planner as ref
 from kvcert.reference.config import Kind
 from kvcert.reference.errors import ConfigError
 from kvcert.spec import SpecError
 from kvcert.spec.plan import plan
 from tests.strategies import plan_inputs
+from tests.tiers import tiered
 
 
 def spec_answer(obj):
     try:
         return spec_plan_to_json(plan(plan_input_from_json(obj)))
-    except (ScenarioError, SpecError):
+    except (InputError, SpecError):
         return None
 
 
-@settings(max_examples=600)
+@settings(max_examples=tiered(600, 6000))
 @given(plan_inputs())
 def test_reference_plans_equal_the_spec_or_both_refuse(obj):
     assert safe_reference_plan(obj) == spec_answer(obj)
@@ -38,7 +38,7 @@ def test_the_differential_sees_both_plans_and_refusals():
     """The strategy is not vacuous: it reaches plans and refusals of each kind."""
     outcomes = set()
 
-    @settings(max_examples=300, database=None)
+    @settings(max_examples=tiered(300, 3000), database=None)
     @given(plan_inputs())
     def sample(obj):
         answer = spec_answer(obj)

@@ -7,12 +7,13 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcert.conformance.codec import layout_to_json, op_to_json
-from kvcert.conformance.reference_engine import ReferenceSession
+from kvcert.conformance.contract.codec import layout_to_json, op_to_json
+from kvcert.conformance.engines.reference_engine import ReferenceSession
 from kvcert.reference import scheduling as ref
 from kvcert.spec import alloc as spec
 from kvcert.spec import checkpoints
 from tests.strategies import layouts
+from tests.tiers import tiered
 
 
 def test_next_chunk_equals_the_spec_on_every_small_case():
@@ -42,7 +43,7 @@ def test_prefill_under_each_placement_ends_where_the_rules_say():
 BASES = [tuple(range(1, 41)), tuple(range(1, 17)) + tuple(range(60, 84))]
 
 
-@settings(max_examples=150)
+@settings(max_examples=tiered(150, 3000))
 @given(
     layout=layouts(max_groups=3),
     served=st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(1, 40)), max_size=4),

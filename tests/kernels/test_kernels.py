@@ -25,10 +25,13 @@ from kvcert.kernels import (
 )
 from kvcert.kernels.layout import ELEMENT
 from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer, page_bytes
+from tests.tiers import tiered
 
 DTYPES = sorted(ELEMENT)
 PTH = "int8_per_token_head"
-FAST = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=tiered(50, 400), deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def test_the_kernels_really_run_under_the_interpreter():

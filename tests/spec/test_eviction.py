@@ -12,6 +12,7 @@ from kvcert.spec import alloc as spec
 from kvcert.spec.eviction import hybrid_victim, provably_dead, tail_first, useful_blocks
 from kvcert.spec.invariants import violated
 from tests.strategies import layouts
+from tests.tiers import tiered
 
 FULL_SW = Layout((FullAttention(4, name="f"), SlidingWindow(4, 9, name="s")))
 
@@ -208,7 +209,7 @@ def replay(layout, num_blocks, requests, profile, check=None):
     return hits, waited, evicted_useful
 
 
-@settings(max_examples=150)
+@settings(max_examples=tiered(40, 1500))
 @given(traces())
 def test_provably_dead_blocks_are_useless_and_evicting_them_changes_no_lookup(trace):
     layout, num_blocks, requests = trace
@@ -230,7 +231,7 @@ def test_provably_dead_blocks_are_useless_and_evicting_them_changes_no_lookup(tr
     replay(layout, num_blocks, requests, spec.Eviction.HYBRID, check)
 
 
-@settings(max_examples=200)
+@settings(max_examples=tiered(50, 2000))
 @given(traces())
 def test_hybrid_equals_an_unbounded_pool_while_it_evicts_nothing_useful(trace):
     """The guarantee: if the hybrid profile never had to evict a useful block (and nothing

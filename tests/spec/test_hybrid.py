@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from kvcert.spec import (
     NULL,
     CacheView,
+    ChunkedLocal,
     CrossAttention,
     FullAttention,
     Layout,
@@ -44,14 +45,30 @@ def test_hit_respects_the_last_token_and_alignment(view):
     assert hit.length % hit_alignment(view.layout) == 0
 
 
-@given(views())
-def test_plain_hit_is_the_maximum_of_the_common_set(view):
-    """HIT-HYB-1: no longer length up to n-1 is accepted by every group."""
-    hit = hybrid_hit(view)
-    for longer in range(hit.plain_length + 1, view.num_tokens):
-        assert not all(
-            group_accepts(g, view.cached[i], longer) for i, g in enumerate(view.layout.groups)
-        )
+@pytest.mark.parametrize(
+    ("groups", "num_tokens", "cached", "expected"),
+    [
+        # HIT-HYB-1's diagram: full accepts 0..64, SW needs blocks 2, 3 before 64.
+        ((FullAttention(16), SlidingWindow(16, 32)), 71, ({0, 1, 2, 3}, {2, 3}), 64),
+        # the SW group's window before 48 needs block 1 too, which it lacks: 48 and 32 fail,
+        # 16 needs only block 0 of the window (tokens 0-15), lacking too: 0.
+        ((FullAttention(16), SlidingWindow(16, 32)), 71, ({0, 1, 2}, {2, 3}), 0),
+        # a state group accepts only where a checkpoint sits: 32, not 48.
+        ((FullAttention(16), MambaState(16)), 71, ({0, 1, 2, 3}, {1}), 32),
+        # mixed block sizes: every hit is a multiple of lcm(16, 32) = 32.
+        ((FullAttention(16), FullAttention(32)), 71, ({0, 1, 2, 3}, {0, 1}), 64),
+        ((FullAttention(16), FullAttention(32)), 71, ({0, 1, 2}, {0, 1}), 32),
+        # HIT-LEN-1: a 64-token prompt keeps its last token to compute, so at most 48.
+        ((FullAttention(16),), 64, ({0, 1, 2, 3},), 48),
+        # chunked C=32: L=64 needs block 2's predecessor in its chunk, nothing before 64.
+        ((FullAttention(16), ChunkedLocal(16, 32)), 71, ({0, 1, 2, 3}, set()), 64),
+        ((FullAttention(16), ChunkedLocal(16, 32)), 71, ({0, 1, 2}, {1}), 32),
+    ],
+)
+def test_plain_hit_worked_numbers(groups, num_tokens, cached, expected):
+    """HIT-HYB-1, HIT-LEN-1 and the per-kind rules on hand-computed cases (B = 16)."""
+    view = CacheView(Layout(groups), num_tokens, tuple(frozenset(c) for c in cached))
+    assert hybrid_hit(view).plain_length == expected
 
 
 @given(views())

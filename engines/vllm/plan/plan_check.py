@@ -37,9 +37,10 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from kvcert.conformance.adapters.vllm import weightless_model
-from kvcert.conformance.catalog import load_model, model_names
-from kvcert.conformance.planning import plan_input_from_json, vllm_padded_plan
+from kvcert.conformance.contract.plans import plan_input_from_json
+from kvcert.conformance.engines.vllm import weightless_model
+from kvcert.conformance.tools.catalog import load_model, model_names
+from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
 from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer
 
 GIB = 1 << 30

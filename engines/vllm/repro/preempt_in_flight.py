@@ -45,7 +45,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvcert.conformance.adapters.vllm import weightless_model
+from kvcert.conformance.engines.vllm import weightless_model
 
 BLOCK = 16
 

@@ -1,0 +1,1 @@
+"""Certification: run every vector against an engine and report (`kvcert certify`)."""

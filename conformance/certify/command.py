@@ -1,0 +1,94 @@
+"""`kvcert certify` (every vector against an engine) and `kvcert serve` (an engine over stdio)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvcert.conformance.certify.report import PASSING, Result, render_report
+from kvcert.conformance.certify.runner import iter_cases, load_reasons, run_vectors
+from kvcert.conformance.contract.protocol import Engine
+from kvcert.conformance.contract.stdio import StdioEngine, serve
+from kvcert.conformance.engines.loader import load_engine
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a time limit in seconds, > 0 and finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def run_certify(args: argparse.Namespace) -> int:
+    """The `certify` command: exit 0 when nothing unexpected happened, 1 otherwise."""
+    skips = load_reasons(args.skips, "skip")
+    xfails = load_reasons(args.xfails, "xfail")
+    if args.cmd is not None:
+        engine: Engine = StdioEngine(args.cmd, timeout=args.timeout)
+    else:
+        engine = load_engine(args.engine or "reference")
+    cases = {case["id"]: case for _, case, _ in iter_cases() if case is not None}
+    total = sum(1 for _ in iter_cases())
+
+    def progress(done: int, result: Result) -> None:
+        if done % 50 == 0 or done == total or result.status not in PASSING:
+            print(f"[{done:4d}/{total}] {result.status:8} {result.id}", file=sys.stderr)
+
+    try:
+        report = run_vectors(
+            engine,
+            skips=skips,
+            xfails=xfails,
+            timeout=args.timeout,
+            progress=None if args.quiet else progress,
+        )
+    finally:
+        if isinstance(engine, StdioEngine):
+            engine.close()
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    print(render_report(report, cases), end="")
+    return 0 if report.ok else 1
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """The `serve` command."""
+    return serve(load_engine(args.engine))
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `kvcert certify` and `kvcert serve`."""
+    certify = commands.add_parser(
+        "certify",
+        help="run every conformance vector against an engine (default: the bundled reference)",
+        description="Run every conformance vector against an engine and report per suite and "
+        "per rule; exits 1 on any unexpected result.",
+    )
+    which = certify.add_mutually_exclusive_group()
+    which.add_argument(
+        "--engine",
+        help="entry-point name (reference, spec, vllm, sglang) or module:factory "
+        "(default: reference)",
+    )
+    which.add_argument("--cmd", help="an out-of-process engine speaking kvcert-stdio/1")
+    certify.add_argument("--json", type=Path, help="also write the JSON report here")
+    certify.add_argument("--skips", type=Path, help="JSON {case id: reason} to skip")
+    certify.add_argument(
+        "--xfails", type=Path, help="JSON {case id: reason} expected to fail (strict)"
+    )
+    certify.add_argument(
+        "--timeout", type=positive_seconds, default=30.0, help="seconds per case (and start-up)"
+    )
+    certify.add_argument("--quiet", action="store_true", help="no progress lines")
+    certify.set_defaults(run=run_certify)
+    serve_parser = commands.add_parser("serve", help="serve an engine over kvcert-stdio/1")
+    serve_parser.add_argument(
+        "--engine", default="reference", help="entry-point name or module:factory"
+    )
+    serve_parser.set_defaults(run=run_serve)

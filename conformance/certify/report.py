@@ -1,0 +1,125 @@
+"""The certification report: per-case results, totals per suite and per rule, and the text
+`kvcert certify` prints (each unexpected result with its rules and, for hit cases, the
+`kvcert explain` diagram)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from kvcert.conformance.contract.codec import JSON, from_ranges, layout_from_json
+from kvcert.conformance.tools.explain import explain, render
+from kvcert.spec import CacheView
+
+PASSING = {"passed", "xfailed", "skipped"}
+
+
+@dataclass
+class Result:
+    """What happened to one case."""
+
+    id: str
+    suite: str
+    status: str  # passed | failed | errored | skipped | xfailed | xpassed
+    rules: list[str]
+    detail: str = ""
+    origin: str | None = None
+    focus: list[str] = field(default_factory=list)  # the rules the case was written for
+
+
+@dataclass
+class Report:
+    """A whole run."""
+
+    engine: JSON
+    results: list[Result] = field(default_factory=list)
+
+    def counts(self) -> Counter[str]:
+        return Counter(r.status for r in self.results)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.status in PASSING for r in self.results)
+
+    def summary_line(self) -> str:
+        counts = self.counts()
+        failed = sum(counts[s] for s in ("failed", "errored", "xpassed"))
+        passed = counts["passed"] + counts["xfailed"]
+        return f"{passed} passed, {failed} failed, {counts['skipped']} skipped"
+
+    def to_json(self) -> JSON:
+        by_rule: dict[str, Counter[str]] = {}
+        for result in self.results:
+            for rule in result.rules:
+                by_rule.setdefault(rule, Counter())[result.status] += 1
+        return {
+            "engine": self.engine,
+            "summary": self.summary_line(),
+            "counts": dict(self.counts()),
+            "by_rule": {k: dict(v) for k, v in sorted(by_rule.items())},
+            "results": [asdict(r) for r in self.results],
+        }
+
+
+def hit_diagram(case: JSON) -> str:
+    """The `kvcert explain` text of a hit case, for failure reports."""
+    data = case["input"]
+    view = CacheView(
+        layout_from_json(data["layout"]),
+        data["num_tokens"],
+        tuple(from_ranges(r) for r in data["cached"]),
+    )
+    return render(explain(view), case["id"], case.get("comment", ""))
+
+
+def suspect_rules(report: Report, top: int = 5) -> list[tuple[str, int, int]]:
+    """Rules ranked by the share of their citing cases that failed: a broken rule fails most
+    of its cases, while rules every case cites fail only a small share."""
+    cited: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for result in report.results:
+        if result.status == "skipped":
+            continue
+        for rule in result.rules:
+            cited[rule] += 1
+            failed[rule] += result.status not in PASSING
+    ranked = sorted(
+        (r for r in failed if failed[r]), key=lambda r: (-failed[r] / cited[r], -failed[r], r)
+    )
+    return [(r, failed[r], cited[r]) for r in ranked[:top]]
+
+
+def render_report(report: Report, cases: Mapping[str, JSON] | None = None) -> str:
+    """The readable report: totals per suite and per rule, then each unexpected result (with
+    the `kvcert explain` diagram of a failed hit case when `cases` maps its id to the case)."""
+    lines = [f"engine: {report.engine.get('name')} {report.engine.get('version', '')}".rstrip()]
+    for suite in sorted({r.suite for r in report.results}):
+        counts = Counter(r.status for r in report.results if r.suite == suite)
+        lines.append(
+            f"  suite {suite}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        )
+    bad = [r for r in report.results if r.status not in PASSING]
+    focused = Counter(rule for r in bad for rule in r.focus)
+    if focused:
+        lines.append(
+            "  rules the failing scenarios were written for: "
+            + ", ".join(f"{rule} ({n})" for rule, n in focused.most_common())
+        )
+    suspects = suspect_rules(report)
+    if suspects:
+        lines.append(
+            "  rules most implicated (failed / citing cases): "
+            + ", ".join(f"{rule} {failed}/{cited}" for rule, failed, cited in suspects)
+        )
+    for result in bad:
+        origin = f" [{result.origin}]" if result.origin else ""
+        lines.append(f"{result.status.upper()} {result.id}{origin}: {result.detail}")
+        focus = f"focus {', '.join(result.focus)}; " if result.focus else ""
+        lines.append(f"  {focus}rules exercised: {', '.join(result.rules) or '-'}")
+        if cases is not None and result.suite == "hit" and result.status == "failed":
+            case = cases.get(result.id)
+            if case is not None and "hit" in case["expect"]:
+                lines.extend("    " + line for line in hit_diagram(case).splitlines())
+    lines.append(report.summary_line())
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,295 @@
+"""The Hypothesis state machine that holds an engine to the spec, operation by operation.
+
+    from kvcert.conformance.checks.stateful import machine_for
+    TestMyEngine = machine_for(make_my_engine).TestCase      # collected by pytest
+
+kvcert's own differential test of kvcert.reference subclasses exactly this machine, so an
+engine author runs the same search kvcert runs on itself. Each step draws one operation
+(admissions of prefixes of a few shared token bases, so prefixes, duplicates and evictions
+really happen; extensions with sampled tokens and speculative lookahead; step ends;
+finishes and preemptions; rare cache resets; and misuse the engine must refuse), applies it
+to the spec, and compares the engine's observation, block tables up to one renaming of ids
+per trace. The spec's invariants (§7) are checked after every step.
+
+Only what the engine claims is drawn: group kinds, speculative profiles, extra keys, the
+allocator features (`describe()`), and the eviction profiles among which each run picks one
+(block identities are compared, so at least one eviction profile must be claimed). An engine
+with `open(case)` is driven one operation at a time; otherwise the whole trace is replayed
+through `run()` at every step. A failing trace is shrunk and printed as a program, and with
+KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the test extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+    REFUSED,
+    layout_to_json,
+    observation_to_json,
+    op_to_json,
+)
+from kvcert.conformance.contract.compare import Renaming, compare_alloc, compare_observation
+from kvcert.conformance.contract.protocol import FEATURES, Engine, Session
+from kvcert.spec import (
+    ChunkedLocal,
+    CrossAttention,
+    Extra,
+    ExtraKind,
+    FullAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    SpecError,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+from kvcert.spec.invariants import violated
+from kvcert.spec.layout import is_cacheable
+
+BASES = (
+    tuple(range(1, 41)),
+    tuple(range(1, 13)) + tuple(range(60, 88)),
+    tuple(range(1, 5)) + tuple(range(200, 236)),
+)
+EXTRAS = (
+    (),
+    (Extra(ExtraKind.CACHE_SALT, "s"),),
+    (Extra(ExtraKind.LORA, "s"),),
+    (Extra(ExtraKind.MULTIMODAL, "img", 2, 9),),
+)
+SIZES = st.sampled_from([1, 2, 4])
+RIDS = "abcde"
+
+
+def _kinds(features: frozenset[str]) -> list[st.SearchStrategy[Group]]:
+    """Strategies for the group kinds the features allow (draft groups come separately)."""
+    kinds: list[st.SearchStrategy[Group]] = []
+    if "kind.full" in features:
+        kinds.append(st.builds(FullAttention, SIZES))
+    if "kind.sliding_window" in features:
+        kinds.append(st.builds(SlidingWindow, SIZES, st.integers(1, 12)))
+    if "kind.chunked_local" in features:
+        kinds.append(st.builds(ChunkedLocal, SIZES, st.integers(1, 12)))
+    modes = [m for m in MambaMode if f"kind.mamba.{m.value}" in features]
+    if modes:
+        kinds.append(st.builds(MambaState, SIZES, st.sampled_from(modes)))
+    if "kind.cross" in features:
+        kinds.append(st.builds(CrossAttention, SIZES))
+    return kinds
+
+
+@st.composite
+def layouts(draw: st.DrawFn, features: frozenset[str], max_groups: int = 3) -> Layout:
+    """Small layouts of the kinds and speculative profiles the features allow."""
+    groups = draw(st.lists(st.one_of(_kinds(features)), min_size=1, max_size=max_groups))
+    profiles = [None, *(p for p in Speculative if f"speculative.{p.value}" in features)]
+    profile = draw(st.sampled_from(profiles))
+    if profile is not None:
+        groups.append(FullAttention(draw(SIZES), draft=True))
+    if not any(is_cacheable(g) for g in groups):
+        groups.append(FullAttention(draw(SIZES)))
+    return Layout(tuple(groups), profile)
+
+
+def save_failure(case: JSON) -> None:
+    """With KVCERT_REGRESSION_DIR set, keep the failing trace as a regression candidate.
+
+    Hypothesis replays the shrunk example last, so `latest-failure.json` ends up minimal;
+    copy it to conformance/vectors/generate/regressions/ with an id and comment, and
+    `python -m kvcert.conformance.vectors.generate` turns it into a vector whose expectation
+    comes from the spec.
+    """
+    folder = os.environ.get("KVCERT_REGRESSION_DIR")
+    if not folder:
+        return
+    trace = {"id": "alloc.regression.CHANGE-ME", "origin": "kvcert stateful machine"}
+    trace |= {k: case[k] for k in ("layout", "num_blocks", "ops")}
+    if "eviction" in case:
+        trace["eviction"] = case["eviction"]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "latest-failure.json").write_text(
+        json.dumps(trace, indent=1) + "\n", encoding="utf-8"
+    )
+
+
+def machine_for(
+    engine_factory: Callable[[], Engine] | None,
+    *,
+    features: frozenset[str] | None = None,
+    profiles: frozenset[str] | None = None,
+) -> type[RuleBasedStateMachine]:
+    """A state machine class checking `engine_factory()` against the spec.
+
+    `features` and `profiles` narrow what the engine's description claims (default: all of
+    it). With no engine (`machine_for(None)`) the machine checks the spec's own invariants:
+    its self-check. `failing_trace_lengths` records the length of each diverging trace, the
+    shrunk one last, and `first_failure_at` when the first was found; `steps` counts the
+    operations applied over every run, for budgets.
+    """
+    described: JSON = engine_factory().describe() if engine_factory is not None else {}
+    claimed = frozenset(described.get("features", FEATURES))
+    allowed = claimed if features is None else claimed & features
+    offered = frozenset(described.get("profiles", [f"eviction.{e.value}" for e in spec.Eviction]))
+    chosen = offered if profiles is None else offered & profiles
+    evictions = [e for e in spec.Eviction if f"eviction.{e.value}" in chosen]
+    if not evictions:
+        raise ValueError(
+            f"the machine compares block identities, which is normative only under an eviction "
+            f"profile; the engine claims {sorted(offered) or 'none'}: claim eviction.lru, "
+            "eviction.hybrid or eviction.lru-unkeyed-first"
+        )
+    extras = [x for x in EXTRAS if all(f"extras.{e.kind.value}" in allowed for e in x)]
+    lookaheads = st.integers(0, 3) if "alloc.lookahead" in allowed else st.just(0)
+
+    class KVCacheConformanceMachine(RuleBasedStateMachine):
+        failing_trace_lengths: list[int] = []  # noqa: RUF012 - shared on purpose, per class
+        first_failure_at: list[float] = []  # noqa: RUF012 - perf_counter() of the first one
+        steps = 0  # operations applied, over every run of this class
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.engine = engine_factory() if engine_factory is not None else None
+            self.state: spec.State | None = None
+            self.case: JSON = {}
+            self.expected: list[JSON] = []
+            self.session: Session | None = None
+            self.renaming = Renaming()
+
+        @initialize(
+            layout=layouts(allowed),
+            blocks=st.integers(4, 96),
+            eviction=st.sampled_from(evictions),
+        )
+        def start(self, layout: Layout, blocks: int, eviction: spec.Eviction) -> None:
+            self.state = spec.initial_state(spec.PoolConfig(layout, blocks, eviction))
+            self.case = {"suite": "alloc", "layout": layout_to_json(layout), "num_blocks": blocks}
+            if eviction is not spec.Eviction.LRU:
+                self.case["eviction"] = eviction.value
+            self.case["ops"] = []
+            opener = getattr(self.engine, "open", None)
+            if callable(opener):
+                self.session = opener(self.case)
+
+        def model(self) -> spec.State:
+            if self.state is None:
+                raise RuntimeError("the machine's start rule has not run")
+            return self.state
+
+        def apply(self, op: spec.Op) -> None:
+            type(self).steps += 1
+            try:
+                self.state, observation = spec.step(self.model(), op)
+                expected = observation_to_json(observation)
+                event(type(observation).__name__)
+            except SpecError:
+                expected = REFUSED
+                event("refused")
+            self.expected.append(expected)
+            self.case["ops"].append(op_to_json(op))
+            if self.engine is None:
+                return
+            try:
+                if self.session is not None:
+                    actual = self.session.apply(self.case["ops"][-1])
+                    difference = compare_observation(self.renaming, expected, actual)
+                    if difference is not None:
+                        difference = f"step {len(self.expected) - 1}: {difference}"
+                else:
+                    answer = self.engine.run(self.case)
+                    difference = compare_alloc({"observations": self.expected}, answer)
+            except Exception as error:  # a crash is a divergence too, shrunk like any other
+                step = len(self.expected) - 1
+                difference = f"step {step}: raised {type(error).__name__}: {error}"
+            if difference is not None:  # an explicit raise: `python -O` must not hide it
+                self.failing_trace_lengths.append(len(self.expected))
+                if not self.first_failure_at:
+                    self.first_failure_at.append(time.perf_counter())
+                save_failure(self.case)
+                raise AssertionError(f"engine diverges from the spec at {difference} ({op})")
+
+        def _running(self, index: int) -> str | None:
+            names = sorted(self.model().requests)
+            return names[index % len(names)] if names else None
+
+        @rule(
+            base=st.sampled_from(BASES),
+            length=st.integers(1, 40),
+            budget=st.integers(1, 40),
+            lookahead=lookaheads,
+            extra=st.sampled_from(extras),
+        )
+        def admit(
+            self,
+            base: tuple[int, ...],
+            length: int,
+            budget: int,
+            lookahead: int,
+            extra: tuple[Extra, ...],
+        ) -> None:
+            rid = next((r for r in RIDS if r not in self.model().requests), None)
+            if rid is not None:
+                self.apply(spec.Admit(rid, base[:length], budget, extra, lookahead))
+
+        @rule(
+            index=st.integers(0, 4),
+            budget=st.integers(1, 24),
+            token=st.integers(0, 2),
+            lookahead=lookaheads,
+        )
+        def extend(self, index: int, budget: int, token: int, lookahead: int) -> None:
+            rid = self._running(index)
+            if rid is None or self.model().requests[rid].scheduled:
+                return
+            request = self.model().requests[rid]
+            appended = (token,) if request.computed == len(request.tokens) else ()
+            self.apply(spec.Extend(rid, budget, appended, lookahead))
+
+        @rule()
+        def end_step(self) -> None:
+            self.apply(spec.EndStep())
+
+        @rule(index=st.integers(0, 4), preempt=st.booleans())
+        def release(self, index: int, preempt: bool) -> None:
+            rid = self._running(index)
+            if rid is None:
+                return
+            preempt = preempt and "alloc.preempt" in allowed
+            self.apply(spec.Preempt(rid) if preempt else spec.Finish(rid))
+
+        @rule(roll=st.integers(0, 9))
+        def reset(self, roll: int) -> None:
+            if roll == 0 and "alloc.reset_cache" in allowed:  # rare: it wipes the cache
+                self.apply(spec.ResetCache())
+
+        @rule(
+            rid=st.sampled_from(RIDS + "x"),
+            kind=st.sampled_from(["admit", "extend", "finish"]),
+            appended=st.booleans(),
+        )
+        def misuse(self, rid: str, kind: str, appended: bool) -> None:
+            """Operations that may break the protocol: both must refuse the same ones."""
+            if kind == "admit":
+                self.apply(spec.Admit(rid, BASES[0][:8], 8))
+            elif kind == "extend":
+                self.apply(spec.Extend(rid, 4, (1,) if appended else ()))
+            else:
+                self.apply(spec.Finish(rid))
+
+        @invariant()
+        def spec_invariants_hold(self) -> None:
+            if self.state is not None and (broken := violated(self.state)):
+                raise AssertionError(f"the spec broke its invariants {broken}")
+
+    return KVCacheConformanceMachine

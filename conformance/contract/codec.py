@@ -1,0 +1,327 @@
+"""The one JSON codec: layouts, operations and observations as engines and vectors speak them.
+
+Engines never see kvcert.spec's Python types: a vector's case and an engine's answer are JSON
+values, so an engine in any language can take part (CONFORMANCE.md documents them). Reading
+JSON is strict: a missing or unknown field, a wrong type or a bad choice raises `InputError`
+naming the JSON path and what to write instead, so a typo cannot pass.
+
+    {"groups": [{"kind": "full", "block_size": 16},
+                {"kind": "sliding_window", "block_size": 16, "window": 128,
+                 "draft": true, "name": "sw"}],          kinds: full, sliding_window (window),
+     "speculative": "drop",                               chunked_local (chunk), mamba
+     "max_model_len": 131072}                             (mode), cross; draft optional
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from typing import Any, TypeVar
+
+from kvcert.spec import (
+    ChunkedLocal,
+    CrossAttention,
+    Extra,
+    ExtraKind,
+    FullAttention,
+    Group,
+    InvalidRequest,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    SpecError,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+
+JSON = dict[str, Any]
+T = TypeVar("T")
+
+REFUSED: JSON = {"refused": True}  # the input breaks the protocol; the engine must refuse
+
+
+class InputError(ValueError):
+    """Malformed input (a vector, a scenario, a plan, a trace, an option); the message names
+    where and how to fix it."""
+
+
+# --- checking JSON --------------------------------------------------------------------------
+
+
+def expect_object(value: object, where: str) -> dict[str, Any]:
+    """`value` as a JSON object, else InputError."""
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_fields(
+    obj: Mapping[str, Any], where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> None:
+    """Every required field present, no field outside required + optional."""
+    missing = [f for f in required if f not in obj]
+    if missing:
+        raise InputError(f"{where}: missing field(s) {missing}")
+    unknown = sorted(set(obj) - set(required) - set(optional))
+    if unknown:
+        allowed = sorted((*required, *optional))
+        raise InputError(f"{where}: unknown field(s) {unknown}; allowed: {allowed}")
+
+
+def choice(value: object, choices: list[str], where: str) -> str:
+    """`value` when it is one of `choices` (StrEnum members print as their values)."""
+    if value not in choices:
+        names = ", ".join(str(c) for c in choices)
+        raise InputError(f"{where}: expected one of {names}, got {value!r}")
+    return str(value)
+
+
+def fraction(value: object, where: str) -> Fraction:
+    """A number or a fraction "a/b"."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InputError(f'{where}: expected a number or a fraction "a/b", got {value!r}')
+    try:
+        return Fraction(value)
+    except (ValueError, ZeroDivisionError) as error:
+        raise InputError(f'{where}: expected a number or a fraction "a/b": {error}') from error
+
+
+def spec_call(where: str, build: Callable[[], T]) -> T:
+    """Build a spec value; its refusal becomes an InputError at `where`."""
+    try:
+        return build()
+    except (SpecError, TypeError) as error:
+        raise InputError(f"{where}: {error}") from error
+
+
+# --- layouts --------------------------------------------------------------------------------
+
+_GROUP_FIELDS: Mapping[str, tuple[Callable[..., Group], tuple[str, ...], tuple[str, ...]]] = {
+    # kind: (spec type, required fields besides block_size, optional fields besides name)
+    "full": (FullAttention, (), ("draft",)),
+    "sliding_window": (SlidingWindow, ("window",), ("draft",)),
+    "chunked_local": (ChunkedLocal, ("chunk",), ("draft",)),
+    "mamba": (MambaState, (), ("mode",)),
+    "cross": (CrossAttention, (), ()),
+}
+
+
+def group_from_json(obj: object, where: str, index: int) -> Group:
+    """One group object -> the spec's group type; unnamed groups are named `kind#index`."""
+    fields = expect_object(obj, where)
+    kind = fields.get("kind")
+    if not isinstance(kind, str) or kind not in _GROUP_FIELDS:
+        raise InputError(f"{where}: unknown kind {kind!r}; expected one of {list(_GROUP_FIELDS)}")
+    spec_type, required, optional = _GROUP_FIELDS[kind]
+    check_fields(fields, where, ("kind", "block_size", *required), ("name", *optional))
+    kwargs = {k: v for k, v in fields.items() if k != "kind"}
+    if "mode" in kwargs:
+        modes = [m.value for m in MambaMode]
+        if kwargs["mode"] not in modes:
+            raise InputError(f"{where}: mode must be one of {modes}, got {kwargs['mode']!r}")
+        kwargs["mode"] = MambaMode(kwargs["mode"])
+    kwargs.setdefault("name", f"{kind}#{index}")
+    return spec_call(where, lambda: spec_type(**kwargs))
+
+
+def layout_from_json(obj: object, where: str = "layout") -> Layout:
+    """A layout object -> the spec's Layout."""
+    fields = expect_object(obj, where)
+    check_fields(fields, where, ("groups",), ("speculative", "max_model_len"))
+    groups_json = fields["groups"]
+    if not isinstance(groups_json, list) or not groups_json:
+        raise InputError(f"{where}.groups: expected a non-empty list of groups")
+    groups = tuple(group_from_json(g, f"{where}.groups[{i}]", i) for i, g in enumerate(groups_json))
+    speculative = fields.get("speculative")
+    if speculative is not None:
+        choices = [s.value for s in Speculative]
+        if speculative not in choices:
+            raise InputError(
+                f"{where}.speculative: expected one of {choices} or absent, got {speculative!r}"
+            )
+        speculative = Speculative(speculative)
+    return spec_call(
+        where,
+        lambda: Layout(groups, speculative=speculative, max_model_len=fields.get("max_model_len")),
+    )
+
+
+def group_to_json(group: Group) -> JSON:
+    """A spec group as a layout entry."""
+    match group:
+        case FullAttention():
+            out: JSON = {"kind": "full", "block_size": group.block_size}
+        case SlidingWindow():
+            out = {"kind": "sliding_window", "block_size": group.block_size, "window": group.window}
+        case ChunkedLocal():
+            out = {"kind": "chunked_local", "block_size": group.block_size, "chunk": group.chunk}
+        case MambaState():
+            out = {"kind": "mamba", "block_size": group.block_size, "mode": group.mode.value}
+        case CrossAttention():
+            out = {"kind": "cross", "block_size": group.block_size}
+    if getattr(group, "draft", False):
+        out["draft"] = True
+    out["name"] = group.name
+    return out
+
+
+def layout_to_json(layout: Layout) -> JSON:
+    """A spec layout as JSON (the inverse of layout_from_json)."""
+    out: JSON = {"groups": [group_to_json(g) for g in layout.groups]}
+    if layout.speculative is not None:
+        out["speculative"] = layout.speculative.value
+    if layout.max_model_len is not None:
+        out["max_model_len"] = layout.max_model_len
+    return out
+
+
+def eviction_from_json(value: object) -> spec.Eviction:
+    """An alloc case's eviction profile; absent means lru."""
+    try:
+        return spec.Eviction("lru" if value is None else str(value))
+    except ValueError:
+        choices = ", ".join(e.value for e in spec.Eviction)
+        raise InputError(f"eviction must be one of {choices}, got {value!r}") from None
+
+
+# --- operations and observations ------------------------------------------------------------
+
+
+def extra_to_json(extra: Extra) -> JSON:
+    out: JSON = {"kind": extra.kind.value, "value": extra.value}
+    if extra.end is not None:
+        out.update(start=extra.start, end=extra.end)
+    return out
+
+
+def extra_from_json(obj: JSON) -> Extra:
+    try:
+        return Extra(ExtraKind(obj["kind"]), obj["value"], obj.get("start", 0), obj.get("end"))
+    except (KeyError, ValueError, InvalidRequest) as error:
+        raise InputError(f"bad extra key {obj!r}: {error}") from error
+
+
+def op_to_json(op: spec.Op) -> JSON:
+    """One allocator operation as JSON."""
+    match op:
+        case spec.Admit():
+            out: JSON = {
+                "op": "admit",
+                "rid": op.rid,
+                "tokens": list(op.tokens),
+                "budget": op.budget,
+            }
+            if op.extras:
+                out["extras"] = [extra_to_json(e) for e in op.extras]
+            if op.lookahead:
+                out["lookahead"] = op.lookahead
+            return out
+        case spec.Extend():
+            out = {"op": "extend", "rid": op.rid, "budget": op.budget}
+            if op.appended:
+                out["appended"] = list(op.appended)
+            if op.lookahead:
+                out["lookahead"] = op.lookahead
+            return out
+        case spec.EndStep():
+            return {"op": "end_step"}
+        case spec.Finish():
+            return {"op": "finish", "rid": op.rid}
+        case spec.Preempt():
+            return {"op": "preempt", "rid": op.rid}
+        case spec.ResetCache():
+            return {"op": "reset_cache"}
+    raise InputError(f"unknown operation {op!r}")  # pragma: no cover
+
+
+def op_from_json(obj: JSON) -> spec.Op:
+    """JSON -> one allocator operation."""
+    try:
+        kind = obj["op"]
+        if kind == "admit":
+            return spec.Admit(
+                obj["rid"],
+                tuple(obj["tokens"]),
+                obj["budget"],
+                tuple(extra_from_json(e) for e in obj.get("extras", ())),
+                obj.get("lookahead", 0),
+            )
+        if kind == "extend":
+            return spec.Extend(
+                obj["rid"], obj["budget"], tuple(obj.get("appended", ())), obj.get("lookahead", 0)
+            )
+        if kind == "end_step":
+            return spec.EndStep()
+        if kind == "finish":
+            return spec.Finish(obj["rid"])
+        if kind == "preempt":
+            return spec.Preempt(obj["rid"])
+        if kind == "reset_cache":
+            return spec.ResetCache()
+    except (KeyError, TypeError) as error:
+        raise InputError(f"bad operation {obj!r}: missing or wrong field {error}") from error
+    raise InputError(f"unknown operation {obj.get('op')!r} in {obj!r}")
+
+
+def observation_to_json(observation: spec.Observation) -> JSON:
+    """One observation as JSON; tables are lists of physical ids (0 = null)."""
+    match observation:
+        case spec.Admitted():
+            return {
+                "admitted": {
+                    "hit": observation.hit,
+                    "scheduled": observation.scheduled,
+                    "tables": [list(t) for t in observation.tables],
+                }
+            }
+        case spec.Extended():
+            return {
+                "extended": {
+                    "scheduled": observation.scheduled,
+                    "tables": [list(t) for t in observation.tables],
+                }
+            }
+        case spec.Waiting():
+            return {"waiting": {"needed": observation.needed, "free": observation.free}}
+        case spec.StepEnded():
+            return {"step_ended": {"registered": observation.registered}}
+        case spec.Released():
+            return {"released": {"blocks": observation.blocks}}
+        case spec.CacheReset():
+            return {"cache_reset": {"done": observation.done}}
+    raise InputError(f"unknown observation {observation!r}")  # pragma: no cover
+
+
+# --- block sets -----------------------------------------------------------------------------
+
+
+def to_ranges(indices: list[int] | frozenset[int]) -> list[list[int]]:
+    """Block indices as sorted half-open ranges: {0,1,2,5} -> [[0, 3], [5, 6]]."""
+    ranges: list[list[int]] = []
+    for j in sorted(indices):
+        if ranges and ranges[-1][1] == j:
+            ranges[-1][1] = j + 1
+        else:
+            ranges.append([j, j + 1])
+    return ranges
+
+
+def from_ranges(ranges: list[list[int]]) -> frozenset[int]:
+    """Half-open ranges -> block indices."""
+    return frozenset(j for start, stop in ranges for j in range(start, stop))
+
+
+def to_runs(blocks: list[int | None]) -> list[list[int | None]]:
+    """A block list as runs [first, count]: consecutive indices, or nulls with first = null."""
+    runs: list[list[int | None]] = []
+    for b in blocks:
+        if runs:
+            first, count = runs[-1]
+            length = int(count or 0)
+            follows = b is None if first is None else b is not None and b == first + length
+            if follows:
+                runs[-1][1] = length + 1
+                continue
+        runs.append([b, 1])
+    return runs

@@ -1,0 +1,131 @@
+"""The normative comparison of an engine's answers with a vector's expectations.
+
+Which physical block an allocator hands out is implementation-defined; that the same block is
+handed out again (sharing, reuse) is not. Block tables are therefore compared up to a
+renaming: a bijection between the vector's ids and the engine's, fixed for a whole trace,
+with the null block (0) mapped to itself. Everything else must be equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvcert.conformance.contract.codec import to_runs
+
+
+class Renaming:
+    """A bijection built incrementally; `match` fails on the first inconsistency."""
+
+    def __init__(self) -> None:
+        self.forward: dict[int, int] = {0: 0}
+        self.backward: dict[int, int] = {0: 0}
+
+    def match(self, expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> bool:
+        if len(expected) != len(actual):
+            return False
+        for want_table, got_table in zip(expected, actual, strict=True):
+            if len(want_table) != len(got_table):
+                return False
+            for want, got in zip(want_table, got_table, strict=True):
+                if self.forward.setdefault(want, got) != got:
+                    return False
+                if self.backward.setdefault(got, want) != want:
+                    return False
+        return True
+
+
+def compare_hit(expect: dict[str, Any], answer: object) -> str | None:
+    """None when the engine's hit answer matches, else what differs."""
+    if refusal := _refusal(expect, answer):
+        return None if refusal == "ok" else refusal
+    if not isinstance(answer, dict) or "hit" not in answer or "blocks" not in answer:
+        return f"malformed answer {answer!r}: expected {{'hit': int, 'blocks': [[...], ...]}}"
+    if answer["hit"] != expect["hit"]:
+        return f"hit {answer['hit']} != expected {expect['hit']}"
+    try:
+        runs = [to_runs(list(blocks)) for blocks in answer["blocks"]]
+    except TypeError:
+        return f"malformed block lists {answer['blocks']!r}"
+    if runs != expect["block_runs"]:
+        return f"block lists (as runs) {runs} != expected {expect['block_runs']}"
+    return None
+
+
+def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
+    """None when every observation matches (tables up to one renaming), else the first diff."""
+    if refusal := _refusal(expect, answer):
+        return None if refusal == "ok" else refusal
+    if not isinstance(answer, dict) or not isinstance(answer.get("observations"), list):
+        return f"malformed answer {answer!r}: expected {{'observations': [...]}}"
+    wanted, got = expect["observations"], answer["observations"]
+    if len(got) != len(wanted):
+        return f"{len(got)} observations != expected {len(wanted)}"
+    renaming = Renaming()
+    for step, (want, have) in enumerate(zip(wanted, got, strict=True)):
+        difference = compare_observation(renaming, want, have)
+        if difference is not None:
+            return f"step {step}: {difference}"
+    return None
+
+
+def compare_observation(renaming: Renaming, want: dict[str, Any], have: object) -> str | None:
+    """One observation of a trace; `renaming` carries over between the trace's steps."""
+    if not isinstance(have, dict) or set(have) != set(want):
+        return f"{have!r} != expected {want!r}"
+    (kind,) = want
+    if kind == "refused":
+        return None
+    fields, actual = dict(want[kind]), have[kind]
+    if not isinstance(actual, dict) or set(actual) != set(fields):
+        return f"{have!r} != expected {want!r}"
+    tables = fields.pop("tables", None)
+    if any(actual[k] != v for k, v in fields.items()):
+        return f"{have!r} != expected {want!r}"
+    if tables is not None and not _renames(renaming, tables, actual["tables"]):
+        return f"tables {actual['tables']} are not a consistent renaming of {tables}"
+    return None
+
+
+PLAN_FIELDS = ("page_size", "num_blocks", "token_capacity", "hit_alignment")
+GROUP_FIELDS = ("kind", "layers", "block_size", "page_bytes", "draft")
+
+
+def compare_page(expect: dict[str, Any], answer: object) -> str | None:
+    """None when the plan matches; groups compare as a set (their order is the engine's)."""
+    if refusal := _refusal(expect, answer):
+        return None if refusal == "ok" else refusal
+    if not isinstance(answer, dict) or not isinstance(answer.get("groups"), list):
+        return f"malformed answer {answer!r}: expected a plan with groups"
+    for field in PLAN_FIELDS:
+        if answer.get(field) != expect[field]:
+            return f"{field} {answer.get(field)!r} != expected {expect[field]}"
+
+    def canonical(groups: list[Any]) -> list[tuple[Any, ...]]:
+        rows = [tuple(json_key(g.get(f)) for f in GROUP_FIELDS) for g in groups]
+        return sorted(rows, key=repr)
+
+    got, want = canonical(answer["groups"]), canonical(expect["groups"])
+    if got != want:
+        return f"groups {answer['groups']} != expected {expect['groups']} (in any order)"
+    return None
+
+
+def json_key(value: Any) -> Any:
+    """Lists become tuples so groups can be sorted and compared."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _renames(renaming: Renaming, expected: Any, actual: Any) -> bool:
+    try:
+        return renaming.match(expected, actual)
+    except TypeError:
+        return False
+
+
+def _refusal(expect: dict[str, Any], answer: object) -> str | None:
+    """ "ok" for an expected refusal given, a message for a refusal mismatch, else None."""
+    refused = isinstance(answer, dict) and answer.get("refused") is True
+    if expect.get("refused"):
+        return "ok" if refused else f"expected the engine to refuse this input, got {answer!r}"
+    return "the engine refused valid input" if refused else None

@@ -1,0 +1,159 @@
+"""Deliberately broken engines: each reproduces one real bug class on top of the reference.
+
+Shipped so anyone can see the checkers have teeth: each must fail at least one vector (and
+the report must name the rule it broke), and `kvcert check` times how long the shipped state
+machine takes to find and shrink each one. Never use them for anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.contract.protocol import Session
+from kvcert.conformance.engines import reference_engine
+from kvcert.conformance.engines.reference_engine import ReferenceEngine
+from kvcert.reference import coordinator, groups, manager
+from kvcert.reference.config import DraftKeying, Kind
+
+
+@contextmanager
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    original = inspect.getattr_static(obj, name)  # keeps a staticmethod wrapped on restore
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, original)
+
+
+class Mutant(ReferenceEngine):
+    """The reference with one bug injected whenever it answers, by run() or by a session."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        """The patches that make the bug (none by default)."""
+        return nullcontext()
+
+    def rewrite(self, op: JSON) -> JSON:
+        """An operation as the buggy engine sees it (unchanged by default)."""
+        return op
+
+    def run(self, case: JSON) -> JSON:
+        if case["suite"] == "alloc":
+            case = {**case, "ops": [self.rewrite(op) for op in case["ops"]]}
+        with self.injected():
+            return super().run(case)
+
+    def open(self, case: JSON) -> MutantSession:
+        return MutantSession(self, super().open(case))
+
+
+class MutantSession:
+    """A reference session answering with the mutant's bug injected."""
+
+    def __init__(self, mutant: Mutant, session: Session) -> None:
+        self.mutant = mutant
+        self.session = session
+
+    def apply(self, op: JSON) -> JSON:
+        with self.mutant.injected():
+            return self.session.apply(self.mutant.rewrite(op))
+
+
+class PerGroupDropEngine(Mutant):
+    """vLLM #32802 / #40624: the speculative drop applied once per group, cascading."""
+
+    @contextmanager
+    def injected(self) -> Iterator[None]:
+        original = coordinator.find_hit
+
+        def per_group(config: Any, num_tokens: int, keys: Any, served: Any, **kw: Any) -> Any:
+            if config.speculative is not DraftKeying.DROP:
+                return original(config, num_tokens, keys, served, **kw)
+            plain = dataclasses.replace(
+                config,
+                speculative=None,
+                groups=tuple(dataclasses.replace(g, draft=False) for g in config.groups),
+            )
+            hit, _ = original(plain, num_tokens, keys, served, **kw)
+            lowered = max(0, hit - config.alignment * len(config.groups))
+            return original(plain, lowered + 1, keys, served, **kw)
+
+        with (
+            patched(reference_engine, "find_hit", per_group),
+            patched(manager.KVCacheManager, "search", staticmethod(per_group)),
+        ):
+            yield
+
+
+class WindowOffByOneEngine(Mutant):
+    """Sliding window without the -1: one token (often one block) too many is required."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        original = groups.first_needed
+
+        def needs_one_more(group: Any, length: int) -> int:
+            if group.kind is Kind.SLIDING_WINDOW:
+                return int(max(0, length - group.window) // group.block_size)
+            return int(original(group, length))
+
+        return patched(coordinator, "first_needed", needs_one_more)
+
+
+class AllocateBeforeHitsEngine(Mutant):
+    """vLLM #33775: new blocks are allocated before the hits are taken, so the request can
+    evict its own hits from the free queue."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        def fill_then_take(self: Any, hits: set[int], request: Any, wanted: Any) -> Any:
+            added = self._fill(request, wanted)  # the bug: may pop this request's own hits
+            self.pool.take(hits)
+            return added
+
+        return patched(manager.KVCacheManager, "_take_then_fill", fill_then_take)
+
+
+class VisibleBeforeWrittenEngine(Mutant):
+    """vLLM #41838: blocks are registered when scheduled, before their KV is written."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        original_admit = manager.KVCacheManager.admit
+
+        def admit(
+            self: Any, rid: str, tokens: Any, budget: int, extras: Any = (), lookahead: int = 0
+        ) -> Any:
+            result = original_admit(self, rid, tokens, budget, extras, lookahead)
+            request = self._requests.get(rid)
+            if request is not None:
+                for g, group in enumerate(self.config.groups):
+                    if group.kind is Kind.FULL:
+                        done = (request.computed + request.scheduled) // group.block_size
+                        for j in range(request.registered[g], done):
+                            key = request.chains[g].key(group.block_size, j)
+                            if key is not None and request.tables[g][j]:
+                                self.pool.register(request.tables[g][j], g, key)
+            return result
+
+        return patched(manager.KVCacheManager, "admit", admit)
+
+
+class SaltIgnoredEngine(Mutant):
+    """Cache salts dropped from the keys: tenants share blocks."""
+
+    def rewrite(self, op: JSON) -> JSON:
+        if "extras" not in op:
+            return op
+        return {**op, "extras": [e for e in op["extras"] if e["kind"] != "cache_salt"]}
+
+
+BROKEN = {
+    "per-group speculative drop": (PerGroupDropEngine, "HIT-SPEC-2"),
+    "sliding window without -1": (WindowOffByOneEngine, "HIT-SW-1"),
+    "allocation before hits": (AllocateBeforeHitsEngine, "ALLOC-TWO-PHASE-1"),
+    "visible before written": (VisibleBeforeWrittenEngine, "ALLOC-VIS-1"),
+    "salt ignored": (SaltIgnoredEngine, "HASH-EXTRA-1"),
+}

@@ -1,0 +1,291 @@
+"""kvcert.reference as a conformance engine, reading the vectors' JSON without kvcert.spec.
+
+The translation is mechanical (field names and types only) and never goes through the
+spec's parsers, so the reference's own validation decides what it refuses: a difference from
+the spec is a difference in behaviour. Hits go through its coordinator, traces through
+KVCacheManager, page plans through its planner.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from kvcert.conformance.contract.codec import JSON, REFUSED, from_ranges
+from kvcert.conformance.contract.protocol import Session, claims_everything
+from kvcert.reference import config as ref
+from kvcert.reference import planner
+from kvcert.reference.coordinator import find_hit
+from kvcert.reference.errors import ConfigError, KVCacheError, RequestStateError
+from kvcert.reference.hashing import ExtraKey, ExtraKind
+from kvcert.reference.manager import KVCacheManager, Waiting
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def group_from_json(obj: JSON) -> ref.GroupConfig:
+    """One layout group as the reference's GroupConfig."""
+    try:
+        kind = ref.Kind(obj["kind"])
+        mode = ref.MambaMode(obj["mode"]) if "mode" in obj else None
+    except (KeyError, ValueError) as error:
+        raise ConfigError(f"bad group {obj!r}: {error}") from error
+    draft = obj.get("draft", False)
+    return ref.GroupConfig(
+        kind,
+        _int(obj.get("block_size"), "block_size"),
+        window=_int(obj.get("window", 0), "window"),
+        chunk=_int(obj.get("chunk", 0), "chunk"),
+        mode=mode,
+        draft=draft,
+        name=str(obj.get("name", "")),
+    )
+
+
+def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") -> ref.CacheConfig:
+    """A layout object, pool size and eviction profile as the reference's CacheConfig."""
+    groups = layout.get("groups")
+    if not isinstance(groups, list):
+        raise ConfigError("layout.groups must be a list")
+    speculative = layout.get("speculative")
+    try:
+        keying = ref.DraftKeying(speculative) if speculative is not None else None
+    except ValueError as error:
+        raise ConfigError(f"bad speculative keying {speculative!r}") from error
+    limit = layout.get("max_model_len")
+    try:
+        profile = ref.Eviction(str(eviction))
+    except ValueError as error:
+        raise ConfigError(f"bad eviction profile {eviction!r}") from error
+    return ref.CacheConfig(
+        tuple(group_from_json(g) for g in groups),
+        num_blocks,
+        speculative=keying,
+        max_model_len=None if limit is None else _int(limit, "max_model_len"),
+        eviction=profile,
+    )
+
+
+def extra_from_json(obj: JSON) -> ExtraKey:
+    try:
+        return ExtraKey(ExtraKind(obj["kind"]), obj["value"], obj.get("start", 0), obj.get("end"))
+    except (KeyError, ValueError, TypeError) as error:
+        raise ConfigError(f"bad extra key {obj!r}: {error}") from error
+
+
+def tables_json(tables: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    return [list(t) for t in tables]
+
+
+class ReferenceSession:
+    """One reference allocator answering the alloc suite's JSON operations."""
+
+    def __init__(self, layout: JSON, num_blocks: int, eviction: object = "lru") -> None:
+        self.manager = KVCacheManager(config_from_json(layout, num_blocks, eviction))
+
+    def apply(self, op: JSON) -> JSON:
+        """Run one operation; reference errors become {"refused": true}."""
+        try:
+            return self._apply(op)
+        except KVCacheError:
+            return REFUSED
+
+    def _apply(self, op: JSON) -> JSON:
+        manager = self.manager
+        kind = op.get("op")
+        if kind == "admit":
+            result = manager.admit(
+                str(op["rid"]),
+                list(op["tokens"]),
+                _int(op["budget"], "budget"),
+                [extra_from_json(e) for e in op.get("extras", ())],
+                _int(op.get("lookahead", 0), "lookahead"),
+            )
+            if isinstance(result, Waiting):
+                return {"waiting": {"needed": result.needed, "free": result.free}}
+            return {
+                "admitted": {
+                    "hit": result.hit,
+                    "scheduled": result.scheduled,
+                    "tables": tables_json(manager.block_tables(str(op["rid"]))),
+                }
+            }
+        if kind == "extend":
+            result = manager.extend(
+                str(op["rid"]),
+                _int(op["budget"], "budget"),
+                list(op.get("appended", ())),
+                _int(op.get("lookahead", 0), "lookahead"),
+            )
+            if isinstance(result, Waiting):
+                return {"waiting": {"needed": result.needed, "free": result.free}}
+            tables = tables_json(manager.block_tables(str(op["rid"])))
+            return {"extended": {"scheduled": result.scheduled, "tables": tables}}
+        if kind == "end_step":
+            return {"step_ended": {"registered": manager.end_step()}}
+        if kind in ("finish", "preempt"):
+            release = manager.finish if kind == "finish" else manager.preempt
+            return {"released": {"blocks": release(str(op["rid"]))}}
+        if kind == "reset_cache":
+            return {"cache_reset": {"done": manager.reset_prefix_cache()}}
+        raise RequestStateError(f"unknown operation {op!r}")
+
+
+def check_view(config: ref.CacheConfig, num_tokens: object, cached: list[frozenset[int]]) -> int:
+    """The reference's checks on a hit query: a cache it could hold for this request."""
+    tokens = _int(num_tokens, "num_tokens")
+    if tokens < 1 or (config.max_model_len is not None and tokens > config.max_model_len):
+        raise RequestStateError(f"num_tokens={tokens} is not a valid request length")
+    if len(cached) != len(config.groups):
+        raise RequestStateError("one cached entry per group is required")
+    exact = config.speculative is ref.DraftKeying.EXACT
+    for group, blocks in zip(config.groups, cached, strict=True):
+        never = group.kind is ref.Kind.CROSS or (
+            group.kind is ref.Kind.MAMBA and group.mode is ref.MambaMode.NONE
+        )
+        if blocks and never:
+            raise RequestStateError(f"group {group.name!r} never holds cached blocks")
+        keyed = (tokens - (1 if exact and group.draft else 0)) // group.block_size
+        if any(not 0 <= j < keyed for j in blocks):
+            raise RequestStateError(f"group {group.name!r}: cached block outside the request")
+    return tokens
+
+
+# --- page plans from the same JSON (no spec types in between) -----------------------------
+
+
+def _ref_layer(obj: JSON) -> planner.LayerShape:
+    kind = obj["kind"]
+    if kind == "mamba":
+        return planner.StateShape(
+            tuple((tuple(t["shape"]), t["dtype"]) for t in obj["tensors"]), name=obj.get("name", "")
+        )
+    if "latent_size" in obj:
+        return planner.LatentShape(
+            ref.Kind(kind),
+            obj["latent_size"],
+            obj.get("rope_size", 0),
+            window=obj.get("window", 0),
+            ratio=obj.get("ratio", 1),
+            draft=obj.get("draft", False),
+            name=obj.get("name", ""),
+        )
+    return planner.AttentionShape(
+        ref.Kind(kind),
+        obj["num_kv_heads"],
+        obj["head_size_k"],
+        obj["head_size_v"],
+        window=obj.get("window", 0),
+        chunk=obj.get("chunk", 0),
+        draft=obj.get("draft", False),
+        name=obj.get("name", ""),
+    )
+
+
+def reference_plan(obj: JSON) -> planner.CachePlan:
+    """Plan with kvcert.reference straight from plan-input JSON (no spec code involved).
+
+    Raises ConfigError when no layout exists, and KeyError, TypeError or ValueError on
+    malformed JSON; `plan_input_from_json` gives the readable message for the latter.
+    """
+    kernel = obj.get("kernel", {})
+    request = planner.PlanRequest(
+        tuple(_ref_layer(x) for x in obj["layers"]),
+        obj["kv_cache_dtype"],
+        obj["memory_bytes"],
+        block_size=obj.get("block_size", 16),
+        multiple=kernel.get("multiple", 16),
+        maximum=kernel.get("maximum", 4096),
+        mamba_mode=ref.MambaMode(obj.get("mamba_mode", "align")),
+        state_chunk=obj.get("state_chunk", 1),
+        group_padding=Fraction(obj.get("group_padding", "1/20")),
+        speculative=ref.DraftKeying(obj["speculative"]) if obj.get("speculative") else None,
+    )
+    return planner.plan_cache(request)
+
+
+def reference_plan_to_json(plan: planner.CachePlan) -> JSON:
+    """A reference plan as the JSON engines answer."""
+    return {
+        "page_size": plan.page_size,
+        "num_blocks": plan.num_blocks,
+        "token_capacity": plan.token_capacity,
+        "hit_alignment": plan.alignment,
+        "groups": [
+            {
+                "kind": g.kind.value,
+                "layers": list(g.layers),
+                "block_size": g.block_size,
+                "page_bytes": g.page_bytes,
+                "draft": g.draft,
+            }
+            for g in plan.groups
+        ],
+    }
+
+
+def safe_reference_plan(obj: JSON) -> JSON | None:
+    """The reference's plan as JSON, or None when it refuses."""
+    try:
+        return reference_plan_to_json(reference_plan(obj))
+    except (ConfigError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+# --- the engine ---------------------------------------------------------------------------
+
+
+def cached_sets(case: JSON) -> list[frozenset[int]]:
+    """A hit case's cached block indices, per group."""
+    return [from_ranges(ranges) for ranges in case["cached"]]
+
+
+class ReferenceEngine:
+    """kvcert.reference: hits through its coordinator, traces through KVCacheManager."""
+
+    def describe(self) -> JSON:
+        return claims_everything("kvcert.reference")
+
+    def open(self, case: JSON) -> Session:
+        """A session for an alloc case (its layout, pool and profile), an op at a time."""
+        return ReferenceSession(case["layout"], case["num_blocks"], case.get("eviction", "lru"))
+
+    def run(self, case: JSON) -> JSON:
+        if case["suite"] == "page":
+            return safe_reference_plan(case["plan"]) or REFUSED
+        try:
+            if case["suite"] == "hit":
+                return self._hit(case)
+            session = self.open(case)
+        except KVCacheError:
+            return REFUSED
+        return {"observations": [session.apply(op) for op in case["ops"]]}
+
+    def _hit(self, case: JSON) -> JSON:
+        config = config_from_json(case["layout"], 2)
+        KVCacheManager(config)  # refuses layouts it cannot manage (cross attention only)
+        cached = cached_sets(case)
+        num_tokens = check_view(config, case["num_tokens"], cached)
+        keys, served = block_index_cache(config, num_tokens, cached)
+        length, tables = find_hit(config, num_tokens, keys, served)
+        return {"hit": length, "blocks": [[None if b == 0 else b - 1 for b in t] for t in tables]}
+
+
+def block_index_cache(
+    config: ref.CacheConfig, num_tokens: int, cached: list[frozenset[int]]
+) -> tuple[list[range], list[dict[int, int]]]:
+    """A hit case's cache as the search reads it: each group's blocks keyed by their index,
+    the cached ones served as block id index + 1 (0 stays the null block)."""
+    exact = config.speculative is ref.DraftKeying.EXACT
+    keys = [
+        range((num_tokens - (1 if exact and g.draft else 0)) // g.block_size) for g in config.groups
+    ]
+    return keys, [{j: j + 1 for j in blocks} for blocks in cached]
+
+
+def make_reference() -> ReferenceEngine:
+    """Entry point `reference`."""
+    return ReferenceEngine()

@@ -1,0 +1,64 @@
+"""kvcert.spec as a conformance engine: the vectors' own oracle, used for the coverage gate.
+
+It answers through the spec's functions and the contract's codec, and checks the spec's
+invariants (§7) after every operation: a violation is a kvcert bug, raised as an error.
+"""
+
+from __future__ import annotations
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+    REFUSED,
+    InputError,
+    eviction_from_json,
+    from_ranges,
+    layout_from_json,
+    observation_to_json,
+    op_from_json,
+)
+from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
+from kvcert.conformance.contract.protocol import EngineError, claims_everything
+from kvcert.spec import CacheView, SpecError, hybrid_hit
+from kvcert.spec import alloc as spec
+from kvcert.spec.invariants import violated
+from kvcert.spec.plan import plan
+
+
+class SpecEngine:
+    """The executable spec as an engine."""
+
+    def describe(self) -> JSON:
+        return claims_everything("kvcert.spec")
+
+    def run(self, case: JSON) -> JSON:
+        if case["suite"] == "page":
+            try:
+                return spec_plan_to_json(plan(plan_input_from_json(case["plan"])))
+            except (SpecError, InputError):
+                return REFUSED
+        try:
+            layout = layout_from_json(case["layout"])
+            if case["suite"] == "hit":
+                cached = tuple(from_ranges(ranges) for ranges in case["cached"])
+                hit = hybrid_hit(CacheView(layout, case["num_tokens"], cached))
+                return {"hit": hit.length, "blocks": [list(b) for b in hit.blocks]}
+            eviction = eviction_from_json(case.get("eviction"))
+            state = spec.initial_state(spec.PoolConfig(layout, case["num_blocks"], eviction))
+        except (SpecError, InputError):
+            return REFUSED
+        observations = []
+        for op in case["ops"]:
+            try:
+                state, observation = spec.step(state, op_from_json(op))
+            except (SpecError, InputError):
+                observations.append(REFUSED)
+                continue
+            if broken := violated(state):  # pragma: no cover - the spec keeps its invariants
+                raise EngineError(f"the spec broke its own invariants {broken} after {op}")
+            observations.append(observation_to_json(observation))
+        return {"observations": observations}
+
+
+def make_spec() -> SpecEngine:
+    """Entry point `spec`."""
+    return SpecEngine()

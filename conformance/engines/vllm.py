@@ -1,0 +1,513 @@
+"""vLLM as a conformance engine: the vectors drive vLLM's own v1 `KVCacheManager`.
+
+Runs inside a venv that holds a vLLM release (`scripts/engine-venv.sh vllm VERSION`); nothing
+here is imported by kvcert otherwise. The adapter plays vLLM's scheduler, no more: it builds
+the manager from a layout, turns each operation into the calls the scheduler makes, and reads
+the observations back. Which features a release supports is probed, not assumed (`describe`).
+
+Mapping (one line per concept; engines/README.md has the full table):
+
+    layout group          FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec /
+                          MambaSpec(mamba_cache_mode=align|all), one KVCacheGroupSpec each
+    speculative "drop"    KVCacheManager(use_eagle=True); draft groups is_eagle_group=True
+    admit                 Request(...) -> get_computed_blocks -> allocate_slots(hit, chunk)
+    extend                append_output_token_ids -> allocate_slots(chunk)
+    end_step              num_computed_tokens += chunk (the scheduler's update), then
+                          new_step_starts(); `registered` counts blocks given a hash since
+                          the previous end_step
+    finish / preempt      KVCacheManager.free(request)
+    reset_cache           KVCacheManager.reset_prefix_cache()
+    waiting               allocate_slots returned None: `needed` is the block count vLLM
+                          compared with its free blocks, `free` that free count
+    hit suite             a first request computes the prompt chunk by chunk (so state groups
+                          checkpoint every block), is freed, and every block the case lists
+                          as uncached is evicted; a second request's lookup is the answer
+
+Protocol misuse (an unknown request, a chunk still in flight, ...) is refused by the adapter
+before vLLM sees it, as vLLM's scheduler never issues such calls. What a release cannot
+express is answered `{"unsupported": why}` (the runner records it as skipped), and the free
+order is probed into an eviction profile (`free_order_profile`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import version
+from typing import Any
+
+from kvcert.conformance.contract.protocol import EngineError
+
+JSON = dict[str, Any]
+REFUSED: JSON = {"refused": True}
+HUGE_MODEL_LEN = 1 << 20
+
+
+class Unsupported(Exception):
+    """The case needs something this vLLM release cannot express."""
+
+
+@cache
+def vllm_api() -> Any:
+    """vLLM's modules, imported once (6 s) and shared by every session."""
+    import torch
+    from vllm import SamplingParams  # type: ignore[import-not-found]
+    from vllm.lora.request import LoRARequest  # type: ignore[import-not-found]
+    from vllm.v1 import kv_cache_interface as kvi  # type: ignore[import-not-found]
+    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
+    from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
+    from vllm.v1.request import Request  # type: ignore[import-not-found]
+
+    try:
+        from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
+    except ImportError:  # releases before the utils split
+        from vllm.utils import sha256  # type: ignore[import-not-found]
+    kv_cache_utils.init_none_hash(sha256)
+    return _Api(
+        torch, SamplingParams, kvi, kv_cache_utils, KVCacheManager, Request, sha256, LoRARequest
+    )
+
+
+@dataclass(frozen=True)
+class _Api:
+    torch: Any
+    SamplingParams: Any
+    kvi: Any
+    utils: Any
+    KVCacheManager: Any
+    Request: Any
+    sha256: Any
+    LoRARequest: Any
+
+
+def _accepts(function: Any, name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+def _spec(api: _Api, group: JSON) -> Any:
+    kind = group.get("kind")
+    size = group["block_size"]
+    common = {"block_size": size, "num_kv_heads": 1, "head_size": 1, "dtype": api.torch.float32}
+    if kind == "full":
+        return api.kvi.FullAttentionSpec(**common)
+    if kind == "sliding_window":
+        return api.kvi.SlidingWindowSpec(**common, sliding_window=group["window"])
+    if kind == "chunked_local":
+        if group["chunk"] % size:
+            # vLLM's attention backends assert this at start-up (backends/utils.py); the
+            # manager alone would serve hits inside a chunk whose start it never computed.
+            raise ValueError(f"vLLM needs block_size {size} to divide the chunk {group['chunk']}")
+        return api.kvi.ChunkedLocalAttentionSpec(**common, attention_chunk_size=group["chunk"])
+    if kind == "mamba":
+        mode = group.get("mode", "all")
+        cls = api.kvi.MambaSpec
+        fields = inspect.signature(cls).parameters
+        if "mamba_cache_mode" not in fields:
+            raise Unsupported("this release has no Mamba prefix-cache modes")
+        if mode == "none":
+            raise Unsupported("mamba mode none disables prefix caching for the whole model")
+        return cls(
+            block_size=size, shapes=((1,),), dtypes=(api.torch.float32,), mamba_cache_mode=mode
+        )
+    raise ValueError(f"unknown group kind {kind!r}")
+
+
+def _check_layout(layout: JSON) -> None:
+    if layout.get("speculative") == "exact":
+        raise Unsupported("vLLM keys draft layers like target layers (no exact keying)")
+
+
+@dataclass
+class _Running:
+    request: Any
+    scheduled: int = 0  # tokens allocated this step, committed at end_step
+    # Sampled tokens already appended by an extend that then had to wait: vLLM appends a
+    # sampled token once (when the step's output arrives) and retries the allocation.
+    pending: tuple[int, ...] = ()
+
+
+@dataclass
+class Session:
+    """One vLLM KVCacheManager answering the alloc suite's operations."""
+
+    layout: JSON
+    num_blocks: int
+    kv_events: bool = True  # BlockStored events count registrations (benchmarks turn them off)
+    running: dict[str, _Running] = field(default_factory=dict)
+    lora_ids: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        api = vllm_api()
+        _check_layout(self.layout)
+        groups = self.layout["groups"]
+        sizes = [g["block_size"] for g in groups]
+        self.api = api
+        self.hash_block_size = math.gcd(*sizes)
+        self.max_model_len = self.layout.get("max_model_len") or HUGE_MODEL_LEN
+        eagle = self.layout.get("speculative") == "drop"
+        group_specs: list[Any] = []
+        marks_drafts = _accepts(api.kvi.KVCacheGroupSpec, "is_eagle_group")
+        for index, g in enumerate(groups):
+            flags: JSON = {"is_eagle_group": True} if g.get("draft") and marks_drafts else {}
+            layer = f"{g.get('name') or g['kind']}.{index}"  # layer names are unique in vLLM
+            group_specs.append(api.kvi.KVCacheGroupSpec([layer], _spec(api, g), **flags))
+        config = api.kvi.KVCacheConfig(
+            num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=group_specs
+        )
+        init = api.KVCacheManager.__init__
+        kwargs: JSON = {"enable_caching": True, "use_eagle": eagle}
+        if _accepts(init, "enable_kv_cache_events"):
+            kwargs["enable_kv_cache_events"] = self.kv_events
+        if _accepts(init, "scheduler_block_size"):
+            kwargs["scheduler_block_size"] = math.lcm(*sizes)
+        self.manager = api.KVCacheManager(
+            config, max_model_len=self.max_model_len, hash_block_size=self.hash_block_size, **kwargs
+        )
+        self.pool = self.manager.block_pool
+        self.hasher = self._hasher()
+
+    # --- vLLM calls --------------------------------------------------------------------------
+
+    def _hasher(self) -> Any:
+        api = self.api
+        return api.utils.get_request_block_hasher(self.hash_block_size, api.sha256)
+
+    def new_request(self, rid: str, tokens: list[int], extras: list[JSON]) -> Any:
+        api = self.api
+        params = api.SamplingParams(max_tokens=self.max_model_len)
+        update = params.update_from_generation_config  # sets the stop tokens Request reads
+        eos = "eos_token_id" if _accepts(update, "eos_token_id") else "model_eos_token_id"
+        update({}, **{eos: -1})
+        kwargs: JSON = {"block_hasher": self.hasher}
+        if _accepts(api.Request.__init__, "eos_token_id"):
+            kwargs["eos_token_id"] = -1
+        for extra in extras:
+            kind, value = extra.get("kind"), extra.get("value")
+            if extra.get("end") is not None:
+                raise Unsupported(f"positioned extra {kind!r} needs multimodal inputs")
+            if kind == "cache_salt":
+                kwargs["cache_salt"] = str(value)
+            elif kind == "lora":
+                name = str(value)
+                lora_id = self.lora_ids.setdefault(name, len(self.lora_ids) + 1)
+                kwargs["lora_request"] = api.LoRARequest(name, lora_id, f"/lora/{name}")
+            else:
+                raise Unsupported(f"extra key kind {kind!r}")
+        return api.Request(rid, list(tokens), params, None, **kwargs)
+
+    def allocate(
+        self, request: Any, chunk: int, hit: int = 0, blocks: Any = None, lookahead: int = 0
+    ) -> tuple[bool, int, int]:
+        """allocate_slots; on refusal also the (needed, free) vLLM compared."""
+        coordinator = self.manager.coordinator
+        original = coordinator.get_num_blocks_to_allocate
+        seen: list[int] = []
+
+        def recording(*args: Any, **kwargs: Any) -> int:
+            needed = original(*args, **kwargs)
+            seen.append(needed)
+            return int(needed)
+
+        coordinator.get_num_blocks_to_allocate = recording
+        free = self.pool.get_num_free_blocks()
+        try:
+            kwargs: JSON = {"num_lookahead_tokens": lookahead}
+            if blocks is not None:
+                kwargs.update(num_new_computed_tokens=hit, new_computed_blocks=blocks)
+            out = self.manager.allocate_slots(request, chunk, **kwargs)
+        finally:
+            del coordinator.get_num_blocks_to_allocate
+        return out is not None, (seen[-1] if seen else 0), free
+
+    def tables(self, rid: str) -> list[list[int]]:
+        return [list(t) for t in self.manager.get_block_ids(rid)]
+
+    def registrations(self) -> int:
+        """Blocks vLLM gave a hash (made hittable) since the last call, from its KV events."""
+        events = self.manager.take_events() if hasattr(self.manager, "take_events") else []
+        return sum(
+            len(event.block_hashes) for event in events if type(event).__name__ == "BlockStored"
+        )
+
+    # --- operations --------------------------------------------------------------------------
+
+    def apply(self, op: JSON) -> JSON:
+        """One alloc-suite operation, as the scheduler would issue it."""
+        handler = {
+            "admit": self._admit,
+            "extend": self._extend,
+            "end_step": self._end_step,
+            "finish": self._release,
+            "preempt": self._release,
+            "reset_cache": self._reset,
+        }.get(str(op.get("op")))
+        if handler is None:
+            return REFUSED
+        return handler(op)
+
+    def _admit(self, op: JSON) -> JSON:
+        rid, tokens = str(op["rid"]), list(op["tokens"])
+        budget, lookahead = op["budget"], op.get("lookahead", 0)
+        if rid in self.running or not tokens or budget < 1 or lookahead < 0:
+            return REFUSED
+        if len(tokens) > self.max_model_len:
+            return REFUSED
+        request = self.new_request(rid, tokens, list(op.get("extras", ())))
+        blocks, hit = self.manager.get_computed_blocks(request)[:2]
+        chunk = min(budget, len(tokens) - hit)
+        ok, needed, free = self.allocate(request, chunk, hit, blocks, lookahead)
+        if not ok:
+            return {"waiting": {"needed": needed, "free": free}}
+        request.num_computed_tokens = hit
+        self.running[rid] = _Running(request, chunk)
+        return {"admitted": {"hit": hit, "scheduled": chunk, "tables": self.tables(rid)}}
+
+    def _extend(self, op: JSON) -> JSON:
+        rid, budget, lookahead = str(op["rid"]), op["budget"], op.get("lookahead", 0)
+        appended = list(op.get("appended", ()))
+        entry = self.running.get(rid)
+        if entry is None or entry.scheduled or budget < 1 or lookahead < 0:
+            return REFUSED
+        request = entry.request
+        computed = request.num_computed_tokens
+        retry = bool(appended) and tuple(appended) == entry.pending
+        if appended and computed != request.num_tokens - (len(appended) if retry else 0):
+            return REFUSED
+        total = request.num_tokens + (0 if retry else len(appended))
+        if total > self.max_model_len or computed >= total:
+            return REFUSED
+        if not retry:
+            for token in appended:
+                request.append_output_token_ids(token)
+        chunk = min(budget, total - computed)
+        ok, needed, free = self.allocate(request, chunk, lookahead=lookahead)
+        if not ok:
+            entry.pending = tuple(appended)
+            return {"waiting": {"needed": needed, "free": free}}
+        entry.scheduled, entry.pending = chunk, ()
+        return {"extended": {"scheduled": chunk, "tables": self.tables(rid)}}
+
+    def _end_step(self, _: JSON) -> JSON:
+        for entry in self.running.values():
+            entry.request.num_computed_tokens += entry.scheduled
+            entry.scheduled = 0
+        if hasattr(self.manager, "new_step_starts"):
+            self.manager.new_step_starts()
+        return {"step_ended": {"registered": self.registrations()}}
+
+    def _release(self, op: JSON) -> JSON:
+        entry = self.running.pop(str(op["rid"]), None)
+        if entry is None:
+            return REFUSED
+        before = self.pool.get_num_free_blocks()
+        self.manager.free(entry.request)
+        return {"released": {"blocks": self.pool.get_num_free_blocks() - before}}
+
+    def _reset(self, _: JSON) -> JSON:
+        done = bool(self.manager.reset_prefix_cache())
+        return {"cache_reset": {"done": done}}
+
+    # --- the hit suite -----------------------------------------------------------------------
+
+    def hit(self, num_tokens: int, cached: list[set[int]]) -> JSON:
+        """Make exactly `cached` hittable, then look a request of `num_tokens` tokens up."""
+        groups = self.layout["groups"]
+        tokens = list(range(1, num_tokens + 2))
+        writer = self.new_request("writer", tokens, [])
+        step = math.lcm(*(g["block_size"] for g in groups))
+        position: dict[tuple[int, int], int] = {}  # (group, block id) -> writer position
+        done = 0
+        while done < len(tokens):
+            chunk = min(step, len(tokens) - done)
+            ok, _, _ = self.allocate(writer, chunk)
+            if not ok:
+                raise RuntimeError("the writer request did not fit; the adapter sized the pool")
+            for g, table in enumerate(self.manager.get_block_ids("writer")):
+                for j, block_id in enumerate(table):
+                    if block_id:
+                        position[(g, block_id)] = j
+            writer.num_computed_tokens += chunk
+            done += chunk
+            if hasattr(self.manager, "new_step_starts"):
+                self.manager.new_step_starts()
+        self.manager.free(writer)
+        doomed = {b for (g, b), j in position.items() if j not in cached[g]}
+        for block_id in doomed:
+            self.pool._maybe_evict_cached_block(self.pool.blocks[block_id])
+        reader = self.new_request("reader", tokens[:num_tokens], [])
+        blocks, hit = self.manager.get_computed_blocks(reader)[:2]
+        lists = []
+        for g, group_blocks in enumerate(blocks.blocks):
+            lists.append(
+                [
+                    None if b.block_id == 0 else position.get((g, b.block_id), -1)
+                    for b in group_blocks
+                ]
+            )
+        return {"hit": hit, "blocks": lists}
+
+
+class VllmEngine:
+    """The conformance engine: describe() probes the release, run() drives it."""
+
+    def describe(self) -> JSON:
+        return {
+            "name": "vllm",
+            "version": version("vllm"),
+            "features": probe_features(),
+            "profiles": [profile] if (profile := free_order_profile()) else [],
+        }
+
+    def run(self, case: JSON) -> JSON:
+        try:
+            return self._run(case)
+        except Unsupported as error:
+            return {"unsupported": str(error)}
+
+    def _run(self, case: JSON) -> JSON:
+        suite = case.get("suite")
+        if suite not in ("hit", "alloc"):
+            raise Unsupported(f"suite {suite!r} is not driven by the vLLM adapter")
+        layout = case["layout"]
+        try:
+            valid_shape(layout)
+            if suite == "hit":
+                n = case["num_tokens"]
+                if not isinstance(n, int) or n < 1 or len(case["cached"]) != len(layout["groups"]):
+                    return REFUSED
+                room = sum(n // g["block_size"] + 3 for g in layout["groups"]) * 2 + 2
+                session = Session(layout, room)
+            else:
+                session = Session(layout, case["num_blocks"])
+        except Unsupported:
+            raise
+        except Exception as error:
+            print(f"vllm refused the layout: {type(error).__name__}: {error}", file=sys.stderr)
+            return REFUSED
+        if suite == "hit":
+            return session.hit(case["num_tokens"], [_from_ranges(r) for r in case["cached"]])
+        return {"observations": [session.apply(op) for op in case["ops"]]}
+
+
+def valid_shape(layout: JSON) -> None:
+    """JSON the adapter cannot even translate (a protocol error, refused as such)."""
+    groups = layout.get("groups")
+    if not isinstance(groups, list) or not groups:
+        raise ValueError("layout.groups must be a non-empty list")
+    if layout.get("speculative") not in (None, "drop", "exact"):
+        raise ValueError(f"unknown speculative profile {layout.get('speculative')!r}")
+    for group in groups:
+        for name in ("block_size", "window", "chunk"):
+            value = group.get(name, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(group.get("draft", False), bool):
+            raise ValueError(f"draft must be a boolean, got {group.get('draft')!r}")
+        if group.get("kind") == "cross":
+            raise Unsupported("cross attention (encoder-decoder) is not driven by this adapter")
+
+
+def _from_ranges(ranges: list[list[int]]) -> set[int]:
+    return {j for start, stop in ranges for j in range(start, stop)}
+
+
+@cache
+def probe_features() -> list[str]:
+    """The features this release can express, found by building the managers they need."""
+    features = [
+        "alloc.lookahead",
+        "alloc.preempt",
+        "alloc.reset_cache",
+        "extras.cache_salt",
+        "extras.lora",
+    ]
+    trials = {
+        "kind.full": [{"kind": "full", "block_size": 4}],
+        "kind.sliding_window": [
+            {"kind": "full", "block_size": 4},
+            {"kind": "sliding_window", "block_size": 4, "window": 8},
+        ],
+        "kind.chunked_local": [
+            {"kind": "full", "block_size": 4},
+            {"kind": "chunked_local", "block_size": 4, "chunk": 8},
+        ],
+        "kind.mamba.align": [
+            {"kind": "full", "block_size": 4},
+            {"kind": "mamba", "block_size": 4, "mode": "align"},
+        ],
+        "kind.mamba.all": [
+            {"kind": "full", "block_size": 4},
+            {"kind": "mamba", "block_size": 4, "mode": "all"},
+        ],
+    }
+    for feature, groups in trials.items():
+        try:
+            Session({"groups": groups}, 16)
+        except Exception:
+            continue
+        features.append(feature)
+    try:
+        Session({"groups": [{"kind": "full", "block_size": 4}], "speculative": "drop"}, 16)
+        features.append("speculative.drop")
+    except Exception:
+        pass
+    return sorted(features)
+
+
+@cache
+def free_order_profile() -> str | None:
+    """The eviction profile this release's free queue follows, found by a probe: a request
+    leaves one keyed and one unkeyed block; which block does the next request get?
+    The `eviction.lru` tail (block 3) or, from 0.25, the unkeyed block at the head (block 2,
+    spec ALLOC-FREE-2; vLLM's BlockPool.free_blocks prepends blocks without a hash)."""
+    session = Session({"groups": [{"kind": "full", "block_size": 4}]}, 8)
+    session.apply({"op": "admit", "rid": "x", "tokens": [1, 2, 3, 4, 5, 6], "budget": 6})
+    session.apply({"op": "end_step"})
+    session.apply({"op": "finish", "rid": "x"})
+    answer = session.apply({"op": "admit", "rid": "y", "tokens": [7, 8, 9], "budget": 3})
+    return {"[[3]]": "eviction.lru", "[[2]]": "eviction.lru-unkeyed-first"}.get(
+        str(answer["admitted"]["tables"])
+    )
+
+
+def make_engine() -> VllmEngine:
+    """Entry point `vllm`: only where vLLM is installed (its own venv, never kvcert's)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(
+            "vLLM is not installed in this Python; create its venv with "
+            "`scripts/engine-venv.sh vllm VERSION` and run that venv's kvcert "
+            "(scripts/engine-certify.sh vllm VERSION does both)"
+        )
+    return VllmEngine()
+
+
+def weightless_model(max_model_len: int) -> Any:
+    """vLLM's ModelConfig for a one-layer Llama config with no weights, written to a temporary
+    directory: vLLM's scheduler and page planner read only shapes, so the scripts under
+    engines/vllm/ that drive them need no model download."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from vllm.config import ModelConfig  # type: ignore[import-not-found]
+
+    shape = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 1000,
+        "max_position_embeddings": max_model_len,
+    }
+    path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-llama-"))
+    (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
+    return ModelConfig(
+        model=str(path), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
+    )

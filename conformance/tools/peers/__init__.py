@@ -1,0 +1,1 @@
+"""Models of other engines' behaviour, for comparison only (never normative)."""

@@ -1,0 +1,142 @@
+"""`kvcert plan`: the page plan of a model, as a table or JSON, with comparisons.
+
+The plan comes from kvcert.reference's planner and is checked equal to kvcert.spec's on every
+run (a disagreement is a kvcert bug and exits 3). `--compare` adds what vLLM 0.26-0.33 would
+do with the same input (pad the smaller page, keep its block size) and, for the per-token-head
+dtypes, the same model with the plain 1-byte dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from fractions import Fraction
+from pathlib import Path
+
+from kvcert.conformance.contract.codec import JSON, InputError
+from kvcert.conformance.contract.plans import plan_input_from_json
+from kvcert.conformance.tools.catalog import Model, load_model, model_names
+from kvcert.conformance.tools.model_plan import (
+    GIB,
+    add_plan_options,
+    checked_plan,
+    plan_input,
+)
+from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+
+PLAIN = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8"}
+
+
+def _pct(value: Fraction | float) -> str:
+    return f"{float(value) * 100:.1f}%"
+
+
+def _layers(slots: list[int | None]) -> str:
+    text = " ".join("-" if x is None else str(x) for x in slots)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def render(model: Model, obj: JSON, plan: JSON, compare: list[tuple[str, JSON]]) -> str:
+    """The readable table."""
+    size = len(plan["groups"][0]["layers"])
+    lines = [
+        f"{model.name}: {len(obj['layers'])} cache layers, kv-cache dtype {obj['kv_cache_dtype']}, "
+        f"{obj['memory_bytes'] / GIB:.2f} GiB, requested block size {obj['block_size']}",
+        f"page {plan['page_size']:,} B | {len(plan['groups'])} groups of {size} layers "
+        f"({size} tensors) | {plan['num_blocks']:,} blocks | capacity "
+        f"{plan['token_capacity']:,} tokens | hit alignment {plan['hit_alignment']}",
+        "",
+        f"{'group':>5}  {'kind':15} {'layers':40} {'block':>6} {'page bytes':>11} {'padding':>8}",
+    ]
+    for i, group in enumerate(plan["groups"]):
+        used = sum(1 for x in group["layers"] if x is not None) * group["page_bytes"]
+        padding = 1 - Fraction(used, len(group["layers"]) * plan["page_size"])
+        kind = group["kind"] + (" (draft)" if group["draft"] else "")
+        lines.append(
+            f"{i:>5}  {kind:15} {_layers(group['layers']):40} {group['block_size']:>6} "
+            f"{group['page_bytes']:>11,} {_pct(padding):>8}"
+        )
+    total = sum(len(g["layers"]) for g in plan["groups"]) * plan["page_size"]
+    used = sum(
+        sum(1 for x in g["layers"] if x is not None) * g["page_bytes"] for g in plan["groups"]
+    )
+    lines.append(
+        f"{'':>5}  padding over all groups (one block each): {_pct(1 - Fraction(used, total))}"
+    )
+    for label, other in compare:
+        lines.append("")
+        if "refused" in other:
+            lines.append(f"{label}: {other['refused']}")
+            continue
+        change = Fraction(other["token_capacity"] - plan["token_capacity"], plan["token_capacity"])
+        blocks = sorted({g["block_size"] for g in other["groups"]})
+        lines.append(
+            f"{label}: page {other['page_size']:,} B, block sizes {blocks}, "
+            f"{other['num_blocks']:,} blocks, capacity {other['token_capacity']:,} tokens "
+            f"({'+' if change >= 0 else ''}{_pct(change)} vs this plan)"
+        )
+    for assumption in model.assumptions:
+        lines.append(f"\nnote: this model file holds assumptions: {assumption}")
+    if model.notes:
+        lines.append("")
+        lines.extend(f"note: {note}" for note in model.notes)
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `plan` command."""
+    if args.list:
+        for name in model_names():
+            model = load_model(name)
+            print(f"{name:22} {model.description}")
+        return 0
+    if args.model is None:
+        raise InputError("give a MODEL (a bundled name, a model file or a config.json), or --list")
+    model = load_model(args.model)
+    obj = plan_input(model, args)
+    plan = checked_plan(obj)  # PlanDisagreement (a kvcert bug) exits 3 in kvcert.conformance.cli
+    compare: list[tuple[str, JSON]] = []
+    if args.compare:
+        compare.append(
+            ("vLLM 0.26-0.33 (pad the smaller page)", vllm_padded_plan(plan_input_from_json(obj)))
+        )
+        plain = PLAIN.get(obj["kv_cache_dtype"])
+        if plain is not None:
+            compare.append(
+                (f"this planner with plain {plain}", checked_plan(plan_input(model, args, plain)))
+            )
+    if args.json is not None:
+        report = {
+            "model": model.name,
+            "input": obj,
+            "plan": plan,
+            "compare": dict(compare),
+            "assumptions": list(model.assumptions),
+            "notes": list(model.notes),
+        }
+        text = json.dumps(report, indent=1) + "\n"
+        if str(args.json) == "-":
+            print(text, end="")
+        else:
+            args.json.write_text(text, encoding="utf-8")
+            print(render(model, obj, plan, compare), end="")
+    else:
+        print(render(model, obj, plan, compare), end="")
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `kvcert plan`."""
+    parser = commands.add_parser(
+        "plan",
+        help="plan a model's KV-cache groups, block sizes and shared page size",
+        description="Plan the KV cache of a model (a bundled name, a kvcert model file, or a "
+        "Hugging Face config.json): groups, layers, block sizes, page bytes, padding, token "
+        "capacity and hit alignment. The spec's rules PAGE-* decide; see spec/RULES.md.",
+    )
+    parser.add_argument("model", nargs="?", help="bundled model name, model file or config.json")
+    parser.add_argument("--list", action="store_true", help="list the bundled models")
+    add_plan_options(parser)
+    parser.add_argument("--compare", action="store_true", help="add vLLM's padding and plain dtype")
+    parser.add_argument("--json", type=Path, help="write the JSON report here ('-': stdout)")
+    parser.set_defaults(run=run)

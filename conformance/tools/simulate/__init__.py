@@ -1,0 +1,1 @@
+"""`kvcert simulate`: cli.py (arguments, report), model.py (the replay), traces.py (workloads)."""

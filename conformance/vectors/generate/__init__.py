@@ -1,0 +1,149 @@
+"""Generate the conformance vectors from the spec: `python -m kvcert.conformance.vectors.generate
+[--check]`.
+
+Sources, all deterministic (no clock, fixed seeds, sorted keys):
+* hand-written scenarios: every seed report and every bug in the research notes, by name;
+* bounded exhaustive enumeration of small hybrid layouts and cache views;
+* seeded random allocator traces over small pools;
+* regressions: failures the stateful machines found, as traces.
+
+Each case's expectation is what kvcert.spec answers, and its `rules` are the rule tags whose
+functions ran while the spec answered it (traced, not hand-listed). `--check` regenerates into
+memory and fails if any committed byte would change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.vectors.generate.alloc import (
+    alloc_scenarios,
+    regression_cases,
+    unkeyed_first_twins,
+)
+from kvcert.conformance.vectors.generate.hit import enumerated_hits, hit_scenarios
+from kvcert.conformance.vectors.generate.page import page_refusals, page_scenarios, random_plans
+from kvcert.conformance.vectors.generate.refusals import refusals
+from kvcert.conformance.vectors.generate.traces import random_traces
+from kvcert.spec import SPEC_VERSION
+from kvcert.spec import alloc as spec
+
+FORMAT = "kvcert-vector/1"
+VECTORS = Path(__file__).resolve().parents[1]  # kvcert/conformance/vectors
+
+
+def suites() -> dict[str, list[JSON]]:
+    """Every file's cases, keyed by its path under vectors/."""
+    return {
+        "hit/scenarios.json": list(hit_scenarios()),
+        "hit/refusals.json": [c for c in refusals() if c["input"]["suite"] == "hit"],
+        "hit/enumerated.json": list(enumerated_hits(400)),
+        "alloc/scenarios.json": list(alloc_scenarios()),
+        "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
+        "alloc/random.json": list(random_traces(60)),
+        "alloc/random-hybrid.json": list(random_traces(40, spec.Eviction.HYBRID, 1000)),
+        "alloc/random-lru-unkeyed-first.json": list(
+            random_traces(40, spec.Eviction.LRU_UNKEYED_FIRST, 2000)
+        ),
+        "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
+        "alloc/regressions.json": list(regression_cases()),
+        "page/scenarios.json": list(page_scenarios()),
+        "page/refusals.json": list(page_refusals()),
+        "page/random.json": list(random_plans(60)),
+    }
+
+
+# Ids no vector carries any more, and why: engines' skip and xfail files naming them fail
+# loudly as stale, and no new case may take them.
+RETIRED = {
+    "page.model.qwen3-5-0-8b.auto": "the same plan as page.vllm-544, which keeps its origin",
+}
+
+
+class DuplicateVector(ValueError):
+    """Two cases ask the same thing: one of them tests nothing the other does not."""
+
+
+def refuse_duplicates(files: dict[str, list[JSON]]) -> None:
+    """Every id is new, unretired, and no two cases share their input and expectation."""
+    ids: set[str] = set()
+    seen: dict[str, str] = {}
+    for cases in files.values():
+        for case in cases:
+            if case["id"] in ids or case["id"] in RETIRED:
+                raise DuplicateVector(f"case id {case['id']} is used twice or retired")
+            ids.add(case["id"])
+            key = json.dumps([case["input"], case["expect"]], sort_keys=True)
+            if key in seen:
+                raise DuplicateVector(
+                    f"{case['id']} has the same input and expectation as {seen[key]}: "
+                    "change what it tests or drop it"
+                )
+            seen[key] = case["id"]
+
+
+def render() -> dict[str, str]:
+    """File name -> exact text, manifest included."""
+    files = {}
+    cases_by_file = suites()
+    refuse_duplicates(cases_by_file)
+    for path, cases in cases_by_file.items():
+        body = {
+            "format": FORMAT,
+            "spec_version": SPEC_VERSION,
+            "suite": path.split("/")[0],
+            "cases": cases,
+        }
+        files[path] = json.dumps(body, indent=1, sort_keys=True) + "\n"
+    manifest = {
+        "format": FORMAT,
+        "spec_version": SPEC_VERSION,
+        "files": {
+            p: {
+                "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                "cases": len(json.loads(t)["cases"]),
+            }
+            for p, t in sorted(files.items())
+        },
+        "retired_ids": sorted(RETIRED),
+    }
+    files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="generate kvcert's conformance vectors")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="fail if the committed vectors differ from a regeneration",
+    )
+    args = parser.parse_args(argv)
+    files = render()
+    stale = []
+    for name, text in files.items():
+        path = VECTORS / name
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print(
+            f"stale vectors: {stale}; run python -m kvcert.conformance.vectors.generate",
+            file=sys.stderr,
+        )
+        return 1
+    total = sum(len(json.loads(t).get("cases", [])) for t in files.values())
+    print(f"{'checked' if args.check else 'wrote'} {len(files)} files, {total} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""The alloc suite's hand-written traces: each allocator rule, each bug in the notes, the hybrid
+profile's scenarios, their lru-unkeyed-first twins, and curated regressions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+    layout_from_json,
+    op_from_json,
+)
+from kvcert.conformance.vectors.generate.cases import OTHER, PROMPT, alloc_case
+from kvcert.conformance.vectors.generate.hit import FULL, SW
+from kvcert.spec import (
+    Extra,
+    ExtraKind,
+    FullAttention,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+
+
+def served(rid: str, tokens: tuple[int, ...]) -> list[spec.Op]:
+    """A request computed in one step, then finished."""
+    return [spec.Admit(rid, tokens, 64), spec.EndStep(), spec.Finish(rid)]
+
+
+def seed_001_ops() -> list[spec.Op]:
+    """A, an unrelated B of the same length, A again (seed 001's re-send)."""
+    return [*served("a", PROMPT[:39]), *served("b", OTHER[:39]), spec.Admit("a2", PROMPT[:39], 64)]
+
+
+def hybrid_scenarios() -> Iterator[JSON]:
+    """The hybrid eviction profile (§11): the lru scenario above, and each EVICT-* rule."""
+    yield alloc_case(
+        "alloc.hybrid.resent-prefix-survives",
+        Layout((FULL, SW, SW)),
+        16,
+        seed_001_ops(),
+        "vllm#42948",
+        "the lru case above under the hybrid profile: b evicts a's tail, the prefix stays",
+        eviction=spec.Eviction.HYBRID,
+    )
+    yield alloc_case(
+        "alloc.hybrid.shadowed-copy-first",
+        Layout((FULL,)),
+        7,
+        [
+            spec.Admit("a", PROMPT[:40], 64),
+            spec.Admit("b", PROMPT[:40], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Finish("b"),
+            spec.Admit("c", OTHER[:33], 64),
+            spec.EndStep(),
+            spec.Admit("a2", PROMPT[:40], 64),
+        ],
+        comment="b's copies of a's blocks are never served: c evicts them before a's",
+        eviction=spec.Eviction.HYBRID,
+    )
+    yield alloc_case(
+        "alloc.hybrid.orphans-follow-their-parent",
+        Layout((FullAttention(8), SlidingWindow(8, 9))),
+        12,
+        [
+            *served("a", PROMPT[:33]),
+            *served("b", OTHER[:17]),
+            spec.Admit("c", OTHER[17:40], 64),
+            spec.EndStep(),
+            spec.Admit("a2", PROMPT[:33], 64),
+        ],
+        comment="once a block's full-attention prerequisite is evicted it is dead and goes next",
+        eviction=spec.Eviction.HYBRID,
+    )
+
+
+def alloc_scenarios() -> Iterator[JSON]:
+    """Hand-written traces for each allocator rule and each bug in the notes."""
+    one = Layout((FULL,))
+    two = Layout((FULL, SW))
+    yield alloc_case(
+        "alloc.visibility.same-step-miss",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Admit("c", PROMPT, 64),
+        ],
+        "vllm#41838",
+        "blocks are hittable only after the step that wrote them",
+    )
+    yield alloc_case(
+        "alloc.two-phase.hits-before-allocation",
+        one,
+        5,
+        [
+            spec.Admit("a", PROMPT[:32], 64),
+            spec.Admit("b", OTHER[:32], 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Finish("b"),
+            spec.Admit("c", (*PROMPT[:32], *OTHER[:24]), 64),
+        ],
+        "vllm#33775",
+        "a's blocks head the free queue; c hits them and needs two new blocks: taking the "
+        "hits first keeps the allocation from evicting them",
+    )
+    yield alloc_case(
+        "alloc.duplicates.earliest-served",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("c", PROMPT, 64),
+        ],
+        comment="a and b compute the same blocks in one step, so both copies are registered; "
+        "a's, registered first, serve c although a has finished and b still holds its own",
+    )
+    yield alloc_case(
+        "alloc.eviction.reuse-forgets-key",
+        one,
+        4,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER, 64),
+            spec.EndStep(),
+            spec.Finish("b"),
+            spec.Admit("a2", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.lru.group-zero-prefix-evicted-first",
+        Layout((FULL, SW, SW)),
+        16,
+        seed_001_ops(),
+        "vllm#42948",
+        "group-major release order sacrifices the full-attention prefix (C12)",
+    )
+    yield from hybrid_scenarios()
+    yield alloc_case(
+        "alloc.sliding-window.release-with-nulls",
+        Layout((SlidingWindow(4, 8),)),
+        32,
+        [spec.Admit("a", PROMPT, 20), spec.EndStep(), spec.Extend("a", 4)],
+    )
+    yield alloc_case(
+        "alloc.mamba-align.checkpoint-at-step-end",
+        Layout((MambaState(8, MambaMode.ALIGN),)),
+        16,
+        [
+            spec.Admit("a", PROMPT, 16),
+            spec.EndStep(),
+            spec.Extend("a", 4),
+            spec.EndStep(),
+            spec.Admit("b", PROMPT[:30], 30),
+        ],
+        "vllm#36493",
+    )
+    yield alloc_case(
+        "alloc.mamba-none.never-registers",
+        Layout((MambaState(8, MambaMode.NONE),)),
+        16,
+        [spec.Admit("a", PROMPT, 16), spec.EndStep(), spec.Admit("b", PROMPT, 16)],
+    )
+    yield alloc_case(
+        "alloc.draft-exact.waits-for-next-token",
+        Layout((FullAttention(8), FullAttention(8, draft=True)), Speculative.EXACT),
+        16,
+        [
+            spec.Admit("a", PROMPT[:16], 16),
+            spec.EndStep(),
+            spec.Extend("a", 1, (7,)),
+            spec.EndStep(),
+        ],
+    )
+    salt = (Extra(ExtraKind.CACHE_SALT, "x"),)
+    lora = (Extra(ExtraKind.LORA, "x"),)
+    yield alloc_case(
+        "alloc.isolation.salt-and-lora-do-not-collide",
+        one,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64, salt),
+            spec.EndStep(),
+            spec.Admit("b", PROMPT, 64, (Extra(ExtraKind.CACHE_SALT, "y"),)),
+            spec.Admit("c", PROMPT, 64, lora),
+            spec.Admit("d", PROMPT, 64, salt),
+        ],
+        "vllm#44701",
+        "another salt or a LoRA named like the salt misses; the same salt hits",
+    )
+    image = (Extra(ExtraKind.MULTIMODAL, "img", 20, 30),)
+    yield alloc_case(
+        "alloc.multimodal.prefix-before-image-is-shared",
+        one,
+        32,
+        [spec.Admit("a", PROMPT, 64, image), spec.EndStep(), spec.Admit("b", PROMPT, 64)],
+    )
+    yield alloc_case(
+        "alloc.preempt-and-readmit",
+        two,
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.Preempt("a"),
+            spec.Admit("a", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.reset.refused-while-held",
+        one,
+        16,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.EndStep(),
+            spec.ResetCache(),
+            spec.Finish("a"),
+            spec.ResetCache(),
+            spec.Admit("b", PROMPT, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.decode.output-blocks-cached",
+        Layout((FullAttention(4),)),
+        16,
+        [
+            spec.Admit("a", PROMPT[:8], 8),
+            spec.EndStep(),
+            *[op for t in (1, 2, 3, 4) for op in (spec.Extend("a", 1, (t,)), spec.EndStep())],
+            spec.Admit("b", (*PROMPT[:8], 1, 2, 3, 4, 5), 16),
+        ],
+    )
+    yield alloc_case(
+        "alloc.capacity.waiting-changes-nothing",
+        one,
+        4,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", OTHER, 64),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER, 64),
+        ],
+    )
+    yield alloc_case(
+        "alloc.lookahead.speculative-slots",
+        Layout((FullAttention(4),)),
+        16,
+        [
+            spec.Admit("a", PROMPT[:8], 8, (), 3),
+            spec.EndStep(),
+            spec.Extend("a", 1, (1,), 3),
+            spec.EndStep(),
+            spec.Extend("a", 1, (2,)),
+        ],
+    )
+    yield alloc_case(
+        "alloc.misuse.refused",
+        one,
+        8,
+        [
+            spec.Extend("x", 1),
+            spec.Finish("x"),
+            spec.Admit("a", PROMPT, 8),
+            spec.Admit("a", PROMPT, 8),
+            spec.Extend("a", 8),
+            spec.EndStep(),
+            spec.Extend("a", 1, (1,)),
+            spec.Admit("b", (), 8),
+            spec.Admit("c", PROMPT, 0),
+        ],
+    )
+    yield alloc_case(
+        "alloc.max-model-len.refused",
+        Layout((FULL,), max_model_len=40),
+        16,
+        [
+            spec.Admit("a", (*PROMPT, 1), 64),
+            spec.Admit("b", PROMPT, 64),
+            spec.EndStep(),
+            spec.Extend("b", 1, (1,)),
+        ],
+    )
+
+
+def unkeyed_first_twins(cases: Iterator[JSON]) -> Iterator[JSON]:
+    """The lru scenarios whose outcome depends on the free order, replayed under the
+    lru-unkeyed-first profile (ALLOC-FREE-2), so engines with vLLM 0.25+'s order run them."""
+    for case in cases:
+        if "eviction.lru" not in case["requires"]:
+            continue
+        data = case["input"]
+        yield alloc_case(
+            case["id"].replace("alloc.", "alloc.unkeyed-first.", 1),
+            layout_from_json(data["layout"]),
+            data["num_blocks"],
+            [op_from_json(op) for op in data["ops"]],
+            case.get("origin"),
+            case.get("comment", ""),
+            tuple(case.get("focus", ())),
+            eviction=spec.Eviction.LRU_UNKEYED_FIRST,
+        )
+
+
+# --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
+
+REGRESSIONS = Path(__file__).resolve().parent / "regressions"
+
+
+def regression_cases() -> Iterator[JSON]:
+    """Each curated failure trace, with its expectation recomputed from the spec; each file
+    names the rules it was kept for (`focus`)."""
+    for path in sorted(REGRESSIONS.glob("*.json")):
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        ops = [op_from_json(op) for op in saved["ops"]]
+        yield alloc_case(
+            saved["id"],
+            layout_from_json(saved["layout"]),
+            saved["num_blocks"],
+            ops,
+            saved.get("origin"),
+            saved.get("comment", ""),
+            tuple(saved.get("focus", ())),
+            eviction=spec.Eviction(saved.get("eviction", "lru")),
+        )

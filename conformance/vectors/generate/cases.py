@@ -1,0 +1,243 @@
+"""Case builders: each case's expectation is what kvcert.spec answers, its `rules` the rule
+tags whose functions ran meanwhile (traced, not hand-listed), its `requires` the features it
+needs."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+    layout_to_json,
+    op_to_json,
+    to_ranges,
+    to_runs,
+)
+from kvcert.conformance.engines.spec_engine import SpecEngine
+from kvcert.spec import (
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Layout,
+    MambaState,
+    SlidingWindow,
+    SpecError,
+)
+from kvcert.spec import alloc as spec
+from kvcert.spec.rules import all_rules
+
+
+def _rule_codes() -> dict[object, str]:
+    return {
+        getattr(importlib.import_module(r.module), r.function).__code__: r.tag for r in all_rules()
+    }
+
+
+def traced(run: Callable[[], JSON]) -> tuple[JSON, list[str]]:
+    """Run the spec and record the rule tags whose functions were called."""
+    codes = _rule_codes()
+    seen: set[str] = set()
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.add(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(previous)
+    return result, sorted(seen)
+
+
+def requires(
+    layout: Layout,
+    ops: Sequence[spec.Op] = (),
+    reuse: bool = False,
+    eviction: spec.Eviction = spec.Eviction.LRU,
+) -> list[str]:
+    """The engine features a case needs (the runner skips cases an engine lacks)."""
+    needed = set()
+    for group in layout.groups:
+        match group:
+            case FullAttention():
+                needed.add("kind.full")
+            case SlidingWindow():
+                needed.add("kind.sliding_window")
+            case ChunkedLocal():
+                needed.add("kind.chunked_local")
+            case MambaState():
+                needed.add(f"kind.mamba.{group.mode.value}")
+            case CrossAttention():
+                needed.add("kind.cross")
+    if layout.speculative is not None:
+        needed.add(f"speculative.{layout.speculative.value}")
+    for op in ops:
+        for extra in getattr(op, "extras", ()):
+            needed.add(f"extras.{extra.kind.value}")
+        if getattr(op, "lookahead", 0):
+            needed.add("alloc.lookahead")
+        if isinstance(op, spec.Preempt):
+            needed.add("alloc.preempt")
+        if isinstance(op, spec.ResetCache):
+            needed.add("alloc.reset_cache")
+    if reuse:
+        needed.add(f"eviction.{eviction.value}")
+    return sorted(needed)
+
+
+# The rule each hand-written scenario was written for (by id prefix): failing engines are
+# reported against these first, since rules every case exercises cannot single a bug out.
+FOCUS: dict[str, tuple[str, ...]] = {
+    "hit.seed.gpt-oss-eagle": ("HIT-SPEC-2",),
+    "hit.seed.gemma4-dflash-exact": ("HIT-SPEC-1",),
+    "hit.seed.gemma4-dflash": ("HIT-SPEC-2",),
+    "hit.seed.eagle-block-aligned": ("HIT-SPEC-2", "HIT-LEN-1"),
+    "hit.seed.deepseek-v4-flash": ("HIT-FULL-1", "HIT-SW-1"),
+    "hit.seed.qwen35": ("HIT-MAMBA-1",),
+    "hit.vllm-c8": ("HIT-SW-1", "HIT-FULL-1"),
+    "hit.vllm-c1": ("HIT-SPEC-2",),
+    "hit.vllm-c2": ("HIT-SPEC-2",),
+    "hit.vllm-c3": ("HIT-SPEC-2",),
+    "hit.vllm-c4": ("HIT-SPEC-2", "HIT-HYB-1"),
+    "hit.vllm-c9": ("HIT-MAMBA-1",),
+    "hit.vllm-peer": ("HIT-SW-1",),
+    "hit.sw": ("HIT-SW-1",),
+    "hit.chunked": ("HIT-CHUNK-1",),
+    "hit.cross": ("HIT-CROSS-1",),
+    "hit.mamba-none": ("HIT-MAMBA-2",),
+    "alloc.visibility": ("ALLOC-VIS-1",),
+    "alloc.two-phase": ("ALLOC-TWO-PHASE-1",),
+    "alloc.duplicates": ("ALLOC-LOOKUP-1",),
+    "alloc.eviction": ("ALLOC-EVICT-1",),
+    "alloc.lru": ("ALLOC-FREE-1",),
+    "alloc.hybrid.resent": ("EVICT-ORDER-1",),
+    "alloc.hybrid": ("EVICT-HYB-1",),
+    "alloc.sliding-window": ("ALLOC-SKIP-1", "ALLOC-HOLD-1"),
+    "alloc.mamba-align": ("ALLOC-COMMIT-1",),
+    "alloc.mamba-none": ("ALLOC-COMMIT-1",),
+    "alloc.draft-exact": ("ALLOC-COMMIT-1", "HASH-DRAFT-1"),
+    "alloc.isolation": ("HASH-EXTRA-1",),
+    "alloc.multimodal": ("HASH-EXTRA-1",),
+    "alloc.reset": ("ALLOC-RESET-1",),
+    "alloc.decode": ("ALLOC-COMMIT-1",),
+    "alloc.capacity": ("ALLOC-TWO-PHASE-1",),
+    "alloc.lookahead": ("ALLOC-WRITE-1",),
+    "hit.refuse": ("INPUT-1",),
+    "alloc.refuse": ("INPUT-1",),
+}
+
+
+def _focus(case_id: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    if given:
+        return given
+    matches = [k for k in FOCUS if case_id.startswith(k)]
+    return FOCUS[max(matches, key=len)] if matches else ()
+
+
+def make_case(
+    case_id: str,
+    rules: list[str],
+    needs: list[str],
+    case_input: JSON,
+    expect: JSON,
+    origin: str | None,
+    comment: str,
+    focus: tuple[str, ...],
+) -> JSON:
+    """One vector case; a focus rule must be one the case actually exercises."""
+    out: JSON = {"id": case_id, "rules": rules, "requires": needs}
+    if origin:
+        out["origin"] = origin
+    if comment:
+        out["comment"] = comment
+    focus = _focus(case_id, focus)
+    if set(focus) - set(rules):
+        raise ValueError(f"{case_id}: focus rules {set(focus) - set(rules)} are not exercised")
+    if focus:
+        out["focus"] = list(focus)
+    out.update(input=case_input, expect=expect)
+    return out
+
+
+def hit_case(
+    case_id: str,
+    layout: Layout,
+    num_tokens: int,
+    cached: list[list[int]],
+    origin: str | None = None,
+    comment: str = "",
+    focus: tuple[str, ...] = (),
+) -> JSON:
+    case_input = {
+        "suite": "hit",
+        "layout": layout_to_json(layout),
+        "num_tokens": num_tokens,
+        "cached": [to_ranges(c) for c in cached],
+    }
+    answer, rules = traced(lambda: SpecEngine().run(case_input))
+    expect = {"hit": answer["hit"], "block_runs": [to_runs(b) for b in answer["blocks"]]}
+    return make_case(case_id, rules, requires(layout), case_input, expect, origin, comment, focus)
+
+
+def reuses_freed_blocks(
+    layout: Layout,
+    num_blocks: int,
+    ops: list[spec.Op],
+    eviction: spec.Eviction = spec.Eviction.LRU,
+) -> bool:
+    """Whether new blocks are handed out while a previously used block is free: then which
+    block an engine hands out is normative only under the eviction profile (an engine with
+    another order may legally pick the used one, e.g. vLLM 0.33 reuses unhashed blocks
+    first)."""
+    state = spec.initial_state(spec.PoolConfig(layout, num_blocks, eviction))
+    used: set[int] = set()
+    for op in ops:
+        before = state
+        try:
+            state, _ = spec.step(state, op)
+        except SpecError:  # a refused operation changes nothing
+            continue
+        popped = {
+            b
+            for b in before.free
+            if b not in state.free and state.blocks[b].content is None and state.blocks[b].ref_count
+        }
+        if popped and used & set(before.free):
+            return True
+        used |= {
+            b for t in (r.tables for r in state.requests.values()) for tt in t for b in tt if b
+        }
+    return False
+
+
+def alloc_case(
+    case_id: str,
+    layout: Layout,
+    num_blocks: int,
+    ops: list[spec.Op],
+    origin: str | None = None,
+    comment: str = "",
+    focus: tuple[str, ...] = (),
+    eviction: spec.Eviction = spec.Eviction.LRU,
+) -> JSON:
+    case_input: JSON = {
+        "suite": "alloc",
+        "layout": layout_to_json(layout),
+        "num_blocks": num_blocks,
+        "ops": [op_to_json(op) for op in ops],
+    }
+    if eviction is not spec.Eviction.LRU:
+        case_input["eviction"] = eviction.value
+    expect, rules = traced(lambda: SpecEngine().run(case_input))
+    reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
+    needs = requires(layout, ops, reuse, eviction)
+    return make_case(case_id, rules, needs, case_input, expect, origin, comment, focus)
+
+
+PROMPT = tuple(range(100, 140))  # the token sequences the hand-written traces share
+OTHER = tuple(range(500, 540))

@@ -1,0 +1,218 @@
+"""The hit suite: every seed report, the vLLM probe cases, the peer tests, and a bounded
+enumeration of small layouts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+)
+from kvcert.conformance.tools.scenario import example_names, load_example
+from kvcert.conformance.vectors.generate.cases import hit_case
+from kvcert.spec import (
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec.view import keyable_blocks
+
+B = 16
+FULL, SW = FullAttention(B), SlidingWindow(B, 2 * B)
+
+
+def _all(n: int) -> list[int]:
+    return list(range(n))
+
+
+def hit_scenarios() -> Iterator[JSON]:
+    """Every seed, the vLLM probe cases (research notes §6) and the peer-test examples."""
+    for name in sorted(example_names(), key=lambda n: f"{n}.json"):  # file order
+        scenario = load_example(name)
+        view = scenario.view
+        yield hit_case(
+            f"hit.seed.{name}",
+            view.layout,
+            view.num_tokens,
+            [sorted(c) for c in view.cached],
+            scenario.origin,
+            scenario.description,
+        )
+    four = _all(4)
+    c8 = [
+        ("evict-full-0", [1, 2, 3], four),
+        ("evict-sw-0", four, [1, 2, 3]),
+        ("evict-full-3-sw-0", [0, 1, 2], [1, 2, 3]),
+        ("evict-full-2-sw-0", [0, 1, 3], [1, 2, 3]),
+        ("evict-sw-2", four, [0, 1, 3]),
+    ]
+    for label, full, window in c8:
+        yield hit_case(
+            f"hit.vllm-c8.{label}",
+            Layout((FULL, SW)),
+            69,
+            [full, window],
+            "vllm test_prefill_hybrid_model",
+            "downward closure and window eviction",
+        )
+    eagle = {
+        "c1": (FullAttention(B, draft=True), SW),
+        "c2": (FullAttention(B, draft=True), SW, MambaState(B)),
+        "c3": (FULL, SW, FullAttention(B, draft=True, name="draft")),
+        "c3b": (FullAttention(B, draft=True), SW, SlidingWindow(B, 4 * B)),
+    }
+    for label, groups in eagle.items():
+        origin = {"c1": "vllm#32802", "c3": "vllm#40624"}.get(label, "vllm notes §6")
+        yield hit_case(
+            f"hit.vllm-{label}.eagle-drop-once",
+            Layout(groups, Speculative.DROP),
+            69,
+            [four] * len(groups),
+            origin,
+            "the drop steps down once, whatever the group count (<= 0.19 spiralled to 0)",
+        )
+    yield hit_case(
+        "hit.vllm-c4.gemma4-block-sizes-eagle",
+        Layout((FullAttention(32, draft=True), SlidingWindow(16, 64)), Speculative.DROP),
+        133,
+        [_all(4), _all(8)],
+        "vllm#39450",
+        "lcm 32: 128 in common, one step down to 96 (0.19.1 dropped twice)",
+    )
+    yield hit_case(
+        "hit.vllm-c4b.reverse-block-sizes-eagle",
+        Layout((FullAttention(16, draft=True), SlidingWindow(32, 64)), Speculative.DROP),
+        133,
+        [_all(8), _all(4)],
+        "vllm notes §6",
+    )
+    yield hit_case(
+        "hit.vllm-c9.mamba-not-downward-closed",
+        Layout((FULL, MambaState(B))),
+        69,
+        [four, [0, 1, 2]],
+        "vllm notes §6",
+        "only the checkpoint at the hit counts",
+    )
+    yield hit_case(
+        "hit.vllm-c9.mamba-boundary-checkpoint",
+        Layout((SW, SlidingWindow(B, 4 * B), MambaState(B))),
+        69,
+        [four, four, [0, 1, 3]],
+        "vllm notes §6",
+    )
+    peer = [
+        ("a", [1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 1]),
+        ("b", [1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0]),
+        ("c", [1]),
+        ("d", [1, 0]),
+    ]
+    for label, pattern in peer:
+        cached = [j for j, bit in enumerate(pattern) if bit]
+        yield hit_case(
+            f"hit.vllm-peer.sw-possible-prefix-{label}",
+            Layout((SlidingWindow(2, 4),)),
+            2 * len(pattern) + 1,
+            [cached],
+            "vllm test_sliding_window_possible_cached_prefix",
+        )
+    yield hit_case(
+        "hit.sw.window-counts-the-query-token",
+        Layout((SlidingWindow(B, B + 1),)),
+        69,
+        [[0, 1, 3]],
+        "vllm cdiv(W-1, B)",
+        "W=17, B=16: a hit at 64 needs only block 3 (tokens 48-63); without the -1 it would "
+        "also need block 2",
+    )
+    yield hit_case(
+        "hit.chunked.boundary-needs-nothing",
+        Layout((ChunkedLocal(B, 2 * B),)),
+        70,
+        [[]],
+        None,
+        "a chunk boundary needs no cached block",
+    )
+    yield hit_case(
+        "hit.cross.constrains-nothing",
+        Layout((FULL, CrossAttention(B))),
+        69,
+        [four, []],
+        None,
+        "cross attention is never cached and never limits",
+    )
+    yield hit_case(
+        "hit.mamba-none.only-empty-hit",
+        Layout((FULL, MambaState(B, MambaMode.NONE))),
+        69,
+        [four, []],
+        None,
+    )
+
+
+# --- bounded enumeration --------------------------------------------------------------------
+
+
+def enumerated_hits(limit: int) -> Iterator[JSON]:
+    """Small layouts x lengths x cached subsets, one case per new (layout, outcome) shape."""
+    groups: list[Group] = [
+        FullAttention(2),
+        FullAttention(3),
+        SlidingWindow(2, 3),
+        ChunkedLocal(2, 3),
+        MambaState(2),
+        MambaState(2, MambaMode.ALIGN),
+        CrossAttention(2),
+    ]
+    drafts: list[Group] = [FullAttention(2, draft=True), SlidingWindow(3, 4, draft=True)]
+    layouts = [
+        Layout(c)
+        for size in (1, 2)
+        for c in itertools.combinations(groups, size)
+        if any(not isinstance(g, CrossAttention) for g in c)
+    ]
+    layouts += [Layout((g, d), p) for g in groups for d in drafts for p in Speculative]
+    seen: set[tuple[object, ...]] = set()
+    emitted = 0
+    for index, layout in enumerate(layouts):
+        for num_tokens in (5, 7, 9):
+            options = []
+            for g, group in enumerate(layout.groups):
+                count = keyable_blocks(layout, g, num_tokens)
+                serves = not isinstance(group, CrossAttention)
+                blocks = range(count) if serves else range(0)
+                options.append(
+                    [
+                        list(c)
+                        for r in range(len(blocks) + 1)
+                        for c in itertools.combinations(blocks, r)
+                    ]
+                )
+            for cached in itertools.product(*options):
+                case = hit_case(
+                    f"hit.enum.{index:03d}.{num_tokens}.{emitted:05d}",
+                    layout,
+                    num_tokens,
+                    list(cached),
+                )
+                shape = (
+                    index,
+                    case["expect"]["hit"],
+                    tuple(case["rules"]),
+                    json.dumps(case["expect"]["block_runs"]),
+                )
+                if shape in seen:
+                    continue
+                seen.add(shape)
+                emitted += 1
+                yield case
+                if emitted >= limit:
+                    return

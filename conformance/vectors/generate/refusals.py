@@ -1,0 +1,170 @@
+"""Refusals (INPUT-1): invalid layouts, requests and operations every engine must refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+)
+from kvcert.conformance.engines.spec_engine import SpecEngine
+from kvcert.conformance.vectors.generate.cases import PROMPT, traced
+
+
+def raw_case(case_id: str, case_input: JSON, comment: str, needs: Sequence[str] = ()) -> JSON:
+    """A case written directly in JSON (invalid input cannot be built from spec types).
+    `needs`: the features a valid layout in it uses (an invalid layout needs none)."""
+    expect, rules = traced(lambda: SpecEngine().run(case_input))
+    if expect != {"refused": True} and case_input["suite"] == "hit":
+        raise ValueError(f"{case_id} was meant to be refused, got {expect}")
+    return {
+        "id": case_id,
+        "rules": rules or ["HIT-GROUP-1"],
+        "requires": sorted(needs),
+        "comment": comment,
+        "input": case_input,
+        "expect": expect,
+    }
+
+
+def refusals() -> Iterator[JSON]:
+    """Input every engine must refuse, each with what is wrong."""
+    full = {"kind": "full", "block_size": 16}
+    bad_layouts = {
+        "block-size-zero": ({"groups": [{"kind": "full", "block_size": 0}]}, "block size 0"),
+        "block-size-text": ({"groups": [{"kind": "full", "block_size": "16"}]}, "not an integer"),
+        "window-zero": (
+            {"groups": [full, {"kind": "sliding_window", "block_size": 16, "window": 0}]},
+            "window < 1",
+        ),
+        "chunk-zero": (
+            {"groups": [full, {"kind": "chunked_local", "block_size": 16, "chunk": 0}]},
+            "chunk < 1",
+        ),
+        "unknown-kind": ({"groups": [{"kind": "paged", "block_size": 16}]}, "unknown kind"),
+        "unknown-mamba-mode": (
+            {"groups": [full, {"kind": "mamba", "block_size": 16, "mode": "sometimes"}]},
+            "unknown mode",
+        ),
+        "no-groups": ({"groups": []}, "a layout needs groups"),
+        "draft-not-boolean": (
+            {"groups": [{**full, "draft": "yes"}], "speculative": "drop"},
+            "draft must be true or false",
+        ),
+        "draft-without-profile": (
+            {"groups": [{**full, "draft": True}]},
+            "draft layers but no speculative profile",
+        ),
+        "profile-without-draft": (
+            {"groups": [full], "speculative": "drop"},
+            "speculative profile but no draft group",
+        ),
+        "unknown-profile": (
+            {"groups": [{**full, "draft": True}], "speculative": "eagle"},
+            "unknown speculative profile",
+        ),
+        "draft-on-state-group": (
+            {
+                "groups": [full, {"kind": "mamba", "block_size": 16, "draft": True}],
+                "speculative": "drop",
+            },
+            "state groups hold no draft layers",
+        ),
+        "max-model-len-zero": ({"groups": [full], "max_model_len": 0}, "max_model_len < 1"),
+        "alignment-impossible": (
+            {
+                "groups": [
+                    {"kind": "full", "block_size": 48},
+                    {"kind": "sliding_window", "block_size": 64, "window": 128},
+                ],
+                "max_model_len": 100,
+            },
+            "lcm 192 exceeds what max_model_len 100 can reuse",
+        ),
+    }
+    for label, (layout, why) in bad_layouts.items():  # layout: a JSON object
+        yield raw_case(
+            f"hit.refuse.layout-{label}",
+            {
+                "suite": "hit",
+                "layout": layout,
+                "num_tokens": 40,
+                "cached": [[] for _ in layout["groups"]],  # type: ignore[index]
+            },
+            why,
+        )
+    ok = {
+        "groups": [
+            full,
+            {"kind": "cross", "block_size": 16},
+            {"kind": "mamba", "block_size": 16, "mode": "none"},
+        ],
+        "max_model_len": 100,
+    }
+    bad_views = {
+        "zero-tokens": (0, [[], [], []], "a request has at least one token"),
+        "tokens-not-integer": ("40", [[], [], []], "num_tokens must be an integer"),
+        "beyond-max-model-len": (101, [[], [], []], "longer than max_model_len"),
+        "cached-entries-per-group": (40, [[]], "one cached entry per group"),
+        "block-outside-request": (40, [[[0, 3]], [], []], "block 2 is not a full block"),
+        "cross-attention-cached": (40, [[], [[0, 1]], []], "cross attention is never cached"),
+        "mode-none-cached": (40, [[], [], [[0, 1]]], "mode none keeps no checkpoints"),
+    }
+    for label, (tokens, cached, why) in bad_views.items():
+        yield raw_case(
+            f"hit.refuse.request-{label}",
+            {"suite": "hit", "layout": ok, "num_tokens": tokens, "cached": cached},
+            why,
+            ("kind.full", "kind.cross", "kind.mamba.none"),
+        )
+    yield raw_case(
+        "hit.refuse.cross-attention-only",
+        {
+            "suite": "hit",
+            "layout": {"groups": [{"kind": "cross", "block_size": 16}]},
+            "num_tokens": 40,
+            "cached": [[]],
+        },
+        "nothing to cache: every group is cross attention",
+        ("kind.cross",),
+    )
+    yield raw_case(
+        "alloc.refuse.pool-too-small",
+        {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": 1, "ops": []},
+        "a pool needs the null block plus one",
+        ("kind.full",),
+    )
+    yield raw_case(
+        "alloc.refuse.pool-size-not-integer",
+        {"suite": "alloc", "layout": {"groups": [full]}, "num_blocks": "64", "ops": []},
+        "num_blocks must be an integer",
+        ("kind.full",),
+    )
+    bad_extras = [
+        {"kind": "cache_salt", "value": "s", "start": 0, "end": 4},
+        {"kind": "multimodal", "value": "img"},
+        {"kind": "lora", "value": 3},
+        {"kind": "watermark", "value": "w"},
+        {"kind": "multimodal", "value": "img", "start": 30, "end": 90},
+    ]
+    ops = [
+        {"op": "admit", "rid": f"r{i}", "tokens": list(PROMPT), "budget": 8, "extras": [e]}
+        for i, e in enumerate(bad_extras)
+    ]
+    yield raw_case(
+        "alloc.refuse.malformed-extras",
+        {
+            "suite": "alloc",
+            "layout": {"groups": [full, {"kind": "cross", "block_size": 16}]},
+            "num_blocks": 16,
+            "ops": [
+                *ops,
+                {"op": "admit", "rid": "ok", "tokens": list(PROMPT), "budget": 8},
+                {"op": "end_step"},
+                {"op": "finish", "rid": "ok"},
+            ],
+        },
+        "request-wide extras take no span, positioned ones need one within the prompt, kinds "
+        "are closed, values are strings; then a valid request in a layout with cross attention",
+        ("kind.full", "kind.cross"),
+    )

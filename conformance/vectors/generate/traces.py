@@ -1,0 +1,87 @@
+"""Seeded random allocator traces over small random layouts (the stateful machine's op mix)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+from kvcert.conformance.contract.codec import (
+    JSON,
+)
+from kvcert.conformance.vectors.generate.cases import alloc_case
+from kvcert.spec import (
+    ChunkedLocal,
+    FullAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+
+
+def random_traces(
+    count: int, eviction: spec.Eviction = spec.Eviction.LRU, first_seed: int = 0
+) -> Iterator[JSON]:
+    """Seeded random traces over small random layouts (the stateful machine's op mix)."""
+    kinds: list[Callable[[random.Random], Group]] = [
+        lambda r: FullAttention(r.choice([1, 2, 4])),
+        lambda r: SlidingWindow(r.choice([1, 2, 4]), r.randint(1, 9)),
+        lambda r: ChunkedLocal(r.choice([2, 4]), r.randint(2, 9)),
+        lambda r: MambaState(r.choice([2, 4]), r.choice(list(MambaMode))),
+    ]
+    bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
+    for n in range(count):
+        rnd = random.Random(first_seed + n)
+        groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(1, 3))]
+        if (
+            not any(isinstance(g, FullAttention | SlidingWindow | ChunkedLocal) for g in groups)
+            or rnd.random() < 0.3
+        ):
+            groups.append(FullAttention(rnd.choice([2, 4])))
+        profile = rnd.choice([None, None, Speculative.EXACT, Speculative.DROP])
+        if profile is not None:
+            groups.append(FullAttention(rnd.choice([2, 4]), draft=True))
+        layout = Layout(tuple(groups), profile)
+        ops: list[spec.Op] = []
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40), eviction))
+        for _ in range(30):
+            roll = rnd.random()
+            running = sorted(state.requests)
+            if roll < 0.35:
+                rid = next((r for r in "abcd" if r not in state.requests), None)
+                if rid is None:
+                    continue
+                op: spec.Op = spec.Admit(
+                    rid,
+                    rnd.choice(bases)[: rnd.randint(1, 24)],
+                    rnd.randint(1, 24),
+                    (),
+                    rnd.choice([0, 0, 1]),
+                )
+            elif roll < 0.55 and running:
+                rid = rnd.choice(running)
+                request = state.requests[rid]
+                if request.scheduled:
+                    continue
+                done = request.computed == len(request.tokens)
+                op = spec.Extend(rid, rnd.randint(1, 8), (rnd.randint(0, 2),) if done else ())
+            elif roll < 0.85:
+                op = spec.EndStep()
+            elif running:
+                rid = rnd.choice(running)
+                op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
+            else:
+                continue
+            state, _ = spec.step(state, op)
+            ops.append(op)
+        label = "random" if eviction is spec.Eviction.LRU else f"random-{eviction.value}"
+        yield alloc_case(
+            f"alloc.{label}.{n:03d}",
+            layout,
+            state.config.num_blocks,
+            ops,
+            eviction=eviction,
+        )

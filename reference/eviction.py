@@ -1,0 +1,221 @@
+"""Eviction profiles: the free queue and the order released blocks join it, one class each.
+
+The pool calls its queue for every free-queue operation and the manager asks it how a
+request's blocks are released, so adding a profile touches this file only.
+
+    lru                 ALLOC-EVICT-1, ALLOC-FREE-1: the head of the queue is evicted first;
+                        a request releases group by group in layout order, each table from its
+                        last position; an intrusive doubly linked list over two int32 arrays
+                        (`prev`, `next`, sentinel at index num_blocks), so a hit takes a block
+                        out of the middle in O(1)
+    lru-unkeyed-first   ALLOC-FREE-2: lru, but each group's released blocks without a key go to
+                        the head of the queue as one run
+    hybrid              EVICT-HYB-1, EVICT-ORDER-1: provably dead blocks first, then cold ones
+                        (freed mid-request), then the head; a request releases tail first. The
+                        queue order is a join counter per free block and three heaps (dead,
+                        cold, warm) of counter << 32 | block; an entry is current while it is
+                        free, joined at that counter and still of that class, stale entries are
+                        skipped when popped: O(log n) per operation
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from kvcert.reference.config import Eviction, GroupConfig, Kind
+
+if TYPE_CHECKING:
+    from kvcert.reference.block_pool import BlockPool
+
+Held = tuple[int, int, int]  # (group, table position, block)
+DEAD, COLD, WARM = 0, 1, 2  # hybrid victim classes, taken in this order
+
+
+class FreeQueue:
+    """The lru profile: a linked list in joining order; the head is the next victim."""
+
+    profile = Eviction.LRU
+    tracks_liveness = False  # whether the pool must keep EVICT-DEAD-1 up to date for it
+
+    __slots__ = ("_next", "_prev", "_sentinel", "pool")
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        sentinel = pool.num_blocks
+        self._sentinel = sentinel
+        # the ring sentinel, 1, 2, ..., num_blocks - 1, sentinel (the null block is never in it)
+        self._next = array("i", range(1, sentinel + 2))
+        self._next[sentinel] = 1
+        self._prev = array("i", range(-1, sentinel))
+        self._prev[1] = sentinel
+
+    def release_batches(self, groups: Sequence[GroupConfig], held: list[Held]) -> list[list[int]]:
+        """Implements ALLOC-FREE-1: one batch, in the order the manager listed (group by group
+        in layout order, each table from its last position)."""
+        return [[block for _, _, block in held]]
+
+    def remove(self, block: int) -> None:
+        """A free block taken by a hit leaves the queue."""
+        prev, nxt = self._prev[block], self._next[block]
+        self._next[prev] = nxt
+        self._prev[nxt] = prev
+
+    def add(self, blocks: list[int], cold: bool) -> None:
+        """Blocks whose count reached 0 join the tail, in order."""
+        for block in blocks:
+            last = self._prev[self._sentinel]
+            self._next[last] = block
+            self._prev[block] = last
+            self._next[block] = self._sentinel
+            self._prev[self._sentinel] = block
+
+    def pop(self) -> int:
+        """The head of the queue. Implements ALLOC-EVICT-1 (the pool forgets its key)."""
+        block = self._next[self._sentinel]
+        self.remove(block)
+        return block
+
+    def changed(self, block: int) -> None:
+        """A free block's liveness may have changed (nothing to do under lru)."""
+
+    def reset(self) -> None:
+        """Every key was forgotten (the order stays)."""
+
+    def compact(self) -> None:
+        """After an allocation: drop bookkeeping that went stale (nothing under lru)."""
+
+    def __iter__(self) -> Iterator[int]:
+        block = self._next[self._sentinel]
+        while block != self._sentinel:
+            yield block
+            block = self._next[block]
+
+    def _prepend(self, blocks: list[int]) -> None:
+        after = self._next[self._sentinel]
+        previous = self._sentinel
+        for block in blocks:
+            self._next[previous] = block
+            self._prev[block] = previous
+            previous = block
+        self._next[previous] = after
+        self._prev[after] = previous
+
+
+class UnkeyedFirstQueue(FreeQueue):
+    """The lru-unkeyed-first profile."""
+
+    profile = Eviction.LRU_UNKEYED_FIRST
+
+    __slots__ = ()
+
+    def release_batches(self, groups: Sequence[GroupConfig], held: list[Held]) -> list[list[int]]:
+        """Implements ALLOC-FREE-2 (with add): one batch per group, as each group's manager
+        frees its own blocks."""
+        return [[b for group, _, b in held if group == g] for g in range(len(groups))]
+
+    def add(self, blocks: list[int], cold: bool) -> None:
+        """Keyed blocks join the tail; unkeyed ones go to the head as one run, in order."""
+        unkeyed = [b for b in blocks if self.pool.key_of(b) is None]
+        super().add([b for b in blocks if self.pool.key_of(b) is not None], cold)
+        self._prepend(unkeyed)
+
+
+class HybridQueue(FreeQueue):
+    """The hybrid profile (see the module docstring for the heaps)."""
+
+    profile = Eviction.HYBRID
+    tracks_liveness = True
+
+    __slots__ = ("_cold", "_heaps", "_joined", "_ticks")
+
+    def __init__(self, pool: BlockPool) -> None:  # no linked list under this profile
+        self.pool = pool
+        self._ticks = itertools.count(pool.num_blocks)
+        self._joined = array("q", range(pool.num_blocks))  # queue position of each free block
+        self._cold = bytearray(pool.num_blocks)  # 1: freed mid-request
+        # per class (DEAD, COLD, WARM) the free blocks' entries joined << 32 | block (one int
+        # each, ordered as (joined, block) would be); every empty block starts dead
+        self._heaps: tuple[list[int], ...] = (
+            [(b << 32) | b for b in range(1, pool.num_blocks)],
+            [],
+            [],
+        )
+
+    def release_batches(self, groups: Sequence[GroupConfig], held: list[Held]) -> list[list[int]]:
+        """Implements EVICT-ORDER-1: latest last token first, full attention last at equal
+        ends."""
+
+        def end(item: Held) -> tuple[int, bool, int]:
+            g, j, _ = item
+            return (-(j + 1) * groups[g].block_size, groups[g].kind is Kind.FULL, g)
+
+        return [[block for _, _, block in sorted(held, key=end)]]
+
+    def _class(self, block: int) -> int:
+        """EVICT-HYB-1's order: dead, cold, the rest."""
+        return DEAD if self.pool.is_dead(block) else COLD if self._cold[block] else WARM
+
+    def remove(self, block: int) -> None:
+        """Nothing to unlink: the block's heap entry goes stale once it is held."""
+
+    def add(self, blocks: list[int], cold: bool) -> None:
+        for block in blocks:
+            self._cold[block] = cold
+            self._joined[block] = next(self._ticks)
+            self.changed(block)
+
+    def changed(self, block: int) -> None:
+        """File a free block under its current class (older entries go stale)."""
+        if self.pool.ref_count[block] == 0 and block:
+            entry = (self._joined[block] << 32) | block
+            heapq.heappush(self._heaps[self._class(block)], entry)
+
+    def _current(self, entry: int, kind: int) -> bool:
+        block = entry & 0xFFFFFFFF
+        return (
+            self.pool.ref_count[block] == 0
+            and self._joined[block] == entry >> 32
+            and self._class(block) == kind
+        )
+
+    def pop(self) -> int:
+        """The earliest-joined dead free block, else cold, else any. Implements EVICT-HYB-1."""
+        for kind, heap in enumerate(self._heaps):
+            while heap:
+                entry = heapq.heappop(heap)
+                if self._current(entry, kind):
+                    block = entry & 0xFFFFFFFF
+                    self._cold[block] = False
+                    return block
+        raise RuntimeError("no free block although num_free > 0")  # pragma: no cover
+
+    def reset(self) -> None:
+        self._rebuild()
+
+    def compact(self) -> None:
+        if sum(len(h) for h in self._heaps) > 4 * self.pool.num_blocks:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Drop stale entries (they pile up when free blocks change class often)."""
+        heaps: tuple[list[int], ...] = ([], [], [])
+        for block in range(1, self.pool.num_blocks):
+            if self.pool.ref_count[block] == 0:
+                heaps[self._class(block)].append((self._joined[block] << 32) | block)
+        for heap in heaps:
+            heapq.heapify(heap)
+        self._heaps = heaps
+
+    def __iter__(self) -> Iterator[int]:
+        pool = self.pool
+        free = [b for b in range(1, pool.num_blocks) if pool.ref_count[b] == 0]
+        yield from sorted(free, key=self._joined.__getitem__)
+
+
+QUEUES: dict[Eviction, type[FreeQueue]] = {
+    q.profile: q for q in (FreeQueue, UnkeyedFirstQueue, HybridQueue)
+}

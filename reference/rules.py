@@ -1,0 +1,67 @@
+"""Which code of kvcert.reference implements each behavioural rule of kvcert.spec.
+
+ethereum/execution-specs pairs each optimised function with the specification's by name; here
+the pairing is this table, keyed by rule tag (kvcert.reference never imports the spec, so the
+tags are plain strings). Every function listed says `Implements TAG` in its docstring, and
+tests/differential/test_rules_table.py checks that every HIT-, HASH-, ALLOC-, EVICT-, CKPT-,
+BRANCH- and PAGE- rule of the spec (bar the byte-address rules, which kvcert.kernels
+implements) has an entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvcert.reference import coordinator, groups, hashing, planner, scheduling
+from kvcert.reference.block_pool import BlockPool
+from kvcert.reference.eviction import FreeQueue, HybridQueue, UnkeyedFirstQueue
+from kvcert.reference.manager import KVCacheManager
+
+IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
+    "HIT-FULL-1": (groups.first_needed,),
+    "HIT-SW-1": (groups.first_needed,),
+    "HIT-CHUNK-1": (groups.first_needed,),
+    "HIT-MAMBA-1": (groups.first_needed,),
+    "HIT-MAMBA-2": (coordinator.find_hit,),
+    "HIT-CROSS-1": (coordinator.find_hit,),
+    "HIT-GROUP-1": (coordinator.find_hit,),
+    "HIT-GROUP-2": (coordinator.find_hit,),
+    "HIT-LEN-1": (coordinator.find_hit,),
+    "HIT-HYB-1": (coordinator.find_hit,),
+    "HIT-SPEC-1": (coordinator.find_hit,),
+    "HIT-SPEC-2": (coordinator.find_hit,),
+    "HASH-EXTRA-1": (hashing.encode_extras,),
+    "HASH-CHAIN-1": (hashing.Chain.extend,),
+    "HASH-DRAFT-1": (KVCacheManager._chains,),
+    "HASH-MATCH-1": (KVCacheManager._keys,),
+    "ALLOC-INIT-1": (BlockPool.__init__,),
+    "ALLOC-LOOKUP-1": (BlockPool.lookup,),
+    "ALLOC-HOLD-1": (groups.first_read, KVCacheManager._changes),
+    "ALLOC-WRITE-1": (groups.first_written, KVCacheManager._changes),
+    "ALLOC-TWO-PHASE-1": (KVCacheManager.admit,),
+    "ALLOC-SKIP-1": (KVCacheManager._changes,),
+    "ALLOC-EVICT-1": (FreeQueue.pop,),
+    "ALLOC-FREE-1": (FreeQueue.release_batches,),
+    "ALLOC-FREE-2": (UnkeyedFirstQueue.release_batches,),
+    "ALLOC-COMMIT-1": (KVCacheManager._committed,),
+    "ALLOC-VIS-1": (KVCacheManager.end_step,),
+    "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
+    "EVICT-LIVE-1": (BlockPool.is_dead,),
+    "EVICT-DEAD-1": (BlockPool.is_dead, KVCacheManager._prerequisites),
+    "EVICT-HYB-1": (HybridQueue.pop,),
+    "EVICT-ORDER-1": (HybridQueue.release_batches,),
+    "BRANCH-1": (KVCacheManager.branch_point,),
+    "CKPT-ALL-1": (scheduling.next_chunk,),
+    "CKPT-ALIGN-1": (scheduling.next_chunk,),
+    "CKPT-BRANCH-1": (scheduling.next_chunk,),
+    "PAGE-BYTES-1": (planner.page_bytes,),
+    "PAGE-ANCHOR-1": (planner._anchor,),
+    "PAGE-SIZE-1": (planner._anchor,),
+    "PAGE-FIT-1": (planner._fit,),
+    "PAGE-STATE-1": (planner.plan_cache,),
+    "PAGE-GROUP-1": (planner._group_size,),
+    "PAGE-SPLIT-1": (planner.plan_cache,),
+    "PAGE-POOL-1": (planner.plan_cache,),
+    "PAGE-CAP-1": (planner.plan_cache,),
+}
