@@ -1,55 +1,86 @@
-"""kvcert.reference side by side with vLLM's own KVCacheManager, same workloads, same run.
+"""kvcert.reference side by side with vLLM's own KVCacheManager, same workloads, same process.
 
     bash scripts/engine-venv.sh vllm 0.33.0
     .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm.py [--quick]
 
-Workloads (every answer is checked equal before a timing counts):
-* lookup: a request of a 128k-token prompt arrives and asks for its hit on the
-  DeepSeek-V4-Flash-like layout (MLA full attention B=256 plus four sliding-window groups of
-  B=64, 64, 4, 8 and W=128), after the same prompt was computed and freed. Both sides hash
-  the prompt and search: vLLM builds its Request (block hasher) and calls get_computed_blocks;
-  the reference calls lookup().
-* stream: the allocate/commit/free stream of benchmarks/run.py (requests sharing a system
-  prompt, each with unique tokens, decoding, finishing) through both managers, vLLM driven
-  with the calls its scheduler makes.
-* hashing: the 128k-token prompt's block keys at the layout's common granularity (4 tokens),
-  vLLM's request block hasher with its sha256 against the reference's sha256 chain.
+Every answer is checked equal before a timing counts; the two sides run alternately and each
+figure is the fastest of its runs (this VM's noise only ever adds time), and each ratio is
+vLLM's time / the reference's (above 1: the reference is faster).
+vLLM is built as a deployment builds it (prefix caching on, KV events off) and driven with
+the calls its scheduler makes.
 
-Each line prints vLLM's time / the reference's time: above 1 means the reference is faster.
+* hash + lookup: a 128k-token prompt, computed and freed before, asks for its hit. vLLM
+  builds its Request (the block hasher runs) and calls get_computed_blocks; the reference
+  calls lookup(tokens) (validation, digests, search). DeepSeek-V4-Flash-like layout (MLA full
+  B=256, sliding windows W=128 at B=64, 64, 4, 8) and GPT-OSS-like (full + W=128, B=16).
+* lookup alone: a 1M-token prompt already hashed (vLLM: its Request; the reference: a
+  Prompt), GPT-OSS-like: get_computed_blocks against lookup(prompt).
+* stream: benchmarks/run.py's allocate/commit/free stream (requests sharing a system prompt,
+  unique tails, decoding, finishing).
+* decode step: 256 running requests of 1,000-token prompts each get one more token per step
+  (allocate_slots / extend with the sampled token, then the step's commit), 64 steps, so
+  every request crosses four block boundaries.
+* hashing: the 128k-token prompt's block keys at 4 tokens, SHA-256 on both sides.
+* memory: bytes per cached block, tracemalloc, a pool of 1M blocks holding 1M cached blocks
+  (one 16M-token prompt computed and freed; full attention, B=16). Lower is better: the
+  ratio is still vLLM / reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import sys
+import time
+import tracemalloc
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.run import LAYOUTS, Shape, best, blocks_for, config_of, prompt, stream, warm
-from kvcert.conformance.adapters.vllm import Session
-from kvcert.conformance.codec import layout_to_json
+from benchmarks.run import LAYOUTS, Shape, blocks_for, config_of, prompt, stream, warm
+from kvcert.conformance.contract.codec import layout_to_json
+from kvcert.conformance.engines.vllm import Session
 from kvcert.reference.config import HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled
+from kvcert.spec import FullAttention, Layout
 
-DSV4 = LAYOUTS["deepseek-v4-flash"]
+Row = tuple[str, str, float, float]
 
 
-class VllmStream:
+def timed(run: Callable[..., object], *args: object) -> float:
+    start = time.perf_counter()
+    run(*args)
+    return time.perf_counter() - start
+
+
+def side_by_side(
+    repeat: int, ours: Callable[[], float], theirs: Callable[[], float]
+) -> tuple[float, float]:
+    """The fastest of `repeat` timings of each side, the sides alternating so that a slow
+    spell of the machine hits both."""
+    runs = [(ours(), theirs()) for _ in range(repeat)]
+    return min(r[0] for r in runs), min(r[1] for r in runs)
+
+
+class VllmDriver:
     """vLLM's manager behind the call names `stream` uses, as vLLM's scheduler calls it."""
 
-    def __init__(self, layout_json: dict[str, Any], num_blocks: int) -> None:
-        self.session = Session(layout_json, num_blocks)
+    def __init__(self, layout: Layout, num_blocks: int) -> None:
+        self.session = Session(layout_to_json(layout), num_blocks, kv_events=False)
         self.manager = self.session.manager
         self.requests: dict[str, Any] = {}
         self.scheduled: dict[str, int] = {}
 
+    def request(self, rid: str, tokens: list[int]) -> Any:
+        return self.session.new_request(rid, tokens, [])
+
     def admit(self, rid: str, tokens: list[int], budget: int) -> object:
-        request = self.session.new_request(rid, tokens, [])
+        request = self.request(rid, tokens)
         blocks, hit = self.manager.get_computed_blocks(request)[:2]
         chunk = min(budget, len(tokens) - hit)
         if self.manager.allocate_slots(request, chunk, hit, blocks) is None:
@@ -77,51 +108,122 @@ class VllmStream:
         self.scheduled.pop(rid, None)
 
 
-def lookup_row(size: int) -> tuple[str, str, float, float]:
-    tokens = prompt(size)
-    blocks = blocks_for(DSV4, size)
-    reference = KVCacheManager(config_of(DSV4, blocks))
+def lookup_row(name: str, size: int) -> Row:
+    """Hash + lookup of a prompt computed and freed before."""
+    layout, tokens = LAYOUTS[name], prompt(size)
+    blocks = blocks_for(layout, size)
+    reference = KVCacheManager(config_of(layout, blocks))
     warm(reference, tokens)
-    driver = VllmStream(layout_to_json(DSV4), blocks)
+    driver = VllmDriver(layout, blocks)
     driver.admit("warm", tokens, len(tokens))
     driver.end_step()
     driver.finish("warm")
 
     def vllm_lookup() -> int:
-        request = driver.session.new_request("reader", tokens, [])
+        return int(driver.manager.get_computed_blocks(driver.request("reader", tokens))[1])
+
+    hit = check_equal("lookup", reference.lookup(tokens)[0], vllm_lookup())
+    return (
+        f"hash + lookup, {name}",
+        f"{size:,} tokens, hit {hit:,}",
+        *side_by_side(7, lambda: timed(reference.lookup, tokens), lambda: timed(vllm_lookup)),
+    )
+
+
+def lookup_alone_row(size: int) -> Row:
+    """The search alone, the prompt hashed beforehand on both sides."""
+    layout, tokens = LAYOUTS["gpt-oss"], prompt(size)
+    blocks = blocks_for(layout, size)
+    reference = KVCacheManager(config_of(layout, blocks))
+    warm(reference, tokens)
+    hashed = reference.prompt(tokens)
+    driver = VllmDriver(layout, blocks)
+    driver.admit("warm", tokens, len(tokens))
+    driver.end_step()
+    driver.finish("warm")
+    request = driver.request("reader", tokens)
+
+    def vllm_lookup() -> int:
         return int(driver.manager.get_computed_blocks(request)[1])
 
-    ref_hit, vllm_hit = reference.lookup(tokens)[0], vllm_lookup()
-    if ref_hit != vllm_hit:
-        raise RuntimeError(f"lookup: vLLM hits {vllm_hit}, the reference {ref_hit}")
-    ref_s = best(5, reference.lookup, tokens)
+    hit = check_equal("lookup alone", reference.lookup(hashed)[0], vllm_lookup())
     return (
-        "hash + lookup, DSv4-Flash layout",
-        f"{size} tokens, hit {ref_hit}",
-        ref_s,
-        best(5, vllm_lookup),
+        "lookup alone, gpt-oss (hashed)",
+        f"{size:,} tokens, hit {hit:,}",
+        *side_by_side(7, lambda: timed(reference.lookup, hashed), lambda: timed(vllm_lookup)),
     )
 
 
-def stream_row(shape: Shape) -> tuple[str, str, float, float]:
+def stream_row(shape: Shape) -> Row:
     layout = LAYOUTS["gpt-oss"]
-    length = shape.system + shape.unique + shape.decode
-    blocks = blocks_for(layout, length, shape.concurrency + 2)
+    blocks = blocks_for(layout, shape.system + shape.unique + shape.decode, shape.concurrency + 2)
     calls = stream(lambda: KVCacheManager(config_of(layout, blocks)), shape)
-    ref_s = best(3, stream, lambda: KVCacheManager(config_of(layout, blocks)), shape)
-    vllm_s = best(3, stream, lambda: VllmStream(layout_to_json(layout), blocks), shape)
     return (
         "allocate/commit/free stream",
-        f"{calls} calls ({shape.requests} requests)",
-        ref_s,
-        vllm_s,
+        f"{calls:,} calls ({shape.requests} requests)",
+        *side_by_side(
+            5,
+            lambda: timed(stream, lambda: KVCacheManager(config_of(layout, blocks)), shape),
+            lambda: timed(stream, lambda: VllmDriver(layout, blocks), shape),
+        ),
     )
 
 
-def hashing_row(size: int) -> tuple[str, str, float, float]:
+def decode(manager: Any, requests: int, steps: int) -> None:
+    """`steps` decode steps of `requests` running requests, one token each."""
+    for step in range(steps):
+        for r in range(requests):
+            if manager.extend(f"r{r}", 1, [step % 7]) is None:
+                raise RuntimeError("decode pool too small")
+        manager.end_step()
+
+
+def decode_row(requests: int, steps: int) -> Row:
+    layout = LAYOUTS["gpt-oss"]
+    length = 1000
+    blocks = blocks_for(layout, length + steps * 5, requests + 1)
+
+    def prefilled(factory: Callable[[], Any]) -> Any:
+        manager = factory()
+        for r in range(requests):
+            manager.admit(f"r{r}", prompt(length, seed=r), length)
+        manager.end_step()
+        return manager
+
+    def run(factory: Callable[[], Any]) -> float:
+        manager = prefilled(factory)
+        return timed(decode, manager, requests, steps)
+
+    reference, vllm = side_by_side(
+        5,
+        lambda: run(lambda: KVCacheManager(config_of(layout, blocks))),
+        lambda: run(lambda: VllmDriver(layout, blocks)),
+    )
+    check_equal("decode", decode_tables(layout, blocks), decode_tables(layout, blocks, vllm=True))
+    return (
+        "decode step",
+        f"{requests} requests x {steps} steps",
+        reference / steps,
+        vllm / steps,
+    )
+
+
+def decode_tables(layout: Layout, blocks: int, vllm: bool = False) -> list[int]:
+    """How many blocks each request holds after a short decode (both sides must agree)."""
+    manager: Any = VllmDriver(layout, blocks) if vllm else KVCacheManager(config_of(layout, blocks))
+    for r in range(4):
+        manager.admit(f"r{r}", prompt(100, seed=r), 100)
+    manager.end_step()
+    decode(manager, 4, 40)
+    if vllm:
+        return [sum(len(g) for g in manager.manager.get_block_ids(f"r{r}")) for r in range(4)]
+    return [sum(1 for t in manager.block_tables(f"r{r}") for b in t if b) for r in range(4)]
+
+
+def hashing_row(size: int) -> Row:
     tokens = prompt(size)
-    granularity = math.gcd(*(g.block_size for g in DSV4.groups))
-    session = Session(layout_to_json(DSV4), 8)
+    granularity = math.gcd(*(g.block_size for g in LAYOUTS["deepseek-v4-flash"].groups))
+    session = Session(layout_to_json(LAYOUTS["deepseek-v4-flash"]), 8, kv_events=False)
     block_hasher = session.api.utils.get_request_block_hasher(granularity, session.api.sha256)
     request = session.new_request("h", tokens, [])
 
@@ -132,28 +234,87 @@ def hashing_row(size: int) -> tuple[str, str, float, float]:
     def reference_hash() -> int:
         chain = Chain(granularity, 0, (), hasher(HashAlgorithm.SHA256))
         chain.extend(tokens)
-        return size // granularity
+        return len(chain.digests)
 
-    if vllm_hash() != reference_hash():
-        raise RuntimeError("hashing: the two sides key a different number of blocks")
-    return ("hash prompt (sha256)", f"{size} tokens", best(5, reference_hash), best(5, vllm_hash))
+    count = check_equal("hashing", reference_hash(), vllm_hash())
+    return (
+        "hash prompt (sha256)",
+        f"{size:,} tokens, {count:,} keys",
+        *side_by_side(7, lambda: timed(reference_hash), lambda: timed(vllm_hash)),
+    )
+
+
+def retained_per_block(build: Callable[[], Any], count: int) -> float:
+    """Bytes still allocated per cached block after `build()` cached `count` blocks."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    kept = build()
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del kept
+    return (after - before) / count
+
+
+def memory_row(count: int) -> Row:
+    layout = Layout((FullAttention(16),))
+    tokens = prompt(16 * count)
+
+    def reference() -> Any:
+        manager = KVCacheManager(config_of(layout, count + 1))
+        warm(manager, tokens)
+        if manager.stats().registered_blocks != count:
+            raise RuntimeError("the reference did not cache every block")
+        return manager
+
+    def vllm() -> Any:
+        driver = VllmDriver(layout, count + 1)
+        driver.admit("warm", tokens, len(tokens))
+        driver.end_step()
+        driver.finish("warm")
+        return driver
+
+    ref_bytes = retained_per_block(reference, count)
+    vllm_bytes = retained_per_block(vllm, count)
+    return (
+        "memory per cached block",
+        f"{count:,} blocks (bytes, not seconds)",
+        ref_bytes,
+        vllm_bytes,
+    )
+
+
+def check_equal(what: str, ours: Any, theirs: Any) -> Any:
+    if ours != theirs:
+        raise RuntimeError(f"{what}: vLLM answers {theirs}, the reference {ours}")
+    return ours
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     args = parser.parse_args(argv)
-    size = 4096 if args.quick else 131_072
-    shape = Shape(16, 256, 64, 8, 4) if args.quick else Shape(200, 2048, 256, 32, 16)
-    rows = [lookup_row(size), stream_row(shape), hashing_row(size)]
+    quick = args.quick
+    rows = [
+        lookup_row("deepseek-v4-flash", 4096 if quick else 131_072),
+        lookup_row("gpt-oss", 4096 if quick else 131_072),
+        lookup_alone_row(8192 if quick else 1_048_576),
+        stream_row(Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)),
+        decode_row(16 if quick else 256, 16 if quick else 64),
+        hashing_row(4096 if quick else 131_072),
+        memory_row(10_000 if quick else 1_000_000),
+    ]
     print(f"kvcert.reference vs vLLM {version('vllm')} (its own KVCacheManager), same process")
-    print(f"{'workload':34} {'size':32} {'reference':>11} {'vLLM':>11} {'ratio':>9}")
-    for workload, label, ref_s, vllm_s in rows:
-        print(
-            f"{workload:34} {label:32} {ref_s * 1e3:9.2f}ms {vllm_s * 1e3:9.2f}ms "
-            f"{vllm_s / ref_s:8.2f}x"
+    print(f"{'workload':32} {'size':36} {'reference':>11} {'vLLM':>11} {'ratio':>8}")
+    for workload, label, ours, theirs in rows:
+        unit = (
+            (lambda v: f"{v:9.1f} B")
+            if workload.startswith("memory")
+            else (lambda v: f"{v * 1e3:9.2f}ms")
         )
-    print("ratio = vLLM time / reference time, both measured in this run")
+        print(f"{workload:32} {label:36} {unit(ours)} {unit(theirs)} {theirs / ours:7.2f}x")
+    print("ratio = vLLM / reference, both measured in this run (time, or bytes per block)")
     return 0
 
 

@@ -1,8 +1,7 @@
 """The hybrid hit search.
 
-Implements HIT-LEN-1, HIT-GROUP-1, HIT-HYB-1, HIT-SPEC-1 and HIT-SPEC-2: the spec defines
-the hit as the maximum of the set of lengths every group accepts (then one step down under
-the drop profile). This search returns that maximum without building the set:
+The spec defines the hit as the maximum of the set of lengths every group accepts (then one
+step down under the drop profile). This search returns that maximum without building the set:
 
 1. Candidates are the multiples of the alignment A (lcm of cacheable block sizes) up to
    num_tokens - 1; every other length is refused by some group (HIT-GROUP-1).
@@ -10,50 +9,62 @@ the drop profile). This search returns that maximum without building the set:
    multiples of its block size up to its cached prefix, found by one left-to-right scan. The
    smallest such bound U caps every candidate, and no full group refuses anything <= U.
 3. From the largest candidate <= U downwards, the first length every other group accepts is
-   the maximum (each is checked with O(needed blocks) lookups, memoised per block).
+   the maximum (each is checked against its needed blocks only). Every kind needs a run of
+   blocks ending at length // B whose start never decreases as the length grows, so a
+   missing block m refuses every candidate whose run contains it: the scan jumps below
+   m * B (THM-SKIP-MISSING), one jump per missing block instead of one step per candidate.
 4. Under the drop profile the scan continues to the next accepted candidate: one step in
    the common set, never one per group (vLLM #32802, #40624).
 
-tests/differential shows it equal to kvcert.spec.hybrid on Hypothesis-drawn views.
+A group's cache is given as the request's keys for its blocks 0, 1, ... and a mapping from
+key to block id: the manager passes its digests and the pool's map, the conformance engine
+block indices and the case's cached set. The scans run in C (map over the map's `get`): a
+full group's prefix is one probe per key, and its blocks are the table; a million-token
+prefix is a few milliseconds, not a Python loop per block.
+tests/differential shows the search equal to kvcert.spec.hybrid on Hypothesis-drawn views, and
+THM-HYB-SEARCH (Z3) proves its shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import repeat
+from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, MambaMode
 from kvcert.reference.groups import first_needed
 
-Finder = Callable[[int, int], int | None]  # (group, block index) -> block id or None
+K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
+Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
+Served = Sequence[Mapping[K, int]]  # per group, key -> cached block id
 
 
 def find_hit(
-    config: CacheConfig, num_tokens: int, find: Finder, *, ignore_state: bool = False
+    config: CacheConfig,
+    num_tokens: int,
+    keys: Keys[K],
+    served: Served[K],
+    *,
+    ignore_state: bool = False,
 ) -> tuple[int, list[list[int]]]:
     """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed).
+
+    Implements HIT-LEN-1, HIT-GROUP-1, HIT-GROUP-2, HIT-HYB-1, HIT-SPEC-1, HIT-SPEC-2, and
+    HIT-MAMBA-2 and HIT-CROSS-1 (mode none serves only 0; cross groups constrain nothing).
 
     With `ignore_state` state groups constrain only the alignment and nothing is dropped: the
     result is the branch point (spec BRANCH-1), where the attention groups' prefix ends."""
     groups = config.groups
-    limit = num_tokens - 1
     alignment = config.alignment
-    memo: dict[tuple[int, int], int | None] = {}
-
-    def cached(g: int, j: int) -> int | None:
-        key = (g, j)
-        if key not in memo:
-            memo[key] = find(g, j)
-        return memo[key]
-
-    bound = limit
+    bound = num_tokens - 1
     others = []
+    prefixes: dict[int, list[int]] = {}  # per full group, the blocks of its cached prefix
     for g, group in enumerate(groups):
         if group.kind is Kind.FULL:
-            prefix = 0
-            while (prefix + 1) * group.block_size <= bound and cached(g, prefix) is not None:
-                prefix += 1
-            bound = min(bound, prefix * group.block_size)
+            prefix = _cached_prefix(served[g], keys[g], bound // group.block_size)
+            prefixes[g] = prefix
+            bound = min(bound, len(prefix) * group.block_size)
         elif group.kind is Kind.MAMBA and ignore_state:
             continue
         elif group.kind is Kind.MAMBA and group.mode is MambaMode.NONE:
@@ -61,16 +72,23 @@ def find_hit(
         elif group.kind is not Kind.CROSS:
             others.append(g)
 
-    def accepted(length: int) -> bool:
+    def refusal(length: int) -> int | None:
+        """None when every other group accepts `length`; else a bound that every accepted
+        candidate below it respects: a group needing a missing block m refuses every
+        length whose run [first_needed, length // B) contains m, and first_needed only
+        grows with the length, so the next candidate that can pass is at most m * B."""
         for g in others:
-            size = groups[g].block_size
-            for j in range(first_needed(groups[g], length), length // size):
-                if cached(g, j) is None:
-                    return False
-        return True
+            group, held = groups[g], keys[g]
+            size = group.block_size
+            first, stop = first_needed(group, length), length // size
+            if stop > len(held):
+                return len(held) * size
+            present = list(map(served[g].__contains__, held[first:stop]))
+            if False in present:  # the last missing block bounds the next candidate
+                return (first + len(present) - 1 - present[::-1].index(False)) * size
+        return None
 
-    candidates = range((bound // alignment) * alignment, -1, -alignment)
-    found = _first_two(candidates, accepted)
+    found = _first_two((bound // alignment) * alignment, alignment, refusal)
     hit = found[0] if found else 0
     if config.speculative is DraftKeying.DROP and not ignore_state:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
@@ -80,19 +98,47 @@ def find_hit(
             tables.append([])
             continue
         count = hit // group.block_size
+        if g in prefixes:
+            tables.append(prefixes[g][:count])
+            continue
         start = first_needed(group, hit) if count else count
         table = [NULL_BLOCK] * start
-        table.extend(cached(g, j) or NULL_BLOCK for j in range(start, count))
+        if group.kind is Kind.MAMBA and ignore_state:  # unconstrained: maybe no checkpoint
+            table += (served[g].get(key, NULL_BLOCK) for key in keys[g][start:count])
+        else:  # every group accepts `hit`: each block it needs is cached
+            table += map(served[g].__getitem__, keys[g][start:count])
         tables.append(table)
     return hit, tables
 
 
-def _first_two(candidates: Sequence[int], accepted: Callable[[int], bool]) -> list[int]:
-    """The first two accepted candidates in order (0 is always accepted)."""
+def _cached_prefix(served: Mapping[K, int], keys: Sequence[K], cap: int) -> list[int]:
+    """The blocks serving keys[0], keys[1], ... up to the first key not served (at most
+    `cap`). One dictionary probe per key, in C, in runs that double in length: a prefix of
+    n blocks costs at most 2n + 64 probes however long the prompt."""
+    get = served.get
+    blocks: list[int] = []
+    start, run = 0, 64
+    while start < cap:
+        stop = min(cap, start + run)
+        found = list(map(get, keys[start:stop], repeat(NULL_BLOCK, stop - start)))
+        if not all(found):  # NULL_BLOCK (0) is never served: it marks the first miss
+            return blocks + found[: found.index(NULL_BLOCK)]
+        blocks += found
+        start, run = stop, 2 * run
+    return blocks
+
+
+def _first_two(top: int, alignment: int, refusal: Callable[[int], int | None]) -> list[int]:
+    """The first two accepted multiples of `alignment` from `top` down (0 is always
+    accepted), skipping the candidates each refusal rules out."""
     found: list[int] = []
-    for length in candidates:
-        if accepted(length):
+    length = top
+    while length >= 0:
+        limit = refusal(length)
+        if limit is None:
             found.append(length)
             if len(found) == 2:
                 break
+            limit = length - 1
+        length = min(length - alignment, limit // alignment * alignment)
     return found

@@ -1,35 +1,49 @@
-"""Block digests: a collision-resistant hash chain over a canonical byte encoding.
+"""Block digests: collision-resistant prefix digests over one canonical byte stream.
 
-Implements HASH-CHAIN-1, HASH-EXTRA-1 and HASH-DRAFT-1 of the spec. The abstract key of a
-block is the sequence of (tokens, extras) links of its whole prefix; here each link is folded
-into a SHA-256 (or BLAKE2b-256) chain:
+Implements HASH-CHAIN-1, HASH-EXTRA-1 and HASH-DRAFT-1 of the spec. The spec's key of a block
+is the sequence of (tokens, extras) links of its whole prefix; here one SHA-256 (or
+BLAKE2b-256) stream certifies the same information and is digested at every block boundary:
 
-    digest(j) = H(DOMAIN | digest(j-1) | encode(tokens of link j) | encode(extras of link j))
+    stream  = DOMAIN | lookahead (1 byte) | request-wide extras | tokens...
+    tokens  = each token id as a little-endian int64 (ids are in [0, 2**63))
+    record  = -1 as int64 | count | positioned extras (kind, value, absolute start, end),
+              inserted right before the token at which those extras start
+    digest(t) = H(the stream up to and including the t-th token)
 
-The encoding is injective (every field is length-prefixed, every extra carries its kind tag),
-so equal digests mean equal prefixes unless the hash itself collides. No pickle, no Python
-`hash()`: digests are stable across processes and machines.
+The encoding is injective: every field is length-prefixed, every extra carries its kind tag,
+and a record is told from a token by its negative marker. Request-wide extras (salt, LoRA,
+encoder input) belong to block 0, so every key of the request includes them; a positioned
+extra (image, prompt embeddings) enters every digest past its start, which is exactly the
+blocks it overlaps. So digest((j+1)*B + lookahead) matches exactly when the spec's key of
+block j does, unless SHA-256 itself collides. No pickle, no Python `hash()`: digests are
+stable across processes and machines.
 
-One chain serves every non-draft group: group block j of size B is keyed by the chain digest
-after (j+1)*B tokens, computed at the gcd of the block sizes. Because each digest certifies
-its entire prefix (tokens and every extra overlapping it, with its absolute span), that key
-matches exactly when the spec's per-group key does. Draft groups under exact keying also
-cover the token after each block, so they get their own chain at their own block size.
+One stream serves every non-draft group: block j of a group of size B is keyed by the digest
+after (j+1)*B tokens, computed at the gcd of the block sizes. A draft group under exact keying
+also covers the token after each block (lookahead 1), so it gets its own stream.
+
+Cost: the prompt is encoded once (array, C speed); per boundary the hash state is advanced
+over a memoryview slice and its digest read (`digest()` leaves the state running): two C
+calls, no Python object besides the digest itself.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from kvcert.reference.config import HashAlgorithm
-from kvcert.reference.errors import ConfigError, RequestStateError
+from kvcert.reference.errors import ConfigError
 
-DOMAIN = b"kvcert-block-v1\x00"
-ROOT = hashlib.sha256(b"kvcert-root-v1").digest()
+DOMAIN = b"kvcert-block-v2\x00"
+MARKER = struct.pack("<q", -1)  # precedes a record of positioned extras; never a token id
 
 
 class ExtraKind(StrEnum):
@@ -69,75 +83,133 @@ class ExtraKey:
             )
 
 
-def _bytes(text: str) -> bytes:
+def _text(text: str) -> bytes:
     raw = text.encode("utf-8")
-    return struct.pack(">I", len(raw)) + raw
+    return struct.pack("<I", len(raw)) + raw
 
 
-def encode_extras(extras: Sequence[ExtraKey], start: int, end: int) -> bytes:
-    """The extras of the link covering tokens [start, end), canonically ordered."""
-    parts = []
-    for extra in extras:
-        if extra.end is None:
-            if start == 0:
-                parts.append(b"W" + _bytes(extra.kind.value) + _bytes(extra.value))
-        elif extra.start < end and start < extra.end:
-            span = struct.pack(">qq", extra.start - start, extra.end - start)
-            parts.append(b"P" + _bytes(extra.kind.value) + _bytes(extra.value) + span)
-    parts.sort()
-    return struct.pack(">I", len(parts)) + b"".join(parts)
+def encode_extras(extras: Sequence[ExtraKey]) -> bytes:
+    """Extras as one canonical, count-prefixed field, each tagged by its kind and positioned
+    ones by their absolute span. Implements HASH-EXTRA-1 (with the stream's placement: the
+    request-wide ones in the header, the positioned ones before their first token)."""
+    parts = sorted(
+        (b"W" if e.end is None else b"P")
+        + _text(e.kind.value)
+        + _text(e.value)
+        + (b"" if e.end is None else struct.pack("<qq", e.start, e.end))
+        for e in extras
+    )
+    return struct.pack("<I", len(parts)) + b"".join(parts)
 
 
 def encode_tokens(tokens: Sequence[int]) -> bytes:
-    """Length-prefixed signed 64-bit big-endian token ids."""
-    try:
-        return struct.pack(f">I{len(tokens)}q", len(tokens), *tokens)
-    except struct.error as error:
-        raise RequestStateError(f"token ids must be integers in [-2**63, 2**63): {error}") from None
+    """Token ids as little-endian int64 (the caller has checked they are in [0, 2**63))."""
+    packed = tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+    if sys.byteorder == "big":
+        packed = array("q", packed)
+        packed.byteswap()
+    return packed.tobytes()
 
 
-def hasher(algorithm: HashAlgorithm) -> Callable[[bytes], bytes]:
-    """The digest function for an algorithm name."""
+def hasher(algorithm: HashAlgorithm) -> Callable[[bytes], Any]:
+    """A fresh hash object of the algorithm, fed `data` (`.update`, `.copy`, `.digest`)."""
     if algorithm is HashAlgorithm.SHA256:
-        return lambda data: hashlib.sha256(data).digest()
-    return lambda data: hashlib.blake2b(data, digest_size=32).digest()
+        return hashlib.sha256
+    return lambda data: hashlib.blake2b(data, digest_size=32)
 
 
 class Chain:
-    """The growing digest chain of one request at one granularity.
+    """The digests of one request's stream, at one granularity: `digests[k]` certifies tokens
+    [0, (k+1)*size + lookahead) and every extra starting before that; it exists once those
+    tokens do."""
 
-    `digests[k]` certifies tokens [0, (k+1)*size + lookahead) and every extra overlapping
-    them; it exists once those tokens do.
-    """
-
-    __slots__ = ("_digest", "digests", "extras", "lookahead", "size")
+    __slots__ = (
+        "_fed",
+        "_positions",
+        "_records",
+        "_state",
+        "_stream",
+        "digests",
+        "lookahead",
+        "size",
+    )
 
     def __init__(
         self,
         size: int,
         lookahead: int,
         extras: Sequence[ExtraKey],
-        digest: Callable[[bytes], bytes],
+        new: Callable[[bytes], Any],
     ) -> None:
         self.size = size
         self.lookahead = lookahead
-        self.extras = tuple(extras)
-        self._digest = digest
+        wide = [e for e in extras if e.end is None]
+        self._state = new(DOMAIN + bytes((lookahead,)) + encode_extras(wide))
+        starts: dict[int, list[ExtraKey]] = {}
+        for extra in extras:
+            if extra.end is not None:
+                starts.setdefault(extra.start, []).append(extra)
+        self._records = {p: MARKER + encode_extras(e) for p, e in starts.items()}
+        self._positions = sorted(self._records)
+        self._stream = bytearray()  # the encoded tokens so far
+        self._fed = 0  # tokens the hash state has consumed
         self.digests: list[bytes] = []
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Digest every link whose tokens now all exist."""
+    def extend(self, tokens: Sequence[int], encoded: bytes | None = None) -> None:
+        """Digest every boundary whose tokens all exist (`tokens` is the whole sequence so
+        far; `encoded` its encoding when the caller has it). Implements HASH-CHAIN-1."""
         size, lookahead = self.size, self.lookahead
-        parent = self.digests[-1] if self.digests else ROOT
-        for k in range(len(self.digests), max(0, (len(tokens) - lookahead) // size)):
-            start, end = k * size, (k + 1) * size + lookahead
-            parent = self._digest(
-                DOMAIN
-                + parent
-                + encode_tokens(tokens[start:end])
-                + encode_extras(self.extras, start, end)
-            )
-            self.digests.append(parent)
+        count = max(0, (len(tokens) - lookahead) // size)
+        if count <= len(self.digests):
+            return  # no new boundary: tokens are encoded when one completes
+        known = len(self._stream) // 8
+        if len(tokens) > known:
+            new = encode_tokens(tokens[known:]) if encoded is None else encoded[8 * known :]
+            self._stream += new
+        view = memoryview(self._stream)
+        state, digests = self._state, self.digests
+        update, digest, append = state.update, state.digest, digests.append
+        end = self._fed
+        if self._records:
+            for k in range(len(digests), count):
+                start, end = end, (k + 1) * size + lookahead
+                self._feed(view, start, end)
+                append(digest())
+        else:  # no positioned extras: one slice of the encoded tokens per boundary
+            for k in range(len(digests), count):
+                start, end = end, (k + 1) * size + lookahead
+                update(view[8 * start : 8 * end])
+                append(digest())
+        self._fed = end
+        view.release()
+
+    def _feed(self, view: memoryview, start: int, end: int) -> None:
+        """Advance the state over tokens [start, end), each record right before its token."""
+        positions = self._positions
+        for p in positions[
+            bisect.bisect_left(positions, start) : bisect.bisect_left(positions, end)
+        ]:
+            self._state.update(view[8 * start : 8 * p])
+            self._state.update(self._records[p])
+            start = p
+        self._state.update(view[8 * start : 8 * end])
+
+    def copy(self) -> Chain:
+        """An independent chain in the same state (a request's own, from a shared Prompt)."""
+        twin = Chain.__new__(Chain)
+        twin.size, twin.lookahead = self.size, self.lookahead
+        twin._state = self._state.copy()
+        twin._records, twin._positions = self._records, self._positions
+        twin._stream = bytearray(self._stream)
+        twin._fed = self._fed
+        twin.digests = list(self.digests)
+        return twin
+
+    def keys(self, block_size: int) -> list[bytes]:
+        """The digests keying blocks 0, 1, ... of a group of `block_size` (a multiple of
+        this chain's size); a block whose tokens do not all exist yet has no key."""
+        step = block_size // self.size
+        return self.digests[step - 1 :: step]
 
     def key(self, block_size: int, index: int) -> bytes | None:
         """The digest keying block `index` of a group with `block_size` (None: no key yet)."""

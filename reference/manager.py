@@ -1,26 +1,32 @@
 """The request-level allocator an engine calls: admit, extend, end_step, finish, preempt.
 
-Implements the spec's allocator (§6, kvcert.spec.alloc) under the `lru` eviction profile:
+Implements the spec's allocator (§6, kvcert.spec.alloc) under every eviction profile (the
+free queue and the release order are the profile's, kvcert.reference.eviction):
 ALLOC-TWO-PHASE-1 (hits are taken before anything is allocated), ALLOC-HOLD-1/WRITE-1/SKIP-1
 (what each kind keeps, writes and releases), ALLOC-COMMIT-1/VIS-1 (blocks are registered at
-the end of the step that wrote them), ALLOC-FREE-1 (release order), ALLOC-RESET-1.
-tests/differential runs it against the spec step by step.
+the end of the step that wrote them), ALLOC-RESET-1; kvcert.reference.rules lists which
+method implements which rule. tests/differential runs it against the spec step by step.
 
-Cost per call: O(blocks touched) for allocation and release, O(1) per pool operation, and for
-admission one digest per new block of prompt plus the coordinator's lookups.
+Cost per call: a prompt is validated and encoded once in C and digested once per block
+boundary (kvcert.reference.hashing); a lookup scans keys in C; an extension touches only the
+positions it adds or releases (each group remembers the first position it still holds), and
+returns only the blocks it added, as an engine's allocator does; `block_tables(rid)` gives a
+whole table on request. Engines that hash prompts as they arrive pass a `Prompt`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import sys
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
-from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
+from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
 from kvcert.reference.config import (
     CacheConfig,
     DraftKeying,
-    Eviction,
     GroupConfig,
     Kind,
     MambaMode,
@@ -32,17 +38,27 @@ from kvcert.reference.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvcert.reference.groups import cdiv, first_read, first_written
-from kvcert.reference.hashing import Chain, ExtraKey, hasher
+from kvcert.reference.groups import first_read, first_written
+from kvcert.reference.hashing import Chain, ExtraKey, encode_tokens, hasher
+
+TOKEN_LIMIT = 2**63
+LIST_OR_TUPLE = (list, tuple)
+SIGN_BYTE = 7 if sys.byteorder == "little" else 0  # of an int64 in native order
+NO_POSITIONS: list[int] = []  # shared, never mutated: a group that needs no new block
 
 
 @dataclass(frozen=True, slots=True)
 class Scheduled:
-    """An admission or extension that fits: `hit` tokens came from the cache (0 on extend)."""
+    """An admission or extension that fits.
+
+    `hit` tokens came from the cache (0 on extend); `new_blocks` holds, per group, the blocks
+    this call allocated, in table order; `tables` holds each group's whole table after an
+    admission (None after an extension: ask `block_tables(rid)`)."""
 
     hit: int
     scheduled: int
-    tables: tuple[tuple[int, ...], ...]
+    new_blocks: tuple[tuple[int, ...], ...]
+    tables: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,34 +77,106 @@ class Stats:
     free_blocks: int
     registered_blocks: int
     running_requests: int
-    lookups: int
-    lookup_tokens: int
-    hit_tokens: int
+    admissions: int  # admit() calls that scheduled the request (a Waiting one is retried)
+    admitted_tokens: int  # their prompt tokens
+    hit_tokens: int  # of which served from the cache: hit rate = hit_tokens / admitted_tokens
+    probes: int  # lookup() and branch_point() calls, which take nothing and count no hits
+
+
+def token_ids(tokens: object, what: str) -> array[int]:
+    """`tokens` as an int64 array of ids in [0, 2**63); RequestStateError naming the first bad
+    one. The array conversion checks types and the upper bound in C; a negative id is one
+    whose most significant byte has its top bit set (not ASCII), also checked in C."""
+    if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | array):
+        raise RequestStateError(
+            f"{what} must be a sequence of token ids (integers), got {type(tokens).__name__}"
+        )
+    try:
+        checked = array("q", tokens)
+    except (TypeError, OverflowError):
+        checked = None
+    if checked is None or not checked.tobytes()[SIGN_BYTE::8].isascii():
+        bad = next(
+            (i, t)
+            for i, t in enumerate(tokens)
+            if not isinstance(t, int) or not 0 <= t < TOKEN_LIMIT
+        )
+        raise RequestStateError(
+            f"{what}: position {bad[0]} holds {bad[1]!r}, not a token id (an integer in [0, 2**63))"
+        )
+    return checked
+
+
+def _one_token(tokens: Sequence[int]) -> bool:
+    """Whether `tokens` is a list or tuple of one valid token id (a decode step's)."""
+    return (
+        type(tokens) in LIST_OR_TUPLE
+        and len(tokens) == 1
+        and type(tokens[0]) is int
+        and 0 <= tokens[0] < TOKEN_LIMIT
+    )
+
+
+def _request_id(rid: object) -> str:
+    if not isinstance(rid, str) or not rid:
+        raise RequestStateError(f"a request id is a non-empty string, got {rid!r}")
+    return rid
+
+
+class Prompt:
+    """A prompt validated and digested for one manager: pass it to `admit` or `lookup` to
+    skip the hashing (an engine hashes a prompt once, as it arrives)."""
+
+    __slots__ = ("_owner", "chains", "encoded", "extras", "tokens")
+
+    def __init__(
+        self,
+        owner: KVCacheManager,
+        tokens: array[int],
+        extras: tuple[ExtraKey, ...],
+        chains: list[Chain | None],
+    ) -> None:
+        self._owner = owner
+        self.tokens = tokens
+        self.extras = extras
+        self.chains = chains
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 class _Request:
     __slots__ = (
         "chains",
+        "commit_at",
         "computed",
         "extras",
+        "held_from",
         "lookahead",
+        "quiet_end",
         "registered",
         "scheduled",
         "tables",
         "tokens",
+        "unique_chains",
     )
 
-    def __init__(
-        self, tokens: list[int], extras: tuple[ExtraKey, ...], chains: list[Chain | None]
-    ) -> None:
-        self.tokens = tokens
-        self.extras = extras
-        self.chains = chains
+    def __init__(self, prompt: Prompt) -> None:
+        self.tokens = array("q", prompt.tokens)  # a copy: decoding appends to it
+        self.extras = prompt.extras
+        copies: dict[int, Chain] = {}
+        self.chains = [
+            None if c is None else copies.setdefault(id(c), c.copy()) for c in prompt.chains
+        ]
+        self.unique_chains = list(copies.values())  # each extended once per new token
         self.computed = 0
         self.scheduled = 0
         self.lookahead = 0
         self.tables: list[list[int]] = []
-        self.registered: list[int] = []
+        self.registered: list[int] = []  # per group, positions already considered for caching
+        self.held_from: list[int] = []  # per group, every earlier position holds the null block
+        self.quiet_end = 0  # a decode step computing a position below this changes no table
+        self.commit_at = 0  # no block is committed before `computed` reaches this
 
 
 class KVCacheManager:
@@ -100,7 +188,12 @@ class KVCacheManager:
         if all(g.kind is Kind.CROSS for g in config.groups):
             raise ConfigError("every group is cross attention: there is no prefix to cache")
         self.config = config
-        self.pool = BlockPool(config.num_blocks, config.eviction, len(config.groups))
+        self.pool = BlockPool(
+            config.num_blocks,
+            config.eviction,
+            len(config.groups),
+            track_liveness=config.count_dead_evictions,
+        )
         self._digest = hasher(config.hash_algorithm)
         self._requests: dict[str, _Request] = {}
         self._in_flight: set[str] = set()
@@ -112,14 +205,37 @@ class KVCacheManager:
             if not s and g.kind is not Kind.CROSS
         ]
         self._base_size = math.gcd(*base) if base else 0
-        self._lookups = self._lookup_tokens = self._hit_tokens = 0
+        self._admissions = self._admitted_tokens = self._hit_tokens = self._probes = 0
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
-        self._hybrid = config.eviction is Eviction.HYBRID
-        self._track = self._hybrid or config.count_dead_evictions
+        self._sizes = [g.block_size for g in config.groups]
+        self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
+        self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
 
     # -- keys -------------------------------------------------------------------------------
 
-    def _chains(self, tokens: Sequence[int], extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+    def prompt(self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()) -> Prompt:
+        """Validate and digest a prompt for this manager, once (see `Prompt`)."""
+        checked = token_ids(tokens, "a prompt's tokens")
+        extras = tuple(extras)
+        chains = self._chains(extras)
+        encoded = encode_tokens(checked)
+        for chain in {id(c): c for c in chains if c is not None}.values():
+            chain.extend(checked, encoded)
+        return Prompt(self, checked, extras, chains)
+
+    def _prepared(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey]) -> Prompt:
+        if not isinstance(tokens, Prompt):
+            return self.prompt(tokens, extras)
+        if tokens._owner is not self:
+            raise RequestStateError("this Prompt was prepared by another KVCacheManager")
+        if extras:
+            raise RequestStateError("a Prompt carries its extras: pass none beside it")
+        return tokens
+
+    def _chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+        """Per group, the digest chain keying its blocks. Implements HASH-DRAFT-1: a draft
+        group under exact keying gets its own chain covering one token past each block; every
+        other group shares one chain at the gcd of their block sizes."""
         base = Chain(self._base_size, 0, extras, self._digest) if self._base_size else None
         chains: list[Chain | None] = []
         for group, shifted in zip(self.config.groups, self._shifted, strict=True):
@@ -129,132 +245,180 @@ class KVCacheManager:
                 chains.append(Chain(group.block_size, 1, extras, self._digest))
             else:
                 chains.append(base)
-        for chain in {id(c): c for c in chains if c is not None}.values():
-            chain.extend(tokens)
         return chains
 
-    def _key(self, chains: list[Chain | None], g: int, j: int) -> tuple[int, bytes] | None:
-        chain = chains[g]
-        digest = chain.key(self.config.groups[g].block_size, j) if chain else None
-        return (g, digest) if digest is not None else None
+    def _keys(self, chains: Sequence[Chain | None]) -> list[list[bytes]]:
+        """Implements HASH-MATCH-1 with the pool's map: per group the request's key of each
+        block, looked up in that group's served keys (block j is cached when it is there)."""
+        return [
+            [] if c is None else c.keys(size) for c, size in zip(chains, self._sizes, strict=True)
+        ]
 
     # -- lookup -----------------------------------------------------------------------------
 
     def lookup(
-        self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()
+        self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey] = ()
     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
         """The hit a prompt would get now, without taking anything."""
-        chains = self._chains(tokens, tuple(extras))
-        hit, tables = self._find(tokens, chains)
+        prompt = self._prepared(tokens, extras)
+        self._probes += 1
+        hit, tables = self.search(
+            self.config, len(prompt), self._keys(prompt.chains), self.pool.served
+        )
         return hit, tuple(tuple(t) for t in tables)
 
-    def branch_point(self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()) -> int:
-        """Where the attention groups' cached prefix of `tokens` ends, aligned for every group
-        (spec BRANCH-1): the length a `branch` placement checkpoints state at."""
-        chains = self._chains(tokens, tuple(extras))
-        return find_hit(self.config, len(tokens), self._finder(chains), ignore_state=True)[0]
-
-    def _finder(self, chains: list[Chain | None]) -> Callable[[int, int], int | None]:
-        def find(g: int, j: int) -> int | None:
-            key = self._key(chains, g, j)
-            return self.pool.lookup(key) if key is not None else None
-
-        return find
-
-    def _find(
-        self, tokens: Sequence[int], chains: list[Chain | None]
-    ) -> tuple[int, list[list[int]]]:
-        return self.search(self.config, len(tokens), self._finder(chains))
+    def branch_point(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey] = ()) -> int:
+        """Where the attention groups' cached prefix of `tokens` ends, aligned for every group:
+        the length a `branch` placement checkpoints state at. Implements BRANCH-1."""
+        prompt = self._prepared(tokens, extras)
+        self._probes += 1
+        keys = self._keys(prompt.chains)
+        return find_hit(self.config, len(prompt), keys, self.pool.served, ignore_state=True)[0]
 
     # -- allocation -------------------------------------------------------------------------
 
-    def _end(self, group: GroupConfig, request: _Request) -> int:
-        end = request.computed + request.scheduled
-        return end if group.kind is Kind.MAMBA else end + request.lookahead
+    def _changes(self, request: _Request) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
+        """What computing the scheduled tokens changes in the tables: the (group, position,
+        block) entries released, latest position first (ALLOC-SKIP-1), and per group the
+        positions written that hold no block yet (ALLOC-WRITE-1).
 
-    def _wanted(self, request: _Request) -> list[list[int]]:
+        Implements ALLOC-HOLD-1, ALLOC-SKIP-1 and ALLOC-WRITE-1 (with groups.first_read and
+        groups.first_written).
+        Only positions that can change are visited: past the new end (a shrunk lookahead),
+        from the first position still held up to the first one still read, and the written
+        range: a decode step visits one or two positions per group."""
+        released: list[tuple[int, int, int]] = []
         wanted: list[list[int]] = []
+        computed = request.computed
+        state_end = computed + request.scheduled
+        attention_end = state_end + request.lookahead
         for g, group in enumerate(self.config.groups):
             if group.kind is Kind.CROSS:
-                wanted.append([])
+                wanted.append(NO_POSITIONS)
                 continue
+            end = state_end if group.kind is Kind.MAMBA else attention_end
+            last = -(-end // group.block_size)
             table = request.tables[g]
-            end = self._end(group, request)
-            wanted.append(
-                [
-                    j
-                    for j in range(
-                        first_written(group, request.computed, end), cdiv(end, group.block_size)
-                    )
-                    if j >= len(table) or table[j] == NULL_BLOCK
-                ]
-            )
-        return wanted
+            size, low = len(table), request.held_from[g]
+            if size > last or (low < last and group.kind is not Kind.FULL):
+                first = first_read(group, computed, end)
+                for j in range(size - 1, max(last, low) - 1, -1):
+                    if table[j] != NULL_BLOCK:
+                        released.append((g, j, table[j]))
+                for j in range(min(first, last, size) - 1, low - 1, -1):
+                    if table[j] != NULL_BLOCK:
+                        released.append((g, j, table[j]))
+            first = first_written(group, computed, end)
+            held = min(last, size)
+            if first >= held:
+                wanted.append(list(range(first, last)) if first < last else NO_POSITIONS)
+            else:
+                gaps = [j for j in range(first, held) if table[j] == NULL_BLOCK]
+                wanted.append(gaps + list(range(held, last)) if held < last else gaps)
+        return released, wanted
 
-    def _fill(self, request: _Request, wanted: list[list[int]]) -> None:
-        fresh = iter(self.pool.allocate(sum(len(w) for w in wanted)))
-        for g, group in enumerate(self.config.groups):
-            if group.kind is Kind.CROSS:
+    def _fill(self, request: _Request, wanted: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+        """Give every wanted position a new block; returns the new blocks per group."""
+        count = sum(map(len, wanted))
+        if not count:
+            return self._no_blocks
+        fresh = self.pool.allocate(count)
+        added: list[tuple[int, ...]] = []
+        used = 0
+        for g, positions in enumerate(wanted):
+            if not positions:
+                added.append(())
                 continue
+            blocks = fresh[used : used + len(positions)]
+            used += len(positions)
+            added.append(tuple(blocks))
             table = request.tables[g]
-            last = cdiv(self._end(group, request), group.block_size)
-            table.extend([NULL_BLOCK] * (last - len(table)))
-            for j in wanted[g]:
-                table[j] = next(fresh)
+            if len(table) <= positions[-1]:
+                table.extend([NULL_BLOCK] * (positions[-1] + 1 - len(table)))
+            for j, block in zip(positions, blocks, strict=True):
+                table[j] = block
+            request.held_from[g] = min(request.held_from[g], positions[0])
+        return tuple(added)
 
     def _check_budget(self, budget: int, lookahead: int) -> None:
-        if budget < 1 or lookahead < 0:
-            raise RequestStateError("budget must be >= 1 and lookahead >= 0")
+        if not (isinstance(budget, int) and budget >= 1) or not (
+            isinstance(lookahead, int) and lookahead >= 0
+        ):
+            raise RequestStateError(
+                f"budget must be an integer >= 1 and lookahead an integer >= 0, "
+                f"got {budget!r} and {lookahead!r}"
+            )
 
     def admit(
         self,
         rid: str,
-        tokens: Sequence[int],
+        tokens: Sequence[int] | Prompt,
         budget: int,
         extras: Sequence[ExtraKey] = (),
         lookahead: int = 0,
     ) -> Scheduled | Waiting:
-        """Look a new request up, take its hit, allocate for its first chunk."""
+        """Look a new request up, take its hit, allocate for its first chunk.
+
+        Implements ALLOC-TWO-PHASE-1: the hit blocks are taken before anything is allocated,
+        and free hit blocks count against the capacity."""
+        _request_id(rid)
+        prompt = self._prepared(tokens, extras)
         if rid in self._requests:
             raise RequestStateError(
                 f"request {rid!r} is already running; extend it, or "
                 "finish/preempt it before admitting it again"
             )
-        if not tokens:
+        if not len(prompt):
             raise RequestStateError("a request needs at least one token")
         self._check_budget(budget, lookahead)
         limit = self.config.max_model_len
-        if limit is not None and len(tokens) > limit:
-            raise MaxLengthError(f"{len(tokens)} tokens exceed max_model_len={limit}")
-        if any(e.end is not None and e.end > len(tokens) for e in extras):
+        if limit is not None and len(prompt) > limit:
+            raise MaxLengthError(f"{len(prompt)} tokens exceed max_model_len={limit}")
+        if any(e.end is not None and e.end > len(prompt) for e in prompt.extras):
             raise RequestStateError(
                 "a positioned extra (multimodal item, prompt embeddings) "
                 "lies beyond the prompt; its span must be within the tokens"
             )
-        request = _Request(list(tokens), tuple(extras), self._chains(tokens, tuple(extras)))
-        hit, tables = self._find(tokens, request.chains)
+        hit, tables = self.search(
+            self.config, len(prompt), self._keys(prompt.chains), self.pool.served
+        )
+        hits = {b for t in tables for b in t if b != NULL_BLOCK}
+        reviving = sum(1 for b in hits if self.pool.ref_count[b] == 0)
+        request = _Request(prompt)
         request.computed = hit
-        request.scheduled = min(budget, len(tokens) - hit)
+        request.scheduled = min(budget, len(prompt) - hit)
         request.lookahead = lookahead
         request.tables = tables
         request.registered = [len(t) for t in tables]
-        hits = {b for t in tables for b in t if b != NULL_BLOCK}
-        reviving = sum(1 for b in hits if self.pool.ref_count[b] == 0)
-        wanted = self._wanted(request)
-        count = sum(len(w) for w in wanted)
+        request.commit_at = self._commit_at(request)
+        request.held_from = [self._held_from(t) for t in tables]
+        _, wanted = self._changes(request)  # a lookup table holds nothing to release
+        count = sum(map(len, wanted))
         if count > self.pool.num_free - reviving:
             return Waiting(count + reviving, self.pool.num_free)
-        self.pool.take(hits)
-        self._fill(request, wanted)
+        added = self._take_then_fill(hits, request, wanted)
+        self._plan_quiet(request)
         self._requests[rid] = request
         self._in_flight.add(rid)
-        self._lookups += 1
-        self._lookup_tokens += len(tokens)
+        self._admissions += 1
+        self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
-        return Scheduled(hit, request.scheduled, tuple(tuple(t) for t in request.tables))
+        return Scheduled(hit, request.scheduled, added, tuple(tuple(t) for t in request.tables))
+
+    def _take_then_fill(
+        self, hits: set[int], request: _Request, wanted: list[list[int]]
+    ) -> tuple[tuple[int, ...], ...]:
+        """ALLOC-TWO-PHASE-1's order: hold the hit blocks, only then allocate."""
+        self.pool.take(hits)
+        return self._fill(request, wanted)
+
+    @staticmethod
+    def _held_from(table: list[int]) -> int:
+        """The first position of a lookup table that holds a block (the rest are null)."""
+        return next((j for j, b in enumerate(table) if b != NULL_BLOCK), len(table))
 
     def _running(self, rid: str) -> _Request:
-        request = self._requests.get(rid)
+        request = self._requests.get(rid) if isinstance(rid, str) else None
         if request is None:
             raise UnknownRequestError(f"unknown request {rid!r}; it is not running")
         return request
@@ -263,7 +427,26 @@ class KVCacheManager:
         self, rid: str, budget: int, appended: Sequence[int] = (), lookahead: int = 0
     ) -> Scheduled | Waiting:
         """Schedule the next chunk (prefill) or token (decode, with the sampled `appended`)."""
+        request = self._requests.get(rid) if type(rid) is str else None
+        if (
+            request is not None  # the decode fast path: one token that changes no table
+            and request.computed == len(request.tokens) < request.quiet_end  # nothing in flight
+            and type(budget) is int
+            and budget > 0
+            and not lookahead
+            and type(lookahead) is int
+            and type(appended) in LIST_OR_TUPLE
+            and len(appended) == 1
+            and type(token := appended[0]) is int
+            and 0 <= token < TOKEN_LIMIT
+        ):
+            request.tokens.append(token)
+            request.scheduled = 1
+            self._in_flight.add(rid)
+            return self._decode_step
         request = self._running(rid)
+        if appended and not _one_token(appended):  # one sampled token: checked just there
+            appended = token_ids(appended, "appended tokens")
         if request.scheduled:
             raise RequestStateError(f"request {rid!r} has a chunk in flight; end the step first")
         self._check_budget(budget, lookahead)
@@ -285,88 +468,143 @@ class KVCacheManager:
         before = (request.scheduled, request.lookahead)
         request.scheduled = min(budget, length - request.computed)
         request.lookahead = lookahead
-        released = self._unneeded(request)
-        freed = len({b for _, _, b in released if self.pool.ref_count[b] == 1})
-        wanted = self._wanted(request)  # written positions are never released ones
-        count = sum(len(w) for w in wanted)
+        released, wanted = self._changes(request)  # written positions are never released
+        count = sum(map(len, wanted))
+        if released:
+            ref = self.pool.ref_count
+            freed = len({b for _, _, b in released if ref[b] == 1})
+        else:
+            freed = 0
         if count > self.pool.num_free + freed:
             request.scheduled, request.lookahead = before
             return Waiting(count, self.pool.num_free + freed)
-        for g, j, _ in released:
-            request.tables[g][j] = NULL_BLOCK
-        self._give_back(released, cold=self._hybrid)
-        self._fill(request, wanted)
+        if released:
+            tables, held_from = request.tables, request.held_from
+            for g, j, _ in released:
+                tables[g][j] = NULL_BLOCK
+            for g in {g for g, _, _ in released}:
+                table = tables[g]
+                while held_from[g] < len(table) and table[held_from[g]] == NULL_BLOCK:
+                    held_from[g] += 1
+            self._give_back(released, cold=True)
+        added = self._fill(request, wanted)
         if appended:
-            request.tokens.extend(appended)
-            for chain in {id(c): c for c in request.chains if c is not None}.values():
-                chain.extend(request.tokens)
+            request.tokens.extend(appended)  # digested when a block of them commits
+        self._plan_quiet(request)
         self._in_flight.add(rid)
-        return Scheduled(0, request.scheduled, tuple(tuple(t) for t in request.tables))
+        return Scheduled(0, request.scheduled, added)
 
-    def _unneeded(self, request: _Request) -> list[tuple[int, int, int]]:
-        """(group, position, block) the request stops holding, in release order."""
-        out = []
-        for g, group in enumerate(self.config.groups):
-            if group.kind is Kind.CROSS:
+    def _plan_quiet(self, request: _Request) -> None:
+        """Set `quiet_end`: while a one-token step (no lookahead) computes a position below
+        it, ALLOC-HOLD-1/WRITE-1/SKIP-1 change nothing in the tables, so `extend` only
+        appends the token. Per group that is below the first position holding no block (a
+        write there needs one) and below the first position whose computation moves the
+        kept range past the first held block (a release); and below max_model_len (a longer
+        request is refused). A lookahead closes the path until a step without one."""
+        if request.lookahead:
+            request.quiet_end = 0
+            return
+        end = self.config.max_model_len or TOKEN_LIMIT
+        computed = request.computed + request.scheduled
+        for group, table, low in zip(
+            self.config.groups, request.tables, request.held_from, strict=True
+        ):
+            kind, size = group.kind, group.block_size
+            if kind is Kind.CROSS:
                 continue
-            end = self._end(group, request)
-            first, last = first_read(group, request.computed, end), cdiv(end, group.block_size)
-            table = request.tables[g]
-            for j in range(len(table) - 1, -1, -1):
-                if table[j] != NULL_BLOCK and not first <= j < last:
-                    out.append((g, j, table[j]))
-        return out
+            p = computed // size
+            while p < len(table) and table[p] != NULL_BLOCK:
+                p += 1
+            end = min(end, p * size)
+            if low >= len(table):
+                continue
+            if kind is Kind.SLIDING_WINDOW:
+                end = min(end, (low + 1) * size + group.window - 1)
+            elif kind is Kind.CHUNKED_LOCAL:
+                end = min(end, -(-(low + 1) * size // group.chunk) * group.chunk)
+            elif kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
+                end = min(end, (low + 1) * size)
+        request.quiet_end = end
 
     # -- commit and release -----------------------------------------------------------------
 
     def end_step(self) -> int:
         """The step's KV is written: commit scheduled tokens, register full blocks.
 
-        Returns how many blocks became hittable."""
+        Implements ALLOC-VIS-1: nothing is registered before this call. Returns how many
+        blocks became hittable."""
         registered = 0
-        for rid in sorted(self._in_flight):
+        track = self.pool.tracking
+        committing = []
+        for rid in self._in_flight:
             request = self._requests.get(rid)
             if request is None:
                 continue
             before = request.computed
             request.computed += request.scheduled
             request.scheduled = 0
+            if request.computed >= request.commit_at:  # else no group completes a block
+                committing.append((rid, request, before))
+        for _, request, before in sorted(committing, key=itemgetter(0)):
+            for unique in request.unique_chains:
+                unique.extend(request.tokens)
             for g, group in enumerate(self.config.groups):
                 positions = self._committed(g, group, request, before)
+                if not positions:
+                    continue
+                chain = request.chains[g]
+                table = request.tables[g]
                 for j in positions:
-                    block = request.tables[g][j]
+                    block = table[j]
                     if block == NULL_BLOCK:  # released before its next token arrived
                         continue
-                    key = self._key(request.chains, g, j)
+                    key = chain.key(group.block_size, j) if chain else None
                     if key is None:  # pragma: no cover - committed tokens are always digested
                         raise RuntimeError(f"no digest for committed block {j} of group {g}")
-                    needs = self._prerequisites(request, g, j) if self._track else ()
-                    self.pool.register(block, key, needs)
+                    needs = self._prerequisites(request, g, j) if track else ()
+                    self.pool.register(block, g, key, needs)
                     registered += 1
-                if positions:
-                    request.registered[g] = positions.stop
+                request.registered[g] = positions.stop
+            request.commit_at = self._commit_at(request)
         self._in_flight.clear()
         return registered
 
-    def _prerequisites(self, request: _Request, g: int, j: int) -> tuple[tuple[int, bytes], ...]:
-        """EVICT-DEAD-1: per full-attention group, the last key that every hit through block
-        j of group g needs and that the block's tokens fix (its own key excluded)."""
-        groups = self.config.groups
-        span = (j + 1) * groups[g].block_size
+    def _prerequisites(self, request: _Request, g: int, j: int) -> tuple[Key, ...]:
+        """Implements EVICT-DEAD-1's prerequisites: per full-attention group, the last key that
+        every hit through block j of group g needs and that the block's tokens fix (its own
+        key excluded)."""
+        sizes = self._sizes
+        span = (j + 1) * sizes[g]
         covered = span + self._shifted[g]
         needs = []
         for f in self._full_groups:
-            size = groups[f].block_size
+            size = sizes[f]
             last = min((covered - self._shifted[f]) // size, span // size) - 1
             if f == g and last == j:
                 last -= 1
-            if last >= 0:
-                key = self._key(request.chains, f, last)
-                if key is not None:
-                    needs.append(key)
+            chain = request.chains[f]
+            key = chain.key(size, last) if last >= 0 and chain else None
+            if key is not None:
+                needs.append((f, key))
         return tuple(needs)
 
+    def _commit_at(self, request: _Request) -> int:
+        """A lower bound on the `computed` at which `_committed` is next non-empty: every kind
+        commits block j only once (j + 1) * block_size tokens are computed."""
+        return min(
+            (
+                (registered + 1) * group.block_size
+                for group, registered in zip(self.config.groups, request.registered, strict=True)
+                if group.kind is not Kind.CROSS
+                and not (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE)
+            ),
+            default=TOKEN_LIMIT,
+        )
+
     def _committed(self, g: int, group: GroupConfig, request: _Request, before: int) -> range:
+        """The table positions of group g whose KV is now entirely written. Implements
+        ALLOC-COMMIT-1: exact draft keys wait for the next token, state groups checkpoint at
+        every boundary (all) or where the step ended (align), never in mode none."""
         if group.kind is Kind.CROSS:
             return range(0)
         size = group.block_size
@@ -388,33 +626,16 @@ class KVCacheManager:
         held = [
             (g, j, table[j])
             for g, table in enumerate(request.tables)
-            for j in range(len(table) - 1, -1, -1)
+            for j in range(len(table) - 1, request.held_from[g] - 1, -1)
             if table[j] != NULL_BLOCK
         ]
         return self._give_back(held)
 
     def _give_back(self, held: list[tuple[int, int, int]], cold: bool = False) -> int:
-        """Release (group, position, block) entries; lru-unkeyed-first releases group by
-        group, as vLLM's managers each free their own blocks (spec ALLOC-FREE-2)."""
-        if self.config.eviction is not Eviction.LRU_UNKEYED_FIRST:
-            return self.pool.release(self._release_order(held), cold=cold)
-        return sum(
-            self.pool.release([b for group, _, b in held if group == g])
-            for g in range(len(self.config.groups))
-        )
-
-    def _release_order(self, held: list[tuple[int, int, int]]) -> list[int]:
-        """(group, position, block) as listed under lru; tail first under hybrid
-        (EVICT-ORDER-1: latest last token first, full attention last at equal ends)."""
-        if self._hybrid:
-            groups = self.config.groups
-
-            def end(item: tuple[int, int, int]) -> tuple[int, bool, int]:
-                g, j, _ = item
-                return (-(j + 1) * groups[g].block_size, groups[g].kind is Kind.FULL, g)
-
-            held = sorted(held, key=end)
-        return [b for _, _, b in held]
+        """Release (group, position, block) entries in the order the eviction profile sets
+        (ALLOC-FREE-1, ALLOC-FREE-2, EVICT-ORDER-1); `cold`: released mid-request."""
+        batches = self.pool.queue.release_batches(self.config.groups, held)
+        return sum(self.pool.release(batch, cold) for batch in batches)
 
     def finish(self, rid: str) -> int:
         """Release a finished or aborted request; returns how many blocks became free."""
@@ -425,7 +646,7 @@ class KVCacheManager:
         return self._release(rid)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every key; refused (False) while any request holds blocks."""
+        """Forget every key; refused (False) while any request holds blocks (ALLOC-RESET-1)."""
         if self._requests:
             return False
         self.pool.reset()
@@ -444,7 +665,8 @@ class KVCacheManager:
             self.pool.num_free,
             self.pool.num_registered,
             len(self._requests),
-            self._lookups,
-            self._lookup_tokens,
+            self._admissions,
+            self._admitted_tokens,
             self._hit_tokens,
+            self._probes,
         )

@@ -34,23 +34,23 @@ def test_shared_blocks_are_freed_only_by_their_last_holder():
 def test_duplicates_serve_the_earliest_and_survive_eviction_of_one_copy():
     pool = BlockPool(5)
     a, b = pool.allocate(2)
-    pool.register(a, (0, b"k"))
-    pool.register(b, (0, b"k"))
-    assert pool.lookup((0, b"k")) == a
+    pool.register(a, 0, b"k")
+    pool.register(b, 0, b"k")
+    assert pool.lookup(0, b"k") == a
     pool.release([a, b])
     assert pool.allocate(3)[-1] == a  # 3, 4, then a: a's key is forgotten
-    assert pool.lookup((0, b"k")) == b
+    assert pool.lookup(0, b"k") == b
     assert pool.key_of(a) is None
     assert pool.num_registered == 1
 
 
 def test_reset_forgets_everything():
-    pool = BlockPool(3)
+    pool = BlockPool(3, num_groups=2)
     (a,) = pool.allocate(1)
-    pool.register(a, (1, b"x"))
+    pool.register(a, 1, b"x")
     pool.release([a])
     pool.reset()
-    assert pool.lookup((1, b"x")) is None
+    assert pool.lookup(1, b"x") is None
     assert pool.num_registered == 0
 
 

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import re
+import time
+import tracemalloc
+
 import pytest
 
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.block_pool import BYTES_PER_BLOCK, BlockPool
+from kvcert.reference.config import (
+    CacheConfig,
+    DraftKeying,
+    Eviction,
+    GroupConfig,
+    Kind,
+    MambaMode,
+)
 from kvcert.reference.errors import (
     ConfigError,
     KVCacheError,
@@ -62,8 +74,10 @@ def test_stats_count_hits():
     m.admit("a", PROMPT, 128)
     m.end_step()
     m.admit("b", PROMPT, 128)
+    m.lookup(PROMPT)  # a probe: counted apart, adds no hit
     stats = m.stats()
-    assert (stats.lookups, stats.lookup_tokens, stats.hit_tokens) == (2, 142, 64)
+    assert (stats.admissions, stats.admitted_tokens, stats.hit_tokens) == (2, 142, 64)
+    assert stats.probes == 1
     assert stats.registered_blocks == 8
 
 
@@ -91,6 +105,54 @@ def test_misuse_raises_typed_errors_with_advice():
     image = ExtraKey(ExtraKind.MULTIMODAL, "i", 2, 9)
     with pytest.raises(RequestStateError, match="beyond the prompt"):
         m.admit("b", PROMPT[:4], 4, extras=[image])
+
+
+@pytest.mark.parametrize(
+    ("rid", "tokens", "budget", "fragment"),
+    [
+        ("b", "hello world", 16, "must be a sequence of token ids"),
+        ("b", b"hello", 16, "must be a sequence of token ids"),
+        ("b", [1, -2, 3], 16, "position 1 holds -2"),
+        ("b", [1, 2.5], 16, "position 1 holds 2.5"),
+        ("b", [2**63], 16, "position 0 holds"),
+        ("b", [1, "7"], 16, "position 1 holds '7'"),
+        (7, [1, 2], 16, "a request id is a non-empty string, got 7"),
+        ("", [1, 2], 16, "a request id is a non-empty string"),
+        ("b", [1, 2], 2.0, "budget must be an integer"),
+    ],
+)
+def test_malformed_requests_are_refused_before_anything_changes(rid, tokens, budget, fragment):
+    m = manager()
+    before = m.stats()
+    with pytest.raises(RequestStateError, match=re.escape(fragment)):
+        m.admit(rid, tokens, budget)
+    with pytest.raises(RequestStateError, match="token id"):
+        m.lookup([0.5])
+    assert m.stats() == before
+    m.admit("a", PROMPT[:4], 4)
+    m.end_step()
+    with pytest.raises(RequestStateError, match="appended tokens: position 0 holds -1"):
+        m.extend("a", 1, appended=[-1])
+    with pytest.raises(UnknownRequestError):
+        m.extend(["a"], 1)
+
+
+def test_a_pool_too_large_for_this_machine_is_refused_before_allocating():
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match="GiB of pool bookkeeping"):
+        KVCacheManager(CacheConfig((FULL,), 2**31 - 1))
+    assert time.perf_counter() - start < 1
+    with pytest.raises(ConfigError, match=r"\[2, 2\*\*31 - 1\]"):
+        CacheConfig((FULL,), 2**31)
+
+
+def test_the_per_block_estimate_bounds_what_a_pool_allocates():
+    for eviction in Eviction:
+        tracemalloc.start()
+        BlockPool(100_000, eviction, 4)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak / 100_000 <= BYTES_PER_BLOCK, (eviction, peak / 100_000)
 
 
 def test_growing_past_max_model_len_and_running_dry():
@@ -132,6 +194,17 @@ def test_configuration_errors():
         GroupConfig(Kind.CHUNKED_LOCAL, 16)
     with pytest.raises(ConfigError, match="only attention groups"):
         GroupConfig(Kind.MAMBA, 16, mode=MambaMode.ALL, draft=True)
+    with pytest.raises(ConfigError, match="window=128 applies to sliding_window groups only"):
+        GroupConfig(Kind.FULL, 16, window=128)  # once silently dropped
+    with pytest.raises(ConfigError, match="chunk=64 applies to chunked_local groups only"):
+        GroupConfig(Kind.SLIDING_WINDOW, 16, window=32, chunk=64)
+    with pytest.raises(ConfigError, match="mode applies to mamba groups only"):
+        GroupConfig(Kind.FULL, 16, mode=MambaMode.ALIGN)
+    with pytest.raises(ConfigError, match="mode must be one of none, align, all"):
+        GroupConfig(Kind.MAMBA, 16, mode="align")
+    with pytest.raises(ConfigError, match="window must be an integer"):
+        GroupConfig(Kind.SLIDING_WINDOW, 16, window=12.5)
+    assert GroupConfig(Kind.MAMBA, 16).mode is MambaMode.ALL
     with pytest.raises(ConfigError, match="kind"):
         GroupConfig("full", 16)
     with pytest.raises(ConfigError, match="max_model_len"):
