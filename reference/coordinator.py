@@ -27,12 +27,13 @@ THM-HYB-SEARCH (Z3) proves its shape.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import repeat
 from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
-from kvcert.reference.config import CacheConfig, DraftKeying, Kind, MambaMode
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.groups import first_needed
 
 K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
@@ -72,22 +73,7 @@ def find_hit(
         elif group.kind is not Kind.CROSS:
             others.append(g)
 
-    def refusal(length: int) -> int | None:
-        """None when every other group accepts `length`; else a bound that every accepted
-        candidate below it respects: a group needing a missing block m refuses every
-        length whose run [first_needed, length // B) contains m, and first_needed only
-        grows with the length, so the next candidate that can pass is at most m * B."""
-        for g in others:
-            group, held = groups[g], keys[g]
-            size = group.block_size
-            first, stop = first_needed(group, length), length // size
-            if stop > len(held):
-                return len(held) * size
-            present = list(map(served[g].__contains__, held[first:stop]))
-            if False in present:  # the last missing block bounds the next candidate
-                return (first + len(present) - 1 - present[::-1].index(False)) * size
-        return None
-
+    refusal = _refuser([groups[g] for g in others], [_Presence(served[g], keys[g]) for g in others])
     found = _first_two((bound // alignment) * alignment, alignment, refusal)
     hit = found[0] if found else 0
     if config.speculative is DraftKeying.DROP and not ignore_state:
@@ -126,6 +112,70 @@ def _cached_prefix(served: Mapping[K, int], keys: Sequence[K], cap: int) -> list
         blocks += found
         start, run = stop, 2 * run
     return blocks
+
+
+def _refuser(
+    groups: Sequence[GroupConfig], presence: Sequence[_Presence]
+) -> Callable[[int], int | None]:
+    """Step 3's test of one candidate against the groups that are not full attention."""
+
+    def refusal(length: int) -> int | None:
+        """None when every group accepts `length`; else a bound that every accepted
+        candidate below it respects. A group needing a missing block m refuses every length
+        whose run [first_needed, length // B) contains m, and first_needed only grows with
+        the length, so no candidate above m * B can pass (THM-SKIP-MISSING); the group
+        applies that jump again at m * B until its run there is whole."""
+        limit = None
+        for group, probe in zip(groups, presence, strict=True):
+            size = group.block_size
+            at = length
+            while at > 0:
+                stop = at // size
+                if stop > probe.count:
+                    at = probe.count * size
+                    continue
+                missing = probe.last_missing(first_needed(group, at), stop)
+                if missing is None:
+                    break
+                at = missing * size
+            if at < length:
+                limit = at if limit is None else min(limit, at)
+        return limit
+
+    return refusal
+
+
+class _Presence:
+    """Which of a group's blocks are cached, probed lazily from the top down in runs that
+    double in length: the scan of step 3 descends, so each key is probed at most once."""
+
+    def __init__(self, served: Mapping[K, int], keys: Sequence[K]) -> None:
+        self._contains = served.__contains__
+        self._keys = keys
+        self.count = len(keys)
+        self._low = self._high = self.count  # probed: [low, high)
+        self._missing: list[int] = []  # the missing blocks among them, ascending
+        self._run = 64
+
+    def last_missing(self, first: int, stop: int) -> int | None:
+        """The last block in [first, stop) that is not cached, or None."""
+        if stop > self._high:  # pragma: no cover - the scan never goes back up
+            raise ValueError("the hit scan probes lengths in decreasing order")
+        while True:
+            index = bisect_left(self._missing, stop) - 1
+            if index >= 0:
+                block = self._missing[index]
+                return block if block >= first else None
+            if first >= self._low:
+                return None
+            self._probe_below(first)
+
+    def _probe_below(self, first: int) -> None:
+        low = max(0, min(first, self._low - self._run))
+        self._run *= 2
+        found = map(self._contains, self._keys[low : self._low])
+        self._missing[:0] = [low + i for i, cached in enumerate(found) if not cached]
+        self._low = low
 
 
 def _first_two(top: int, alignment: int, refusal: Callable[[int], int | None]) -> list[int]:
