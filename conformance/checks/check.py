@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,6 +40,9 @@ from kvcert.conformance.engines.reference_engine import ReferenceEngine
 PARTS = ("z3", "crosshair", "hypothesis")
 NO_COUNTEREXAMPLE = "no counterexample within budget"
 FOUND = "counterexample"
+# A divergence that is a Python crash of the engine (a seeded bug that no longer fits the code
+# it patches, or an engine bug of that kind) is reported as such, not as the counterexample.
+CRASH = re.compile(r"raised (TypeError|AttributeError|NameError)\b")
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def _run_machine(factory: Callable[[], Any] | None, settings_: Any) -> MachineRu
         lengths = machine.failing_trace_lengths  # type: ignore[attr-defined]
         found = machine.first_failure_at  # type: ignore[attr-defined]
         return MachineRun(
-            FOUND,
+            "crashed" if CRASH.search(str(error)) else FOUND,
             str(error)[:300],
             (found[0] if found else end) - start,
             end - start,

@@ -93,6 +93,18 @@ def test_machines_pass_on_the_spec_and_reference_and_find_a_bug_class():
     assert result.shrunk_ops >= 1
 
 
+def test_a_crashing_engine_is_not_reported_as_the_seeded_bug():
+    """A mutant whose patch no longer fits the code raises TypeError; that is a crash, not the
+    counterexample its bug class expects."""
+    from kvcert.conformance.engines.mutants import Mutant
+
+    class Stale(Mutant):
+        def rewrite(self, op):
+            raise TypeError("rewrite() takes 2 positional arguments but 3 were given")
+
+    assert check._run_machine(Stale, SEARCH).got == "crashed"
+
+
 def test_missing_tools_are_named(monkeypatch):
     monkeypatch.setattr(check.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="kvcert check needs z3"):
