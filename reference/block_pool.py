@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from kvcert.reference.config import Eviction
 from kvcert.reference.errors import ConfigError
@@ -160,6 +160,30 @@ class BlockPool:
             self._missing[block] = sum(1 for g, k in prerequisites if k not in self.served[g])
             for p in prerequisites:
                 self._dependents.setdefault(p, set()).add(block)
+
+    def register_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int:
+        """`register` for consecutive blocks of one group without prerequisites (the pool
+        does not track liveness); NULL_BLOCK entries are skipped. Returns how many were
+        given."""
+        if self.tracking:
+            raise ValueError("register_run is for pools that do not track liveness")
+        served = self.served[group]
+        block_key, block_group = self._key, self._group
+        given = 0
+        for block, key in zip(blocks, keys, strict=True):
+            if block == NULL_BLOCK:
+                continue
+            given += 1
+            if block_key[block] == key and block_group[block] == group:
+                continue  # registered already
+            block_key[block] = key
+            block_group[block] = group
+            self.num_registered += 1
+            if key in served:
+                self._copies.setdefault((group, key), []).append(block)
+            else:
+                served[key] = block
+        return given
 
     def key_of(self, block: int) -> Key | None:
         """(group, key) `block` is registered under, if any."""

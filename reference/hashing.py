@@ -211,6 +211,11 @@ class Chain:
         step = block_size // self.size
         return self.digests[step - 1 :: step]
 
+    def keys_between(self, block_size: int, first: int, stop: int) -> list[bytes]:
+        """The keys of blocks first .. stop - 1 (fewer when the last ones have none yet)."""
+        step = block_size // self.size
+        return self.digests[(first + 1) * step - 1 : stop * step : step]
+
     def key(self, block_size: int, index: int) -> bytes | None:
         """The digest keying block `index` of a group with `block_size` (None: no key yet)."""
         link = ((index + 1) * block_size) // self.size - 1

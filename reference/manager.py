@@ -554,6 +554,14 @@ class KVCacheManager:
                     continue
                 chain = request.chains[g]
                 table = request.tables[g]
+                if not track and chain is not None:
+                    keys = chain.keys_between(group.block_size, positions.start, positions.stop)
+                    if len(keys) < len(positions):  # pragma: no cover - as below
+                        raise RuntimeError(f"no digest for a committed block of group {g}")
+                    blocks = table[positions.start : positions.stop]
+                    registered += self.pool.register_run(g, blocks, keys)
+                    request.registered[g] = positions.stop
+                    continue
                 for j in positions:
                     block = table[j]
                     if block == NULL_BLOCK:  # released before its next token arrived

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,3 +83,27 @@ def test_queue_matches_a_list_model(ops):
             pool.release([block])
         assert list(pool.free_queue()) == model
         assert pool.num_free == len(model)
+
+
+@given(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=8))
+def test_register_run_equals_one_register_per_block(blocks):
+    """The batched commit path gives the same keys, copies and counts as the per-block one."""
+    keys = [bytes([j]) * 32 for j in range(len(blocks))]
+    keys = [k if j % 3 else b"\x00" * 32 for j, k in enumerate(keys)]  # some keys repeat
+    one, batched = BlockPool(4), BlockPool(4)
+    for pool in (one, batched):
+        pool.allocate(3)
+    for block, key in zip(blocks, keys, strict=True):
+        if block:
+            one.register(block, 0, key)
+    assert batched.register_run(0, blocks, keys) == sum(1 for b in blocks if b)
+    assert batched.served == one.served
+    assert batched._copies == one._copies
+    assert batched.num_registered == one.num_registered
+    assert [batched.key_of(b) for b in range(4)] == [one.key_of(b) for b in range(4)]
+
+
+def test_register_run_refuses_a_liveness_tracking_pool():
+    pool = BlockPool(4, track_liveness=True)
+    with pytest.raises(ValueError, match="do not track liveness"):
+        pool.register_run(0, [1], [b"k" * 32])
