@@ -85,7 +85,8 @@ def find_hit(
             continue
         count = hit // group.block_size
         if g in prefixes:
-            tables.append(prefixes[g][:count])
+            prefix = prefixes[g]
+            tables.append(prefix if count == len(prefix) else prefix[:count])
             continue
         start = first_needed(group, hit) if count else count
         table = [NULL_BLOCK] * start

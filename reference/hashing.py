@@ -207,9 +207,10 @@ class Chain:
 
     def keys(self, block_size: int) -> list[bytes]:
         """The digests keying blocks 0, 1, ... of a group of `block_size` (a multiple of
-        this chain's size); a block whose tokens do not all exist yet has no key."""
+        this chain's size); a block whose tokens do not all exist yet has no key. At the
+        chain's own size this is the chain's list itself, not a copy: read it, never change it."""
         step = block_size // self.size
-        return self.digests[step - 1 :: step]
+        return self.digests if step == 1 else self.digests[step - 1 :: step]
 
     def keys_between(self, block_size: int, first: int, stop: int) -> list[bytes]:
         """The keys of blocks first .. stop - 1 (fewer when the last ones have none yet)."""
