@@ -3,9 +3,10 @@
     bash scripts/engine-venv.sh vllm 0.33.0
     .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm.py [--quick]
 
-Every answer is checked equal before a timing counts; the two sides run alternately and each
-figure is the fastest of its runs (this VM's noise only ever adds time), and each ratio is
-vLLM's time / the reference's (above 1: the reference is faster).
+Every answer is checked equal before a timing counts; the two sides run alternately, each
+time shown is the fastest of its side's runs (this VM's noise only ever adds time), and each
+ratio is vLLM's time / the reference's (above 1: the reference is faster), the median over
+the back-to-back pairs of runs, which a slow spell of the machine shifts far less.
 vLLM is built as a deployment builds it (prefix caching on, KV events off) and driven with
 the calls its scheduler makes.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import statistics
 import sys
 import time
 import tracemalloc
@@ -49,7 +51,7 @@ from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled
 from kvcert.spec import FullAttention, Layout
 
-Row = tuple[str, str, float, float]
+Row = tuple[str, str, float, float, float]  # workload, size, reference, vLLM, ratio
 
 
 def timed(run: Callable[..., object], *args: object) -> float:
@@ -60,11 +62,13 @@ def timed(run: Callable[..., object], *args: object) -> float:
 
 def side_by_side(
     repeat: int, ours: Callable[[], float], theirs: Callable[[], float]
-) -> tuple[float, float]:
-    """The fastest of `repeat` timings of each side, the sides alternating so that a slow
-    spell of the machine hits both."""
+) -> tuple[float, float, float]:
+    """The fastest of `repeat` timings of each side and the median of the per-pair ratios.
+    The sides alternate, so a slow spell of the machine hits both runs of a pair; the median
+    pair ratio moves far less between runs than the ratio of the two minima."""
     runs = [(ours(), theirs()) for _ in range(repeat)]
-    return min(r[0] for r in runs), min(r[1] for r in runs)
+    ratios = sorted(t / o for o, t in runs)
+    return min(r[0] for r in runs), min(r[1] for r in runs), statistics.median(ratios)
 
 
 class VllmDriver:
@@ -126,7 +130,7 @@ def lookup_row(name: str, size: int) -> Row:
     return (
         f"hash + lookup, {name}",
         f"{size:,} tokens, hit {hit:,}",
-        *side_by_side(7, lambda: timed(reference.lookup, tokens), lambda: timed(vllm_lookup)),
+        *side_by_side(11, lambda: timed(reference.lookup, tokens), lambda: timed(vllm_lookup)),
     )
 
 
@@ -150,7 +154,7 @@ def lookup_alone_row(size: int) -> Row:
     return (
         "lookup alone, gpt-oss (hashed)",
         f"{size:,} tokens, hit {hit:,}",
-        *side_by_side(7, lambda: timed(reference.lookup, hashed), lambda: timed(vllm_lookup)),
+        *side_by_side(11, lambda: timed(reference.lookup, hashed), lambda: timed(vllm_lookup)),
     )
 
 
@@ -194,7 +198,7 @@ def decode_row(requests: int, steps: int) -> Row:
         manager = prefilled(factory)
         return timed(decode, manager, requests, steps)
 
-    reference, vllm = side_by_side(
+    reference, vllm, ratio = side_by_side(
         5,
         lambda: run(lambda: KVCacheManager(config_of(layout, blocks))),
         lambda: run(lambda: VllmDriver(layout, blocks)),
@@ -205,6 +209,7 @@ def decode_row(requests: int, steps: int) -> Row:
         f"{requests} requests x {steps} steps",
         reference / steps,
         vllm / steps,
+        ratio,
     )
 
 
@@ -240,7 +245,7 @@ def hashing_row(size: int) -> Row:
     return (
         "hash prompt (sha256)",
         f"{size:,} tokens, {count:,} keys",
-        *side_by_side(7, lambda: timed(reference_hash), lambda: timed(vllm_hash)),
+        *side_by_side(11, lambda: timed(reference_hash), lambda: timed(vllm_hash)),
     )
 
 
@@ -282,6 +287,7 @@ def memory_row(count: int) -> Row:
         f"{count:,} blocks (bytes, not seconds)",
         ref_bytes,
         vllm_bytes,
+        vllm_bytes / ref_bytes,
     )
 
 
@@ -307,14 +313,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"kvcert.reference vs vLLM {version('vllm')} (its own KVCacheManager), same process")
     print(f"{'workload':32} {'size':36} {'reference':>11} {'vLLM':>11} {'ratio':>8}")
-    for workload, label, ours, theirs in rows:
+    for workload, label, ours, theirs, ratio in rows:
         unit = (
             (lambda v: f"{v:9.1f} B")
             if workload.startswith("memory")
             else (lambda v: f"{v * 1e3:9.2f}ms")
         )
-        print(f"{workload:32} {label:36} {unit(ours)} {unit(theirs)} {theirs / ours:7.2f}x")
-    print("ratio = vLLM / reference, both measured in this run (time, or bytes per block)")
+        print(f"{workload:32} {label:36} {unit(ours)} {unit(theirs)} {ratio:7.2f}x")
+    print(
+        "times: the fastest run of each side; ratio = vLLM / reference, the median over "
+        "back-to-back pairs (bytes per block: the plain quotient)"
+    )
     return 0
 
 
