@@ -40,6 +40,20 @@ def first_read(group: GroupConfig, computed: int, end: int) -> int:
     return 0
 
 
+def first_release(group: GroupConfig, low: int) -> int | None:
+    """The least `computed` whose one-token step [computed, computed + 1) no longer reads
+    position `low` (ALLOC-HOLD-1's first_read passes it, ALLOC-SKIP-1 releases it); None
+    for kinds that keep every position. The inverse of first_read, for the decode fast path."""
+    size = group.block_size
+    if group.kind is Kind.SLIDING_WINDOW:
+        return (low + 1) * size + group.window - 1
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return cdiv((low + 1) * size, group.chunk) * group.chunk
+    if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
+        return (low + 1) * size
+    return None
+
+
 def first_written(group: GroupConfig, computed: int, end: int) -> int:
     """First position written while computing [computed, end). Implements ALLOC-WRITE-1."""
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:

@@ -38,7 +38,7 @@ from kvcert.reference.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvcert.reference.groups import first_read, first_written
+from kvcert.reference.groups import first_read, first_release, first_written
 from kvcert.reference.hashing import Chain, ExtraKey, encode_tokens, hasher
 
 TOKEN_LIMIT = 2**63
@@ -516,14 +516,8 @@ class KVCacheManager:
             while p < len(table) and table[p] != NULL_BLOCK:
                 p += 1
             end = min(end, p * size)
-            if low >= len(table):
-                continue
-            if kind is Kind.SLIDING_WINDOW:
-                end = min(end, (low + 1) * size + group.window - 1)
-            elif kind is Kind.CHUNKED_LOCAL:
-                end = min(end, -(-(low + 1) * size // group.chunk) * group.chunk)
-            elif kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
-                end = min(end, (low + 1) * size)
+            if low < len(table) and (release := first_release(group, low)) is not None:
+                end = min(end, release)
         request.quiet_end = end
 
     # -- commit and release -----------------------------------------------------------------
