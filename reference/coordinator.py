@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
-from kvcert.reference.groups import first_needed
+from kvcert.reference.groups import first_needed, needs_last_block
 
 K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
 Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
@@ -119,6 +119,7 @@ def _refuser(
     groups: Sequence[GroupConfig], presence: Sequence[_Presence]
 ) -> Callable[[int], int | None]:
     """Step 3's test of one candidate against the groups that are not full attention."""
+    leaping = [needs_last_block(group) for group in groups]
 
     def refusal(length: int) -> int | None:
         """None when every group accepts `length`; else a bound that every accepted
@@ -127,7 +128,7 @@ def _refuser(
         the length, so no candidate above m * B can pass (THM-SKIP-MISSING); the group
         applies that jump again at m * B until its run there is whole."""
         limit = None
-        for group, probe in zip(groups, presence, strict=True):
+        for group, probe, leaps in zip(groups, presence, leaping, strict=True):
             size = group.block_size
             at = length
             while at > 0:
@@ -138,7 +139,9 @@ def _refuser(
                 missing = probe.last_missing(first_needed(group, at), stop)
                 if missing is None:
                     break
-                at = missing * size
+                # where every run holds its last block, the jumps through a stretch of
+                # missing blocks m, m - 1, ..., a end at a * B: take them at once
+                at = (probe.stretch_start(missing) if leaps else missing) * size
             if at < length:
                 limit = at if limit is None else min(limit, at)
         return limit
@@ -170,6 +173,15 @@ class _Presence:
             if first >= self._low:
                 return None
             self._probe_below(first)
+
+    def stretch_start(self, block: int) -> int:
+        """The first of the consecutive missing blocks that end at the missing `block`
+        (within the probed range)."""
+        missing = self._missing
+        index = bisect_left(missing, block)
+        while index and missing[index - 1] == missing[index] - 1:
+            index -= 1
+        return missing[index]
 
     def _probe_below(self, first: int) -> None:
         low = max(0, min(first, self._low - self._run))

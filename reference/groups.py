@@ -28,6 +28,14 @@ def first_needed(group: GroupConfig, length: int) -> int:
     return 0
 
 
+def needs_last_block(group: GroupConfig) -> bool:
+    """Whether every hit of a length L >= block_size needs block L // block_size - 1, the
+    last one before it: first_needed(L) <= L // B - 1 for every such L."""
+    if group.kind is Kind.SLIDING_WINDOW:
+        return group.window - 1 >= group.block_size
+    return group.kind in (Kind.FULL, Kind.MAMBA)
+
+
 def first_read(group: GroupConfig, computed: int, end: int) -> int:
     """First position kept while computing [computed, end). Implements ALLOC-HOLD-1."""
     size = group.block_size
