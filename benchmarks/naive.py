@@ -55,6 +55,12 @@ class ListBlockPool:
         holders.append(block)
         self.served[group][key] = holders[0]
 
+    def register_run(self, group: int, blocks: list[int], keys: list[bytes]) -> int:
+        given = [(b, k) for b, k in zip(blocks, keys, strict=True) if b != NULL_BLOCK]
+        for block, key in given:
+            self.register(block, group, key)
+        return len(given)
+
     def key_of(self, block: int) -> Key | None:
         return self.keys[block]
 

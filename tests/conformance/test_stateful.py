@@ -40,7 +40,7 @@ def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
     from kvcert.conformance.vectors.generate import alloc as gen
 
     monkeypatch.setenv("KVCERT_REGRESSION_DIR", str(tmp_path))
-    engine_class, _ = BROKEN["allocation before hits"]
+    engine_class, _ = BROKEN["visible before written"]
     search = settings(RUN, max_examples=2000, stateful_step_count=15, print_blob=False)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(engine_class), settings=search)

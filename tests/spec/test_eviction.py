@@ -209,7 +209,7 @@ def replay(layout, num_blocks, requests, profile, check=None):
     return hits, waited, evicted_useful
 
 
-@settings(max_examples=tiered(40, 1500))
+@settings(max_examples=tiered(25, 1500))
 @given(traces())
 def test_provably_dead_blocks_are_useless_and_evicting_them_changes_no_lookup(trace):
     layout, num_blocks, requests = trace
@@ -231,7 +231,7 @@ def test_provably_dead_blocks_are_useless_and_evicting_them_changes_no_lookup(tr
     replay(layout, num_blocks, requests, spec.Eviction.HYBRID, check)
 
 
-@settings(max_examples=tiered(50, 2000))
+@settings(max_examples=tiered(30, 2000))
 @given(traces())
 def test_hybrid_equals_an_unbounded_pool_while_it_evicts_nothing_useful(trace):
     """The guarantee: if the hybrid profile never had to evict a useful block (and nothing
