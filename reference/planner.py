@@ -1,7 +1,8 @@
 """The page planner: KV-cache groups, block sizes and one shared page size for a model.
 
 Implements PAGE-BYTES-1, PAGE-ANCHOR-1, PAGE-SIZE-1, PAGE-FIT-1, PAGE-STATE-1, PAGE-GROUP-1,
-PAGE-SPLIT-1, PAGE-POOL-1 and PAGE-CAP-1 of kvcert.spec.plan. The spec enumerates candidate
+PAGE-SPLIT-1, PAGE-POOL-1, PAGE-CAP-1, PAGE-ALIGN-1/2, PAGE-RECOMP-1 and PAGE-OBJ-1 of
+kvcert.spec.plan. The spec enumerates candidate
 block sizes; this module solves for them in closed form, which is equivalent because every
 page grows linearly in the block size (B / ratio entries of `entry` bytes):
   * the anchor block is the smallest multiple of `step` >= max(requested, state x ratio / entry);
@@ -14,6 +15,7 @@ closed form is the maximum.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -203,6 +205,14 @@ class CachePlan:
         )
 
 
+class Objective(enum.StrEnum):
+    """What the plan maximises when capacity and hit alignment pull apart."""
+
+    CAPACITY = "capacity"  # most tokens
+    BALANCED = "balanced"  # finest hits within `capacity_share` of the most tokens
+    ALIGNMENT = "alignment"  # finest hits
+
+
 @dataclass(frozen=True, slots=True)
 class PlanRequest:
     """The planner's inputs (see kvcert.spec.plan.PlanInput for each field's meaning)."""
@@ -217,6 +227,8 @@ class PlanRequest:
     state_chunk: int = 1
     group_padding: Fraction = field(default=Fraction(1, 20))
     speculative: DraftKeying | None = None
+    objective: Objective = Objective.BALANCED
+    capacity_share: Fraction = field(default=Fraction(19, 20))
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -238,6 +250,12 @@ class PlanRequest:
             )
         if not 0 <= self.group_padding < 1:
             raise ConfigError(f"group_padding must be in [0, 1), got {self.group_padding}")
+        if not isinstance(self.objective, Objective):
+            raise ConfigError(
+                f"unknown objective {self.objective!r}; one of {[x.value for x in Objective]}"
+            )
+        if not 0 < self.capacity_share <= 1:
+            raise ConfigError(f"capacity_share must be in (0, 1], got {self.capacity_share}")
         drafts = any(getattr(x, "draft", False) for x in self.layers)
         if drafts != (self.speculative is not None):
             raise ConfigError(
@@ -293,16 +311,30 @@ def _anchor(request: PlanRequest) -> tuple[int, int]:
     return block, block // ratio * size
 
 
-def _fit(layer: AttentionShape | LatentShape, request: PlanRequest, anchor: int, page: int) -> int:
-    """The largest anchor x 2^k within the page and the maximum. Implements PAGE-FIT-1 in
-    closed form."""
+def _fit(
+    layer: AttentionShape | LatentShape,
+    request: PlanRequest,
+    anchor: int,
+    page: int,
+    cap: int | None = None,
+) -> int:
+    """The largest base x 2^k within the page, the maximum and the cap, base = min(anchor, cap).
+    Implements PAGE-FIT-1 (cap None) and PAGE-ALIGN-1 in closed form."""
     size, ratio = entry(layer, request.dtype)
     step = math.lcm(request.multiple, ratio)
-    most = min(page * ratio // size, request.maximum) // anchor  # largest multiplier that fits
+    base = anchor if cap is None else min(anchor, cap)
+    limit = min(page * ratio // size, request.maximum, cap or request.maximum)
+    most = limit // base  # largest multiplier that fits
     if most >= 1:
-        block = anchor << (most.bit_length() - 1)
+        block = base << (most.bit_length() - 1)
         if block % step == 0:
             return block
+    if cap is not None:
+        raise PlanError(
+            f"layer {layer.name!r} needs blocks that are multiples of {step}; under the "
+            f"hit-alignment cap {cap} none of {base} x 2^k is one: choose a cap that is a "
+            f"multiple of {step}"
+        )
     raise PlanError(
         f"layer {layer.name!r} has no block size anchor x 2^k (anchor {anchor}) that is a "
         f"multiple of {step}, at most the kernel maximum {request.maximum}, and fits the "
@@ -320,18 +352,22 @@ def _group_size(sizes: list[int], most_padding: Fraction) -> int:
     return 1
 
 
-def plan_cache(request: PlanRequest) -> CachePlan:
-    """The plan for `request`. Implements PAGE-STATE-1 (state layers take the anchor block),
-    PAGE-SPLIT-1, PAGE-POOL-1 and PAGE-CAP-1, with the helpers above for the others."""
+def _capped(request: PlanRequest, cap: int | None) -> CachePlan:
+    """The plan with no block above `cap` (None: uncapped). Implements PAGE-STATE-1 (state
+    layers take the base block), PAGE-SPLIT-1, PAGE-POOL-1 and PAGE-CAP-1."""
     anchor, page = _anchor(request)
     buckets: dict[tuple[object, ...], list[int]] = {}
     for index, layer in enumerate(request.layers):
         buckets.setdefault(_key(layer), []).append(index)
     g = _group_size([len(m) for m in buckets.values()], request.group_padding)
+    base = anchor if cap is None else min(anchor, cap)
     groups: list[Group] = []
     for members in buckets.values():
         first = request.layers[members[0]]
-        block = anchor if isinstance(first, StateShape) else _fit(first, request, anchor, page)
+        if isinstance(first, StateShape):
+            block = base
+        else:  # cross attention takes no hits: its block is never capped
+            block = _fit(first, request, anchor, page, None if first.kind is Kind.CROSS else cap)
         kind = Kind.MAMBA if isinstance(first, StateShape) else first.kind
         count = -(-len(members) // g)
         for i in range(count):
@@ -370,3 +406,59 @@ def plan_cache(request: PlanRequest) -> CachePlan:
         mamba_mode=request.mamba_mode,
         speculative=request.speculative,
     )
+
+
+def _caps(request: PlanRequest, anchor: int, top: int) -> list[int]:
+    """Implements PAGE-ALIGN-2: powers of two times the anchor from the requested block to `top`,
+    and the requested block's doublings below the anchor, all multiples of every layer's step."""
+    step = request.multiple
+    for layer in request.layers:
+        if isinstance(layer, LatentShape):
+            step = math.lcm(step, layer.ratio)
+    if request.mamba_mode is MambaMode.ALL and any(
+        isinstance(x, StateShape) for x in request.layers
+    ):
+        step = math.lcm(step, request.state_chunk)
+    first = -(-request.block_size // step) * step
+    caps = set()
+    low = anchor >> ((anchor & -anchor).bit_length() - 1)  # the anchor's odd part
+    value = low
+    while value <= top:
+        if value >= first and value % step == 0:
+            caps.add(value)
+        value <<= 1
+    value = first
+    while value < anchor:
+        caps.add(value)
+        value <<= 1
+    return sorted(caps)
+
+
+def recompute_per_lookup(alignment: int) -> Fraction:
+    """Mean reusable tokens a lookup recomputes. Implements PAGE-RECOMP-1."""
+    return Fraction(alignment - 1, 2)
+
+
+def plan_options(request: PlanRequest) -> list[CachePlan]:
+    """The plan under every weighed cap, finest alignment first (PAGE-ALIGN-1, PAGE-ALIGN-2)."""
+    uncapped = _capped(request, None)
+    anchor, _ = _anchor(request)
+    top = max(anchor, uncapped.alignment)
+    return [uncapped if cap == top else _capped(request, cap) for cap in _caps(request, anchor, top)]
+
+
+def choose(options: list[CachePlan], request: PlanRequest) -> CachePlan:
+    """The option the objective picks. Implements PAGE-OBJ-1."""
+    most = max(x.token_capacity for x in options)
+    if request.objective is Objective.CAPACITY:
+        eligible = [x for x in options if x.token_capacity == most]
+    elif request.objective is Objective.BALANCED:
+        eligible = [x for x in options if x.token_capacity >= request.capacity_share * most]
+    else:
+        eligible = options
+    return min(eligible, key=lambda x: (x.alignment, -x.token_capacity))
+
+
+def plan_cache(request: PlanRequest) -> CachePlan:
+    """The plan for `request`: the capped plan its objective chooses."""
+    return choose(plan_options(request), request)

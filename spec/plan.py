@@ -12,11 +12,18 @@ group must fit one page size P. The plan answers, in this order:
     PAGE-SPLIT-1   which layers share a group: strided, so pipeline stages stay balanced
     PAGE-POOL-1    how many blocks the memory holds
     PAGE-CAP-1     how many tokens that is
+    PAGE-ALIGN-1   a cap on the hit alignment: no block above it, more padding below it
+    PAGE-ALIGN-2   which caps are weighed
+    PAGE-RECOMP-1  what a hit alignment costs: tokens recomputed per lookup
+    PAGE-OBJ-1     which capped plan is chosen, by a named objective
 
-The objective is stated where it is decided. For a fixed P, PAGE-FIT-1 leaves each layer the
-least padding among the block sizes that keep the hit alignment equal to the largest block
-(THM-PAGE-FIT proves it), which maximises the token capacity at that alignment; P itself
-follows the requested block size, the hit granularity the operator chose.
+For a fixed P, PAGE-FIT-1 leaves each layer the least padding among the block sizes that keep
+the hit alignment equal to the largest block (THM-PAGE-FIT proves it), which maximises the
+token capacity at that alignment. But large blocks make hits coarse: every hit is a multiple
+of the alignment, so a re-sent prompt recomputes up to alignment - 1 tokens even in an
+unbounded pool. PAGE-ALIGN-1 trades capacity for alignment, PAGE-RECOMP-1 prices the
+alignment in tokens, and PAGE-OBJ-1 names the trade the plan makes (default `balanced`: the
+finest alignment within 95% of the best capacity). `kvcert plan` prints every option.
 Another rule, scaling a block size only when one page divides the other and otherwise padding
 the smaller page with the block size unchanged, pads far more when head sizes differ;
 `kvcert plan --compare` shows both.
@@ -24,6 +31,7 @@ the smaller page with the block size unchanged, pads far more when head sizes di
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,6 +57,7 @@ from kvcert.spec.layout import (
     MambaState,
     SlidingWindow,
     Speculative,
+    hit_alignment,
 )
 
 
@@ -71,6 +80,14 @@ class KernelLimits:
             )
 
 
+class Objective(enum.StrEnum):
+    """What a plan maximises when capacity and hit alignment pull apart (PAGE-OBJ-1)."""
+
+    CAPACITY = "capacity"  # most tokens; hits as coarse as the largest block
+    BALANCED = "balanced"  # finest hits whose capacity is within `capacity_share` of the most
+    ALIGNMENT = "alignment"  # finest hits, whatever the capacity
+
+
 @dataclass(frozen=True)
 class PlanInput:
     """Everything the plan depends on, for one worker."""
@@ -84,6 +101,8 @@ class PlanInput:
     state_chunk: int = 1  # mode "all": checkpoints only at multiples of the state kernel chunk
     speculative: Speculative | None = None  # how draft layers are keyed, if there are any
     group_padding: Fraction = Fraction(1, 20)  # most padding slots accepted for fewer groups
+    objective: Objective = Objective.BALANCED  # PAGE-OBJ-1
+    capacity_share: Fraction = Fraction(19, 20)  # `balanced`: least share of the most capacity
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, tuple) or not self.layers:
@@ -102,6 +121,11 @@ class PlanInput:
             )
         if not 0 <= self.group_padding < 1:
             refuse(InvalidPlan, f"group_padding must be in [0, 1), got {self.group_padding}")
+        if not isinstance(self.objective, Objective):  # type guard: Python callers only
+            refuse(InvalidPlan, f"unknown objective {self.objective!r}; one of "
+                   f"{[x.value for x in Objective]}")  # fmt: skip
+        if not 0 < self.capacity_share <= 1:
+            refuse(InvalidPlan, f"capacity_share must be in (0, 1], got {self.capacity_share}")
 
 
 def bucket_key(layer: Layer) -> tuple[object, ...]:
@@ -221,17 +245,9 @@ def fitted_block_size(
     post: __return__ % block_step(layer, plan_input.kernel) == 0
     post: page_bytes(layer, plan_input.dtype, __return__) <= page
     """
-    step = block_step(layer, plan_input.kernel)
-    doublings = range(plan_input.kernel.maximum.bit_length())
-    candidates = [anchor_block << k for k in doublings]
-    fitting = [
-        size
-        for size in candidates
-        if size % step == 0
-        and size <= plan_input.kernel.maximum
-        and page_bytes(layer, plan_input.dtype, size) <= page
-    ]
+    fitting = _doublings(layer, plan_input, anchor_block, page, plan_input.kernel.maximum)
     if not fitting:
+        step = block_step(layer, plan_input.kernel)
         refuse(
             NoPageLayout,
             f"layer {layer.name!r} has no block size anchor x 2^k (anchor {anchor_block}) that "
@@ -240,6 +256,19 @@ def fitted_block_size(
             f"of {step} or raise the kernel maximum",
         )
     return max(fitting)
+
+
+def _doublings(
+    layer: AttentionLayer | LatentLayer, plan_input: PlanInput, base: int, page: int, most: int
+) -> list[int]:
+    """The blocks base x 2^k that are allowed for the layer, at most `most`, and fit the page."""
+    step = block_step(layer, plan_input.kernel)
+    candidates = [base << k for k in range(most.bit_length())]
+    return [
+        size
+        for size in candidates
+        if size % step == 0 and size <= most and page_bytes(layer, plan_input.dtype, size) <= page
+    ]
 
 
 def state_block_size(anchor_block: int) -> int:
@@ -252,6 +281,39 @@ def state_block_size(anchor_block: int) -> int:
     post: __return__ == anchor_block
     """
     return anchor_block
+
+
+def capped_block_size(
+    layer: AttentionLayer | LatentLayer, plan_input: PlanInput, anchor_block: int, page: int, cap: int
+) -> int:
+    """PAGE-ALIGN-1: Under a hit-alignment cap M, every attention or latent layer that takes part
+    in hits gets the largest block b x 2^k, b = min(anchor, M), that is at most M and fits the
+    shared page; state layers get b, cross-attention layers keep their PAGE-FIT-1 block.
+
+        DeepSeek-V4-Flash, anchor 16, P = 16384; a layer of 1 entry (1024 B) per 128 tokens:
+            uncapped (PAGE-FIT-1)   block 2048 = 16 entries, page 16384, padding 0
+            M = 256                 block  256 =  2 entries, page  2048, padding 87.5%
+            M = 64                  no block: 64 is not a multiple of 128 (refused)
+
+    The blocks stay on one doubling chain below M, so every block divides M and the hit
+    alignment is M itself; the pages shrink and their padding buys finer hits. Below the
+    anchor (a state forced the anchor up) every layer takes M.
+
+    pre: anchor_block >= 1 and page >= 1 and cap >= 1
+    raises: NoPageLayout
+    post: cap % __return__ == 0 and page_bytes(layer, plan_input.dtype, __return__) <= page
+    """
+    base = min(anchor_block, cap)
+    fitting = _doublings(layer, plan_input, base, page, min(cap, plan_input.kernel.maximum))
+    if not fitting:
+        step = block_step(layer, plan_input.kernel)
+        refuse(
+            NoPageLayout,
+            f"layer {layer.name!r} needs blocks that are multiples of {step}; under the "
+            f"hit-alignment cap {cap} none of {base} x 2^k is one: choose a cap that is a "
+            f"multiple of {step}",
+        )
+    return max(fitting)
 
 
 def slot_count(bucket_sizes: tuple[int, ...], size: int) -> int:
@@ -386,8 +448,9 @@ def _spec_group(group: PlannedGroup, mode: MambaMode, name: str) -> Group:
     return FullAttention(group.block_size, group.draft, name=name)
 
 
-def plan(plan_input: PlanInput) -> Plan:
-    """The plan: the §9 rules applied in order (see the module docstring)."""
+def capped_plan(plan_input: PlanInput, cap: int | None) -> Plan:
+    """The plan with every block at most `cap` (PAGE-ALIGN-1), or uncapped (PAGE-FIT-1) for None;
+    the other §9 rules apply unchanged."""
     anchor = anchor_block_size(plan_input)
     page = shared_page_size(plan_input, anchor)
     buckets: dict[tuple[object, ...], list[int]] = {}
@@ -398,9 +461,11 @@ def plan(plan_input: PlanInput) -> Plan:
     for members in buckets.values():
         first = plan_input.layers[members[0]]
         if isinstance(first, StateLayer):
-            block = state_block_size(anchor)
-        else:
+            block = state_block_size(anchor if cap is None else min(anchor, cap))
+        elif cap is None or first.kind is AttentionKind.CROSS:
             block = fitted_block_size(first, plan_input, anchor, page)
+        else:
+            block = capped_block_size(first, plan_input, anchor, page, cap)
         for slots in split_bucket(tuple(members), size):
             drafts = [plan_input.layers[i] for i in slots if i is not None]
             groups.append(
@@ -433,3 +498,97 @@ def plan(plan_input: PlanInput) -> Plan:
         token_capacity=token_capacity(counted, blocks),
         layout=layout,
     )
+
+
+def alignment_caps(plan_input: PlanInput) -> tuple[int, ...]:
+    """PAGE-ALIGN-2: The caps weighed are the anchor's doublings and halvings from the requested
+    block up to the uncapped plan's hit alignment U, and, when a state forced the anchor above
+    the requested block, the requested block's doublings below the anchor; each a multiple of
+    every layer's step.
+
+        DeepSeek-V4-Flash: anchor 16, U = 2048          ->  16 32 64 128 256 512 1024 2048
+        Qwen3.5 35B (GDN): requested 16, anchor 1056    ->  16 32 64 128 256 512 1024
+                                                            and 528 (1056 / 2), 1056
+
+    On one chain a finer cap divides a coarser one, so it loses no token on any prompt
+    (THM-PAGE-ALIGN-DOMINATES); between chains (1024 against 1056) a finer alignment that
+    does not divide the coarser one loses more on some prompts (TWIN-PAGE-ALIGN-NONDIVISOR)
+    and only PAGE-RECOMP-1's mean compares them.
+
+    pre: plan_input.layers
+    raises: NoPageLayout
+    post: __return__ == tuple(sorted(set(__return__)))
+    """
+    anchor = anchor_block_size(plan_input)
+    top = max(anchor, hit_alignment(capped_plan(plan_input, None).layout))
+    step = math.lcm(*(block_step(x, plan_input.kernel) for x in plan_input.layers))
+    if _state_layers(plan_input) and plan_input.mamba_mode is MambaMode.ALL:
+        step = math.lcm(step, plan_input.state_chunk)
+    first = -(-plan_input.block_size // step) * step
+    doublings = [anchor << j for j in range(top.bit_length()) if anchor << j <= top]
+    halvings = [anchor >> j for j in range(1, anchor.bit_length()) if anchor % (1 << j) == 0]
+    below = [first << i for i in range(anchor.bit_length()) if first << i < anchor]
+    chosen = [*doublings, *below, *(x for x in halvings if x >= first)]
+    return tuple(sorted({x for x in chosen if x % step == 0}))
+
+
+def expected_recompute(alignment: int) -> Fraction:
+    """PAGE-RECOMP-1: With the reusable prefix's length uniform modulo the hit alignment A, a
+    lookup recomputes (A - 1) / 2 reusable tokens on average: the hit stops at the last
+    multiple of A.
+
+        A = 2048, reusable 8191  ->  hit 6144, 2047 recomputed;  mean over 0..2047: 1023.5
+        A =  256, reusable 8191  ->  hit 7936,  255 recomputed;  mean over 0..255:   127.5
+
+    A model, not a measurement: `kvcert simulate --compare-plans` measures it on a trace.
+
+    pre: alignment >= 1
+    post: __return__ == sum(range(alignment)) / Fraction(alignment)
+    """
+    return Fraction(alignment - 1, 2)
+
+
+def plan_options(plan_input: PlanInput) -> tuple[Plan, ...]:
+    """The plan under every weighed cap (PAGE-ALIGN-2, PAGE-ALIGN-1), finest alignment first.
+
+    Every weighed cap has a plan: the cap is a multiple of every layer's step and at most the
+    uncapped alignment, so min(uncapped block, cap) is allowed and fits wherever the uncapped
+    plan does.
+    """
+    return tuple(capped_plan(plan_input, cap) for cap in alignment_caps(plan_input))
+
+
+def chosen_option(
+    options: tuple[tuple[int, int], ...], objective: Objective, share: Fraction
+) -> int:
+    """PAGE-OBJ-1: Of the (alignment, capacity) options, `capacity` takes the most capacity,
+    `alignment` the finest alignment, and `balanced` the finest alignment whose capacity is at
+    least `share` of the most; ties go to the finer alignment, then to the larger capacity.
+
+        DeepSeek-V4-Flash, 40 GiB:  (128, 762599) (256, 798913) (512, 808538) ... (2048, 815911)
+            capacity -> 2048      balanced (95%: >= 775115.45) -> 256      alignment -> 128
+
+    Returns the index of the chosen option.
+
+    pre: len(options) >= 1 and 0 < share <= 1
+    post: 0 <= __return__ < len(options)
+    """
+    most = max(capacity for _, capacity in options)
+    if objective is Objective.CAPACITY:
+        eligible = [i for i, (_, c) in enumerate(options) if c == most]
+    elif objective is Objective.BALANCED:
+        eligible = [i for i, (_, c) in enumerate(options) if c >= share * most]
+    else:
+        eligible = list(range(len(options)))
+    return min(eligible, key=lambda i: (options[i][0], -options[i][1]))
+
+
+def plan(plan_input: PlanInput) -> Plan:
+    """The plan: the §9 rules applied in order (see the module docstring), the capped plan that
+    the input's objective chooses (PAGE-OBJ-1).
+
+    raises: NoPageLayout
+    """
+    options = plan_options(plan_input)
+    scores = tuple((hit_alignment(p.layout), p.token_capacity) for p in options)
+    return options[chosen_option(scores, plan_input.objective, plan_input.capacity_share)]

@@ -176,6 +176,11 @@ def plan_inputs(draw: st.DrawFn) -> dict[str, object]:
         "state_chunk": draw(st.sampled_from([1, 64])),
         "group_padding": draw(st.sampled_from(["0", "1/20", "1/4"])),
     }
+    objective = draw(st.sampled_from([None, "capacity", "balanced", "alignment"]))
+    if objective is not None:
+        obj["objective"] = objective
+    if draw(st.booleans()):
+        obj["capacity_share"] = draw(st.sampled_from(["1", "19/20", "1/2", 0.8]))
     if any(layer.get("draft") for layer in layers):
         obj["speculative"] = draw(st.sampled_from(["exact", "drop"]))
     return obj

@@ -5,7 +5,8 @@ A plan input (what a `page` vector's input and `kvcert plan` build):
     {"layers": [LAYER, ...], "kv_cache_dtype": "int8_per_token_head", "memory_bytes": 2**34,
      "block_size": 16, "kernel": {"multiple": 16, "maximum": 4096},        optional
      "mamba_mode": "align", "state_chunk": 1, "speculative": "exact",      optional
-     "group_padding": "1/20"}                                             optional
+     "group_padding": "1/20",                                             optional
+     "objective": "balanced", "capacity_share": "19/20"}                   optional
 
     LAYER  {"kind": "full" | "sliding_window" | "chunked_local" | "cross",
             "num_kv_heads": 8, "head_size_k": 256, "head_size_v": 256,
@@ -45,7 +46,7 @@ from kvcert.spec.layers import (
     StateTensor,
 )
 from kvcert.spec.layout import MambaMode, Speculative
-from kvcert.spec.plan import KernelLimits, Plan, PlanInput
+from kvcert.spec.plan import KernelLimits, Objective, Plan, PlanInput
 
 ATTENTION_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "window", "chunk", "draft")
 LATENT_FIELDS = ("latent_size", "rope_size", "ratio", "window", "draft")
@@ -59,6 +60,8 @@ INPUT_FIELDS = (
     "state_chunk",
     "speculative",
     "group_padding",
+    "objective",
+    "capacity_share",
 )
 
 
@@ -119,6 +122,8 @@ def plan_input_from_json(obj: object, where: str = "plan") -> PlanInput:
     if speculative is not None:
         speculative = Speculative(choice(speculative, list(Speculative), f"{where}.speculative"))
     padding = fraction(fields.get("group_padding", "1/20"), f"{where}.group_padding")
+    objective = choice(fields.get("objective", "balanced"), list(Objective), f"{where}.objective")
+    share = fraction(fields.get("capacity_share", "19/20"), f"{where}.capacity_share")
     return spec_call(
         where,
         lambda: PlanInput(
@@ -131,6 +136,8 @@ def plan_input_from_json(obj: object, where: str = "plan") -> PlanInput:
             state_chunk=fields.get("state_chunk", 1),
             speculative=speculative,
             group_padding=padding,
+            objective=Objective(objective),
+            capacity_share=share,
         ),
     )
 

@@ -203,6 +203,8 @@ def reference_plan(obj: JSON) -> planner.CachePlan:
         state_chunk=obj.get("state_chunk", 1),
         group_padding=Fraction(obj.get("group_padding", "1/20")),
         speculative=ref.DraftKeying(obj["speculative"]) if obj.get("speculative") else None,
+        objective=planner.Objective(obj.get("objective", "balanced")),
+        capacity_share=Fraction(obj.get("capacity_share", "19/20")),
     )
     return planner.plan_cache(request)
 

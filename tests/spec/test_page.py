@@ -41,14 +41,23 @@ from kvcert.spec.page_layout import (
 )
 from kvcert.spec.plan import (
     KernelLimits,
+    Objective,
+    Plan,
     PlanInput,
+    alignment_caps,
     anchor_block_size,
     block_step,
+    capped_block_size,
+    capped_plan,
+    chosen_option,
+    expected_recompute,
     fitted_block_size,
     group_size,
     padding_slots,
     plan,
+    plan_options,
     pool_blocks,
+    shared_page_size,
     split_bucket,
     token_capacity,
 )
@@ -246,10 +255,34 @@ def test_every_plan_satisfies_the_page_invariants(obj):
     try:
         plan_input = plan_input_from_json(obj)
         chosen = plan(plan_input)
+        options = plan_options(plan_input)
     except (InputError, SpecError):  # refusals have their own tests
         return
+    assert chosen in options
+    assert options[-1] == capped_plan(plan_input, None)  # the coarsest option is PAGE-FIT-1's
+    for option in options:
+        _check_page_invariants(plan_input, option)
+    # PAGE-OBJ-1, stated as properties of the choice
+    alignments = [hit_alignment(x.layout) for x in options]
+    aligned = hit_alignment(chosen.layout)
+    most = max(x.token_capacity for x in options)
+    if plan_input.objective is Objective.CAPACITY:
+        assert chosen.token_capacity == most
+    elif plan_input.objective is Objective.ALIGNMENT:
+        assert aligned == min(alignments)
+    else:
+        assert chosen.token_capacity >= plan_input.capacity_share * most
+        finer = [x for x, a in zip(options, alignments, strict=True) if a < aligned]
+        assert all(x.token_capacity < plan_input.capacity_share * most for x in finer)
+    assert alignments == sorted(set(alignments))  # finest first, one plan per alignment
+
+
+def _check_page_invariants(plan_input: PlanInput, chosen: Plan) -> None:
     page, g = chosen.page_size, len(chosen.tensors)
     anchor = anchor_block_size(plan_input)
+    cacheable = [x.block_size for x in chosen.groups if x.kind != "cross"]
+    cap = hit_alignment(chosen.layout) if cacheable else anchor
+    base = min(anchor, cap)
     # THM-PAGE-EQUAL / FITS: one page size, every layer's data fits it
     for group in chosen.groups:
         assert len(group.layers) == g
@@ -258,19 +291,23 @@ def test_every_plan_satisfies_the_page_invariants(obj):
         for layer in members:
             assert page_bytes(layer, plan_input.dtype, group.block_size) == group.page_bytes
         if group.kind != "mamba":
-            # THM-PAGE-FIT: doubling once more would not fit or not be allowed
-            assert group.block_size % anchor == 0
-            assert (group.block_size // anchor).bit_count() == 1
+            # THM-PAGE-FIT / PAGE-ALIGN-1: doubling once more would not fit, not be allowed,
+            # or exceed the cap
+            first = anchor if group.kind == "cross" else base
+            assert group.block_size % first == 0
+            assert (group.block_size // first).bit_count() == 1
             bigger = group.block_size * 2
             step = block_step(members[0], plan_input.kernel)
             assert (
                 bigger > plan_input.kernel.maximum
                 or page_bytes(members[0], plan_input.dtype, bigger) > page
                 or bigger % step
+                or (group.kind != "cross" and bigger > cap)
             )
         else:
-            assert group.block_size == anchor
-    assert max(x.page_bytes for x in chosen.groups) == page  # the anchor's (or largest state's)
+            assert group.block_size == base
+    if base == anchor:
+        assert max(x.page_bytes for x in chosen.groups) == page  # the anchor's (or a state's)
     # every layer exactly once, tensors are the transposed groups
     placed = sorted(i for group in chosen.groups for i in group.layers if i is not None)
     assert placed == list(range(len(plan_input.layers)))
@@ -278,7 +315,6 @@ def test_every_plan_satisfies_the_page_invariants(obj):
     # pool and alignment
     assert chosen.num_blocks * g * page <= plan_input.memory_bytes
     assert (chosen.num_blocks + 1) * g * page > plan_input.memory_bytes
-    cacheable = [x.block_size for x in chosen.groups if x.kind != "cross"]
     if cacheable:
         assert hit_alignment(chosen.layout) == max(cacheable)  # the doubling chain
 
@@ -370,3 +406,74 @@ def test_capacity_is_the_largest_fitting_token_count():
         per = sum(Fraction(1, b) for b in sizes)
         assert capacity * per <= blocks - 1 < (capacity + 1) * per
         assert math.floor((blocks - 1) / per) == capacity
+
+
+# --- PAGE-ALIGN / PAGE-RECOMP / PAGE-OBJ: the diagrams' numbers -------------------------------
+
+
+def _bundled(name: str, **fields: object) -> PlanInput:
+    from kvcert.conformance.tools.catalog import load_model
+
+    model = load_model(name)
+    obj = {"layers": list(model.layers), "kv_cache_dtype": model.dtype,
+           "memory_bytes": 40 * GIB, **fields}  # fmt: skip
+    return plan_input_from_json(obj)
+
+
+def test_alignment_examples_deepseek_v4_flash():
+    plan_input = _bundled("deepseek-v4-flash")
+    assert alignment_caps(plan_input) == (128, 256, 512, 1024, 2048)  # 16..64: not x 128
+    hca = next(x for x in plan_input.layers if getattr(x, "ratio", 1) == 128)
+    page = shared_page_size(plan_input, 16)
+    assert page == 16384 and page_bytes(hca, plan_input.dtype, 128) == 1024
+    assert fitted_block_size(hca, plan_input, 16, page) == 2048
+    assert capped_block_size(hca, plan_input, 16, page, 256) == 256
+    assert page_bytes(hca, plan_input.dtype, 256) == 2048  # 87.5% of the page is padding
+    with pytest.raises(NoPageLayout, match="multiples of 128"):
+        capped_block_size(hca, plan_input, 16, page, 64)
+    options = [(hit_alignment(p.layout), p.token_capacity) for p in plan_options(plan_input)]
+    assert options == [(128, 762599), (256, 798913), (512, 808538), (1024, 813439),
+                       (2048, 815911)]  # fmt: skip
+    assert [options[chosen_option(tuple(options), o, Fraction(19, 20))][0] for o in Objective] == [
+        2048, 256, 128
+    ]
+    assert hit_alignment(plan(plan_input).layout) == 256  # the default objective: balanced
+
+
+def test_alignment_examples_qwen35():
+    plan_input = _bundled("qwen3.5-35b-a3b")
+    assert anchor_block_size(plan_input) == 1056
+    assert alignment_caps(plan_input) == (16, 32, 64, 128, 256, 512, 528, 1024, 1056)
+    capped = capped_plan(plan_input, 1024)
+    assert {g.block_size for g in capped.groups} == {1024}  # states included
+    assert capped.page_size == capped_plan(plan_input, None).page_size  # P never moves
+
+
+def test_expected_recompute_examples():
+    assert expected_recompute(2048) == Fraction(2047, 2)
+    assert expected_recompute(256) == Fraction(255, 2)
+    hit = 8191 // 2048 * 2048
+    assert (hit, 8191 - hit) == (6144, 2047)
+    assert 8191 - 8191 // 256 * 256 == 255
+    for alignment in (1, 16, 544):
+        losses = [c % alignment for c in range(10 * alignment)]
+        assert Fraction(sum(losses), len(losses)) == expected_recompute(alignment)
+
+
+def test_objective_ties_go_to_the_finer_alignment_then_the_larger_capacity():
+    options = ((16, 100), (32, 100), (64, 90))
+    assert chosen_option(options, Objective.CAPACITY, Fraction(1)) == 0
+    assert chosen_option(((16, 90), (16, 95)), Objective.ALIGNMENT, Fraction(1)) == 1
+    assert chosen_option(((16, 94), (32, 100)), Objective.BALANCED, Fraction(19, 20)) == 1
+    assert chosen_option(((16, 95), (32, 100)), Objective.BALANCED, Fraction(19, 20)) == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"objective": "fastest"}, "objective: expected one of"),
+     ({"capacity_share": "0"}, "capacity_share must be in"),
+     ({"capacity_share": "3/2"}, "capacity_share must be in")],
+)  # fmt: skip
+def test_bad_objectives_are_refused(fields, message):
+    with pytest.raises((InputError, InvalidPlan), match=message):
+        _bundled("gpt-oss-20b", **fields)

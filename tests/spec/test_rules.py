@@ -27,6 +27,7 @@ from kvcert.spec import (
     eviction,
     hashing,
     hybrid,
+    hit_alignment,
     hybrid_hit,
     invariants,
     layers,
@@ -93,6 +94,10 @@ EXPECTED_TAGS = {
     "PAGE-SPLIT-1",
     "PAGE-POOL-1",
     "PAGE-CAP-1",
+    "PAGE-ALIGN-1",
+    "PAGE-ALIGN-2",
+    "PAGE-RECOMP-1",
+    "PAGE-OBJ-1",
     "PAGE-ADDR-1",
     "PAGE-ADDR-2",
     "PAGE-ADDR-3",
@@ -250,7 +255,8 @@ def exercise_pages() -> None:
                     mamba_mode=mode, state_chunk=4,
                 )  # fmt: skip
                 with contextlib.suppress(errors.SpecError):
-                    plan.plan(plan_input)
+                    chosen = plan.plan(plan_input)
+                    plan.expected_recompute(hit_alignment(chosen.layout))
         for token, head, part, index in itertools.product(
             range(2), range(2), page_layout.Part, range(2)
         ):
