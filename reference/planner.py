@@ -444,7 +444,8 @@ def plan_options(request: PlanRequest) -> list[CachePlan]:
     uncapped = _capped(request, None)
     anchor, _ = _anchor(request)
     top = max(anchor, uncapped.alignment)
-    return [uncapped if cap == top else _capped(request, cap) for cap in _caps(request, anchor, top)]
+    caps = _caps(request, anchor, top)
+    return [uncapped if cap == top else _capped(request, cap) for cap in caps]
 
 
 def choose(options: list[CachePlan], request: PlanRequest) -> CachePlan:

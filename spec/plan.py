@@ -284,7 +284,11 @@ def state_block_size(anchor_block: int) -> int:
 
 
 def capped_block_size(
-    layer: AttentionLayer | LatentLayer, plan_input: PlanInput, anchor_block: int, page: int, cap: int
+    layer: AttentionLayer | LatentLayer,
+    plan_input: PlanInput,
+    anchor_block: int,
+    page: int,
+    cap: int,
 ) -> int:
     """PAGE-ALIGN-1: Under a hit-alignment cap M, every attention or latent layer that takes part
     in hits gets the largest block b x 2^k, b = min(anchor, M), that is at most M and fits the

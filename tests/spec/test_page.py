@@ -425,7 +425,8 @@ def test_alignment_examples_deepseek_v4_flash():
     assert alignment_caps(plan_input) == (128, 256, 512, 1024, 2048)  # 16..64: not x 128
     hca = next(x for x in plan_input.layers if getattr(x, "ratio", 1) == 128)
     page = shared_page_size(plan_input, 16)
-    assert page == 16384 and page_bytes(hca, plan_input.dtype, 128) == 1024
+    assert page == 16384
+    assert page_bytes(hca, plan_input.dtype, 128) == 1024
     assert fitted_block_size(hca, plan_input, 16, page) == 2048
     assert capped_block_size(hca, plan_input, 16, page, 256) == 256
     assert page_bytes(hca, plan_input.dtype, 256) == 2048  # 87.5% of the page is padding
@@ -435,7 +436,9 @@ def test_alignment_examples_deepseek_v4_flash():
     assert options == [(128, 762599), (256, 798913), (512, 808538), (1024, 813439),
                        (2048, 815911)]  # fmt: skip
     assert [options[chosen_option(tuple(options), o, Fraction(19, 20))][0] for o in Objective] == [
-        2048, 256, 128
+        2048,
+        256,
+        128,
     ]
     assert hit_alignment(plan(plan_input).layout) == 256  # the default objective: balanced
 
