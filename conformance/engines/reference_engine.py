@@ -185,14 +185,14 @@ def _ref_layer(obj: JSON) -> planner.LayerShape:
     )
 
 
-def reference_plan(obj: JSON) -> planner.CachePlan:
-    """Plan with kvcert.reference straight from plan-input JSON (no spec code involved).
+def reference_request(obj: JSON) -> planner.PlanRequest:
+    """kvcert.reference's plan request straight from plan-input JSON (no spec code involved).
 
-    Raises ConfigError when no layout exists, and KeyError, TypeError or ValueError on
+    Raises ConfigError on values the planner refuses, and KeyError, TypeError or ValueError on
     malformed JSON; `plan_input_from_json` gives the readable message for the latter.
     """
     kernel = obj.get("kernel", {})
-    request = planner.PlanRequest(
+    return planner.PlanRequest(
         tuple(_ref_layer(x) for x in obj["layers"]),
         obj["kv_cache_dtype"],
         obj["memory_bytes"],
@@ -206,7 +206,12 @@ def reference_plan(obj: JSON) -> planner.CachePlan:
         objective=planner.Objective(obj.get("objective", "balanced")),
         capacity_share=Fraction(obj.get("capacity_share", "19/20")),
     )
-    return planner.plan_cache(request)
+
+
+def reference_plan(obj: JSON) -> planner.CachePlan:
+    """Plan with kvcert.reference straight from plan-input JSON; raises ConfigError when no
+    layout exists (and what `reference_request` raises)."""
+    return planner.plan_cache(reference_request(obj))
 
 
 def reference_plan_to_json(plan: planner.CachePlan) -> JSON:

@@ -7,9 +7,16 @@ import argparse
 
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
-from kvcert.conformance.engines.reference_engine import reference_plan, reference_plan_to_json
+from kvcert.conformance.engines.reference_engine import (
+    reference_plan,
+    reference_plan_to_json,
+    reference_request,
+)
 from kvcert.conformance.tools.catalog import Model
+from kvcert.reference.planner import plan_options as reference_options
+from kvcert.spec.plan import Objective
 from kvcert.spec.plan import plan as spec_plan
+from kvcert.spec.plan import plan_options as spec_options
 
 GIB = 1 << 30
 
@@ -32,6 +39,8 @@ def plan_input(model: Model, args: argparse.Namespace, dtype: str | None = None)
         "mamba_mode": args.mamba_mode,
         "state_chunk": args.state_chunk,
         "group_padding": args.group_padding,
+        "objective": args.objective,
+        "capacity_share": args.capacity_share,
     }
     speculative = args.speculative or model.speculative
     if speculative is not None:
@@ -45,6 +54,16 @@ def checked_plan(obj: JSON) -> JSON:
     got = reference_plan_to_json(reference_plan(obj))
     if got != expected:
         raise PlanDisagreement(f"reference {got} != spec {expected}")
+    return got
+
+
+def checked_options(obj: JSON) -> list[JSON]:
+    """Every plan the objective weighed (PAGE-ALIGN-2), finest alignment first: the
+    reference's, after the spec agreed with each."""
+    expected = [spec_plan_to_json(x) for x in spec_options(plan_input_from_json(obj))]
+    got = [reference_plan_to_json(x) for x in reference_options(reference_request(obj))]
+    if got != expected:
+        raise PlanDisagreement(f"reference options {got} != spec {expected}")
     return got
 
 
@@ -66,3 +85,16 @@ def add_plan_options(parser: argparse.ArgumentParser, memory: float = 40.0) -> N
         "--group-padding", default="1/20", help="most empty layer slots accepted for fewer groups"
     )
     parser.add_argument("--speculative", help="exact or drop (for models with draft layers)")
+    parser.add_argument(
+        "--objective",
+        default=Objective.BALANCED.value,
+        choices=[x.value for x in Objective],
+        help="what the plan maximises (PAGE-OBJ-1): capacity (most tokens), balanced (finest "
+        "hit alignment within --capacity-share of the most tokens; the default) or alignment "
+        "(finest hits)",
+    )
+    parser.add_argument(
+        "--capacity-share",
+        default="19/20",
+        help="objective balanced: the least share of the most capacity to keep (default 19/20)",
+    )

@@ -1,15 +1,19 @@
 """`kvcert plan`: the page plan of a model, as a table or JSON, with comparisons.
 
 The plan comes from kvcert.reference's planner and is checked equal to kvcert.spec's on every
-run (a disagreement is a kvcert bug and exits 3). `--compare` adds what vLLM 0.26-0.33 would
-do with the same input (pad the smaller page, keep its block size) and, for the per-token-head
-dtypes, the same model with the plain 1-byte dtype.
+run (a disagreement is a kvcert bug and exits 3), and so is every option the objective
+weighed: the trade-off table shows, per hit alignment, the block sizes, padding, capacity and
+the tokens a lookup recomputes (PAGE-RECOMP-1), which option each objective picks, and vLLM's
+plan as a reference row where kvcert's model of vLLM's planner can express the model.
+`--compare` adds what vLLM 0.26-0.33 would do with the same input (pad the smaller page, keep
+its block size) and, for the per-token-head dtypes, the same model with the plain 1-byte dtype.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -19,10 +23,18 @@ from kvcert.conformance.tools.catalog import Model, load_model, model_names
 from kvcert.conformance.tools.model_plan import (
     GIB,
     add_plan_options,
+    checked_options,
     checked_plan,
     plan_input,
 )
 from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+from kvcert.reference.planner import Objective, recompute_per_lookup
+
+OBJECTIVES = {
+    Objective.CAPACITY: "the most token capacity",
+    Objective.BALANCED: "the finest hit alignment within {share} of the most capacity",
+    Objective.ALIGNMENT: "the finest hit alignment",
+}
 
 PLAIN = {"int8_per_token_head": "int8", "fp8_per_token_head": "fp8"}
 
@@ -36,7 +48,84 @@ def _layers(slots: list[int | None]) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def render(model: Model, obj: JSON, plan: JSON, compare: list[tuple[str, JSON]]) -> str:
+def padding_share(plan: JSON) -> Fraction:
+    """Share of one block in every group (empty slots included) that holds no KV."""
+    total = sum(len(g["layers"]) for g in plan["groups"]) * plan["page_size"]
+    used = sum(
+        sum(1 for x in g["layers"] if x is not None) * g["page_bytes"] for g in plan["groups"]
+    )
+    return 1 - Fraction(used, total)
+
+
+def chosen_by(options: list[JSON], obj: JSON) -> dict[str, int]:
+    """Which option each objective picks (PAGE-OBJ-1), by index into `options`."""
+    share = Fraction(obj["capacity_share"])
+    most = max(o["token_capacity"] for o in options)
+    picks = {}
+    for objective in Objective:
+        eligible = range(len(options))
+        if objective is Objective.CAPACITY:
+            eligible = [i for i in eligible if options[i]["token_capacity"] == most]
+        elif objective is Objective.BALANCED:
+            eligible = [i for i in eligible if options[i]["token_capacity"] >= share * most]
+        picks[objective.value] = min(
+            eligible, key=lambda i: (options[i]["hit_alignment"], -options[i]["token_capacity"])
+        )
+    return picks
+
+
+def _sizes(plan: JSON) -> str:
+    text = " ".join(str(b) for b in sorted({g["block_size"] for g in plan["groups"]}))
+    return text if len(text) <= 22 else text[:19] + "..."
+
+
+def render_tradeoffs(obj: JSON, plan: JSON, options: list[JSON], vllm: JSON) -> list[str]:
+    """The trade-off table: every option weighed, the objective's choice marked."""
+    share = Fraction(obj["capacity_share"])
+    objective = Objective(obj["objective"])
+    most = max(o["token_capacity"] for o in options)
+    picks = chosen_by(options, obj)
+    lines = [
+        "",
+        f"objective {objective.value}: {OBJECTIVES[objective].format(share=_pct(share))} "
+        "(PAGE-OBJ-1; --objective to change)",
+        f"{'alignment':>9}  {'block sizes':22} {'padding':>8} {'capacity':>11} {'vs most':>8} "
+        f"{'recompute':>9}  chosen by",
+    ]
+    for i, option in enumerate(options):
+        by = [name for name, index in picks.items() if index == i]
+        mark = ", ".join(by) + ("  <- this plan" if option == plan else "")
+        lines.append(
+            f"{option['hit_alignment']:>9}  {_sizes(option):22} "
+            f"{_pct(padding_share(option)):>8} {option['token_capacity']:>11,} "
+            f"{_pct(Fraction(option['token_capacity'] - most, most)):>8} "
+            f"{float(recompute_per_lookup(option['hit_alignment'])):>9.1f}  {mark}"
+        )
+    if "refused" in vllm:
+        lines.append(f"{'vLLM':>9}  {vllm['refused']}")
+    else:
+        cacheable = [g["block_size"] for g in vllm["groups"] if g["kind"] != "cross"]
+        alignment = math.lcm(*cacheable)
+        lines.append(
+            f"{alignment:>9}  {' '.join(str(b) for b in sorted(set(cacheable))):22} "
+            f"{'':>8} {vllm['token_capacity']:>11,} "
+            f"{_pct(Fraction(vllm['token_capacity'] - most, most)):>8} "
+            f"{float(recompute_per_lookup(alignment)):>9.1f}  vLLM 0.26-0.33 (reference row)"
+        )
+    lines.append(
+        "recompute: reusable tokens a lookup recomputes on average, (alignment - 1) / 2 "
+        "(PAGE-RECOMP-1); `kvcert simulate --compare-plans` measures it on a trace"
+    )
+    return lines
+
+
+def render(
+    model: Model,
+    obj: JSON,
+    plan: JSON,
+    compare: list[tuple[str, JSON]],
+    tradeoffs: list[str] | None = None,
+) -> str:
     """The readable table."""
     size = len(plan["groups"][0]["layers"])
     lines = [
@@ -63,6 +152,7 @@ def render(model: Model, obj: JSON, plan: JSON, compare: list[tuple[str, JSON]])
     lines.append(
         f"{'':>5}  padding over all groups (one block each): {_pct(1 - Fraction(used, total))}"
     )
+    lines.extend(tradeoffs or [])
     for label, other in compare:
         lines.append("")
         if "refused" in other:
@@ -95,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     obj = plan_input(model, args)
     plan = checked_plan(obj)  # PlanDisagreement (a kvcert bug) exits 3 in kvcert.conformance.cli
+    options = checked_options(obj)
+    vllm = vllm_padded_plan(plan_input_from_json(obj))
+    tradeoffs = render_tradeoffs(obj, plan, options, vllm)
     compare: list[tuple[str, JSON]] = []
     if args.compare:
         compare.append(
@@ -110,6 +203,15 @@ def run(args: argparse.Namespace) -> int:
             "model": model.name,
             "input": obj,
             "plan": plan,
+            "options": [
+                dict(
+                    option,
+                    padding=str(padding_share(option)),
+                    expected_recompute=str(recompute_per_lookup(option["hit_alignment"])),
+                    chosen_by=[k for k, i in chosen_by(options, obj).items() if i == n],
+                )
+                for n, option in enumerate(options)
+            ],
             "compare": dict(compare),
             "assumptions": list(model.assumptions),
             "notes": list(model.notes),
@@ -119,9 +221,9 @@ def run(args: argparse.Namespace) -> int:
             print(text, end="")
         else:
             args.json.write_text(text, encoding="utf-8")
-            print(render(model, obj, plan, compare), end="")
+            print(render(model, obj, plan, compare, tradeoffs), end="")
     else:
-        print(render(model, obj, plan, compare), end="")
+        print(render(model, obj, plan, compare, tradeoffs), end="")
     return 0
 
 

@@ -27,6 +27,7 @@ from kvcert.conformance.tools.simulate.model import (
     layout_json,
 )
 from kvcert.reference.config import CacheConfig, Eviction, Kind
+from kvcert.reference.planner import Objective
 from kvcert.reference.scheduling import Placement
 
 
@@ -38,8 +39,8 @@ def _listed(text: str, choices: Sequence[str], what: str) -> list[str]:
     return values
 
 
-def load_config(args: argparse.Namespace) -> tuple[str, CacheConfig]:
-    """The model's planned allocator configuration (from MODEL or a `kvcert plan` report)."""
+def load_input(args: argparse.Namespace) -> tuple[str, JSON]:
+    """The model's plan input (from MODEL or a `kvcert plan` report)."""
     if args.plan is not None:
         try:
             report = json.loads(Path(args.plan).read_text(encoding="utf-8"))
@@ -53,8 +54,77 @@ def load_config(args: argparse.Namespace) -> tuple[str, CacheConfig]:
         obj, name = plan_input(model, args), model.name
     else:
         raise InputError("give a MODEL (bundled name, model file, config.json) or --plan FILE")
+    return name, obj
+
+
+def load_config(args: argparse.Namespace) -> tuple[str, CacheConfig]:
+    """The model's planned allocator configuration (from MODEL or a `kvcert plan` report)."""
+    name, obj = load_input(args)
     checked_plan(obj)  # the spec validates the input and agrees with the reference
     return name, reference_plan(obj).cache_config()
+
+
+def compare_plans(args: argparse.Namespace, engine: Engine | None) -> int:
+    """`--compare-plans`: one trace under the plan of each objective, in the same memory."""
+    objectives = _listed(args.compare_plans, [x.value for x in Objective], "compare-plans")
+    if len(objectives) < 2 or len(set(objectives)) < len(objectives):
+        raise InputError("--compare-plans: name two or more different objectives")
+    if args.pool_requests is not None or engine is not None or args.plot is not None:
+        raise InputError(
+            "--compare-plans compares plans in one memory size: size the pool with --memory "
+            "or --blocks (not --pool-requests), and leave --engine and --plot to single runs"
+        )
+    name, base = load_input(args)
+    trace_name, trace = load_trace(args)
+    rows: list[tuple[str, JSON, CacheConfig, Comparison]] = []
+    for objective in objectives:
+        obj = dict(base, objective=objective)
+        plan = checked_plan(obj)
+        config = reference_plan(obj).cache_config()
+        result = compare(config, trace, policies_of(args, config), num_blocks=args.blocks,
+                         budget=args.budget)  # fmt: skip
+        rows.append((objective, plan, config, result))
+    best = max(u.hit_tokens for *_, result in rows for u in result.unbounded)
+    default = Objective.BALANCED.value
+    lines = [
+        f"kvcert simulate: {name}, trace {trace_name}: {traces.describe(trace)}",
+        f"plans compared in one memory size: {rows[0][3].runs[0].num_blocks:,} blocks each "
+        f"({base['memory_bytes'] / (1 << 30):.2f} GiB unless --blocks)",
+        "",
+        "| plan | hit alignment | capacity | policy | token hit rate | hit tokens | recomputed "
+        "| lost to alignment | lost to eviction | skipped |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    report = []
+    for objective, plan, _, result in rows:
+        label = objective + (" (default)" if objective == default else "")
+        for run, unbounded in zip(result.runs, result.unbounded, strict=True):
+            lines.append(
+                f"| {label} | {plan['hit_alignment']} | {plan['token_capacity']:,} "
+                f"| {run.policy.label} | {_pct(run.hit_tokens, run.prompt_tokens)} "
+                f"| {run.hit_tokens:,} | {run.prompt_tokens - run.hit_tokens:,} "
+                f"| {best - unbounded.hit_tokens:,} | {unbounded.hit_tokens - run.hit_tokens:,} "
+                f"| {len(run.skipped)} |"
+            )
+            report.append({
+                "objective": objective, "hit_alignment": plan["hit_alignment"],
+                "token_capacity": plan["token_capacity"], "policy": run.policy.label,
+                "num_blocks": run.num_blocks, "hit_tokens": run.hit_tokens,
+                "prompt_tokens": run.prompt_tokens, "unbounded_hit_tokens": unbounded.hit_tokens,
+                "skipped": len(run.skipped),
+            })  # fmt: skip
+    lines += [
+        "",
+        "lost to alignment: hits the finest compared plan gets in an unbounded pool that this "
+        "plan's unbounded pool misses;",
+        "lost to eviction: this plan's unbounded hits minus its hits; skipped: requests that "
+        "do not fit the pool (their tokens count as neither hit nor prompt).",
+    ]
+    print("\n".join(lines))
+    if args.json is not None:
+        text = json.dumps({"model": name, "trace": trace_name, "runs": report}, indent=1)
+        args.json.write_text(text + "\n", encoding="utf-8")
+    return 0
 
 
 def load_trace(args: argparse.Namespace) -> tuple[str, list[traces.TraceRequest]]:
@@ -290,6 +360,8 @@ def check_arguments(args: argparse.Namespace) -> Engine | None:
 def run(args: argparse.Namespace) -> int:
     """The `simulate` command."""
     engine = check_arguments(args)
+    if args.compare_plans is not None:
+        return compare_plans(args, engine)
     name, config = load_config(args)
     trace_name, trace = load_trace(args)
     if args.save_trace is not None:
@@ -346,6 +418,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--eviction", default="lru,hybrid", help="eviction profiles to compare")
     parser.add_argument(
         "--placement", default="align,branch", help="state checkpoint placements to compare"
+    )
+    parser.add_argument(
+        "--compare-plans",
+        metavar="OBJECTIVES",
+        help="run the trace under the plan of each objective (e.g. capacity,balanced,alignment) "
+        "in the same memory and compare hits and recomputed tokens (spec PAGE-OBJ-1)",
     )
     parser.add_argument("--engine", help="also re-run the operations through this engine")
     parser.add_argument(
