@@ -23,8 +23,12 @@ from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, StateLaye
 from kvcert.spec.layers import page_bytes as spec_page_bytes
 from kvcert.spec.plan import (
     KernelLimits,
+    Objective,
     PlanInput,
     anchor_block_size,
+    capped_block_size,
+    chosen_option,
+    expected_recompute,
     fitted_block_size,
     group_size,
 )
@@ -183,6 +187,124 @@ def vllm_group_rule_twin() -> tuple[list[Any], Any]:
     return assumptions, _group_claim(n1, n2, g, Fraction(1, 20), False)
 
 
+# --- PAGE-ALIGN-1: capped blocks ---------------------------------------------------------------
+# u: a layer's page at the base block; P: the shared page; cap: the alignment cap over the base
+# (a power of two, as PAGE-ALIGN-2's chain caps are); kmax: the kernel maximum over the base.
+
+
+def _cap_inputs() -> tuple[Any, Any, Any, Any, list[Any]]:
+    u, page, cap, kmax = z3.Ints("u page cap kmax")
+    return u, page, cap, kmax, [
+        u >= 1, u <= page, page <= 1 << 24,
+        z3.Or([cap == c for c in POWERS]), z3.Or([kmax == c for c in POWERS]), cap <= kmax,
+    ]  # fmt: skip
+
+
+def capped_multiplier(u: Any, page: Any, cap: Any, kmax: Any) -> Any:
+    """PAGE-ALIGN-1 as an If-chain: the largest power of two within the cap, maximum and page."""
+    return fit_multiplier(u, page, z3.If(cap < kmax, cap, kmax))
+
+
+def _divides(m: Any, cap: Any) -> Any:
+    return z3.And(
+        [
+            z3.Implies(z3.And(m == a, cap == b), z3.BoolVal(b % a == 0))
+            for a in POWERS
+            for b in POWERS
+        ]
+    )
+
+
+def _cap_claim(u: Any, page: Any, cap: Any, m: Any) -> Any:
+    chain = [(c, z3.And(c <= cap, c * u <= page)) for c in POWERS]
+    least = z3.And([z3.Implies(fits, page - m * u <= page - c * u) for c, fits in chain])
+    return z3.And(m >= 1, m * u <= page, _divides(m, cap), least)
+
+
+def capped_divides_and_fits() -> tuple[list[Any], Any]:
+    u, page, cap, kmax, assumptions = _cap_inputs()
+    assumptions.append(u * 1 <= page)  # the base block fits (it is at most the anchor's)
+    return assumptions, _cap_claim(u, page, cap, capped_multiplier(u, page, cap, kmax))
+
+
+def everyone_at_cap_twin() -> tuple[list[Any], Any]:
+    """Give every layer the cap itself: the layers with many bytes per token overflow P."""
+    u, page, cap, _, assumptions = _cap_inputs()
+    return assumptions, _cap_claim(u, page, cap, cap)
+
+
+# --- PAGE-ALIGN-2 / PAGE-RECOMP-1: finer caps on one chain never lose a token ------------------
+CHAIN_BASES = (16, 48, 272, 528, 1056)  # odd parts 1, 3, 17, 33: the bundled anchors' chains
+PROMPT_BOUND = 1 << 20
+
+
+def _loss(c: Any, alignment: int) -> Any:
+    return c % alignment  # reusable tokens a lookup recomputes (PAGE-RECOMP-1)
+
+
+def chain_dominates() -> tuple[list[Any], Any]:
+    c = z3.Int("reusable")
+    pairs = [(a, a << k) for a in CHAIN_BASES for k in range(1, 4)]
+    claim = z3.And([_loss(c, fine) <= _loss(c, coarse) for fine, coarse in pairs])
+    return [c >= 0, c <= PROMPT_BOUND], claim
+
+
+def nondivisor_twin() -> tuple[list[Any], Any]:
+    """1024 is finer than 1056 (Qwen3.5's anchor) but does not divide it: c = 1056 loses 32."""
+    c = z3.Int("reusable")
+    return [c >= 0, c <= PROMPT_BOUND], _loss(c, 1024) <= _loss(c, 1056)
+
+
+# --- PAGE-OBJ-1: the balanced choice -----------------------------------------------------------
+OPTIONS = 5  # options finest first; capacities rise with the alignment (PAGE-ALIGN-1)
+
+
+def _obj_inputs() -> tuple[list[Any], list[Any]]:
+    caps = z3.Ints(" ".join(f"c{i}" for i in range(OPTIONS)))
+    rising = [caps[i] <= caps[i + 1] for i in range(OPTIONS - 1)]
+    return caps, [caps[0] >= 1, caps[-1] <= 1 << 30, *rising]
+
+
+def _eligible(capacity: Any, most: Any) -> Any:
+    return 20 * capacity >= 19 * most  # share 19/20
+
+
+def balanced_index(caps: list[Any]) -> Any:
+    """PAGE-OBJ-1 `balanced` as an If-chain: the finest option within 19/20 of the most."""
+    most = caps[-1]
+    result: Any = z3.IntVal(OPTIONS - 1)
+    for i in range(OPTIONS - 2, -1, -1):
+        result = z3.If(_eligible(caps[i], most), i, result)
+    return result
+
+
+def _obj_claim(caps: list[Any], index: Any) -> Any:
+    most = caps[-1]
+    chosen = [z3.Implies(index == i, _eligible(caps[i], most)) for i in range(OPTIONS)]
+    finest = [
+        z3.Implies(z3.And(index == i, j < i), z3.Not(_eligible(caps[j], most)))
+        for i in range(OPTIONS)
+        for j in range(OPTIONS)
+    ]
+    return z3.And(index >= 0, index < OPTIONS, *chosen, *finest)
+
+
+def balanced_within_share() -> tuple[list[Any], Any]:
+    caps, assumptions = _obj_inputs()
+    return assumptions, _obj_claim(caps, balanced_index(caps))
+
+
+def greedy_halving_twin() -> tuple[list[Any], Any]:
+    """Halve the cap while each step keeps 19/20 of the step before: the losses compound."""
+    caps, assumptions = _obj_inputs()
+    index: Any = z3.IntVal(OPTIONS - 1)
+    keep_going = z3.BoolVal(True)
+    for i in range(OPTIONS - 2, -1, -1):
+        keep_going = z3.And(keep_going, _eligible(caps[i], caps[i + 1]))
+        index = z3.If(keep_going, i, index)
+    return assumptions, _obj_claim(caps, index)
+
+
 # --- drift: the encodings against kvcert.spec ------------------------------------------------
 
 
@@ -229,6 +351,36 @@ def drift() -> None:
             x, y = rng.randint(1, GROUP_BOUND), rng.randint(1, GROUP_BOUND)
             got, expected = evaluate(g, n1=x, n2=y), group_size((x, y), share)
             assert got == expected, f"PAGE-GROUP-1 encoding {got} != spec {expected}"
+    _drift_alignment(rng)
+
+
+def _drift_alignment(rng: random.Random) -> None:
+    """PAGE-ALIGN-1, PAGE-RECOMP-1 and PAGE-OBJ-1's encodings against the spec."""
+    u, page, cap, kmax, _ = _cap_inputs()
+    capped = capped_multiplier(u, page, cap, kmax)
+    for _ in range(200):
+        anchor_layer = AttentionLayer(AttentionKind.FULL, 16, 128, 128)
+        layer = AttentionLayer(AttentionKind.FULL, rng.randint(1, 16), 64, 128)
+        base = rng.choice([16, 32, 64])
+        limit, alignment = sorted(base * rng.choice(POWERS) for _ in range(2))[::-1]
+        plan_input = PlanInput((anchor_layer, layer), KVDtype.FP8, 1 << 30,
+                               kernel=KernelLimits(16, limit))  # fmt: skip
+        shared = spec_page_bytes(anchor_layer, KVDtype.FP8, base)
+        expected = capped_block_size(layer, plan_input, base, shared, alignment)
+        at_base = spec_page_bytes(layer, KVDtype.FP8, base)
+        got = base * evaluate(capped, u=at_base, page=shared, cap=alignment // base,
+                              kmax=limit // base)  # fmt: skip
+        assert got == expected, f"PAGE-ALIGN-1 encoding {got} != spec {expected}"
+    for fine, coarse in [(a, a << k) for a in CHAIN_BASES for k in range(1, 4)]:
+        assert expected_recompute(fine) <= expected_recompute(coarse)
+    caps_vars, _ = _obj_inputs()
+    chosen_var = balanced_index(caps_vars)
+    for _ in range(200):
+        capacities = sorted(rng.randint(1, 1000) for _ in range(OPTIONS))
+        options = tuple((16 << i, c) for i, c in enumerate(capacities))
+        expected = chosen_option(options, Objective.BALANCED, Fraction(19, 20))
+        got = evaluate(chosen_var, **{f"c{i}": c for i, c in enumerate(capacities)})
+        assert got == expected, f"PAGE-OBJ-1 encoding {got} != spec {expected}"
 
 
 OBLIGATIONS = (
@@ -253,7 +405,27 @@ OBLIGATIONS = (
     Obligation("TWIN-PAGE-GROUP-VLLM", ("PAGE-GROUP-1",), "as THM-PAGE-GROUP", COUNTEREXAMPLE,
                "pr", vllm_group_rule_twin, twin_of="THM-PAGE-GROUP",
                about="vLLM's min/1.5x-max rule exceeds a 1/20 padding share"),
-    Obligation("DRIFT-PAGE", ("PAGE-FIT-1", "PAGE-ANCHOR-1", "PAGE-GROUP-1"),
-               "600 random concrete inputs", AGREES, "pr", drift,
+    Obligation("THM-PAGE-ALIGN-CAP", ("PAGE-ALIGN-1",), "pages <= 2^24 B, caps 2^0..2^8",
+               PROVED, "pr", capped_divides_and_fits,
+               about="a capped block fits, divides the cap and wastes least below it"),
+    Obligation("TWIN-PAGE-ALIGN-EVERYONE-AT-CAP", ("PAGE-ALIGN-1",), "as THM-PAGE-ALIGN-CAP",
+               COUNTEREXAMPLE, "pr", everyone_at_cap_twin, twin_of="THM-PAGE-ALIGN-CAP",
+               about="giving every layer the cap itself overflows the shared page"),
+    Obligation("THM-PAGE-ALIGN-DOMINATES", ("PAGE-ALIGN-2", "PAGE-RECOMP-1"),
+               "prompts <= 2^20 tokens, chains of 16, 48, 272, 528, 1056 (x2, x4, x8)", PROVED,
+               "pr", chain_dominates,
+               about="a finer cap on one chain loses no token on any prompt"),
+    Obligation("TWIN-PAGE-ALIGN-NONDIVISOR", ("PAGE-ALIGN-2",), "as THM-PAGE-ALIGN-DOMINATES",
+               COUNTEREXAMPLE, "pr", nondivisor_twin, twin_of="THM-PAGE-ALIGN-DOMINATES",
+               about="1024 is finer than 1056 but loses 32 tokens on a 1056-token prefix"),
+    Obligation("THM-PAGE-OBJ-BALANCED", ("PAGE-OBJ-1",), "5 options, capacities <= 2^30", PROVED,
+               "pr", balanced_within_share,
+               about="balanced keeps 19/20 of the most capacity at the finest such alignment"),
+    Obligation("TWIN-PAGE-OBJ-GREEDY", ("PAGE-OBJ-1",), "as THM-PAGE-OBJ-BALANCED",
+               COUNTEREXAMPLE, "pr", greedy_halving_twin, twin_of="THM-PAGE-OBJ-BALANCED",
+               about="halving while each step keeps 19/20 compounds below the floor"),
+    Obligation("DRIFT-PAGE", ("PAGE-FIT-1", "PAGE-ANCHOR-1", "PAGE-GROUP-1", "PAGE-ALIGN-1",
+                              "PAGE-OBJ-1"),
+               "1000 random concrete inputs", AGREES, "pr", drift,
                about="the page encodings equal kvcert.spec.plan"),
 )  # fmt: skip

@@ -47,6 +47,40 @@ def _layer(kind: str, heads: int, head: int, **extra: Any) -> JSON:
     return {"kind": kind, "num_kv_heads": heads, "head_size_k": head, "head_size_v": head, **extra}
 
 
+OBJECTIVE_MODELS = ("deepseek-v4-flash", "qwen3.5-35b-a3b", "gemma-4-31B", "gpt-oss-120b")
+
+
+def objective_scenarios() -> Iterator[JSON]:
+    """PAGE-OBJ-1: the plan each objective picks for the models the README compares."""
+    for name in OBJECTIVE_MODELS:
+        for objective in ("capacity", "balanced", "alignment"):
+            yield page_case(
+                f"page.objective.{_slug(name)}.{objective}",
+                _model_plan(name, "auto", objective=objective, memory_bytes=40 * GIB),
+                comment=f"{name}, 40 GiB: the plan objective {objective} picks (kvcert plan)",
+            )
+    for share in ("1", "1/2"):
+        yield page_case(
+            f"page.objective.deepseek-v4-flash.share-{_slug(share)}",
+            _model_plan("deepseek-v4-flash", "auto", capacity_share=share, memory_bytes=40 * GIB),
+            comment="balanced with another capacity share: 1 keeps the most capacity (2048), "
+            "1/2 allows the finest alignment (128)",
+        )
+    cross_plan = {
+        "layers": [_layer("full", 4, 64), _layer("cross", 2, 64)],
+        "kv_cache_dtype": "fp32",
+        "memory_bytes": 1 << 20,
+        "block_size": 8,
+        "kernel": {"multiple": 8, "maximum": 1024},
+        "objective": "alignment",
+    }
+    yield page_case(
+        "page.objective.cross-keeps-its-block",
+        cross_plan,
+        comment="PAGE-ALIGN-1: a cross-attention layer takes no hits, so no cap shrinks its block",
+    )
+
+
 def page_scenarios() -> Iterator[JSON]:
     """Every bundled model in three dtypes, and the worked examples of the PAGE rules."""
     for name in model_names():
@@ -131,6 +165,7 @@ def page_scenarios() -> Iterator[JSON]:
         },
         comment="cross-attention groups take part in the page but not in the capacity",
     )
+    yield from objective_scenarios()
 
 
 def page_refusals() -> Iterator[JSON]:
@@ -204,6 +239,9 @@ def page_refusals() -> Iterator[JSON]:
         ),
         ("memory-zero", {**base, "memory_bytes": 0}, "memory_bytes >= 1"),
         ("state-chunk-zero", {**base, "state_chunk": 0}, "state_chunk >= 1"),
+        ("objective-unknown", {**base, "objective": "speed"}, "capacity, balanced or alignment"),
+        ("capacity-share-zero", {**base, "capacity_share": "0"}, "capacity_share in (0, 1]"),
+        ("capacity-share-above-one", {**base, "capacity_share": "5/4"}, "capacity_share <= 1"),
     ]
     for label, plan, comment in bad:
         yield page_case(f"page.refuse.{label}", plan, comment=comment)
@@ -238,6 +276,7 @@ def _random_layer(rng: random.Random) -> JSON:
 def random_plans(count: int) -> Iterator[JSON]:
     """Seeded random layer mixes, each a few layer types repeated in a random order."""
     rng = random.Random(20261122)
+    objectives = random.Random(20261123)  # its own stream: the layer mixes stay as they were
     for index in range(count):
         types = [_random_layer(rng) for _ in range(rng.randint(1, 3))]
         layers = [rng.choice(types) for _ in range(rng.randint(1, 16))]
@@ -247,5 +286,6 @@ def random_plans(count: int) -> Iterator[JSON]:
             "memory_bytes": rng.choice([1 << 26, GIB, 16 * GIB]),
             "block_size": rng.choice([16, 32]),
             "mamba_mode": rng.choice(["align", "all"]),
+            "objective": objectives.choice(["capacity", "balanced", "alignment"]),
         }
         yield page_case(f"page.random.{index:03d}", plan)
