@@ -353,8 +353,9 @@ def _group_size(sizes: list[int], most_padding: Fraction) -> int:
 
 
 def _capped(request: PlanRequest, cap: int | None) -> CachePlan:
-    """The plan with no block above `cap` (None: uncapped). Implements PAGE-STATE-1 (state
-    layers take the base block), PAGE-SPLIT-1, PAGE-POOL-1 and PAGE-CAP-1."""
+    """The plan with no block above `cap` (None: uncapped). Implements PAGE-ALIGN-1 (with
+    `_fit`), PAGE-STATE-1 (state layers take the base block), PAGE-SPLIT-1, PAGE-POOL-1 and
+    PAGE-CAP-1."""
     anchor, page = _anchor(request)
     buckets: dict[tuple[object, ...], list[int]] = {}
     for index, layer in enumerate(request.layers):
@@ -448,16 +449,22 @@ def plan_options(request: PlanRequest) -> list[CachePlan]:
     return [uncapped if cap == top else _capped(request, cap) for cap in caps]
 
 
-def choose(options: list[CachePlan], request: PlanRequest) -> CachePlan:
-    """The option the objective picks. Implements PAGE-OBJ-1."""
-    most = max(x.token_capacity for x in options)
-    if request.objective is Objective.CAPACITY:
-        eligible = [x for x in options if x.token_capacity == most]
-    elif request.objective is Objective.BALANCED:
-        eligible = [x for x in options if x.token_capacity >= request.capacity_share * most]
+def chosen_index(scores: list[tuple[int, int]], objective: Objective, share: Fraction) -> int:
+    """Of (alignment, capacity) options, the index the objective picks. Implements PAGE-OBJ-1."""
+    most = max(capacity for _, capacity in scores)
+    if objective is Objective.CAPACITY:
+        eligible = [i for i, (_, c) in enumerate(scores) if c == most]
+    elif objective is Objective.BALANCED:
+        eligible = [i for i, (_, c) in enumerate(scores) if c >= share * most]
     else:
-        eligible = options
-    return min(eligible, key=lambda x: (x.alignment, -x.token_capacity))
+        eligible = list(range(len(scores)))
+    return min(eligible, key=lambda i: (recompute_per_lookup(scores[i][0]), -scores[i][1]))
+
+
+def choose(options: list[CachePlan], request: PlanRequest) -> CachePlan:
+    """The option the request's objective picks (PAGE-OBJ-1, in `chosen_index`)."""
+    scores = [(x.alignment, x.token_capacity) for x in options]
+    return options[chosen_index(scores, request.objective, request.capacity_share)]
 
 
 def plan_cache(request: PlanRequest) -> CachePlan:

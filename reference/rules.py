@@ -72,5 +72,5 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "PAGE-ALIGN-1": (planner._fit, planner._capped),
     "PAGE-ALIGN-2": (planner._caps,),
     "PAGE-RECOMP-1": (planner.recompute_per_lookup,),
-    "PAGE-OBJ-1": (planner.choose,),
+    "PAGE-OBJ-1": (planner.chosen_index,),
 }

@@ -309,7 +309,7 @@ def capped_block_size(
     """
     base = min(anchor_block, cap)
     fitting = _doublings(layer, plan_input, base, page, min(cap, plan_input.kernel.maximum))
-    if not fitting:
+    if not fitting:  # pragma: no cover - plan() weighs only caps PAGE-ALIGN-2 allows
         step = block_step(layer, plan_input.kernel)
         refuse(
             NoPageLayout,
@@ -567,7 +567,8 @@ def chosen_option(
 ) -> int:
     """PAGE-OBJ-1: Of the (alignment, capacity) options, `capacity` takes the most capacity,
     `alignment` the finest alignment, and `balanced` the finest alignment whose capacity is at
-    least `share` of the most; ties go to the finer alignment, then to the larger capacity.
+    least `share` of the most; ties go to the fewer recomputed tokens (PAGE-RECOMP-1), then to
+    the larger capacity.
 
         DeepSeek-V4-Flash, 40 GiB:  (128, 762599) (256, 798913) (512, 808538) ... (2048, 815911)
             capacity -> 2048      balanced (95%: >= 775115.45) -> 256      alignment -> 128
@@ -584,7 +585,7 @@ def chosen_option(
         eligible = [i for i, (_, c) in enumerate(options) if c >= share * most]
     else:
         eligible = list(range(len(options)))
-    return min(eligible, key=lambda i: (options[i][0], -options[i][1]))
+    return min(eligible, key=lambda i: (expected_recompute(options[i][0]), -options[i][1]))
 
 
 def plan(plan_input: PlanInput) -> Plan:

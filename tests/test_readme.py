@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -67,3 +68,101 @@ def test_the_model_check_counts():
     crosshair = len(check.GOLDEN) + len(check.CONTRACT_TARGETS) + len(check.DIFF_TARGETS)
     machines = 2 + len(check.BROKEN)
     assert claim(r"The whole pr tier \((\d+) verdicts\)") == len(tier("pr")) + crosshair + machines
+
+
+# --- the plan-objective tables: every row re-run ------------------------------------------------
+
+OBJECTIVE_ROWS = {
+    "resend": ["--trace", "resend"],
+    "shared-prefix": ["--trace", "shared-prefix"],
+    "agentic": ["--trace", "agentic"],
+    "agentic, 300-token tool outputs": ["--trace", "agentic", "--tool-tokens", "300"],
+    "agentic, 1.5 GiB": ["--trace", "agentic", "--memory", "1.5"],
+    "agentic, 1 GiB": ["--trace", "agentic", "--memory", "1"],
+}
+OBJECTIVE_MODELS = {"DeepSeek-V4-Flash": "deepseek-v4-flash", "Qwen3.5-35B-A3B": "qwen3.5-35b-a3b"}
+
+
+def objective_tables() -> list[tuple[str, str, list[str]]]:
+    """(model, row label, hit rates) for every row after the objective-tables marker."""
+    text = README.read_text(encoding="utf-8").split("<!-- objective-tables", 1)[1]
+    rows, model = [], None
+    for line in text.splitlines()[1:]:
+        if not line.startswith("|"):
+            if line.strip():  # the first paragraph after the tables ends them
+                break
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0].endswith(", trace"):
+            model = cells[0].removesuffix(", trace")
+        elif not cells[0].startswith("---"):
+            rows.append((model, cells[0], cells[1:]))
+    return rows
+
+
+def test_the_objective_tables_are_measured(tmp_path):
+    """Every row in the long tier; the fast tier re-runs the rows of the short traces (the
+    agentic rows take about 3 s each)."""
+    import json
+
+    from kvcert.conformance.cli import main
+    from tests.tiers import LONG
+
+    rows = objective_tables()
+    assert len(rows) == 10, rows
+    assert {label for _, label, _ in rows} == set(OBJECTIVE_ROWS)
+    for model, label, rates in rows:
+        if not LONG and label.startswith("agentic"):
+            continue
+        out = tmp_path / "plans.json"
+        argv = ["simulate", OBJECTIVE_MODELS[model], *OBJECTIVE_ROWS[label], "--eviction",
+                "hybrid", "--placement", "align", "--compare-plans",
+                "capacity,balanced,alignment", "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0
+        runs = json.loads(out.read_text())["runs"]
+        measured = [f"{100 * r['hit_tokens'] / r['prompt_tokens']:.1f}%" for r in runs]
+        assert all(r["skipped"] == 0 for r in runs), (model, label)
+        assert measured == rates, (model, label)
+
+
+PLAN_MODELS = {
+    "DeepSeek-V4-Flash": "deepseek-v4-flash",
+    "Qwen3.5-35B-A3B": "qwen3.5-35b-a3b",
+    "Gemma 4 31B": "gemma-4-31B",
+    "GPT-OSS-120B": "gpt-oss-120b",
+}
+
+
+def test_the_objective_plan_table_is_the_planners():
+    """Each objective's (alignment, capacity) and vLLM's, as `kvcert plan` computes them."""
+    import argparse
+
+    from kvcert.conformance.contract.plans import plan_input_from_json
+    from kvcert.conformance.tools.catalog import load_model
+    from kvcert.conformance.tools.model_plan import add_plan_options, checked_options, plan_input
+    from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+    from kvcert.conformance.tools.plan import chosen_by
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    parser = argparse.ArgumentParser()
+    add_plan_options(parser)
+    for label, name in PLAN_MODELS.items():
+        row = re.findall(rf"\| {re.escape(label)} \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+                         text)  # fmt: skip
+        assert len(row) == 1, label
+        cells = [re.match(r"(\d+): ([\d,]+)", c.strip()) for c in row[0]]
+        stated = [(int(m[1]), int(m[2].replace(",", ""))) if m else None for m in cells]
+        obj = plan_input(load_model(name), parser.parse_args([]))
+        options = checked_options(obj)
+        picks = chosen_by(options, obj)
+        measured: list[tuple[int, int] | None] = [
+            (options[picks[k]]["hit_alignment"], options[picks[k]]["token_capacity"])
+            for k in ("capacity", "balanced", "alignment")
+        ]
+        vllm = vllm_padded_plan(plan_input_from_json(obj))
+        if "refused" in vllm:
+            measured.append(None)
+        else:
+            blocks = [g["block_size"] for g in vllm["groups"] if g["kind"] != "cross"]
+            measured.append((math.lcm(*blocks), vllm["token_capacity"]))
+        assert stated == measured, label

@@ -28,7 +28,7 @@ from kvcert.conformance.tools.model_plan import (
     plan_input,
 )
 from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
-from kvcert.reference.planner import Objective, recompute_per_lookup
+from kvcert.reference.planner import Objective, chosen_index, recompute_per_lookup
 
 OBJECTIVES = {
     Objective.CAPACITY: "the most token capacity",
@@ -59,19 +59,9 @@ def padding_share(plan: JSON) -> Fraction:
 
 def chosen_by(options: list[JSON], obj: JSON) -> dict[str, int]:
     """Which option each objective picks (PAGE-OBJ-1), by index into `options`."""
+    scores = [(o["hit_alignment"], o["token_capacity"]) for o in options]
     share = Fraction(obj["capacity_share"])
-    most = max(o["token_capacity"] for o in options)
-    picks = {}
-    for objective in Objective:
-        eligible = range(len(options))
-        if objective is Objective.CAPACITY:
-            eligible = [i for i in eligible if options[i]["token_capacity"] == most]
-        elif objective is Objective.BALANCED:
-            eligible = [i for i in eligible if options[i]["token_capacity"] >= share * most]
-        picks[objective.value] = min(
-            eligible, key=lambda i: (options[i]["hit_alignment"], -options[i]["token_capacity"])
-        )
-    return picks
+    return {x.value: chosen_index(scores, x, share) for x in Objective}
 
 
 def _sizes(plan: JSON) -> str:

@@ -28,12 +28,59 @@ def test_seed_001_resend_keeps_its_prefix_under_hybrid_and_loses_it_under_lru(ca
     runs = {r["policy"]: r for r in report["runs"]}
     third = report["requests"].index("A-third")
     cacheable = runs["hybrid"]["cacheable"][third]
-    assert cacheable == 6144  # the 2048-token hit alignment below the 8192-token prompt
+    assert cacheable == 7936  # the default plan's 256-token hit alignment below 8192 tokens
     assert runs["hybrid"]["hits"][third] == cacheable
     assert runs["lru"]["hits"][third] == 0
     assert runs["lru"]["cacheable"][third] == cacheable
     text = capsys.readouterr().out
-    assert "| A-third | 8,192 | 0 (6,144) | 6,144 (6,144) |" in text
+    assert "| A-third | 8,192 | 0 (7,936) | 7,936 (7,936) |" in text
+    assert "pool: 3,985 blocks" in text
+
+
+def test_seed_001_under_the_capacity_objective_hits_multiples_of_2048(capsys):
+    code = main(
+        [
+            "simulate", "deepseek-v4-flash", "--trace", "resend", "--budget", "2048",
+            "--pool-requests", "2", "--objective", "capacity",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert "| A-third | 8,192 | 0 (6,144) | 6,144 (6,144) |" in capsys.readouterr().out
+
+
+def test_compare_plans_reports_each_objectives_hits(capsys, tmp_path):
+    out = tmp_path / "plans.json"
+    code = main(
+        [
+            "simulate", "deepseek-v4-flash", "--trace", "resend", "--eviction", "hybrid",
+            "--compare-plans", "capacity,balanced,alignment", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    runs = {r["objective"]: r for r in json.loads(out.read_text())["runs"]}
+    # an unbounded-enough pool: only the alignment decides; A-again and A-third hit
+    # 8191 rounded down to the alignment
+    for objective, alignment in (("capacity", 2048), ("balanced", 256), ("alignment", 128)):
+        assert runs[objective]["hit_alignment"] == alignment
+        assert runs[objective]["hit_tokens"] == 2 * (8191 // alignment * alignment)
+    text = capsys.readouterr().out
+    assert (
+        "| capacity | 2048 | 815,911 | hybrid | 37.5% | 12,288 | 20,480 | 3,840 | 0 | 0 |" in text
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compare-plans", "capacity"], "two or more different objectives"),
+        (["--compare-plans", "capacity,capacity"], "two or more different objectives"),
+        (["--compare-plans", "capacity,fastest"], "'fastest' is not one of"),
+        (["--compare-plans", "capacity,balanced", "--pool-requests", "2"], "one memory size"),
+    ],
+)
+def test_compare_plans_refuses_bad_arguments(extra, message, capsys):
+    assert main(["simulate", "gpt-oss-20b", *extra]) == 2
+    assert message in capsys.readouterr().err
 
 
 FULL_SW = CacheConfig(

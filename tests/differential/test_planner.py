@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 from hypothesis import given, settings
 
@@ -117,3 +119,14 @@ def test_reference_refuses_a_state_only_anchor_beyond_the_maximum():
                               state_chunk=5000)  # fmt: skip
     with pytest.raises(ref.PlanError, match="multiple of 10000"):
         ref.plan_cache(request)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"objective": "capacity"}, "unknown objective"),
+     ({"capacity_share": Fraction(0)}, "capacity_share must be in")],
+)  # fmt: skip
+def test_reference_refuses_bad_objectives(fields, message):
+    layers = (ref.AttentionShape(Kind.FULL, 8, 64, 64),)
+    with pytest.raises(ConfigError, match=message):
+        ref.PlanRequest(layers, "fp8", 1 << 20, **fields)

@@ -480,3 +480,8 @@ def test_objective_ties_go_to_the_finer_alignment_then_the_larger_capacity():
 def test_bad_objectives_are_refused(fields, message):
     with pytest.raises((InputError, InvalidPlan), match=message):
         _bundled("gpt-oss-20b", **fields)
+
+
+def test_an_objective_must_be_an_objective_not_its_name():
+    with pytest.raises(InvalidPlan, match="unknown objective 'capacity'"):
+        PlanInput((QWEN_FULL,), KVDtype.BF16, GIB, objective="capacity")  # type: ignore[arg-type]
