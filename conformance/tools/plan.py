@@ -89,10 +89,10 @@ def render_tradeoffs(obj: JSON, plan: JSON, options: list[JSON], vllm: JSON) -> 
             f"{option['hit_alignment']:>9}  {_sizes(option):22} "
             f"{_pct(padding_share(option)):>8} {option['token_capacity']:>11,} "
             f"{_pct(Fraction(option['token_capacity'] - most, most)):>8} "
-            f"{float(recompute_per_lookup(option['hit_alignment'])):>9.1f}  {mark}"
+            f"{float(recompute_per_lookup(option['hit_alignment'])):>9.1f}  {mark}".rstrip()
         )
     if "refused" in vllm:
-        lines.append(f"{'vLLM':>9}  {vllm['refused']}")
+        lines.append(f"{'vLLM':>9}  {vllm['refused']}")  # e.g. a block would split an entry
     else:
         cacheable = [g["block_size"] for g in vllm["groups"] if g["kind"] != "cross"]
         alignment = math.lcm(*cacheable)

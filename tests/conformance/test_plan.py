@@ -85,6 +85,33 @@ def plan_json(name, *extra):
     return json.loads(buffer.getvalue())
 
 
+def test_the_trade_off_table_marks_each_objectives_pick(capsys):
+    assert main(["plan", "deepseek-v4-flash"]) == 0
+    text = capsys.readouterr().out
+    assert "objective balanced: the finest hit alignment within 95.0% of the most capacity" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:9].strip().isdigit()}
+    assert rows["256"].endswith("balanced  <- this plan")
+    assert "798,913" in rows["256"]
+    assert "127.5" in rows["256"]
+    assert rows["2048"].rstrip().endswith("capacity")
+    assert rows["128"].rstrip().endswith("alignment")
+    assert main(["plan", "deepseek-v4-flash", "--objective", "capacity"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line[:9].strip().isdigit()}  # fmt: skip
+    assert rows["2048"].endswith("capacity  <- this plan")
+
+
+def test_the_json_report_lists_every_option_the_objective_weighed():
+    report = plan_json("qwen3.5-35b-a3b", "--objective", "alignment")
+    options = report["options"]
+    assert [o["hit_alignment"] for o in options] == [16, 32, 64, 128, 256, 512, 528, 1024, 1056]
+    assert report["plan"] == {k: v for k, v in options[0].items() if k in report["plan"]}
+    assert options[0]["chosen_by"] == ["alignment"]
+    assert options[-1]["chosen_by"] == ["capacity"]
+    assert options[-1]["expected_recompute"] == "1055/2"
+    assert report["input"]["objective"] == "alignment"
+
+
 def test_json_report_file_and_table(tmp_path, capsys):
     target = tmp_path / "plan.json"
     assert main(["plan", "llama-3.1-8b", "--json", str(target)]) == 0
@@ -106,6 +133,8 @@ def test_json_report_file_and_table(tmp_path, capsys):
         (["plan", "llama-3.1-8b", "--kv-cache-dtype", "fp99"], "one of fp32, fp16, bf16, fp8,"),
         (["plan", "llama-3.1-8b", "--mamba-mode", "often"], "one of none, align, all, got"),
         (["plan", "llama-3.1-8b", "--speculative", "maybe"], "one of exact, drop, got 'maybe'"),
+        (["plan", "llama-3.1-8b", "--capacity-share", "x"], "capacity_share: expected a number"),
+        (["plan", "llama-3.1-8b", "--capacity-share", "0"], "capacity_share must be in (0, 1]"),
     ],
 )
 def test_bad_plan_requests_exit_2_with_what_to_fix(argv, message, capsys):
