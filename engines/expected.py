@@ -37,11 +37,12 @@ CAUSES = {
     "end. Hits are alignment-multiples, so none differs",
     "equal-specs": "vLLM <= 0.28's HybridKVCacheCoordinator asserts that two groups have "
     "different specs (its planner merges equal ones, draft layers included); 0.33 accepts them",
-    "preempt-in-flight": "new (wrong output, reproduced through vLLM's own Scheduler by "
-    "engines/vllm/repro/preempt_in_flight.py): a request released in the step that scheduled "
-    "it leaves the blocks of its unwritten chunk registered, because vLLM caches at "
-    "allocate_slots; vLLM's priority scheduler preempts requests already scheduled in the "
-    "step (sched/scheduler.py). The spec registers only committed chunks (ALLOC-VIS-1)",
+    "preempt-in-flight": "known upstream, open PR vllm#43569 (wrong output, reproduced "
+    "through vLLM's own Scheduler by engines/vllm/repro/preempt_in_flight.py): a request "
+    "released in the step that scheduled it leaves the blocks of its unwritten chunk "
+    "registered, because vLLM caches at allocate_slots; vLLM's priority scheduler preempts "
+    "requests already scheduled in the step (sched/scheduler.py). The spec registers only "
+    "committed chunks (ALLOC-VIS-1)",
     "mamba-all-hold": "vLLM keeps only the running Mamba block held in mode all too (older "
     "checkpoints go back to the cache at once); ALLOC-HOLD-1 keeps every position of a mode-all "
     "state group held. A spec choice to revisit: no later token reads an older checkpoint",

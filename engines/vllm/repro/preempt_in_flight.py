@@ -26,6 +26,11 @@ prefill at 32, so the script also tries a pool of 7). `fcfs` is the control: FCF
 the last running request, never one scheduled earlier in the step; on 0.33.0 it preempts and
 resumes Y and the ledger finds every read sound (exit 0). On older releases the FCFS sequence
 never preempts and resumes anyone (exit 2), so the control is established on 0.33.0 only.
+
+Known upstream: open pull request vllm#43569 describes this mechanism (eager registration in
+allocate_slots survives an uncommitted free) and rolls the registrations back; vllm#56525 and
+#57580 concern the Mamba/state-group variant. This script adds a deterministic replay through
+the unmodified Scheduler on every pinned release, checked by the ledger.
 """
 
 from __future__ import annotations
