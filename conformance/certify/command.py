@@ -5,10 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from kvcert.conformance.certify.report import PASSING, Result, render_report
-from kvcert.conformance.certify.runner import iter_cases, load_reasons, run_vectors
+from kvcert.conformance.certify.runner import (
+    VECTORS,
+    iter_cases,
+    load_reasons,
+    run_vectors,
+    user_manifest,
+)
+from kvcert.conformance.contract.codec import InputError
 from kvcert.conformance.contract.protocol import Engine
 from kvcert.conformance.contract.stdio import StdioEngine, serve
 from kvcert.conformance.engines.loader import load_engine
@@ -25,16 +33,54 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def vector_root(args: argparse.Namespace) -> Traversable:
+    """The bundled vectors, or a user's folder (`--vectors DIR`) with its own manifest."""
+    if args.vectors is None:
+        if args.write_manifest:
+            raise InputError("--write-manifest needs --vectors DIR: the folder to write it in")
+        return VECTORS
+    directory: Path = args.vectors
+    if args.write_manifest:
+        return directory
+    if not (directory / "manifest.json").is_file():
+        raise InputError(
+            f"--vectors {directory}: no manifest.json; write one (it also checks every case "
+            f"against the spec) with: kvcert certify --vectors {directory} --write-manifest"
+        )
+    return directory
+
+
+def write_manifest(directory: Path) -> int:
+    """`--write-manifest`: lock a user's vector files, once the spec agrees with each case."""
+    manifest = user_manifest(directory)
+    target = directory / "manifest.json"
+    target.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    report = run_vectors(load_engine("spec"), root=directory)
+    wrong = [r for r in report.results if r.status not in PASSING]
+    if wrong:
+        target.unlink()
+        for result in wrong:
+            print(f"{result.id}: the spec disagrees: {result.detail}", file=sys.stderr)
+        print(f"no manifest written: fix the {len(wrong)} case(s) above", file=sys.stderr)
+        return 1
+    total = sum(entry["cases"] for entry in manifest["files"].values())
+    print(f"wrote {target}: {len(manifest['files'])} files, {total} cases, each the spec's answer")
+    return 0
+
+
 def run_certify(args: argparse.Namespace) -> int:
     """The `certify` command: exit 0 when nothing unexpected happened, 1 otherwise."""
+    root = vector_root(args)
+    if args.write_manifest:
+        return write_manifest(root)  # type: ignore[arg-type]  # a Path when writing
     skips = load_reasons(args.skips, "skip")
     xfails = load_reasons(args.xfails, "xfail")
     if args.cmd is not None:
         engine: Engine = StdioEngine(args.cmd, timeout=args.timeout)
     else:
         engine = load_engine(args.engine or "reference")
-    cases = {case["id"]: case for _, case, _ in iter_cases() if case is not None}
-    total = sum(1 for _ in iter_cases())
+    cases = {case["id"]: case for _, case, _ in iter_cases(root) if case is not None}
+    total = sum(1 for _ in iter_cases(root))
 
     def progress(done: int, result: Result) -> None:
         if done % 50 == 0 or done == total or result.status not in PASSING:
@@ -46,6 +92,7 @@ def run_certify(args: argparse.Namespace) -> int:
             skips=skips,
             xfails=xfails,
             timeout=args.timeout,
+            root=root,
             progress=None if args.quiet else progress,
         )
     finally:
@@ -86,6 +133,18 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--timeout", type=positive_seconds, default=30.0, help="seconds per case (and start-up)"
     )
     certify.add_argument("--quiet", action="store_true", help="no progress lines")
+    certify.add_argument(
+        "--vectors",
+        type=Path,
+        help="certify against your own vector files in this folder (same schema; the folder "
+        "needs a manifest.json, see --write-manifest)",
+    )
+    certify.add_argument(
+        "--write-manifest",
+        action="store_true",
+        help="with --vectors: validate every case (schema, rule tags, unique ids, and the "
+        "spec's own answer) and write the folder's manifest.json",
+    )
     certify.set_defaults(run=run_certify)
     serve_parser = commands.add_parser("serve", help="serve an engine over kvcert-stdio/1")
     serve_parser.add_argument(

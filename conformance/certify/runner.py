@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.certify.report import Report, Result
-from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.compare import compare_alloc, compare_hit, compare_page
 from kvcert.conformance.contract.protocol import Engine, EngineDead
 
@@ -79,6 +79,56 @@ def iter_cases(root: Traversable = VECTORS) -> Iterator[tuple[str, JSON | None, 
                 yield name, None, f"case {index} ({case.get('id')!r}) fails the schema: {message}"
             else:
                 yield name, case, ""
+
+
+def user_manifest(directory: Path) -> JSON:
+    """The manifest for a user's own vector files: every `*.json` under `directory` (bar the
+    manifest), each schema-valid, citing only rules the spec defines, with unique case ids.
+
+    Raises InputError naming the file and case at fault. Whether each expectation is the
+    spec's answer is checked by running the spec on them (`kvcert certify --write-manifest`).
+    """
+    import jsonschema  # noqa: PLC0415 - only certification needs it
+
+    from kvcert.spec.rules import all_rules  # noqa: PLC0415 - tags, not behaviour
+
+    if not directory.is_dir():
+        raise InputError(f"--vectors {directory}: not a folder of vector files")
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
+    tags = {rule.tag for rule in all_rules()}
+    files: dict[str, JSON] = {}
+    seen: dict[str, str] = {}
+    for path in sorted(directory.rglob("*.json")):
+        name = path.relative_to(directory).as_posix()
+        if name == "manifest.json":
+            continue
+        text = path.read_text(encoding="utf-8")
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{name}: not valid JSON: {error}") from error
+        errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise InputError(
+                f"{name}: schema: {errors[0].message} at {list(errors[0].absolute_path)}"
+            )
+        for case in body["cases"]:
+            unknown = sorted(set(case["rules"]) - tags)
+            if unknown:
+                raise InputError(
+                    f"{name}: case {case['id']!r} cites {', '.join(unknown)}, which the spec "
+                    "does not define (see spec/RULES.md)"
+                )
+            if case["id"] in seen:
+                raise InputError(f"{name}: case id {case['id']!r} is also in {seen[case['id']]}")
+            seen[case["id"]] = name
+        files[name] = {
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "cases": len(body["cases"]),
+        }
+    if not files:
+        raise InputError(f"--vectors {directory}: no *.json vector files in it")
+    return {"format": "kvcert-vector/1", "files": files, "retired_ids": []}
 
 
 def call_with_timeout(run: Callable[[], Any], seconds: float) -> Any:

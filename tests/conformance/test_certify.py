@@ -362,3 +362,80 @@ def test_unsupported_answers_are_skipped_with_the_reason_never_passed():
     again = run_vectors(PicksyEngine(), suites=("alloc",), xfails=xfail)
     assert {r.status for r in again.results if r.id == ran[0].id} == {"skipped"}
     assert again.ok
+
+
+# --- a user's own vectors: --vectors DIR, --write-manifest --------------------------------------
+
+
+def _user_vectors(folder: Path, mutate=None) -> Path:
+    """Three bundled window cases as a user's own file (optionally edited), the first of which
+    the off-by-one window engine fails."""
+    from kvcert.conformance.certify.runner import run_case
+    from kvcert.conformance.engines.mutants import WindowOffByOneEngine
+
+    body = json.loads((resources.files("kvcert.conformance.vectors") / "hit" / "scenarios.json")
+                      .read_text(encoding="utf-8"))  # fmt: skip
+    windows = [c for c in body["cases"] if "HIT-SW-1" in c["rules"]]
+    caught = [c for c in windows if run_case(WindowOffByOneEngine(), c, 5).status == "failed"]
+    body["cases"] = [caught[0], *[c for c in windows if c is not caught[0]][:2]]
+    assert len(body["cases"]) == 3
+    if mutate is not None:
+        mutate(body["cases"][0])
+    folder.mkdir(exist_ok=True)
+    (folder / "mine.json").write_text(json.dumps(body, indent=1), encoding="utf-8")
+    return folder
+
+
+def test_a_users_vectors_certify_once_their_manifest_is_written(tmp_path, capsys):
+    folder = _user_vectors(tmp_path / "v")
+    assert main(["certify", "--vectors", str(folder), "--quiet"]) == 2
+    assert "--write-manifest" in capsys.readouterr().err
+    assert main(["certify", "--vectors", str(folder), "--write-manifest"]) == 0
+    assert "1 files, 3 cases, each the spec's answer" in capsys.readouterr().out
+    assert main(["certify", "--vectors", str(folder), "--quiet"]) == 0
+    assert "suite hit: 3 passed" in capsys.readouterr().out
+    # a broken engine fails them, with the diagram of the failed hit
+    engine = "kvcert.conformance.engines.mutants:WindowOffByOneEngine"
+    assert main(["certify", "--vectors", str(folder), "--quiet", "--engine", engine]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "HIT-SW-1" in out
+    # an edit after the manifest is an error against the file, never a silent pass
+    text = (folder / "mine.json").read_text(encoding="utf-8")
+    (folder / "mine.json").write_text(text.replace('"comment": "', '"comment": "edited '))
+    assert main(["certify", "--vectors", str(folder), "--quiet"]) == 1
+    assert "does not match its manifest sha256" in capsys.readouterr().out
+
+
+def test_a_wrong_expectation_gets_no_manifest(tmp_path, capsys):
+    def wrong(case):
+        case["expect"]["hit"] = case["expect"]["hit"] + 16
+
+    folder = _user_vectors(tmp_path / "v", wrong)
+    assert main(["certify", "--vectors", str(folder), "--write-manifest"]) == 1
+    assert "the spec disagrees" in capsys.readouterr().err
+    assert not (folder / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda c: c.update(rules=["HIT-NOPE-1"]), "cites HIT-NOPE-1, which the spec does not"),
+        (lambda c: c.pop("expect"), "schema: 'expect' is a required property"),
+    ],
+)
+def test_bad_user_vectors_are_refused_by_file_and_case(tmp_path, capsys, mutate, message):
+    folder = _user_vectors(tmp_path / "v", mutate)
+    assert main(["certify", "--vectors", str(folder), "--write-manifest"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "mine.json" in err
+
+
+def test_write_manifest_needs_a_folder(tmp_path, capsys):
+    assert main(["certify", "--write-manifest"]) == 2
+    assert "needs --vectors DIR" in capsys.readouterr().err
+    assert main(["certify", "--vectors", str(tmp_path / "none"), "--write-manifest"]) == 2
+    assert "not a folder of vector files" in capsys.readouterr().err
+    assert main(["certify", "--vectors", str(tmp_path), "--write-manifest"]) == 2
+    assert "no *.json vector files" in capsys.readouterr().err
