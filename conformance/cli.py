@@ -13,6 +13,8 @@
                                      hit rates of eviction/placement policies (tools/)
     kvcert check [--tier pr|long] [--only z3,crosshair,hypothesis] [--json FILE]
                                      Z3 obligations, CrossHair, state machines (checks/)
+    kvcert fuzz [--runs N] [--shard K/N] [--fix] [--replay FILE] [--merge FILE...]
+                                     soundness campaign through vLLM's scheduler (campaign/)
 
 Exit status: 0 on success, 1 when certification or a check finds unexpected results, 2 on bad
 input (the message says what to fix), 3 when kvcert's reference and spec disagree (a kvcert
@@ -25,6 +27,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kvcert.conformance.campaign import command as fuzz
 from kvcert.conformance.certify import command as certify
 from kvcert.conformance.checks import check
 from kvcert.conformance.contract.codec import InputError
@@ -56,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(commands)
     simulate.add_parser(commands)
     check.add_parser(commands)
+    fuzz.add_parser(commands)
     return parser
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The long tier: every engine release that has a lock under engines/, one after another
 # (each venv is ~3 GB and cached in .engines/). Exits non-zero if any release deviates from
-# its expected results, or if the preempt-in-flight repro stops reproducing on a vLLM release;
-# prints one line per release (two for vLLM).
+# its expected results, if the preempt-in-flight repro stops reproducing on a vLLM release, or
+# if the soundness campaign (kvcert fuzz) cannot run on one; prints one line per release
+# (three for vLLM).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -27,6 +28,19 @@ for dir in engines/*/*/; do
       status=1
       echo "FAIL vllm $version repro:"
       echo "$repro" | tail -20
+    fi
+    # The soundness campaign: 5,000 random workloads through the release's own Scheduler,
+    # reported (a violation is a finding about the release, not a kvcert failure); a campaign
+    # that cannot run on the release (exit 2 or a crash) fails the matrix.
+    fuzz=$(".engines/vllm-$version/bin/kvcert" fuzz --runs 5000 \
+      --json ".engines/vllm-$version.fuzz.json" 2>&1)
+    code=$?
+    if [ $code -le 1 ]; then
+      echo "ok   vllm $version fuzz: $(echo "$fuzz" | grep '^kvcert fuzz')"
+    else
+      status=1
+      echo "FAIL vllm $version fuzz (exit $code):"
+      echo "$fuzz" | tail -20
     fi
   fi
 done

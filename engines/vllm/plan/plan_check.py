@@ -21,47 +21,21 @@ import sys
 from collections import Counter
 from typing import Any
 
-import torch
 from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.v1.attention.backends.utils import record_kv_cache_layout
 from vllm.v1.core.kv_cache_planning import (
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
 )
-from vllm.v1.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheSpec,
-    KVQuantMode,
-    MLAAttentionSpec,
-    SlidingWindowSpec,
-)
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec
 
 from kvcert.conformance.contract.plans import plan_input_from_json
 from kvcert.conformance.engines.vllm import weightless_model
+from kvcert.conformance.engines.vllm_layers import NotCompared, kind_of, spec_of
 from kvcert.conformance.tools.catalog import load_model, model_names
 from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
-from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer
 
 GIB = 1 << 30
-TORCH_DTYPE = {
-    KVDtype.FP32: torch.float32,
-    KVDtype.FP16: torch.float16,
-    KVDtype.BF16: torch.bfloat16,
-    KVDtype.FP8: torch.uint8,  # vLLM stores fp8 KV as bytes
-    KVDtype.INT8: torch.int8,
-}
-# Per-token-head quantization: one byte per element plus an fp32 scale for K and one for V
-# per (token, head), which the backend publishes as the packed cell size (an assumption of
-# this script, from the research notes: 520 B for two heads of 256, 1032 B for 512).
-PER_TOKEN_HEAD = {
-    KVDtype.INT8_PER_TOKEN_HEAD: (torch.int8, KVQuantMode.INT8_PER_TOKEN_HEAD),
-    KVDtype.FP8_PER_TOKEN_HEAD: (torch.uint8, KVQuantMode.FP8_PER_TOKEN_HEAD),
-}
-
-
-class NotCompared(Exception):
-    """A layer vLLM's planner would get from a kernel this script cannot stand in for."""
 
 
 def vllm_config(block_size: int) -> VllmConfig:
@@ -75,61 +49,6 @@ def vllm_config(block_size: int) -> VllmConfig:
     # The engine core resolves one layout from the backends; the page math ignores it.
     record_kv_cache_layout(config.cache_config, "LBNHC")
     return config
-
-
-def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
-    """The KVCacheSpec vLLM's attention backends publish for one kvcert layer."""
-    quant: dict[str, Any] = {}
-    if dtype in PER_TOKEN_HEAD:
-        torch_dtype, mode = PER_TOKEN_HEAD[dtype]
-        if isinstance(layer, AttentionLayer):
-            cell = layer.head_size_k + layer.head_size_v + 2 * 4
-            quant = {"kv_quant_mode": mode, "state_content_bytes": cell}
-    else:
-        torch_dtype = TORCH_DTYPE[dtype]
-    if isinstance(layer, LatentLayer):
-        if dtype in PER_TOKEN_HEAD:
-            raise NotCompared("per-token-head scales on MLA latents")
-        if layer.ratio != 1 or layer.window is not None:
-            raise NotCompared("DeepSeek-V4 compressed / windowed latents (vLLM's sparse MLA)")
-        return MLAAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=1,
-            head_size=layer.latent_size + layer.rope_size,
-            dtype=torch_dtype,
-        )
-    if not isinstance(layer, AttentionLayer):
-        raise NotCompared("state layers: vLLM sizes them from the Mamba/GDN kernel's shapes")
-    common: dict[str, Any] = {
-        "block_size": block_size,
-        "num_kv_heads": layer.num_kv_heads,
-        "head_size": layer.head_size_k,
-        "head_size_v": layer.head_size_v,
-        "dtype": torch_dtype,
-        **quant,
-    }
-    if layer.kind is AttentionKind.SLIDING_WINDOW:
-        return SlidingWindowSpec(sliding_window=layer.window, **common)
-    if layer.kind is AttentionKind.CHUNKED_LOCAL:
-        return ChunkedLocalAttentionSpec(attention_chunk_size=layer.chunk, **common)
-    if layer.kind is AttentionKind.FULL:
-        return FullAttentionSpec(**common)
-    raise NotCompared(f"{layer.kind.value} layers")
-
-
-KIND = {
-    "FullAttentionSpec": "full",
-    "MLAAttentionSpec": "full",
-    "SlidingWindowSpec": "sliding_window",
-    "ChunkedLocalAttentionSpec": "chunked_local",
-}
-
-
-def kind_of(spec: KVCacheSpec) -> str:
-    """A group's attention kind (a UniformTypeKVCacheSpecs holds layers of one kind)."""
-    inner = getattr(spec, "kv_cache_specs", None)
-    first = next(iter(inner.values())) if inner else spec
-    return KIND[type(first).__name__]
 
 
 def real_plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int) -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""Workloads of the soundness campaign: what arrives when, and how to make one smaller.
+
+Pure and engine-free: a workload is data (JSON round-trips), generated from a seed, and
+shrunk by removing or simplifying one thing at a time while a violation persists. The
+engine loop (`vllm_loop`) plays it; this module never imports an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# Attention-only bundled models whose layers vLLM's own planner can group (no state layers,
+# no compressed latents): a single full-attention group, and sliding-window + full hybrids.
+MODELS = ("llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B")
+POLICIES = ("fcfs", "priority")
+VOCAB = 900  # token ids stay below the weightless model's vocabulary
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request joining the waiting queue before the scheduler's `step`-th schedule call."""
+
+    step: int
+    rid: str
+    prompt: tuple[int, ...]
+    priority: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything one campaign run depends on."""
+
+    seed: int
+    model: str
+    policy: str  # fcfs | priority
+    async_scheduling: bool
+    usable_blocks: int  # pool blocks per KV-cache group (the pool holds this x groups + null)
+    budget: int  # max_num_batched_tokens: the per-step token budget
+    long_prefill: int  # long_prefill_token_threshold (0: off), so prefills interleave
+    arrivals: tuple[Arrival, ...]
+    aborts: tuple[tuple[int, str], ...] = ()  # (step, rid): the client aborts before step
+    resets: tuple[int, ...] = ()  # steps before which reset_prefix_cache() is called
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Workload:
+        arrivals = tuple(
+            Arrival(a["step"], a["rid"], tuple(a["prompt"]), a["priority"], a["max_tokens"])
+            for a in obj["arrivals"]
+        )
+        fields = {k: v for k, v in obj.items() if k not in ("arrivals", "aborts", "resets")}
+        return cls(
+            **fields,
+            arrivals=arrivals,
+            aborts=tuple((int(s), str(r)) for s, r in obj.get("aborts", ())),
+            resets=tuple(obj.get("resets", ())),
+        )
+
+    @property
+    def size(self) -> int:
+        """What shrinking minimises: requests first, then tokens, events, arrival steps, pool
+        and the simpler settings. Every `smaller` candidate has a smaller size, so shrinking
+        ends."""
+        tokens = sum(len(a.prompt) + a.max_tokens for a in self.arrivals)
+        events = len(self.aborts) + len(self.resets)
+        settings = self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
+        steps = sum(a.step for a in self.arrivals)
+        return (1000 * len(self.arrivals) + tokens + 100 * events + steps + settings
+                + (self.policy != "fcfs"))  # fmt: skip
+
+
+def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
+    """A random workload: requests that share prefixes (so lookups hit), arriving over a few
+    steps, in a pool small enough that the scheduler must preempt, with chunked prefill."""
+    rng = random.Random(seed)
+    prefixes = [
+        tuple(rng.randrange(VOCAB) for _ in range(rng.choice((16, 24, 32, 48, 64, 96))))
+        for _ in range(rng.randint(1, 3))
+    ]
+    arrivals = []
+    for index in range(rng.randint(2, 6)):
+        prefix = rng.choice(prefixes) if rng.random() < 0.8 else ()
+        suffix = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 48)))
+        arrivals.append(
+            Arrival(
+                step=rng.choice((0, 0, 1, 2, 3, 5, 8)),
+                rid=f"r{index}",
+                prompt=prefix + suffix,
+                priority=rng.randint(0, 3),
+                max_tokens=rng.randint(1, 24),
+            )
+        )
+    longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
+    aborts = tuple((rng.randint(1, 12), a.rid) for a in arrivals if rng.random() < 0.15)
+    resets = tuple(rng.randint(1, 12) for _ in range(rng.random() < 0.1))
+    return Workload(
+        seed=seed,
+        model=rng.choice(models),
+        policy=rng.choice(POLICIES),
+        async_scheduling=rng.random() < 0.3,
+        usable_blocks=-(-longest // 16) + rng.randint(1, 8),
+        budget=rng.choice((32, 48, 64, 128)),
+        long_prefill=rng.choice((0, 16, 32)),
+        arrivals=tuple(sorted(arrivals, key=lambda a: a.step)),
+        aborts=aborts,
+        resets=resets,
+    )
+
+
+def smaller(workload: Workload) -> Iterator[Workload]:
+    """Workloads one simplification away, the biggest cuts first."""
+    replace = dataclasses.replace
+    for i in range(len(workload.arrivals)):
+        rest = workload.arrivals[:i] + workload.arrivals[i + 1 :]
+        if rest:
+            gone = workload.arrivals[i].rid
+            aborts = tuple(x for x in workload.aborts if x[1] != gone)
+            # without a request the pool may need to shrink too, to keep the same pressure
+            for fewer in (0, 1, 2, 4):
+                if workload.usable_blocks - fewer >= 1:
+                    yield replace(workload, arrivals=rest, aborts=aborts,
+                                  usable_blocks=workload.usable_blocks - fewer)  # fmt: skip
+    for i in range(len(workload.aborts)):
+        yield replace(workload, aborts=workload.aborts[:i] + workload.aborts[i + 1 :])
+    for i in range(len(workload.resets)):
+        yield replace(workload, resets=workload.resets[:i] + workload.resets[i + 1 :])
+    for i, arrival in enumerate(workload.arrivals):
+        for change in _simpler(arrival):
+            arrivals = (*workload.arrivals[:i], change, *workload.arrivals[i + 1 :])
+            yield replace(workload, arrivals=arrivals)
+    if workload.usable_blocks > 1:
+        yield replace(workload, usable_blocks=workload.usable_blocks - 1)
+    if workload.async_scheduling:
+        yield replace(workload, async_scheduling=False)
+    if workload.long_prefill:
+        yield replace(workload, long_prefill=0)
+    if workload.policy != "fcfs":
+        yield replace(workload, policy="fcfs")
+
+
+def _simpler(arrival: Arrival) -> Iterator[Arrival]:
+    replace = dataclasses.replace
+    if arrival.max_tokens > 1:
+        yield replace(arrival, max_tokens=max(1, arrival.max_tokens // 2))
+        yield replace(arrival, max_tokens=arrival.max_tokens - 1)
+    if len(arrival.prompt) > 1:
+        yield replace(arrival, prompt=arrival.prompt[: len(arrival.prompt) // 2 or 1])
+        yield replace(arrival, prompt=arrival.prompt[:-1])
+    if arrival.step:
+        yield replace(arrival, step=arrival.step - 1)
+
+
+def shrink(workload: Workload, fails: Callable[[Workload], bool], budget: int = 400) -> Workload:
+    """Greedy: take the first smaller workload that still fails, until none does or `budget`
+    runs are spent. Returns the smallest failing workload found (at worst the input)."""
+    runs = 0
+    current = workload
+    progress = True
+    while progress and runs < budget:
+        progress = False
+        for candidate in smaller(current):
+            runs += 1
+            if fails(candidate):
+                current, progress = candidate, True
+                break
+            if runs >= budget:
+                break
+    return current

@@ -1,0 +1,116 @@
+"""The campaign's engine-free parts: workloads, shrinking, shards, reports, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvcert.conformance.campaign import command
+from kvcert.conformance.campaign.workload import Workload, generate, shrink, smaller
+from kvcert.conformance.cli import main
+from tests.tiers import tiered
+
+
+def test_a_seed_is_a_workload_and_round_trips_through_json():
+    for seed in range(tiered(50, 500)):
+        workload = generate(seed)
+        assert generate(seed) == workload
+        assert Workload.from_json(json.loads(json.dumps(workload.to_json()))) == workload
+        rids = [a.rid for a in workload.arrivals]
+        assert len(set(rids)) == len(rids)
+        assert {rid for _, rid in workload.aborts} <= set(rids)
+        assert [a.step for a in workload.arrivals] == sorted(a.step for a in workload.arrivals)
+
+
+def test_generated_workloads_cover_what_the_campaign_promises():
+    seen = [generate(seed) for seed in range(300)]
+    assert {w.policy for w in seen} == {"fcfs", "priority"}
+    assert {w.async_scheduling for w in seen} == {True, False}
+    assert {w.model for w in seen} == {"llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B"}
+    assert any(w.aborts for w in seen)
+    assert any(w.resets for w in seen)
+    # shared prefixes: some pair of requests starts with the same 16 tokens
+    assert any(
+        len({a.prompt[:16] for a in w.arrivals if len(a.prompt) >= 16})
+        < len([a for a in w.arrivals if len(a.prompt) >= 16])
+        for w in seen
+    )
+
+
+def test_every_smaller_workload_is_smaller_and_well_formed():
+    for seed in range(tiered(20, 200)):
+        workload = generate(seed)
+        for candidate in smaller(workload):
+            assert candidate.size < workload.size
+            assert candidate.arrivals
+            assert {rid for _, rid in candidate.aborts} <= {a.rid for a in candidate.arrivals}
+
+
+def test_shrinking_finds_a_small_failing_workload():
+    """A synthetic failure: any request with at least 10 prompt tokens and 3 max tokens."""
+
+    def fails(w: Workload) -> bool:
+        return any(len(a.prompt) >= 10 and a.max_tokens >= 3 for a in w.arrivals)
+
+    start = next(generate(s) for s in range(100) if fails(generate(s)))
+    small = shrink(start, fails, budget=5000)
+    assert fails(small)
+    assert len(small.arrivals) == 1
+    assert len(small.arrivals[0].prompt) == 10
+    assert small.arrivals[0].max_tokens == 3
+    assert (small.aborts, small.resets, small.policy) == ((), (), "fcfs")
+
+
+def _report(seeds, violations=(), fix=False):
+    return {"format": command.REPORT_FORMAT, "engine": "vllm 0.33.0", "fix": fix,
+            "seeds": seeds, "runs": len(seeds), "preemptions": 2, "hit_tokens": 16,
+            "stalled": [], "violations": list(violations), "seconds": 1.5}  # fmt: skip
+
+
+def test_shards_partition_the_seeds_and_merge_back(tmp_path, capsys):
+    runs, n = 50, 4
+    shards = [[s for s in range(runs) if s % n == k - 1] for k in range(1, n + 1)]
+    assert sorted(s for shard in shards for s in shard) == list(range(runs))
+    violation = {"seed": 7, "found_after_runs": 2, "found_after_seconds": 0.1, "violation": "x",
+                 "shrunk": {"violation": "x", "workload": generate(7).to_json()}}  # fmt: skip
+    files = []
+    for k, shard in enumerate(shards):
+        path = tmp_path / f"s{k}.json"
+        path.write_text(json.dumps(_report(shard, [violation] if 7 in shard else [])))
+        files.append(str(path))
+    assert main(["fuzz", "--merge", *files]) == 1
+    out = capsys.readouterr().out
+    assert "50 workloads, 50 seeds (0..49)" in out
+    assert "seed 7 (found after 2 workloads" in out
+    assert main(["fuzz", "--merge", files[0], files[0]]) == 2
+    assert "same seed" in capsys.readouterr().err
+    other = tmp_path / "fixed.json"
+    other.write_text(json.dumps(_report([99], fix=True)))
+    assert main(["fuzz", "--merge", files[0], str(other)]) == 2
+    assert "one engine and fix setting" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["fuzz", "--shard", "0/4"], "1 <= K <= N"),
+        (["fuzz", "--shard", "two"], "expected K/N"),
+    ],
+)
+def test_bad_shards_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_without_vllm_the_campaign_says_where_to_run_it(capsys):
+    pytest.importorskip("kvcert")
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    assert main(["fuzz", "--runs", "1"]) == 2
+    assert "engine-venv.sh vllm" in capsys.readouterr().err
