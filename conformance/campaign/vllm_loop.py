@@ -71,16 +71,20 @@ def _vllm() -> Any:
         VllmConfig,
     )
     from vllm.utils.hashing import sha256  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.attention.backends.utils import record_kv_cache_layout  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.attention.backends import utils as backends  # type: ignore[import-not-found]  # noqa: PLC0415
     from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.core.kv_cache_planning import (  # type: ignore[import-not-found]  # noqa: PLC0415
-        get_kv_cache_config_from_groups,
-        get_kv_cache_groups,
-    )
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput  # type: ignore[import-not-found]  # noqa: PLC0415
     from vllm.v1.request import Request, RequestStatus  # type: ignore[import-not-found]  # noqa: PLC0415
     from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]  # noqa: PLC0415
 
+    try:  # the planner moved out of kv_cache_utils after 0.28
+        from vllm.v1.core import kv_cache_planning as planning  # type: ignore[import-not-found]  # noqa: PLC0415
+    except ImportError:
+        planning = kv_cache_utils
+    # from 0.33 the engine core records the KV layout before planning; older releases do not
+    record_layout = getattr(backends, "record_kv_cache_layout", lambda *_: None)
+    get_kv_cache_groups = planning.get_kv_cache_groups
+    get_kv_cache_config_from_groups = planning.get_kv_cache_config_from_groups
     logging.getLogger("vllm").setLevel(logging.ERROR)
     kv_cache_utils.init_none_hash(sha256)
     return {
@@ -90,7 +94,7 @@ def _vllm() -> Any:
         "config_of": get_kv_cache_config_from_groups, "ModelRunnerOutput": ModelRunnerOutput,
         "Request": Request, "RequestStatus": RequestStatus,
         "StructuredOutputManager": StructuredOutputManager,
-        "record_layout": record_kv_cache_layout,
+        "record_layout": record_layout,
         "EMPTY": EMPTY_MODEL_RUNNER_OUTPUT,
     }  # fmt: skip
 
@@ -165,8 +169,9 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
                 getattr(first, "attention_chunk_size", 0) or 0,
             )
         )
+    lookahead = getattr(config, "num_hash_lookahead_tokens", None)  # an argument from 0.33
     hasher = v["utils"].get_request_block_hasher(
-        hash_block, v["sha256"], config.num_hash_lookahead_tokens
+        hash_block, v["sha256"], *(() if lookahead is None else (lookahead,))
     )
     return scheduler, groups, hasher
 
