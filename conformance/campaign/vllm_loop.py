@@ -78,7 +78,7 @@ def _vllm() -> Any:
     from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]  # noqa: PLC0415
 
     try:  # the planner moved out of kv_cache_utils after 0.28
-        from vllm.v1.core import kv_cache_planning as planning  # type: ignore[import-not-found]  # noqa: PLC0415
+        from vllm.v1.core import kv_cache_planning as planning  # noqa: PLC0415
     except ImportError:
         planning = kv_cache_utils
     # from 0.33 the engine core records the KV layout before planning; older releases do not
