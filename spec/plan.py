@@ -304,6 +304,7 @@ def capped_block_size(
     anchor (a state forced the anchor up) every layer takes M.
 
     pre: anchor_block >= 1 and page >= 1 and cap >= 1
+    pre: cap <= anchor_block or (cap % anchor_block == 0 and (cap // anchor_block).bit_count() == 1)
     raises: NoPageLayout
     post: cap % __return__ == 0 and page_bytes(layer, plan_input.dtype, __return__) <= page
     """
