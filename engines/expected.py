@@ -29,6 +29,12 @@ CAUSES = {
     "in the step that computes them hits them (by design for attention, PR #29387 defers "
     "only Mamba); the spec registers at the end of the step",
     "salt-lora": "vllm#44701: cache-salt and LoRA extra keys collide in the block hash",
+    "eagle-drop-past-hit": "HIT-SPEC-2 under drop with three or more groups of mixed block "
+    "sizes: vLLM drops the draft group's own last matched block, and where the draft group "
+    "(or another) matched blocks beyond the common hit that drop falls outside the hit, so "
+    "vLLM returns the plain hit undropped; the spec steps the common hit down once, because "
+    "the draft KV just before the hit depends on the next token, which then only a block "
+    "outside the hit vouches for (found by the three-group enumeration, hit.g3.*)",
     "align-hold": "vLLM's Mamba align mode keeps the previous step's state block until the "
     "next step; ALLOC-HOLD-1 keeps only the running state",
     "registration-unit": "registered count differs in a layout of several block sizes: vLLM "
@@ -136,6 +142,8 @@ def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
         hits = re.match(r"hit (\d+) != expected (\d+)", detail)
         if hits and int(hits.group(1)) < int(hits.group(2)):
             return "eagle-drop"
+        if hits and int(hits.group(1)) > int(hits.group(2)) and len(layout["groups"]) >= 3:
+            return "eagle-drop-past-hit"
         needs = re.search(r"'needed': (\d+).*'needed': (\d+)", detail)
         if needs and int(needs.group(1)) > int(needs.group(2)):
             return "eagle-drop"  # a smaller hit leaves more blocks to allocate

@@ -26,7 +26,13 @@ from kvcert.conformance.vectors.generate.alloc import (
     regression_cases,
     unkeyed_first_twins,
 )
-from kvcert.conformance.vectors.generate.hit import enumerated_hits, hit_scenarios
+from kvcert.conformance.vectors.generate.hit import (
+    enumerated_hits,
+    hit_scenarios,
+    sampled_layouts,
+    single_miss_hits,
+    three_group_layouts,
+)
 from kvcert.conformance.vectors.generate.page import page_refusals, page_scenarios, random_plans
 from kvcert.conformance.vectors.generate.refusals import refusals
 from kvcert.conformance.vectors.generate.traces import random_traces
@@ -43,6 +49,8 @@ def suites() -> dict[str, list[JSON]]:
         "hit/scenarios.json": list(hit_scenarios()),
         "hit/refusals.json": [c for c in refusals() if c["input"]["suite"] == "hit"],
         "hit/enumerated.json": list(enumerated_hits(400)),
+        "hit/three-groups.json": list(single_miss_hits("hit.g3", three_group_layouts(), (7, 11))),
+        "hit/sampled-groups.json": list(single_miss_hits("hit.g45", sampled_layouts(60), (9,))),
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from collections.abc import Iterator
 
 from kvcert.conformance.contract.codec import (
@@ -216,3 +217,78 @@ def enumerated_hits(limit: int) -> Iterator[JSON]:
                 yield case
                 if emitted >= limit:
                     return
+
+
+# --- three groups and more: where engines' per-group bugs live ------------------------------
+
+
+def _group_types() -> list[Group]:
+    """Small groups of every cacheable kind with block sizes 1-4, windows that straddle a block
+    boundary and chunks of two blocks."""
+    types: list[Group] = [FullAttention(b) for b in (1, 2, 3, 4)]
+    types += [SlidingWindow(b, b + 1) for b in (1, 2, 3)]
+    types += [ChunkedLocal(b, 2 * b) for b in (1, 2)]
+    types += [MambaState(b, mode) for b in (2, 4) for mode in (MambaMode.ALL, MambaMode.ALIGN)]
+    return types
+
+
+def three_group_layouts() -> list[Layout]:
+    """Every multiset of three group types with mixed block sizes and at most one state group;
+    a multiset is taken once, in a canonical order (group order changes no hit, so the other
+    orders add nothing but their count). Then two target groups with a draft group under each
+    speculative profile."""
+    types = _group_types()
+    layouts = []
+    for combo in itertools.combinations_with_replacement(range(len(types)), 3):
+        groups = tuple(types[i] for i in combo)
+        if len({g.block_size for g in groups}) < 2:
+            continue
+        if sum(isinstance(g, MambaState) for g in groups) > 1:
+            continue
+        layouts.append(Layout(groups))
+    drafts: list[Group] = [FullAttention(2, draft=True), SlidingWindow(3, 4, draft=True)]
+    targets = [t for t in types if not isinstance(t, MambaState)]
+    for pair in itertools.combinations(targets, 2):
+        for draft in drafts:
+            for profile in Speculative:
+                layouts.append(Layout((*pair, draft), profile))
+    return layouts
+
+
+def sampled_layouts(count: int, seed: int = 20261123) -> list[Layout]:
+    """Seeded 4- and 5-group layouts (at most one state group, mixed block sizes)."""
+    rng = random.Random(seed)
+    types = _group_types()
+    layouts: list[Layout] = []
+    while len(layouts) < count:
+        groups = tuple(rng.choice(types) for _ in range(rng.choice((4, 5))))
+        if len({g.block_size for g in groups}) < 2:
+            continue
+        if sum(isinstance(g, MambaState) for g in groups) > 1:
+            continue
+        layouts.append(Layout(groups))
+    return layouts
+
+
+def single_miss_hits(
+    prefix: str, layouts: list[Layout], lengths: tuple[int, ...]
+) -> Iterator[JSON]:
+    """Every block cached, then every pattern with exactly one block missing in one group; one
+    case per distinct (layout, hit, blocks) outcome."""
+    for index, layout in enumerate(layouts):
+        seen: set[tuple[object, ...]] = set()
+        for num_tokens in lengths:
+            counts = [keyable_blocks(layout, g, num_tokens) for g in range(len(layout.groups))]
+            full = [list(range(c)) for c in counts]
+            patterns = [full] + [
+                [[x for x in full[g] if (g, x) != (group, miss)] for g in range(len(full))]
+                for group in range(len(full))
+                for miss in full[group]
+            ]
+            for number, cached in enumerate(patterns):
+                case = hit_case(f"{prefix}.{index:03d}.{num_tokens}.{number:03d}", layout,
+                                num_tokens, cached)  # fmt: skip
+                shape = (case["expect"]["hit"], json.dumps(case["expect"]["block_runs"]))
+                if shape not in seen:
+                    seen.add(shape)
+                    yield case
