@@ -9,6 +9,7 @@ such entries are open work, never a reason to stop looking.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import sys
@@ -35,6 +36,11 @@ CAUSES = {
     "vLLM returns the plain hit undropped; the spec steps the common hit down once, because "
     "the draft KV just before the hit depends on the next token, which then only a block "
     "outside the hit vouches for (found by the three-group enumeration, hit.g3.*)",
+    "blocks-past-hit": "vLLM <= 0.28 returns the spec's hit length, but one group's block list "
+    "runs past it: that group is not cut back to the final hit (three-group layouts with two "
+    "full-attention groups of different block sizes, and draft layouts; 0.33 cuts every "
+    "list). The request then holds cached blocks beyond its computed tokens; whether a "
+    "forward pass writes into them (a wrong-output risk) is not yet traced",
     "align-hold": "vLLM's Mamba align mode keeps the previous step's state block until the "
     "next step; ALLOC-HOLD-1 keeps only the running state",
     "registration-unit": "registered count differs in a layout of several block sizes: vLLM "
@@ -114,6 +120,20 @@ def _equal_groups(layout: dict[str, Any]) -> bool:
     return len(set(shapes)) < len(shapes)
 
 
+def _blocks_past_hit(detail: str) -> bool:
+    """Same hit, and each group's block list starts with the expected one, one runs longer."""
+    found = re.match(r"block lists \(as runs\) (.*) != expected (.*)$", detail)
+    if not found:
+        return False
+
+    def flat(runs: list[list[int | None]]) -> list[int | None]:
+        return [None if start is None else start + i for start, n in runs for i in range(n)]
+
+    got, want = (ast.literal_eval(found.group(i)) for i in (1, 2))
+    pairs = [(flat(g), flat(w)) for g, w in zip(got, want, strict=True)]
+    return all(g[: len(w)] == w for g, w in pairs) and any(len(g) > len(w) for g, w in pairs)
+
+
 def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
     detail = result["detail"]
     if result["id"] in VALIDATION:
@@ -131,6 +151,8 @@ def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
     if "different block sizes are not compatible with chunked local" in detail:
         return "chunk-block-sizes"
     layout = (case or {}).get("input", {}).get("layout", {})
+    if _blocks_past_hit(detail):
+        return "blocks-past-hit"
     if detail == "the engine refused valid input" and any(
         g.get("kind") == "chunked_local" and g["chunk"] % g["block_size"]
         for g in layout.get("groups", [])
