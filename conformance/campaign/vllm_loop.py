@@ -21,6 +21,7 @@ which no forward pass wrote for it.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from dataclasses import dataclass, field
 from functools import cache
@@ -99,11 +100,19 @@ def _vllm() -> Any:
     }  # fmt: skip
 
 
+@cache
+def _model_config(max_len: int) -> Any:
+    """One weightless model config per length (older releases probe the hub on every build,
+    with retries that cost seconds)."""
+    from kvcert.conformance.engines.vllm import weightless_model  # noqa: PLC0415
+
+    return weightless_model(max_len)
+
+
 def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any]:
     """(scheduler, groups, block hasher) for the workload, wired as EngineCore wires them;
     `fix` swaps in the scheduler subclass of `vllm_fix`."""
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
-    from kvcert.conformance.engines.vllm import weightless_model  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import kind_of, spec_of  # noqa: PLC0415
     from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
 
@@ -111,7 +120,7 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
     longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
     max_len = max(256, -(-longest // 256) * 256)
     config = v["VllmConfig"](
-        model_config=weightless_model(max_len),
+        model_config=_model_config(max_len),
         device_config=v["DeviceConfig"](device="cpu"),
         cache_config=v["CacheConfig"](block_size=16, enable_prefix_caching=True),
         scheduler_config=v["SchedulerConfig"](
@@ -143,7 +152,13 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
     kv.num_blocks = usable + 1
     kv = v["utils"].generate_scheduler_kv_cache_config([kv])  # as EngineCore hands it over
     config.cache_config.num_gpu_blocks = usable + 1  # what the engine core sets
-    scheduler_block, hash_block = v["utils"].resolve_kv_cache_block_sizes(kv, config)
+    resolve = getattr(v["utils"], "resolve_kv_cache_block_sizes", None)
+    if resolve is not None:
+        scheduler_block, hash_block = resolve(kv, config)
+        extra = {"hash_block_size": hash_block}
+    else:  # <= 0.19: one block size, cache_config's, for scheduling and hashing
+        scheduler_block = hash_block = config.cache_config.block_size
+        extra = {}
     cls = config.scheduler_config.get_scheduler_cls()
     if fix:
         from kvcert.conformance.campaign.vllm_fix import fixed  # noqa: PLC0415
@@ -154,7 +169,7 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
         kv_cache_config=kv,
         structured_output_manager=v["StructuredOutputManager"](config),
         block_size=scheduler_block,
-        hash_block_size=hash_block,
+        **extra,
     )
     groups = []
     for g in kv_groups:
@@ -261,10 +276,10 @@ def play(workload: Workload, fix: bool = False) -> Outcome:
         for arrival in [a for a in arrivals if a.step <= step]:
             arrivals.remove(arrival)
             params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
-            request = v["Request"](
-                arrival.rid, list(arrival.prompt), params, None,
-                priority=arrival.priority, block_hasher=hasher,
-            )  # fmt: skip
+            options = {"priority": arrival.priority, "block_hasher": hasher}
+            if "eos_token_id" in inspect.signature(v["Request"].__init__).parameters:  # <= 0.16
+                options["eos_token_id"] = None
+            request = v["Request"](arrival.rid, list(arrival.prompt), params, None, **options)
             scheduler.add_request(request)
         for when, rid in workload.aborts:
             if when == step and rid in scheduler.requests:

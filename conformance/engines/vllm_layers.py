@@ -7,14 +7,15 @@ layers (engines/vllm/plan/plan_check.py) and by the scheduler campaign
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+from vllm.v1 import kv_cache_interface  # type: ignore[import-not-found]
 from vllm.v1.kv_cache_interface import (  # type: ignore[import-not-found]
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
-    KVQuantMode,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
@@ -31,9 +32,10 @@ TORCH_DTYPE = {
 # Per-token-head quantization: one byte per element plus an fp32 scale for K and one for V
 # per (token, head), which the backend publishes as the packed cell size (an assumption of
 # this script, from the research notes: 520 B for two heads of 256, 1032 B for 512).
+KVQuantMode = getattr(kv_cache_interface, "KVQuantMode", None)  # from 0.20 on
 PER_TOKEN_HEAD = {
-    KVDtype.INT8_PER_TOKEN_HEAD: (torch.int8, KVQuantMode.INT8_PER_TOKEN_HEAD),
-    KVDtype.FP8_PER_TOKEN_HEAD: (torch.uint8, KVQuantMode.FP8_PER_TOKEN_HEAD),
+    KVDtype.INT8_PER_TOKEN_HEAD: (torch.int8, getattr(KVQuantMode, "INT8_PER_TOKEN_HEAD", None)),
+    KVDtype.FP8_PER_TOKEN_HEAD: (torch.uint8, getattr(KVQuantMode, "FP8_PER_TOKEN_HEAD", None)),
 }
 
 
@@ -41,11 +43,22 @@ class NotCompared(Exception):
     """A layer vLLM's planner would get from a kernel this script cannot stand in for."""
 
 
+def _built(cls: Any, layer: AttentionLayer, **fields: Any) -> KVCacheSpec:
+    """`cls(**fields)`, without head_size_v on releases whose spec has one head size (< 0.20)."""
+    if "head_size_v" not in {f.name for f in dataclasses.fields(cls)}:
+        if layer.head_size_v != layer.head_size_k:
+            raise NotCompared("K and V head sizes differ (this release has one head_size)")
+        fields.pop("head_size_v")
+    return cls(**fields)
+
+
 def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
     """The KVCacheSpec vLLM's attention backends publish for one kvcert layer."""
     quant: dict[str, Any] = {}
     if dtype in PER_TOKEN_HEAD:
         torch_dtype, mode = PER_TOKEN_HEAD[dtype]
+        if mode is None:
+            raise NotCompared("per-token-head KV quantization (this release has no KVQuantMode)")
         if isinstance(layer, AttentionLayer):
             cell = layer.head_size_k + layer.head_size_v + 2 * 4
             quant = {"kv_quant_mode": mode, "state_content_bytes": cell}
@@ -73,11 +86,11 @@ def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
         **quant,
     }
     if layer.kind is AttentionKind.SLIDING_WINDOW:
-        return SlidingWindowSpec(sliding_window=layer.window, **common)
+        return _built(SlidingWindowSpec, layer, sliding_window=layer.window, **common)
     if layer.kind is AttentionKind.CHUNKED_LOCAL:
-        return ChunkedLocalAttentionSpec(attention_chunk_size=layer.chunk, **common)
+        return _built(ChunkedLocalAttentionSpec, layer, attention_chunk_size=layer.chunk, **common)
     if layer.kind is AttentionKind.FULL:
-        return FullAttentionSpec(**common)
+        return _built(FullAttentionSpec, layer, **common)
     raise NotCompared(f"{layer.kind.value} layers")
 
 
