@@ -40,7 +40,6 @@ class Outcome:
     steps: int = 0
     preemptions: int = 0
     hit_tokens: int = 0  # tokens the scheduler took from the prefix cache
-    finished: int = 0
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
 
 
