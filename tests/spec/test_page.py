@@ -435,6 +435,10 @@ def test_alignment_examples_deepseek_v4_flash():
     options = [(hit_alignment(p.layout), p.token_capacity) for p in plan_options(plan_input)]
     assert options == [(128, 762599), (256, 798913), (512, 808538), (1024, 813439),
                        (2048, 815911)]  # fmt: skip
+    # by hand for the cap 256: 9 sliding groups of 16, 4 full of 64, 4 of 256 and the 4 capped
+    # from 2048 to 256, in 524,288 blocks (40 GiB of 5 x 16 KiB pages), block 0 null
+    per_token = Fraction(9, 16) + Fraction(4, 64) + Fraction(8, 256)
+    assert math.floor(Fraction(40 * GIB // (5 * 16384) - 1) / per_token) == 798913
     assert [options[chosen_option(tuple(options), o, Fraction(19, 20))][0] for o in Objective] == [
         2048,
         256,
