@@ -135,13 +135,7 @@ def render(
             f"{i:>5}  {kind:15} {_layers(group['layers']):40} {group['block_size']:>6} "
             f"{group['page_bytes']:>11,} {_pct(padding):>8}"
         )
-    total = sum(len(g["layers"]) for g in plan["groups"]) * plan["page_size"]
-    used = sum(
-        sum(1 for x in g["layers"] if x is not None) * g["page_bytes"] for g in plan["groups"]
-    )
-    lines.append(
-        f"{'':>5}  padding over all groups (one block each): {_pct(1 - Fraction(used, total))}"
-    )
+    lines.append(f"{'':>5}  padding over all groups (one block each): {_pct(padding_share(plan))}")
     lines.extend(tradeoffs or [])
     for label, other in compare:
         lines.append("")
@@ -189,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 (f"this planner with plain {plain}", checked_plan(plan_input(model, args, plain)))
             )
     if args.json is not None:
+        picks = chosen_by(options, obj)
         report = {
             "model": model.name,
             "input": obj,
@@ -198,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                     option,
                     padding=str(padding_share(option)),
                     expected_recompute=str(recompute_per_lookup(option["hit_alignment"])),
-                    chosen_by=[k for k, i in chosen_by(options, obj).items() if i == n],
+                    chosen_by=[k for k, i in picks.items() if i == n],
                 )
                 for n, option in enumerate(options)
             ],
