@@ -1,6 +1,10 @@
 """Write a release's expected-results file from a certification report, one reason per case.
 
     python engines/expected.py .engines/vllm-0.33.0.report.json > engines/vllm/0.33.0/expected.json
+    python engines/expected.py REPORT TRACE > engines/vllm/0.33.0/expected-planned.json
+
+A planned mode's report comes with the trace of engines/vllm/trace_causes.py (which vLLM flag
+each difference follows); its causes are read from there first.
 
 Every unexpected result gets the cause it was traced to (engines/vllm/README.md explains each
 cause with its evidence). A failure that matches no known cause is written as "uninvestigated":
@@ -30,12 +34,13 @@ CAUSES = {
     "in the step that computes them hits them (by design for attention, PR #29387 defers "
     "only Mamba); the spec registers at the end of the step",
     "salt-lora": "vllm#44701: cache-salt and LoRA extra keys collide in the block hash",
-    "eagle-drop-past-hit": "HIT-SPEC-2 under drop with three or more groups of mixed block "
-    "sizes: vLLM drops the draft group's own last matched block, and where the draft group "
-    "(or another) matched blocks beyond the common hit that drop falls outside the hit, so "
-    "vLLM returns the plain hit undropped; the spec steps the common hit down once, because "
-    "the draft KV just before the hit depends on the next token, which then only a block "
-    "outside the hit vouches for (found by the three-group enumeration, hit.g3.*)",
+    "eagle-drop-past-hit": "HIT-SPEC-2 under drop: vLLM drops the draft group's own last "
+    "matched block, and where the draft group matched blocks beyond the common hit that drop "
+    "falls outside the hit, so vLLM returns the plain hit undropped; the spec steps the common "
+    "hit down once, because the draft KV just before the hit depends on the next token, which "
+    "then only a block outside the hit vouches for (found by the three-group enumeration, "
+    "hit.g3.*, with mixed block sizes; with a draft whose heads differ from the target's, "
+    "hit.shape.*, two groups suffice, because vLLM then keeps draft and target apart)",
     "blocks-past-hit": "vLLM <= 0.28 returns the spec's hit length, but one group's block list "
     "runs past it: that group is not cut back to the final hit (three-group layouts with two "
     "full-attention groups of different block sizes, and draft layouts; 0.33 cuts every "
@@ -71,8 +76,32 @@ CAUSES = {
     "(HIT-SW-1, HIT-CHUNK-1); vLLM serves only blocks it finds cached. Degenerate layouts only",
     "timeout": "the adapter's hit set-up (a writer request computed chunk by chunk) exceeds "
     "the per-case time limit on this release",
+    "sparse-retention": "vLLM 0.33's default prefix_cache_retention_interval=0 keeps "
+    "sliding-window and Mamba blocks cached only at replay boundaries (the latest one and "
+    "shared-prefix junctions), not every block a request computed; the spec caches every full "
+    "block until it is evicted (ALLOC-COMMIT-1), so vLLM hits less and registers fewer "
+    "blocks. Every such case passes with --prefix-cache-retention-interval None (dense), or "
+    "then differs exactly as the hand mode does for that mode's cause "
+    "(engines/vllm/trace_causes.py). A memory-for-hit-rate choice, not a wrong answer",
+    "eagle-fallback-drops": "vLLM 0.33 with a drafter that does not mark its layers (mode "
+    "unmarked: the release's fallback flags every group): each attention type drops its own "
+    "last matched block, so three or more types lose more than the one block HIT-SPEC-2 "
+    "allows; with the draft layers marked (vllm-planned) the same case passes (with dense "
+    "retention too where sliding-window or Mamba groups also keep fewer blocks)",
+    "lookahead-registration": "vLLM 0.33's default for EAGLE (lookahead block hashes) hashes "
+    "every group's block only once the token after it is known and then drops nothing; the "
+    "spec's exact profile waits so only for draft groups (HASH-DRAFT-1), so vLLM registers "
+    "target blocks one step later. Passes with disable_lookahead_block_hashes",
+    "chunked-as-full": "VllmConfig turns the hybrid KV-cache manager off for a model with "
+    "chunked local attention (always with EAGLE; otherwise unless "
+    "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), and the planner then serves chunked "
+    "local layers as full attention: every block is kept and needed, where the spec's chunked "
+    "group needs only the current chunk (HIT-CHUNK-1). Fewer hits, never a wrong one",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
+# Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
+# when it passes with that flag alone.
+TRACED = {"dense-retention": "sparse-retention"}
 VALIDATION = {
     "alloc.refuse.pool-too-small",
     "hit.refuse.layout-draft-without-profile",
@@ -134,8 +163,28 @@ def _blocks_past_hit(detail: str) -> bool:
     return all(g[: len(w)] == w for g, w in pairs) and any(len(g) > len(w) for g, w in pairs)
 
 
-def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
+def traced_cause(trace: dict[str, Any], layout: dict[str, Any], detail: str) -> str | None:
+    """The cause a planned-mode case follows, from the flags under which it passes."""
+    flags = set(trace.get("passes_with", ())) | set(trace.get("as_hand_with", ()))
+    for flag, name in TRACED.items():
+        if flag in flags:
+            return name
+    if layout.get("speculative") == "exact" and flags & {"no-lookahead-hashes", "no-block-drop"}:
+        return "lookahead-registration"
+    hits = re.match(r"hit (\d+) != expected (\d+)", detail)
+    marking = {"other-marking"} | {f"{flag}+other-marking" for flag in TRACED}
+    if flags & marking and hits and int(hits.group(1)) < int(hits.group(2)):
+        return "eagle-fallback-drops"
+    return None
+
+
+def cause(
+    result: dict[str, Any], case: dict[str, Any] | None, trace: dict[str, Any] | None = None
+) -> str:
     detail = result["detail"]
+    layout = (case or {}).get("input", {}).get("layout", {})
+    if trace is not None and (name := traced_cause(trace, layout, detail)):
+        return name
     if result["id"] in VALIDATION:
         return "validation"
     if result["id"].endswith("isolation.salt-and-lora-do-not-collide"):
@@ -150,7 +199,6 @@ def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
         return "timeout"
     if "different block sizes are not compatible with chunked local" in detail:
         return "chunk-block-sizes"
-    layout = (case or {}).get("input", {}).get("layout", {})
     if _blocks_past_hit(detail):
         return "blocks-past-hit"
     if detail == "the engine refused valid input" and any(
@@ -164,11 +212,13 @@ def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
         hits = re.match(r"hit (\d+) != expected (\d+)", detail)
         if hits and int(hits.group(1)) < int(hits.group(2)):
             return "eagle-drop"
-        if hits and int(hits.group(1)) > int(hits.group(2)) and len(layout["groups"]) >= 3:
+        if hits and int(hits.group(1)) > int(hits.group(2)) and len(layout["groups"]) >= 2:
             return "eagle-drop-past-hit"
         needs = re.search(r"'needed': (\d+).*'needed': (\d+)", detail)
         if needs and int(needs.group(1)) > int(needs.group(2)):
             return "eagle-drop"  # a smaller hit leaves more blocks to allocate
+    if trace is not None and any(g.get("kind") == "chunked_local" for g in layout["groups"]):
+        return "chunked-as-full"
     if "'hit'" in detail and not any(
         g.get("kind") in ("full", "mamba") for g in layout.get("groups", [])
     ):
@@ -191,20 +241,26 @@ def cause(result: dict[str, Any], case: dict[str, Any] | None) -> str:
     return "uninvestigated"
 
 
-def classify(report: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """case id -> (cause, detail) for every result that is not a pass."""
+def classify(
+    report: dict[str, Any], traces: dict[str, Any] | None = None
+) -> dict[str, tuple[str, str]]:
+    """case id -> (cause, detail) for every result that is not a pass; `traces` (a planned
+    mode's trace_causes.py output) names the flag each difference follows."""
     cases = {c["id"]: c for _, c, _ in iter_cases() if c is not None}
     return {
-        r["id"]: (cause(r, cases.get(r["id"])), r["detail"])
+        r["id"]: (
+            cause(r, cases.get(r["id"]), None if traces is None else traces.get(r["id"], {})),
+            r["detail"],
+        )
         for r in report["results"]
         if r["status"] in ("failed", "errored", "xfailed")
     }
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The results document of one release."""
+def markdown(report: dict[str, Any], traces: dict[str, Any] | None = None) -> str:
+    """The results document of one release (and adapter mode)."""
     engine = report["engine"]
-    found = classify(report)
+    found = classify(report, traces)
     lines = [
         f"# {engine['name']} {engine['version']}: conformance results",
         "",
@@ -250,10 +306,11 @@ def main(argv: list[str]) -> int:
     as_markdown = "--markdown" in argv
     paths = [a for a in argv if a != "--markdown"]
     report = json.loads(Path(paths[0]).read_text(encoding="utf-8"))
+    traces = json.loads(Path(paths[1]).read_text(encoding="utf-8")) if len(paths) > 1 else None
     if as_markdown:
-        print(markdown(report), end="")
+        print(markdown(report, traces), end="")
     else:
-        reasons = {k: CAUSES[name] for k, (name, _) in classify(report).items()}
+        reasons = {k: CAUSES[name] for k, (name, _) in classify(report, traces).items()}
         print(json.dumps(reasons, indent=1, sort_keys=True))
     return 0
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import logging
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from kvcert.conformance.campaign.workload import Workload
@@ -59,119 +57,47 @@ class _Group:
         return range(start)
 
 
-@cache
 def _vllm() -> Any:
-    """vLLM's modules, imported once."""
-    import torch  # noqa: PLC0415
-    from vllm import SamplingParams  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.config import (  # type: ignore[import-not-found]  # noqa: PLC0415
-        CacheConfig,
-        DeviceConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
-    from vllm.utils.hashing import sha256  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.attention.backends import utils as backends  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.request import Request, RequestStatus  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]  # noqa: PLC0415
+    """vLLM's modules, imported once (shared with the conformance adapter's planned modes)."""
+    from kvcert.conformance.engines.vllm_wiring import modules  # noqa: PLC0415
 
-    try:  # the planner moved out of kv_cache_utils after 0.28
-        from vllm.v1.core import kv_cache_planning as planning  # noqa: PLC0415
-    except ImportError:
-        planning = kv_cache_utils
-    # from 0.33 the engine core records the KV layout before planning; older releases do not
-    record_layout = getattr(backends, "record_kv_cache_layout", lambda *_: None)
-    get_kv_cache_groups = planning.get_kv_cache_groups
-    get_kv_cache_config_from_groups = planning.get_kv_cache_config_from_groups
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    kv_cache_utils.init_none_hash(sha256)
-    return {
-        "torch": torch, "SamplingParams": SamplingParams, "CacheConfig": CacheConfig,
-        "DeviceConfig": DeviceConfig, "SchedulerConfig": SchedulerConfig, "VllmConfig": VllmConfig,
-        "sha256": sha256, "utils": kv_cache_utils, "groups_of": get_kv_cache_groups,
-        "config_of": get_kv_cache_config_from_groups, "ModelRunnerOutput": ModelRunnerOutput,
-        "Request": Request, "RequestStatus": RequestStatus,
-        "StructuredOutputManager": StructuredOutputManager,
-        "record_layout": record_layout,
-        "EMPTY": EMPTY_MODEL_RUNNER_OUTPUT,
-    }  # fmt: skip
-
-
-@cache
-def _model_config(max_len: int) -> Any:
-    """One weightless model config per length (older releases probe the hub on every build,
-    with retries that cost seconds)."""
-    from kvcert.conformance.engines.vllm import weightless_model  # noqa: PLC0415
-
-    return weightless_model(max_len)
+    return modules()
 
 
 def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any]:
     """(scheduler, groups, block hasher) for the workload, wired as EngineCore wires them;
     `fix` swaps in the scheduler subclass of `vllm_fix`."""
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
+    from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import kind_of, spec_of  # noqa: PLC0415
     from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
 
-    v = _vllm()
     longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
-    max_len = max(256, -(-longest // 256) * 256)
-    config = v["VllmConfig"](
-        model_config=_model_config(max_len),
-        device_config=v["DeviceConfig"](device="cpu"),
-        cache_config=v["CacheConfig"](block_size=16, enable_prefix_caching=True),
-        scheduler_config=v["SchedulerConfig"](
-            max_model_len=max_len,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=max(workload.budget, 16),
-            long_prefill_token_threshold=workload.long_prefill,
-            max_num_seqs=8,
-            policy=workload.policy,
-            async_scheduling=workload.async_scheduling,
-        ),
+    settings = wiring.Settings(
+        max_len=max(256, -(-longest // 256) * 256),
+        budget=workload.budget,
+        policy=workload.policy,
+        async_scheduling=workload.async_scheduling,
+        long_prefill=workload.long_prefill,
     )
-    # the engine core resolves one layout from the attention backends; the page math and the
-    # scheduler ignore which
-    v["record_layout"](config.cache_config, "LBNHC")
+    config = wiring.engine_config(settings)
     model = load_model(workload.model)
     plan_input = plan_input_from_json(
         {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
     )
     specs = {
-        f"model.layers.{i}.attn": spec_of(layer, plan_input.dtype, 16)
+        f"model.layers.{i}.attn": spec_of(layer, plan_input.dtype, settings.block_size)
         for i, layer in enumerate(plan_input.layers)
     }
-    kv_groups = v["groups_of"](config, dict(specs))
-    usable = workload.usable_blocks * len(kv_groups)
-    page = max(g.kv_cache_spec.page_size_bytes for g in kv_groups)
-    size = max(len(g.layer_names) for g in kv_groups)
-    kv = v["config_of"](config, kv_groups, (usable + 1) * page * size)
-    kv.num_blocks = usable + 1
-    kv = v["utils"].generate_scheduler_kv_cache_config([kv])  # as EngineCore hands it over
-    config.cache_config.num_gpu_blocks = usable + 1  # what the engine core sets
-    resolve = getattr(v["utils"], "resolve_kv_cache_block_sizes", None)
-    if resolve is not None:
-        scheduler_block, hash_block = resolve(kv, config)
-        extra = {"hash_block_size": hash_block}
-    else:  # <= 0.19: one block size, cache_config's, for scheduling and hashing
-        scheduler_block = hash_block = config.cache_config.block_size
-        extra = {}
-    cls = config.scheduler_config.get_scheduler_cls()
+    kv_groups = wiring.plan(config, specs)
+    cls = None
     if fix:
         from kvcert.conformance.campaign.vllm_fix import fixed  # noqa: PLC0415
 
-        cls = fixed(cls)
-    scheduler = cls(
-        vllm_config=config,
-        kv_cache_config=kv,
-        structured_output_manager=v["StructuredOutputManager"](config),
-        block_size=scheduler_block,
-        **extra,
-    )
+        cls = fixed(config.scheduler_config.get_scheduler_cls())
+    wired = wiring.wire(config, kv_groups, workload.usable_blocks, cls)
     groups = []
-    for g in kv_groups:
+    for g in wired.groups:
         spec = g.kv_cache_spec
         inner = getattr(spec, "kv_cache_specs", None)
         first = next(iter(inner.values())) if inner else spec
@@ -183,11 +109,7 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
                 getattr(first, "attention_chunk_size", 0) or 0,
             )
         )
-    lookahead = getattr(config, "num_hash_lookahead_tokens", None)  # an argument from 0.33
-    hasher = v["utils"].get_request_block_hasher(
-        hash_block, v["sha256"], *(() if lookahead is None else (lookahead,))
-    )
-    return scheduler, groups, hasher
+    return wired.scheduler, groups, wired.hasher
 
 
 @dataclass

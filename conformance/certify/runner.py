@@ -128,7 +128,7 @@ def user_manifest(directory: Path) -> JSON:
         }
     if not files:
         raise InputError(f"--vectors {directory}: no *.json vector files in it")
-    return {"format": "kvcert-vector/1", "files": files, "retired_ids": []}
+    return {"format": "kvcert-vector/2", "files": files, "retired_ids": []}
 
 
 def call_with_timeout(run: Callable[[], Any], seconds: float) -> Any:

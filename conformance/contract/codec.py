@@ -10,6 +10,9 @@ naming the JSON path and what to write instead, so a typo cannot pass.
                  "draft": true, "name": "sw"}],          kinds: full, sliding_window (window),
      "speculative": "drop",                               chunked_local (chunk), mamba
      "max_model_len": 131072}                             (mode), cross; draft optional
+
+Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
+layers' heads and dtype, for engines that plan their own groups from layers.
 """
 
 from __future__ import annotations
@@ -99,12 +102,35 @@ def spec_call(where: str, build: Callable[[], T]) -> T:
 
 _GROUP_FIELDS: Mapping[str, tuple[Callable[..., Group], tuple[str, ...], tuple[str, ...]]] = {
     # kind: (spec type, required fields besides block_size, optional fields besides name)
-    "full": (FullAttention, (), ("draft",)),
-    "sliding_window": (SlidingWindow, ("window",), ("draft",)),
-    "chunked_local": (ChunkedLocal, ("chunk",), ("draft",)),
+    "full": (FullAttention, (), ("draft", "shape")),
+    "sliding_window": (SlidingWindow, ("window",), ("draft", "shape")),
+    "chunked_local": (ChunkedLocal, ("chunk",), ("draft", "shape")),
     "mamba": (MambaState, (), ("mode",)),
-    "cross": (CrossAttention, (), ()),
+    "cross": (CrossAttention, (), ("shape",)),
 }
+SHAPE_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "dtype")
+SHAPE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+
+
+def shape_from_json(obj: object, where: str) -> JSON:
+    """An attention group's layer shape (format kvcert-vector/2), checked and completed:
+
+        {"num_kv_heads": 8, "head_size_k": 128, "head_size_v": 128, "dtype": "bf16"}
+
+    head_size_v defaults to head_size_k. The spec's answers never depend on it (a hit or a
+    table is the same whatever the heads); it tells an engine that plans its own groups which
+    layers it is planning, so two groups of one kind that differ only in shape stay apart
+    wherever the engine keeps them apart."""
+    fields = expect_object(obj, where)
+    check_fields(fields, where, ("num_kv_heads", "head_size_k", "dtype"), ("head_size_v",))
+    out = dict(fields)
+    out.setdefault("head_size_v", fields["head_size_k"])
+    for name in ("num_kv_heads", "head_size_k", "head_size_v"):
+        value = out[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{where}.{name}: expected a positive integer, got {value!r}")
+    choice(out["dtype"], list(SHAPE_DTYPES), f"{where}.dtype")
+    return out
 
 
 def group_from_json(obj: object, where: str, index: int) -> Group:
@@ -115,7 +141,9 @@ def group_from_json(obj: object, where: str, index: int) -> Group:
         raise InputError(f"{where}: unknown kind {kind!r}; expected one of {list(_GROUP_FIELDS)}")
     spec_type, required, optional = _GROUP_FIELDS[kind]
     check_fields(fields, where, ("kind", "block_size", *required), ("name", *optional))
-    kwargs = {k: v for k, v in fields.items() if k != "kind"}
+    if "shape" in fields:
+        shape_from_json(fields["shape"], f"{where}.shape")
+    kwargs = {k: v for k, v in fields.items() if k not in ("kind", "shape")}
     if "mode" in kwargs:
         modes = [m.value for m in MambaMode]
         if kwargs["mode"] not in modes:

@@ -137,17 +137,33 @@ class Session:
     layout: JSON
     num_blocks: int
     kv_events: bool = True  # BlockStored events count registrations (benchmarks turn them off)
+    mode: str = "hand"  # hand, or a planned mode of vllm_planned (marked | unmarked)
+    flags: tuple[tuple[str, str, Any], ...] = ()  # planned modes: other engine arguments
     running: dict[str, _Running] = field(default_factory=dict)
     lora_ids: dict[str, int] = field(default_factory=dict)
+    # owner[i]: the index of the manager's group that holds layout group i
+    owner: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        api = vllm_api()
+        self.api = vllm_api()
+        self.max_model_len = self.layout.get("max_model_len") or HUGE_MODEL_LEN
+        if self.mode == "hand":
+            self._build_by_hand()
+        else:
+            from kvcert.conformance.engines.vllm_planned import planned
+
+            built = planned(self.layout, self.num_blocks, self.mode, self.kv_events, self.flags)
+            self.manager, self.hasher, self.owner = built.manager, built.hasher, built.owner
+        self.pool = self.manager.block_pool
+
+    def _build_by_hand(self) -> None:
+        """One KVCacheGroupSpec per layout group, draft groups flagged by the adapter."""
+        api = self.api
         _check_layout(self.layout)
         groups = self.layout["groups"]
         sizes = [g["block_size"] for g in groups]
-        self.api = api
         self.hash_block_size = math.gcd(*sizes)
-        self.max_model_len = self.layout.get("max_model_len") or HUGE_MODEL_LEN
+        self.owner = list(range(len(groups)))
         eagle = self.layout.get("speculative") == "drop"
         group_specs: list[Any] = []
         marks_drafts = _accepts(api.kvi.KVCacheGroupSpec, "is_eagle_group")
@@ -167,7 +183,6 @@ class Session:
         self.manager = api.KVCacheManager(
             config, max_model_len=self.max_model_len, hash_block_size=self.hash_block_size, **kwargs
         )
-        self.pool = self.manager.block_pool
         self.hasher = self._hasher()
 
     # --- vLLM calls --------------------------------------------------------------------------
@@ -224,7 +239,9 @@ class Session:
         return out is not None, (seen[-1] if seen else 0), free
 
     def tables(self, rid: str) -> list[list[int]]:
-        return [list(t) for t in self.manager.get_block_ids(rid)]
+        """The request's block table per layout group."""
+        tables = self.manager.get_block_ids(rid)
+        return [list(tables[g]) for g in self.owner]
 
     def registrations(self) -> int:
         """Blocks vLLM gave a hash (made hittable) since the last call, from its KV events."""
@@ -335,7 +352,14 @@ class Session:
             if hasattr(self.manager, "new_step_starts"):
                 self.manager.new_step_starts()
         self.manager.free(writer)
-        doomed = {b for (g, b), j in position.items() if j not in cached[g]}
+        wanted: dict[int, set[int]] = {}  # manager group -> the blocks its layout groups keep
+        for i, g in enumerate(self.owner):
+            if wanted.setdefault(g, cached[i]) != cached[i]:
+                raise Unsupported(
+                    f"vLLM's planner keeps layout groups {self.owner.index(g)} and {i} in one "
+                    "block table, so a block cannot be cached in one and evicted in the other"
+                )
+        doomed = {b for (g, b), j in position.items() if j not in wanted[g]}
         for block_id in doomed:
             self.pool._maybe_evict_cached_block(self.pool.blocks[block_id])
         reader = self.new_request("reader", tokens[:num_tokens], [])
@@ -348,18 +372,25 @@ class Session:
                     for b in group_blocks
                 ]
             )
-        return {"hit": hit, "blocks": lists}
+        return {"hit": hit, "blocks": [lists[g] for g in self.owner]}
 
 
 class VllmEngine:
-    """The conformance engine: describe() probes the release, run() drives it."""
+    """The conformance engine: describe() probes the release, run() drives it. `mode` is how
+    the layout reaches vLLM: `hand` (one manager group per layout group, drafts flagged by the
+    adapter) or a planned mode of vllm_planned (`marked`, `unmarked`: through vLLM's planner)."""
+
+    def __init__(self, mode: str = "hand", flags: tuple[tuple[str, str, Any], ...] = ()) -> None:
+        self.mode = mode
+        self.flags = flags  # planned modes: engine arguments other than vLLM's defaults
 
     def describe(self) -> JSON:
+        name = "vllm" if self.mode == "hand" else f"vllm-planned-{self.mode}"
         return {
-            "name": "vllm",
+            "name": name,
             "version": version("vllm"),
-            "features": probe_features(),
-            "profiles": [profile] if (profile := free_order_profile()) else [],
+            "features": probe_features(self.mode),
+            "profiles": [profile] if (profile := free_order_profile(self.mode)) else [],
         }
 
     def run(self, case: JSON) -> JSON:
@@ -380,9 +411,14 @@ class VllmEngine:
                 if not isinstance(n, int) or n < 1 or len(case["cached"]) != len(layout["groups"]):
                     return REFUSED
                 room = sum(n // g["block_size"] + 3 for g in layout["groups"]) * 2 + 2
-                session = Session(layout, room)
+                session = Session(layout, room, mode=self.mode, flags=self.flags)
             else:
-                session = Session(layout, case["num_blocks"])
+                session = Session(layout, case["num_blocks"], mode=self.mode, flags=self.flags)
+                if len(set(session.owner)) < len(session.owner):
+                    raise Unsupported(
+                        "vLLM's planner merges layout groups into one block table "
+                        f"(owners {session.owner}); the case counts blocks per group"
+                    )
         except Unsupported:
             raise
         except Exception as error:
@@ -416,7 +452,7 @@ def _from_ranges(ranges: list[list[int]]) -> set[int]:
 
 
 @cache
-def probe_features() -> list[str]:
+def probe_features(mode: str = "hand") -> list[str]:
     """The features this release can express, found by building the managers they need."""
     features = [
         "alloc.lookahead",
@@ -446,25 +482,27 @@ def probe_features() -> list[str]:
     }
     for feature, groups in trials.items():
         try:
-            Session({"groups": groups}, 16)
+            Session({"groups": groups}, 16, mode=mode)
         except Exception:
             continue
         features.append(feature)
-    try:
-        Session({"groups": [{"kind": "full", "block_size": 4}], "speculative": "drop"}, 16)
-        features.append("speculative.drop")
-    except Exception:
-        pass
+    for profile in ("drop", "exact"):
+        draft = [{"kind": "full", "block_size": 4, "draft": True}]
+        try:
+            Session({"groups": draft, "speculative": profile}, 16, mode=mode)
+        except Exception:
+            continue
+        features.append(f"speculative.{profile}")
     return sorted(features)
 
 
 @cache
-def free_order_profile() -> str | None:
+def free_order_profile(mode: str = "hand") -> str | None:
     """The eviction profile this release's free queue follows, found by a probe: a request
     leaves one keyed and one unkeyed block; which block does the next request get?
     The `eviction.lru` tail (block 3) or, from 0.25, the unkeyed block at the head (block 2,
     spec ALLOC-FREE-2; vLLM's BlockPool.free_blocks prepends blocks without a hash)."""
-    session = Session({"groups": [{"kind": "full", "block_size": 4}]}, 8)
+    session = Session({"groups": [{"kind": "full", "block_size": 4}]}, 8, mode=mode)
     session.apply({"op": "admit", "rid": "x", "tokens": [1, 2, 3, 4, 5, 6], "budget": 6})
     session.apply({"op": "end_step"})
     session.apply({"op": "finish", "rid": "x"})
@@ -485,10 +523,23 @@ def make_engine() -> VllmEngine:
     return VllmEngine()
 
 
-def weightless_model(max_model_len: int) -> Any:
+def make_planned_engine() -> VllmEngine:
+    """Entry point `vllm-planned`: layouts through vLLM's own planner, draft layers marked."""
+    make_engine()
+    return VllmEngine("marked")
+
+
+def make_planned_unmarked_engine() -> VllmEngine:
+    """Entry point `vllm-planned-unmarked`: as `vllm-planned`, draft layers left unmarked."""
+    make_engine()
+    return VllmEngine("unmarked")
+
+
+def weightless_model(max_model_len: int, attention_chunk_size: int | None = None) -> Any:
     """vLLM's ModelConfig for a one-layer Llama config with no weights, written to a temporary
     directory: vLLM's scheduler and page planner read only shapes, so the scripts under
-    engines/vllm/ that drive them need no model download."""
+    engines/vllm/ that drive them need no model download. `attention_chunk_size` is what a
+    model with chunked local attention declares (VllmConfig's hybrid-manager rules read it)."""
     import json
     import tempfile
     from pathlib import Path
@@ -506,6 +557,8 @@ def weightless_model(max_model_len: int) -> Any:
         "vocab_size": 1000,
         "max_position_embeddings": max_model_len,
     }
+    if attention_chunk_size is not None:  # a model with chunked local attention layers
+        shape["attention_chunk_size"] = attention_chunk_size
     path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-llama-"))
     (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
     return ModelConfig(

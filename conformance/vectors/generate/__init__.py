@@ -30,6 +30,7 @@ from kvcert.conformance.vectors.generate.hit import (
     enumerated_hits,
     hit_scenarios,
     sampled_layouts,
+    shaped_hits,
     single_miss_hits,
     three_group_layouts,
 )
@@ -39,7 +40,7 @@ from kvcert.conformance.vectors.generate.traces import random_traces
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
-FORMAT = "kvcert-vector/1"
+FORMAT = "kvcert-vector/2"
 VECTORS = Path(__file__).resolve().parents[1]  # kvcert/conformance/vectors
 
 
@@ -51,6 +52,7 @@ def suites() -> dict[str, list[JSON]]:
         "hit/enumerated.json": list(enumerated_hits(400)),
         "hit/three-groups.json": list(single_miss_hits("hit.g3", three_group_layouts(), (7, 11))),
         "hit/sampled-groups.json": list(single_miss_hits("hit.g45", sampled_layouts(60), (9,))),
+        "hit/shaped-groups.json": list(shaped_hits()),
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),

@@ -292,3 +292,84 @@ def single_miss_hits(
                 if shape not in seen:
                     seen.add(shape)
                     yield case
+
+
+# --- layer shapes (format /2): groups a planner keeps apart, unifies or merges ---------------
+
+PAGE_BYTES = 1024  # every shaped group's page at its own block size
+
+
+def layer_shape(block_size: int, heads: int) -> JSON:
+    """fp16 heads sized so the group's page is PAGE_BYTES at `block_size` (4 bytes per head
+    element and token: K and V, two bytes each). A planner that starts every attention layer
+    at the smallest block and unifies pages by growing blocks then gives each group its own
+    block size; two groups of one kind and block size differ only in `heads`."""
+    return {"num_kv_heads": heads, "head_size_k": PAGE_BYTES // (4 * heads * block_size),
+            "dtype": "fp16"}  # fmt: skip
+
+
+def shaped_layouts() -> list[tuple[Layout, tuple[int | None, ...]]]:
+    """(layout, KV heads per group; None for a state group): targets whose groups differ in
+    shape only, or in shape and block size, and targets with a draft whose heads differ from
+    theirs (the common EAGLE/MTP case), each draft layout under both speculative profiles."""
+    sw, full2, full4 = SlidingWindow(2, 3), FullAttention(2), FullAttention(4)
+    plain: list[tuple[tuple[Group, ...], tuple[int | None, ...]]] = [
+        ((full2, full2), (1, 2)),  # one kind, one block size, two head shapes
+        ((full2, full4), (1, 1)),  # wider heads, smaller blocks (Gemma-style global layers)
+        ((sw, SlidingWindow(2, 3)), (1, 2)),
+        ((sw, full2, FullAttention(2)), (1, 1, 2)),
+        ((sw, full2, full4), (1, 1, 1)),
+    ]
+    drafted: list[tuple[tuple[Group, ...], tuple[int | None, ...]]] = [
+        ((full2, FullAttention(2, draft=True)), (1, 2)),
+        ((full2, FullAttention(4, draft=True)), (1, 1)),
+        ((sw, full2, FullAttention(2, draft=True)), (1, 1, 2)),
+        ((sw, full2, FullAttention(4, draft=True)), (1, 1, 1)),
+        ((full2, SlidingWindow(2, 3, draft=True)), (1, 2)),
+        ((full2, ChunkedLocal(2, 4), FullAttention(2, draft=True)), (1, 1, 2)),
+        ((full2, MambaState(2, MambaMode.ALIGN), FullAttention(2, draft=True)), (1, None, 2)),
+        ((full2, MambaState(2, MambaMode.ALL), FullAttention(4, draft=True)), (1, None, 1)),
+    ]
+    out = [(Layout(groups), heads) for groups, heads in plain]
+    for groups, heads in drafted:
+        out += [(Layout(groups, profile), heads) for profile in Speculative]
+    return out
+
+
+def shaped_hits(lengths: tuple[int, ...] = (7, 11)) -> Iterator[JSON]:
+    """Every block cached, one block missing in one group, and one token range missing in every
+    group (the only misses a planner that merges groups into one table can show); one case
+    per distinct outcome. The spec's answer ignores the shapes; the engine's path may not."""
+    for index, (layout, heads) in enumerate(shaped_layouts()):
+        seen: set[tuple[object, ...]] = set()
+        unit = max(g.block_size for g in layout.groups)
+        for num_tokens in lengths:
+            counts = [keyable_blocks(layout, g, num_tokens) for g in range(len(layout.groups))]
+            full = [list(range(c)) for c in counts]
+            patterns = [full] + [
+                [[x for x in full[g] if (g, x) != (group, miss)] for g in range(len(full))]
+                for group in range(len(full))
+                for miss in full[group]
+            ]
+            for span in range(num_tokens // unit):
+                low, high = span * unit, (span + 1) * unit
+                patterns.append([
+                    [x for x in full[g]
+                     if not (x * b < high and (x + 1) * b > low)]
+                    for g, b in enumerate(g.block_size for g in layout.groups)
+                ])  # fmt: skip
+            for number, cached in enumerate(patterns):
+                case = hit_case(f"hit.shape.{index:03d}.{num_tokens}.{number:03d}", layout,
+                                num_tokens, cached)  # fmt: skip
+                outcome = (case["expect"]["hit"], json.dumps(case["expect"]["block_runs"]))
+                if outcome in seen:
+                    continue
+                seen.add(outcome)
+                for group, (spec_group, count) in zip(
+                    case["input"]["layout"]["groups"],
+                    zip(layout.groups, heads, strict=True),
+                    strict=True,
+                ):
+                    if count is not None:
+                        group["shape"] = layer_shape(spec_group.block_size, count)
+                yield case

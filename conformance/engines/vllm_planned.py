@@ -1,0 +1,181 @@
+"""The vLLM adapter's planned modes: a layout reaches vLLM as a served model's layers would.
+
+The hand mode (`vllm`) gives vLLM's KVCacheManager one group per layout group and flags draft
+groups itself. Real models never do that: vLLM builds its groups from per-layer specs with its
+own planner (merging layers whose specs are equal, or all layers of one attention type),
+unifies their page sizes by changing block sizes, and decides in its own code which groups get
+EAGLE handling. Here every layout group becomes one layer and vLLM does the rest:
+
+    layout group                  one layer `model.layers.{i}.attn`, its spec built as the
+                                  attention backend publishes it: block size --block-size
+                                  (the smallest attention block of the layout), heads and dtype
+                                  from the group's `shape` (format /2) or, without one, derived
+                                  so that page unification gives the group its block size
+                                  (fp16, one KV head, head size lcm(blocks) / block)
+    state group                   a MambaSpec of the layout's block size and mode, its page as
+                                  large as the attention page (vLLM pads state pages)
+    speculative drop / exact      a real SpeculativeConfig (method eagle); on 0.33 `drop` sets
+                                  disable_lookahead_block_hashes (its documented fallback) and
+                                  `exact` keeps the default lookahead hashes
+    draft group (mode `marked`)   its layer's spec says is_draft, as 0.33's EAGLE/MTP model
+                                  runners mark the drafter's layers; the planner flags the
+                                  groups holding one. Mode `unmarked`: no layer says so (a
+                                  drafter that does not mark its layers), and the release's
+                                  fallback applies (every group)
+    groups, pool, scheduler       vllm_wiring.plan / wire: the release's planner, EngineCore's
+                                  wiring; the adapter then plays the scheduler's calls on the
+                                  manager the Scheduler built
+
+A layout vLLM's planner does not reproduce (another block size, two groups merged into one
+block table where the case needs them apart) is answered `unsupported` with what vLLM made of
+it: no real model reaches that case through this path. A group vLLM serves as another kind
+(chunked local attention as full attention, where VllmConfig turns the hybrid manager off) is
+answered as vLLM serves it: that is what the model gets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kvcert.conformance.engines import vllm_wiring as wiring
+from kvcert.conformance.engines.vllm import Unsupported
+from kvcert.conformance.engines.vllm_layers import NotCompared, spec_of
+from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype
+
+JSON = dict[str, Any]
+MODES = ("marked", "unmarked")
+KINDS = {
+    "full": AttentionKind.FULL,
+    "sliding_window": AttentionKind.SLIDING_WINDOW,
+    "chunked_local": AttentionKind.CHUNKED_LOCAL,
+}
+
+
+class NotReachable(Unsupported):
+    """vLLM's planner does not turn these layers into the case's layout."""
+
+
+def _shape(group: JSON, unit: int) -> tuple[AttentionLayer, KVDtype]:
+    kind = KINDS[group["kind"]]
+    span = {"window": group.get("window"), "chunk": group.get("chunk")}
+    shape = group.get("shape")
+    if shape is None:  # one fp16 head sized so that every group's page is 4 x unit bytes
+        head = unit // group["block_size"]
+        return AttentionLayer(kind, 1, head, head, **span), KVDtype.FP16
+    layer = AttentionLayer(
+        kind, shape["num_kv_heads"], shape["head_size_k"], shape.get("head_size_v",
+        shape["head_size_k"]), **span,
+    )  # fmt: skip
+    return layer, KVDtype(shape["dtype"])
+
+
+def layer_specs(layout: JSON, block_size: int, mark_drafts: bool) -> dict[str, Any]:
+    """Per-layer KVCacheSpecs, one layer per layout group, as the model's backends publish
+    them (before vLLM's planner unifies pages)."""
+    v = wiring.modules()
+    from vllm.v1.kv_cache_interface import MambaSpec  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    groups = layout["groups"]
+    attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
+    unit = math.lcm(*attention) if attention else 1
+    specs: dict[str, Any] = {}
+    for i, group in enumerate(groups):
+        if group["kind"] not in KINDS:
+            continue
+        layer, dtype = _shape(group, unit)
+        try:
+            spec = spec_of(layer, dtype, block_size)
+        except NotCompared as why:
+            raise NotReachable(str(why)) from None
+        if group.get("draft") and mark_drafts and wiring.marks_draft_layers():
+            spec = dataclasses.replace(spec, is_draft=True)
+        specs[_layer_name(i, group)] = spec
+    page = max((s.page_size_bytes for s in specs.values()), default=64)
+    for i, group in enumerate(groups):
+        if group["kind"] != "mamba":
+            continue
+        fields = {f.name for f in dataclasses.fields(MambaSpec)}
+        if "mamba_cache_mode" not in fields:
+            raise NotReachable("this release has no Mamba prefix-cache modes")
+        if group.get("mode", "all") == "none":
+            raise NotReachable("mamba mode none disables prefix caching for the whole model")
+        specs[_layer_name(i, group)] = MambaSpec(
+            block_size=group["block_size"],
+            shapes=((page,),),
+            dtypes=(v["torch"].uint8,),
+            mamba_cache_mode=group.get("mode", "all"),
+        )
+    # in model order: vLLM's planner orders its groups by the layers it meets first
+    return {_layer_name(i, g): specs[_layer_name(i, g)] for i, g in enumerate(groups)}
+
+
+def _layer_name(index: int, group: JSON) -> str:
+    return f"model.layers.{index}.{'mixer' if group['kind'] == 'mamba' else 'attn'}"
+
+
+@dataclass
+class Planned:
+    """What vLLM made of a layout: the manager its Scheduler built, the request hasher, and
+    for each layout group the index of the vLLM group holding its layer."""
+
+    manager: Any
+    hasher: Any
+    owner: list[int]
+
+
+def _describe(kv_groups: list[Any]) -> str:
+    parts = []
+    for g in kv_groups:
+        spec = g.kv_cache_spec
+        parts.append(f"{type(spec).__name__}(block {spec.block_size}) <- {sorted(g.layer_names)}")
+    return "; ".join(parts)
+
+
+def planned(
+    layout: JSON,
+    num_blocks: int,
+    mode: str,
+    kv_events: bool = True,
+    flags: tuple[tuple[str, str, Any], ...] = (),
+) -> Planned:
+    """Plan the layout's layers with vLLM's own planner and build its Scheduler over a pool of
+    `num_blocks` blocks (null block included); NotReachable where vLLM's groups are not the
+    layout's."""
+    groups = layout["groups"]
+    attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
+    settings = wiring.Settings(
+        max_len=layout.get("max_model_len") or 1 << 20,
+        block_size=min(attention) if attention else min(g["block_size"] for g in groups),
+        speculative=layout.get("speculative"),
+        kv_events=kv_events,
+        flags=flags,
+        attention_chunk_size=next(
+            (g["chunk"] for g in groups if g["kind"] == "chunked_local"), None
+        ),
+    )
+    try:
+        config = wiring.engine_config(settings)
+    except wiring.NoSuchFlag as why:
+        raise NotReachable(str(why)) from None
+    specs = layer_specs(layout, settings.block_size, mark_drafts=mode == "marked")
+    try:
+        kv_groups = wiring.plan(config, specs)
+    except (NotImplementedError, AssertionError, ValueError) as error:
+        raise NotReachable(f"vLLM's planner refuses these layers: {error}") from None
+    owner = []
+    for i, group in enumerate(groups):
+        holders = [j for j, g in enumerate(kv_groups) if _layer_name(i, group) in g.layer_names]
+        # a group vLLM turns into another kind (chunked local layers become full attention
+        # where VllmConfig turns the hybrid manager off) is answered as vLLM serves it
+        size = kv_groups[holders[0]].kv_cache_spec.block_size
+        if size != group["block_size"]:
+            raise NotReachable(
+                f"vLLM's planner gives group {i} block size {size}, the case needs "
+                f"{group['block_size']} ({_describe(kv_groups)})"
+            )
+        owner.append(holders[0])
+    wired = wiring.wire(config, kv_groups, num_blocks - 1, per_group=False)
+    return Planned(wired.scheduler.kv_cache_manager, wired.hasher, owner)

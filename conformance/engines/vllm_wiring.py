@@ -1,0 +1,272 @@
+"""vLLM wired the way its EngineCore wires a served model: config, planner, scheduler, hasher.
+
+Runs inside a vLLM release venv. Shared by the scheduler campaign (kvcert.conformance.campaign)
+and the planned modes of the conformance adapter (`vllm_planned`), so that both hand vLLM's
+own code the same things a real model would: per-layer KV-cache specs go through the release's
+own planner (`get_global_kv_cache_groups` on 0.33, `get_kv_cache_groups` before), speculative
+decoding comes from a real `SpeculativeConfig` (method "eagle", the weightless model as its
+draft), the scheduler class from `SchedulerConfig.get_scheduler_cls()`, block sizes from
+`resolve_kv_cache_block_sizes` and request hashes from `get_request_block_hasher`. Which group
+gets EAGLE handling, whether blocks are dropped or hashed with lookahead, is then decided by
+vLLM, never by kvcert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@cache
+def modules() -> dict[str, Any]:
+    """vLLM's modules, imported once."""
+    import torch  # noqa: PLC0415
+    from vllm import SamplingParams  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.config import (  # type: ignore[import-not-found]  # noqa: PLC0415
+        CacheConfig,
+        DeviceConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+    from vllm.utils.hashing import sha256  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.attention.backends import utils as backends  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.request import Request, RequestStatus  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.structured_output import StructuredOutputManager  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    try:  # the planner moved out of kv_cache_utils after 0.28
+        from vllm.v1.core import kv_cache_planning as planning  # noqa: PLC0415
+    except ImportError:
+        planning = kv_cache_utils
+    # 0.33 groups the whole model and flags EAGLE groups in get_global_kv_cache_groups; before,
+    # get_kv_cache_groups did both (its flagging only for DeepSeek-V4's MTP layer)
+    groups_of = getattr(planning, "get_global_kv_cache_groups", None)
+    if groups_of is None:
+        groups_of = planning.get_kv_cache_groups
+        planner = "get_kv_cache_groups"
+    else:
+        planner = "get_global_kv_cache_groups"
+    # from 0.33 the engine core records the KV layout before planning; older releases do not
+    record_layout = getattr(backends, "record_kv_cache_layout", lambda *_: None)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    kv_cache_utils.init_none_hash(sha256)
+    _keep_hybrid_manager()
+    return {
+        "torch": torch, "SamplingParams": SamplingParams, "CacheConfig": CacheConfig,
+        "DeviceConfig": DeviceConfig, "ParallelConfig": ParallelConfig,
+        "SchedulerConfig": SchedulerConfig, "SpeculativeConfig": SpeculativeConfig,
+        "VllmConfig": VllmConfig, "sha256": sha256, "utils": kv_cache_utils,
+        "groups_of": groups_of, "planner": planner,
+        "config_of": planning.get_kv_cache_config_from_groups,
+        "ModelRunnerOutput": ModelRunnerOutput, "Request": Request,
+        "RequestStatus": RequestStatus, "StructuredOutputManager": StructuredOutputManager,
+        "record_layout": record_layout, "EMPTY": EMPTY_MODEL_RUNNER_OUTPUT,
+    }  # fmt: skip
+
+
+def _keep_hybrid_manager() -> None:
+    """Let VllmConfig keep the hybrid KV-cache manager, as on every platform models are served on.
+
+    Without vllm._C (a CPU-only install of a CUDA wheel) vLLM falls back to its
+    UnspecifiedPlatform, the one platform whose `support_hybrid_kv_cache()` is False; then
+    VllmConfig turns the hybrid manager off and the planner promotes every sliding-window layer
+    to full attention, one group for the whole model. CUDA, ROCm, XPU and CPU platforms all
+    answer True, so this stands in for them; VllmConfig's own rules (chunked local attention,
+    KV connectors) still decide."""
+    from vllm.platforms import current_platform  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    if not current_platform.support_hybrid_kv_cache():
+        current_platform.support_hybrid_kv_cache = lambda: True
+
+
+def marks_draft_layers() -> bool:
+    """Whether this release's layer specs can say "this layer is the drafter's" (`is_draft`,
+    0.33), so that its planner flags only the groups holding draft layers."""
+    from vllm.v1.kv_cache_interface import KVCacheSpec  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    return "is_draft" in {f.name for f in dataclasses.fields(KVCacheSpec)}
+
+
+def has_lookahead_hashes() -> bool:
+    """Whether this release can hash each block together with the tokens the drafter reads
+    after it (0.33's default for EAGLE, instead of dropping the last matched block)."""
+    fields = inspect.signature(modules()["SpeculativeConfig"]).parameters
+    return "disable_lookahead_block_hashes" in fields
+
+
+@cache
+def _model_config(max_len: int, attention_chunk_size: int | None = None) -> Any:
+    """One weightless model config per shape (older releases probe the hub on every build,
+    with retries that cost seconds)."""
+    from kvcert.conformance.engines.vllm import weightless_model  # noqa: PLC0415
+
+    return weightless_model(max_len, attention_chunk_size)
+
+
+class NoSuchFlag(Exception):
+    """The release has no flag for the speculative behaviour asked for."""
+
+
+def speculative_config(settings: Settings) -> Any:
+    """An EAGLE drafter as a user configures one (`--speculative-config '{"method": "eagle",
+    "model": ..., "num_speculative_tokens": 1}'`), the weightless model as its draft.
+    `drop`: the last matched block is dropped (0.33: `disable_lookahead_block_hashes`, the
+    release's documented fallback; before 0.33 the only behaviour). `exact`: the drafter's
+    tokens after each block are in the block's hash (0.33's default), else NoSuchFlag."""
+    v = modules()
+    model = _model_config(settings.max_len, settings.attention_chunk_size)
+    options: dict[str, Any] = {}
+    if has_lookahead_hashes():
+        options["disable_lookahead_block_hashes"] = settings.speculative == "drop"
+    elif settings.speculative == "exact":
+        raise NoSuchFlag("this release has no lookahead block hashes (exact draft keying)")
+    return v["SpeculativeConfig"](
+        method="eagle",
+        model=model.model,
+        num_speculative_tokens=1,
+        target_model_config=model,
+        target_parallel_config=v["ParallelConfig"](),
+        **{**options, **settings.flags_for("speculative")},
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The engine arguments the campaign and the adapter vary."""
+
+    max_len: int
+    budget: int = 2048  # max_num_batched_tokens
+    block_size: int = 16  # --block-size: the attention layers' block before page unification
+    policy: str = "fcfs"
+    async_scheduling: bool = False
+    long_prefill: int = 0
+    speculative: str | None = None  # None | drop | exact (a kvcert profile)
+    max_num_seqs: int = 8
+    attention_chunk_size: int | None = None  # the model's, when it has chunked local layers
+    kv_events: bool = False  # --kv-events-config '{"enable_kv_cache_events": true}'
+    # other engine arguments by config ("cache", "scheduler", "speculative", or "env" for a
+    # VLLM_* variable) and field: how engines/vllm/trace_causes.py finds the flag a
+    # difference follows
+    flags: tuple[tuple[str, str, Any], ...] = ()
+
+    def flags_for(self, config: str) -> dict[str, Any]:
+        return {name: value for where, name, value in self.flags if where == config}
+
+
+def engine_config(settings: Settings) -> Any:
+    """The VllmConfig `vllm serve` builds from these arguments."""
+    v = modules()
+    extra: dict[str, Any] = {}
+    if settings.speculative is not None:
+        extra["speculative_config"] = speculative_config(settings)
+    if settings.kv_events:
+        from vllm.config import KVEventsConfig  # type: ignore[import-not-found]  # noqa: PLC0415
+
+        extra["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    with _environment(settings.flags_for("env")):
+        config = _vllm_config(settings, extra)
+    # the engine core resolves one layout from the attention backends; the page math and the
+    # scheduler ignore which
+    v["record_layout"](config.cache_config, "LBNHC")
+    return config
+
+
+@contextmanager
+def _environment(variables: dict[str, Any]) -> Iterator[None]:
+    """vLLM's environment variables (VLLM_*) set while its config reads them."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update({name: str(value) for name, value in variables.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _vllm_config(settings: Settings, extra: dict[str, Any]) -> Any:
+    v = modules()
+    return v["VllmConfig"](
+        model_config=_model_config(settings.max_len, settings.attention_chunk_size),
+        device_config=v["DeviceConfig"](device="cpu"),
+        cache_config=v["CacheConfig"](
+            block_size=settings.block_size,
+            enable_prefix_caching=True,
+            **settings.flags_for("cache"),
+        ),
+        scheduler_config=v["SchedulerConfig"](
+            max_model_len=settings.max_len,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=max(settings.budget, settings.max_num_seqs, 16),
+            long_prefill_token_threshold=settings.long_prefill,
+            max_num_seqs=settings.max_num_seqs,
+            policy=settings.policy,
+            async_scheduling=settings.async_scheduling,
+            **settings.flags_for("scheduler"),
+        ),
+        **extra,
+    )
+
+
+def plan(config: Any, specs: dict[str, Any]) -> list[Any]:
+    """The release's own KV-cache groups (and EAGLE flags) for these per-layer specs."""
+    v = modules()
+    if v["planner"] == "get_global_kv_cache_groups":
+        return list(v["groups_of"](config, [dict(specs)]))
+    return list(v["groups_of"](config, dict(specs)))
+
+
+@dataclass
+class Wired:
+    """A scheduler as EngineCore builds it, and what a request needs to join it."""
+
+    scheduler: Any
+    groups: list[Any]  # the KVCacheGroupSpecs the scheduler's manager was given
+    hasher: Any  # Request(block_hasher=...)
+
+
+def wire(
+    config: Any, kv_groups: list[Any], usable_blocks: int, cls: Any = None, per_group: bool = True
+) -> Wired:
+    """A scheduler over a pool of `usable_blocks` blocks (per group unless `per_group` is
+    false), plus the null block."""
+    v = modules()
+    usable = usable_blocks * max(len(kv_groups), 1) if per_group else usable_blocks
+    page = max(g.kv_cache_spec.page_size_bytes for g in kv_groups)
+    size = max(len(g.layer_names) for g in kv_groups)
+    kv = v["config_of"](config, kv_groups, (usable + 1) * page * size)
+    kv.num_blocks = usable + 1
+    kv = v["utils"].generate_scheduler_kv_cache_config([kv])  # as EngineCore hands it over
+    config.cache_config.num_gpu_blocks = usable + 1  # what the engine core sets
+    resolve = getattr(v["utils"], "resolve_kv_cache_block_sizes", None)
+    if resolve is not None:
+        scheduler_block, hash_block = resolve(kv, config)
+        extra = {"hash_block_size": hash_block}
+    else:  # <= 0.19: one block size, cache_config's, for scheduling and hashing
+        scheduler_block = hash_block = config.cache_config.block_size
+        extra = {}
+    cls = cls or config.scheduler_config.get_scheduler_cls()
+    scheduler = cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=v["StructuredOutputManager"](config),
+        block_size=scheduler_block,
+        **extra,
+    )
+    lookahead = getattr(config, "num_hash_lookahead_tokens", None)  # an argument from 0.33
+    hasher = v["utils"].get_request_block_hasher(
+        hash_block, v["sha256"], *(() if lookahead is None else (lookahead,))
+    )
+    return Wired(scheduler, list(kv.kv_cache_groups), hasher)
