@@ -83,11 +83,13 @@ CAUSES = {
     "blocks. Every such case passes with --prefix-cache-retention-interval None (dense), or "
     "then differs exactly as the hand mode does for that mode's cause "
     "(engines/vllm/trace_causes.py). A memory-for-hit-rate choice, not a wrong answer",
-    "eagle-fallback-drops": "vLLM 0.33 with a drafter that does not mark its layers (mode "
-    "unmarked: the release's fallback flags every group): each attention type drops its own "
-    "last matched block, so three or more types lose more than the one block HIT-SPEC-2 "
-    "allows; with the draft layers marked (vllm-planned) the same case passes (with dense "
-    "retention too where sliding-window or Mamba groups also keep fewer blocks)",
+    "eagle-fallback-drops": "a drafter whose layers vLLM does not identify gets the "
+    "release's fallback, every group flagged for EAGLE (0.33: a drafter that does not mark its "
+    "layers, mode unmarked; before 0.33 every drafter but DeepSeek-V4's MTP layer): each "
+    "attention type drops its own last matched block, so three or more types lose more than "
+    "the one block HIT-SPEC-2 allows. On 0.33 the same case passes with the draft layers "
+    "marked (with dense retention too where sliding-window or Mamba groups keep fewer "
+    "blocks); the hand mode, which flags only draft groups, passes it on every release",
     "lookahead-registration": "vLLM 0.33's default for EAGLE (lookahead block hashes) hashes "
     "every group's block only once the token after it is known and then drops nothing; the "
     "spec's exact profile waits so only for draft groups (HASH-DRAFT-1), so vLLM registers "
@@ -97,6 +99,11 @@ CAUSES = {
     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), and the planner then serves chunked "
     "local layers as full attention: every block is kept and needed, where the spec's chunked "
     "group needs only the current chunk (HIT-CHUNK-1). Fewer hits, never a wrong one",
+    "mamba-all-hash-block": "vLLM (planned; 0.25-0.28, the releases with Mamba mode all) "
+    "hashes at the scheduler block size (the lcm) when a Mamba group is in mode all "
+    "(resolve_kv_cache_block_sizes), and its HybridKVCacheCoordinator then refuses to start "
+    "because a smaller attention block size is not a multiple of that hash block. A model "
+    "with these layers does not start; the spec serves it",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
 # Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
@@ -143,7 +150,9 @@ def released_in_flight(ops: list[dict[str, Any]], index: int) -> bool:
 
 def _equal_groups(layout: dict[str, Any]) -> bool:
     shapes = [
-        tuple(sorted((k, v) for k, v in g.items() if k not in ("name", "draft")))
+        json.dumps(
+            {k: v for k, v in g.items() if k not in ("name", "draft", "shape")}, sort_keys=True
+        )
         for g in layout.get("groups", [])
     ]
     return len(set(shapes)) < len(shapes)
@@ -173,7 +182,8 @@ def traced_cause(trace: dict[str, Any], layout: dict[str, Any], detail: str) -> 
         return "lookahead-registration"
     hits = re.match(r"hit (\d+) != expected (\d+)", detail)
     marking = {"other-marking"} | {f"{flag}+other-marking" for flag in TRACED}
-    if flags & marking and hits and int(hits.group(1)) < int(hits.group(2)):
+    fallback = flags & marking or (trace.get("hand") and layout.get("speculative") == "drop")
+    if fallback and hits and int(hits.group(1)) < int(hits.group(2)):
         return "eagle-fallback-drops"
     return None
 
@@ -206,6 +216,12 @@ def cause(
         for g in layout.get("groups", [])
     ):
         return "chunk-alignment"
+    if trace is not None and detail == "the engine refused valid input":
+        groups = layout.get("groups", [])
+        if any(g.get("mode") == "all" for g in groups) and len(
+            {g["block_size"] for g in groups}
+        ) > 1:
+            return "mamba-all-hash-block"
     if detail == "the engine refused valid input" and _equal_groups(layout):
         return "equal-specs"
     if layout.get("speculative") == "drop":

@@ -18,6 +18,17 @@ for dir in engines/*/*/; do
     echo "FAIL $engine $version:"
     echo "$out" | tail -40
   fi
+  for planned in "$dir"expected-planned*.json; do  # vLLM through its own planner, per mode
+    [ -f "$planned" ] || continue
+    mode=$(basename "$planned" .json); mode=${mode#expected}
+    if out=$(bash scripts/engine-certify.sh "$engine$mode" "$version" 2>&1); then
+      echo "ok   $engine$mode $version: $(echo "$out" | tail -1)"
+    else
+      status=1
+      echo "FAIL $engine$mode $version:"
+      echo "$out" | tail -40
+    fi
+  done
   if [ "$engine" = vllm ]; then
     # The preempt-in-flight bug (engines/README.md) must reproduce through vLLM's own
     # Scheduler on every pinned release (exit 1).

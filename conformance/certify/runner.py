@@ -107,11 +107,10 @@ def user_manifest(directory: Path) -> JSON:
             body = json.loads(text)
         except json.JSONDecodeError as error:
             raise InputError(f"{name}: not valid JSON: {error}") from error
-        errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
-        if errors:
-            raise InputError(
-                f"{name}: schema: {errors[0].message} at {list(errors[0].absolute_path)}"
-            )
+        error = jsonschema.exceptions.best_match(validator.iter_errors(body))
+        if error is not None:
+            error = _deepest(error)
+            raise InputError(f"{name}: schema: {error.message} at {list(error.absolute_path)}")
         for case in body["cases"]:
             unknown = sorted(set(case["rules"]) - tags)
             if unknown:
@@ -129,6 +128,13 @@ def user_manifest(directory: Path) -> JSON:
     if not files:
         raise InputError(f"--vectors {directory}: no *.json vector files in it")
     return {"format": "kvcert-vector/2", "files": files, "retired_ids": []}
+
+
+def _deepest(error: Any) -> Any:
+    """The most specific reason under a schema error: a oneOf (hit input, alloc input or
+    refusal) reports only that no branch fits; the deepest error inside says why."""
+    inner = [_deepest(e) for e in error.context or ()]
+    return max([error, *inner], key=lambda e: len(e.absolute_path))
 
 
 def call_with_timeout(run: Callable[[], Any], seconds: float) -> Any:

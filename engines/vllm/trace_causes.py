@@ -1,6 +1,6 @@
 """Trace each difference of a planned-mode certification to the vLLM flag it follows.
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/trace_causes.py REPORT MODE > TRACE.json
+    .engines/vllm-0.33.0/bin/python engines/vllm/trace_causes.py REPORT MODE TRACE.json
 
 For every case the report lists as failed or errored, the case is run again through the same
 planned mode with one engine argument changed from vLLM's default at a time (each only where
@@ -92,8 +92,11 @@ def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     report = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    json.dump(trace(report, argv[1]), sys.stdout, indent=1, sort_keys=True)
-    print()
+    text = json.dumps(trace(report, argv[1]), indent=1, sort_keys=True) + "\n"
+    if len(argv) > 2:  # a file: some releases log to stdout
+        Path(argv[2]).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
     return 0
 
 

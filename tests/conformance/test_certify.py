@@ -445,3 +445,56 @@ def test_write_manifest_needs_a_folder(tmp_path, capsys):
     assert "not a folder of vector files" in capsys.readouterr().err
     assert main(["certify", "--vectors", str(tmp_path), "--write-manifest"]) == 2
     assert "no *.json vector files" in capsys.readouterr().err
+
+
+def test_format_two_carries_layer_shapes_and_format_one_may_not(tmp_path, capsys):
+    """Shapes (kvcert-vector/2) reach engines untouched and never change the spec's answer;
+    a /1 file cannot use them, and a bad shape is refused with its place."""
+    shaped = [c for c in all_cases() if c["id"].startswith("hit.shape.")]
+    assert shaped
+    assert all(
+        any("shape" in g for g in c["input"]["layout"]["groups"]) for c in shaped
+    )
+    for case in shaped[:20]:
+        bare = json.loads(json.dumps(case["input"]))
+        for group in bare["layout"]["groups"]:
+            group.pop("shape", None)
+        assert SpecEngine().run(bare) == SpecEngine().run(case["input"])
+
+    def write(body):
+        folder = tmp_path / "v"
+        folder.mkdir(exist_ok=True)
+        (folder / "mine.json").write_text(json.dumps(body), encoding="utf-8")
+        return main(["certify", "--vectors", str(folder), "--write-manifest"])
+
+    body = {"format": "kvcert-vector/2", "spec_version": gen.SPEC_VERSION, "suite": "hit",
+            "cases": [shaped[0]]}  # fmt: skip
+    assert write(body) == 0
+    capsys.readouterr()
+    assert write({**body, "format": "kvcert-vector/1"}) == 2
+    assert "schema" in capsys.readouterr().err
+    bad = json.loads(json.dumps(shaped[0]))
+    bad["input"]["layout"]["groups"][0]["shape"]["dtype"] = "fp4"
+    assert write({**body, "cases": [bad]}) == 2
+    assert "'fp4' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ({"num_kv_heads": 0, "head_size_k": 8, "dtype": "fp16"}, "num_kv_heads: expected a pos"),
+        ({"num_kv_heads": 1, "head_size_k": 8}, "missing field(s) ['dtype']"),
+        ({"num_kv_heads": 1, "head_size_k": 8, "dtype": "fp4"}, "dtype: expected one of"),
+        ({"num_kv_heads": 1, "head_size_k": 8, "dtype": "fp16", "heads": 2}, "unknown field"),
+    ],
+)
+def test_a_bad_shape_is_an_input_error_naming_where(shape, message):
+    from kvcert.conformance.contract.codec import InputError, layout_from_json
+
+    layout = {"groups": [{"kind": "full", "block_size": 4, "shape": shape}]}
+    with pytest.raises(InputError, match="layout.groups\\[0\\].shape") as error:
+        layout_from_json(layout)
+    assert message in str(error.value)
+    mamba = {"groups": [{"kind": "mamba", "block_size": 4, "shape": shape}]}
+    with pytest.raises(InputError, match="unknown field"):
+        layout_from_json(mamba)

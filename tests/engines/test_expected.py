@@ -22,6 +22,8 @@ assert SPEC.loader is not None
 expected = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(expected)
 RELEASE_DIRS = sorted(p.parent for p in ROOT.glob("engines/*/*/expected.json"))
+# every expected-results file: the hand mode's and the planned modes' (expected-planned*.json)
+EXPECTED_FILES = sorted(ROOT.glob("engines/*/*/expected*.json"))
 
 
 def test_every_pinned_release_has_a_lock_an_expected_file_and_results():
@@ -31,10 +33,21 @@ def test_every_pinned_release_has_a_lock_an_expected_file_and_results():
         assert (release / "RESULTS.md").is_file(), release
 
 
-@pytest.mark.parametrize("release", RELEASE_DIRS, ids=lambda p: f"{p.parent.name}-{p.name}")
-def test_expected_files_name_live_vectors_with_known_causes(release):
+def test_every_planned_mode_file_has_its_trace_and_results():
+    planned = [p for p in EXPECTED_FILES if p.name != "expected.json"]
+    assert planned, "no release is certified through vLLM's planner (expected-planned.json)"
+    for path in planned:
+        mode = path.stem.removeprefix("expected")  # -planned, -planned-unmarked
+        assert (path.parent / f"trace{mode}.json").is_file(), path
+        assert (path.parent / f"RESULTS{mode}.md").is_file(), path
+
+
+@pytest.mark.parametrize(
+    "path", EXPECTED_FILES, ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}-{p.stem}"
+)
+def test_expected_files_name_live_vectors_with_known_causes(path):
     known = {case["id"] for _, case, _ in iter_cases() if case is not None}
-    entries = json.loads((release / "expected.json").read_text(encoding="utf-8"))
+    entries = json.loads(path.read_text(encoding="utf-8"))
     assert set(entries) <= known, f"stale entries: {sorted(set(entries) - known)}"
     assert set(entries.values()) <= set(expected.CAUSES.values())
     uninvestigated = [k for k, v in entries.items() if v == expected.CAUSES["uninvestigated"]]
@@ -69,6 +82,25 @@ def test_causes_fall_back_to_uninvestigated():
     chunky = {"groups": [{"kind": "chunked_local", "block_size": 2, "chunk": 3}]}
     refused = {"id": "hit.y", "detail": "the engine refused valid input"}
     assert expected.cause(refused, {"input": {"layout": chunky}}) == "chunk-alignment"
+
+
+def test_a_traced_flag_names_the_cause_only_when_it_explains_the_difference():
+    layout = {"groups": [{"kind": "sliding_window", "block_size": 2, "window": 3}]}
+    case = {"input": {"layout": layout}}
+    result = {"id": "hit.x", "detail": "hit 0 != expected 2"}
+    dense = {"passes_with": ["dense-retention"], "as_hand_with": [], "hand": True}
+    assert expected.cause(result, case, dense) == "sparse-retention"
+    # with the flag it fails just as the hand mode does: retention on top of the hand cause
+    layered = {"passes_with": [], "as_hand_with": ["dense-retention"], "hand": False}
+    assert expected.cause(result, case, layered) == "sparse-retention"
+    nothing = {"passes_with": [], "as_hand_with": [], "hand": False}
+    assert expected.cause(result, case, nothing) == "uninvestigated"  # no flag explains it
+    drafted = {"groups": [*layout["groups"], {"kind": "full", "block_size": 2, "draft": True}],
+               "speculative": "drop"}  # fmt: skip
+    fallback = {"passes_with": ["other-marking"], "as_hand_with": [], "hand": True}
+    assert expected.cause(result, {"input": {"layout": drafted}}, fallback) == (
+        "eagle-fallback-drops"
+    )
 
 
 def test_markdown_lists_every_unexpected_case(tmp_path):
