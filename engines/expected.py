@@ -2,6 +2,7 @@
 
     python engines/expected.py .engines/vllm-0.33.0.report.json > engines/vllm/0.33.0/expected.json
     python engines/expected.py REPORT TRACE > engines/vllm/0.33.0/expected-planned.json
+    python engines/expected.py --table [-planned | -planned-unmarked]   # engines/README.md
 
 A planned mode's report comes with the trace of engines/vllm/trace_causes.py (which vLLM flag
 each difference follows); its causes are read from there first.
@@ -99,11 +100,12 @@ CAUSES = {
     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), and the planner then serves chunked "
     "local layers as full attention: every block is kept and needed, where the spec's chunked "
     "group needs only the current chunk (HIT-CHUNK-1). Fewer hits, never a wrong one",
-    "mamba-all-hash-block": "vLLM (planned; 0.25-0.28, the releases with Mamba mode all) "
-    "hashes at the scheduler block size (the lcm) when a Mamba group is in mode all "
-    "(resolve_kv_cache_block_sizes), and its HybridKVCacheCoordinator then refuses to start "
+    "mamba-hash-block": "vLLM 0.25-0.28 (planned modes) hashes at the scheduler block size "
+    "(the lcm of the groups' blocks) when a Mamba group is in mode all, or (0.25) when its "
+    "block size differs from --block-size (--mamba-block-size), in "
+    "resolve_kv_cache_block_sizes; its HybridKVCacheCoordinator then refuses to start "
     "because a smaller attention block size is not a multiple of that hash block. A model "
-    "with these layers does not start; the spec serves it",
+    "with these layers and flags does not start; the spec serves it",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
 # Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
@@ -218,10 +220,15 @@ def cause(
         return "chunk-alignment"
     if trace is not None and detail == "the engine refused valid input":
         groups = layout.get("groups", [])
-        if any(g.get("mode") == "all" for g in groups) and len(
-            {g["block_size"] for g in groups}
-        ) > 1:
-            return "mamba-all-hash-block"
+        attention = [g["block_size"] for g in groups if g.get("kind") != "mamba"]
+        apart = [
+            g
+            for g in groups
+            if g.get("kind") == "mamba"
+            and (g.get("mode") == "all" or g["block_size"] != min(attention, default=0))
+        ]
+        if apart and len({g["block_size"] for g in groups}) > 1:
+            return "mamba-hash-block"
     if detail == "the engine refused valid input" and _equal_groups(layout):
         return "equal-specs"
     if layout.get("speculative") == "drop":
@@ -318,7 +325,45 @@ def markdown(report: dict[str, Any], traces: dict[str, Any] | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
+def _version_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(part) for part in path.name.split("."))
+
+
+def table(engine: str = "vllm", mode: str = "") -> str:
+    """engines/README.md's results table for one adapter mode ("" hand, "-planned", ...):
+    per release, passed and skipped cases, the probed free order, and the count per cause,
+    read from the committed RESULTS and expected files."""
+    root = Path(__file__).resolve().parent / engine
+    releases = sorted(
+        (d for d in root.iterdir() if (d / f"expected{mode}.json").is_file()), key=_version_key
+    )
+    by_text = {text: name for name, text in CAUSES.items()}
+    rows, seen = [], Counter[str]()
+    for release in releases:
+        entries = json.loads((release / f"expected{mode}.json").read_text(encoding="utf-8"))
+        causes = Counter(by_text[text] for text in entries.values())
+        seen.update(causes)
+        results = (release / f"RESULTS{mode}.md").read_text(encoding="utf-8")
+        counts = json.loads(re.search(r"^\* counts: (.*)$", results, re.M).group(1))  # type: ignore[union-attr]
+        profiles = re.search(r"^\* profiles claimed: (.*)$", results, re.M).group(1)  # type: ignore[union-attr]
+        order = profiles.removeprefix("eviction.") if profiles.startswith("eviction.") else "-"
+        rows.append((release.name, counts.get("passed", 0), counts.get("skipped", 0), order,
+                     causes))  # fmt: skip
+    columns = [name for name, _ in seen.most_common()]
+    lines = [
+        "| release | passed | skipped | free order | " + " | ".join(columns) + " |",
+        "|---|---|---|---|" + "---|" * len(columns),
+    ]
+    for name, passed, skipped, order, causes in rows:
+        cells = " | ".join(str(causes[c]) if causes[c] else "" for c in columns)
+        lines.append(f"| {name} | {passed} | {skipped} | {order} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--table":
+        print(table(mode=argv[1] if len(argv) > 1 else ""), end="")
+        return 0
     as_markdown = "--markdown" in argv
     paths = [a for a in argv if a != "--markdown"]
     report = json.loads(Path(paths[0]).read_text(encoding="utf-8"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Branch coverage of vLLM's KV-cache modules reached by the conformance suite and the
 # soundness campaign, for one release: installs coverage (pinned in constraints.txt) into the
-# release venv, runs `kvcert certify --engine vllm` and `kvcert fuzz` under it, and writes
+# release venv, runs `kvcert certify` in every adapter mode the release has expected results
+# for (vllm, vllm-planned, vllm-planned-unmarked) and `kvcert fuzz` under it, and writes
 # the per-file report to .engines/vllm-VERSION.coverage.txt and the JSON to
 # .engines/vllm-VERSION.coverage.json (engines/vllm/coverage.py turns it into COVERAGE.md).
 # Usage: scripts/engine-coverage.sh 0.33.0 [fuzz runs, default 2000]
@@ -23,6 +24,12 @@ cov=("$venv/bin/python" -m coverage)
 "${cov[@]}" run --rcfile="$rc" --branch --data-file="$data" --include="$include" -m kvcert.conformance.cli \
   certify --engine vllm --quiet --xfails "engines/vllm/$version/expected.json" --timeout 120 \
   > /dev/null || true   # deviations are engine-certify.sh's business; here we measure
+for mode in planned planned-unmarked; do   # the same vectors through vLLM's own planner
+  [ -f "engines/vllm/$version/expected-$mode.json" ] || continue
+  "${cov[@]}" run --rcfile="$rc" --append --branch --data-file="$data" --include="$include" \
+    -m kvcert.conformance.cli certify --engine "vllm-$mode" --quiet --timeout 120 \
+    --xfails "engines/vllm/$version/expected-$mode.json" > /dev/null || true
+done
 "${cov[@]}" run --rcfile="$rc" --append --branch --data-file="$data" --include="$include" \
   -m kvcert.conformance.cli fuzz --runs "$runs" > /dev/null || true
 "${cov[@]}" report --rcfile="$rc" --data-file="$data" --show-missing \

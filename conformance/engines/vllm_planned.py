@@ -150,7 +150,6 @@ def planned(
         max_len=layout.get("max_model_len") or 1 << 20,
         block_size=min(attention) if attention else min(g["block_size"] for g in groups),
         speculative=layout.get("speculative"),
-        kv_events=kv_events,
         flags=flags,
         attention_chunk_size=next(
             (g["chunk"] for g in groups if g["kind"] == "chunked_local"), None
@@ -178,4 +177,9 @@ def planned(
             )
         owner.append(holders[0])
     wired = wiring.wire(config, kv_groups, num_blocks - 1, per_group=False)
-    return Planned(wired.scheduler.kv_cache_manager, wired.hasher, owner)
+    manager = wired.scheduler.kv_cache_manager
+    # The adapter counts registrations from BlockStored events. They are switched on in the
+    # pool, not by --kv-events-config: up to 0.19 that flag also turns the hybrid manager off,
+    # and the events only record what the pool does.
+    manager.block_pool.enable_kv_cache_events = kv_events
+    return Planned(manager, wired.hasher, owner)

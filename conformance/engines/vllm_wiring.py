@@ -153,7 +153,6 @@ class Settings:
     speculative: str | None = None  # None | drop | exact (a kvcert profile)
     max_num_seqs: int = 8
     attention_chunk_size: int | None = None  # the model's, when it has chunked local layers
-    kv_events: bool = False  # --kv-events-config '{"enable_kv_cache_events": true}'
     # other engine arguments by config ("cache", "scheduler", "speculative", or "env" for a
     # VLLM_* variable) and field: how engines/vllm/trace_causes.py finds the flag a
     # difference follows
@@ -169,10 +168,6 @@ def engine_config(settings: Settings) -> Any:
     extra: dict[str, Any] = {}
     if settings.speculative is not None:
         extra["speculative_config"] = speculative_config(settings)
-    if settings.kv_events:
-        from vllm.config import KVEventsConfig  # type: ignore[import-not-found]  # noqa: PLC0415
-
-        extra["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     with _environment(settings.flags_for("env")):
         config = _vllm_config(settings, extra)
     # the engine core resolves one layout from the attention backends; the page math and the

@@ -203,3 +203,10 @@ def test_sglang_adapter_refuses_bad_json_and_other_suites():
     case = {"suite": "hit", "layout": bad, "num_tokens": 9, "cached": [[]]}
     assert engine.run(case) == {"refused": True}
     assert "tree" in engine.run({"suite": "alloc", "layout": bad})["unsupported"]
+
+
+@pytest.mark.parametrize("mode", ["", "-planned", "-planned-unmarked"])
+def test_the_results_tables_in_engines_readme_are_the_committed_results(mode):
+    """engines/README.md's per-release tables are `expected.py --table MODE`, verbatim."""
+    text = (ROOT / "engines" / "README.md").read_text(encoding="utf-8")
+    assert expected.table(mode=mode) in text
