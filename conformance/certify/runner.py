@@ -107,10 +107,10 @@ def user_manifest(directory: Path) -> JSON:
             body = json.loads(text)
         except json.JSONDecodeError as error:
             raise InputError(f"{name}: not valid JSON: {error}") from error
-        error = jsonschema.exceptions.best_match(validator.iter_errors(body))
-        if error is not None:
-            error = _deepest(error)
-            raise InputError(f"{name}: schema: {error.message} at {list(error.absolute_path)}")
+        first = jsonschema.exceptions.best_match(validator.iter_errors(body))
+        if first is not None:
+            why = _deepest(first)
+            raise InputError(f"{name}: schema: {why.message} at {list(why.absolute_path)}")
         for case in body["cases"]:
             unknown = sorted(set(case["rules"]) - tags)
             if unknown:

@@ -60,16 +60,14 @@ class NotReachable(Unsupported):
 
 def _shape(group: JSON, unit: int) -> tuple[AttentionLayer, KVDtype]:
     kind = KINDS[group["kind"]]
-    span = {"window": group.get("window"), "chunk": group.get("chunk")}
+    window, chunk = group.get("window"), group.get("chunk")
     shape = group.get("shape")
     if shape is None:  # one fp16 head sized so that every group's page is 4 x unit bytes
         head = unit // group["block_size"]
-        return AttentionLayer(kind, 1, head, head, **span), KVDtype.FP16
-    layer = AttentionLayer(
-        kind, shape["num_kv_heads"], shape["head_size_k"], shape.get("head_size_v",
-        shape["head_size_k"]), **span,
-    )  # fmt: skip
-    return layer, KVDtype(shape["dtype"])
+        return AttentionLayer(kind, 1, head, head, window, chunk), KVDtype.FP16
+    size_k = shape["head_size_k"]
+    heads, size_v = shape["num_kv_heads"], shape.get("head_size_v", size_k)
+    return AttentionLayer(kind, heads, size_k, size_v, window, chunk), KVDtype(shape["dtype"])
 
 
 def layer_specs(layout: JSON, block_size: int, mark_drafts: bool) -> dict[str, Any]:

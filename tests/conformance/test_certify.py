@@ -452,9 +452,7 @@ def test_format_two_carries_layer_shapes_and_format_one_may_not(tmp_path, capsys
     a /1 file cannot use them, and a bad shape is refused with its place."""
     shaped = [c for c in all_cases() if c["id"].startswith("hit.shape.")]
     assert shaped
-    assert all(
-        any("shape" in g for g in c["input"]["layout"]["groups"]) for c in shaped
-    )
+    assert all(any("shape" in g for g in c["input"]["layout"]["groups"]) for c in shaped)
     for case in shaped[:20]:
         bare = json.loads(json.dumps(case["input"]))
         for group in bare["layout"]["groups"]:
@@ -492,7 +490,7 @@ def test_a_bad_shape_is_an_input_error_naming_where(shape, message):
     from kvcert.conformance.contract.codec import InputError, layout_from_json
 
     layout = {"groups": [{"kind": "full", "block_size": 4, "shape": shape}]}
-    with pytest.raises(InputError, match="layout.groups\\[0\\].shape") as error:
+    with pytest.raises(InputError, match=r"layout\.groups\[0\]\.shape") as error:
         layout_from_json(layout)
     assert message in str(error.value)
     mamba = {"groups": [{"kind": "mamba", "block_size": 4, "shape": shape}]}
