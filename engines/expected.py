@@ -100,12 +100,12 @@ CAUSES = {
     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1), and the planner then serves chunked "
     "local layers as full attention: every block is kept and needed, where the spec's chunked "
     "group needs only the current chunk (HIT-CHUNK-1). Fewer hits, never a wrong one",
-    "mamba-hash-block": "vLLM 0.25-0.28 (planned modes) hashes at the scheduler block size "
-    "(the lcm of the groups' blocks) when a Mamba group is in mode all, or (0.25) when its "
-    "block size differs from --block-size (--mamba-block-size), in "
-    "resolve_kv_cache_block_sizes; its HybridKVCacheCoordinator then refuses to start "
-    "because a smaller attention block size is not a multiple of that hash block. A model "
-    "with these layers and flags does not start; the spec serves it",
+    "mamba-hash-block": "vLLM up to 0.28 (planned modes): when a Mamba group's block size "
+    "differs from --block-size (mode all, or --mamba-block-size), the block size vLLM hashes "
+    "at (--block-size up to 0.19; from 0.20 the lcm of the groups' blocks, in "
+    "resolve_kv_cache_block_sizes) does not divide every group's block size, and its "
+    "HybridKVCacheCoordinator refuses to start. A model with these layers and flags does not "
+    "start; the spec serves it",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
 # Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows

@@ -118,17 +118,33 @@ class NoSuchFlag(Exception):
 
 
 def speculative_config(settings: Settings) -> Any:
+    """The drafter's config, built once per model shape, profile and flags: building one loads
+    the draft's model config, which older releases look up on the hub with retries that cost
+    seconds."""
+    return _speculative_config(
+        settings.max_len, settings.attention_chunk_size, settings.speculative,
+        tuple(sorted(settings.flags_for("speculative").items())),
+    )  # fmt: skip
+
+
+@cache
+def _speculative_config(
+    max_len: int,
+    attention_chunk_size: int | None,
+    profile: str | None,
+    flags: tuple[tuple[str, Any], ...],
+) -> Any:
     """An EAGLE drafter as a user configures one (`--speculative-config '{"method": "eagle",
     "model": ..., "num_speculative_tokens": 1}'`), the weightless model as its draft.
     `drop`: the last matched block is dropped (0.33: `disable_lookahead_block_hashes`, the
     release's documented fallback; before 0.33 the only behaviour). `exact`: the drafter's
     tokens after each block are in the block's hash (0.33's default), else NoSuchFlag."""
     v = modules()
-    model = _model_config(settings.max_len, settings.attention_chunk_size)
+    model = _model_config(max_len, attention_chunk_size)
     options: dict[str, Any] = {}
     if has_lookahead_hashes():
-        options["disable_lookahead_block_hashes"] = settings.speculative == "drop"
-    elif settings.speculative == "exact":
+        options["disable_lookahead_block_hashes"] = profile == "drop"
+    elif profile == "exact":
         raise NoSuchFlag("this release has no lookahead block hashes (exact draft keying)")
     return v["SpeculativeConfig"](
         method="eagle",
@@ -136,7 +152,7 @@ def speculative_config(settings: Settings) -> Any:
         num_speculative_tokens=1,
         target_model_config=model,
         target_parallel_config=v["ParallelConfig"](),
-        **{**options, **settings.flags_for("speculative")},
+        **{**options, **dict(flags)},
     )
 
 
