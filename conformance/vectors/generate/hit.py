@@ -270,6 +270,17 @@ def sampled_layouts(count: int, seed: int = 20261123) -> list[Layout]:
     return layouts
 
 
+def _single_misses(layout: Layout, num_tokens: int) -> list[list[list[int]]]:
+    """Every keyable block cached, then each pattern with exactly one block missing."""
+    counts = [keyable_blocks(layout, g, num_tokens) for g in range(len(layout.groups))]
+    full = [list(range(c)) for c in counts]
+    return [full] + [
+        [[x for x in full[g] if (g, x) != (group, miss)] for g in range(len(full))]
+        for group in range(len(full))
+        for miss in full[group]
+    ]
+
+
 def single_miss_hits(
     prefix: str, layouts: list[Layout], lengths: tuple[int, ...]
 ) -> Iterator[JSON]:
@@ -278,14 +289,7 @@ def single_miss_hits(
     for index, layout in enumerate(layouts):
         seen: set[tuple[object, ...]] = set()
         for num_tokens in lengths:
-            counts = [keyable_blocks(layout, g, num_tokens) for g in range(len(layout.groups))]
-            full = [list(range(c)) for c in counts]
-            patterns = [full] + [
-                [[x for x in full[g] if (g, x) != (group, miss)] for g in range(len(full))]
-                for group in range(len(full))
-                for miss in full[group]
-            ]
-            for number, cached in enumerate(patterns):
+            for number, cached in enumerate(_single_misses(layout, num_tokens)):
                 case = hit_case(f"{prefix}.{index:03d}.{num_tokens}.{number:03d}", layout,
                                 num_tokens, cached)  # fmt: skip
                 shape = (case["expect"]["hit"], json.dumps(case["expect"]["block_runs"]))
@@ -344,13 +348,8 @@ def shaped_hits(lengths: tuple[int, ...] = (7, 11)) -> Iterator[JSON]:
         seen: set[tuple[object, ...]] = set()
         unit = max(g.block_size for g in layout.groups)
         for num_tokens in lengths:
-            counts = [keyable_blocks(layout, g, num_tokens) for g in range(len(layout.groups))]
-            full = [list(range(c)) for c in counts]
-            patterns = [full] + [
-                [[x for x in full[g] if (g, x) != (group, miss)] for g in range(len(full))]
-                for group in range(len(full))
-                for miss in full[group]
-            ]
+            patterns = _single_misses(layout, num_tokens)
+            full = patterns[0]
             for span in range(num_tokens // unit):
                 low, high = span * unit, (span + 1) * unit
                 patterns.append([
