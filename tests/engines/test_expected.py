@@ -3,6 +3,7 @@ and the vLLM adapter's translation checks (vLLM itself runs in scripts/engine-ce
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -26,6 +27,11 @@ RELEASE_DIRS = sorted(p.parent for p in ROOT.glob("engines/*/*/expected.json"))
 EXPECTED_FILES = sorted(ROOT.glob("engines/*/*/expected*.json"))
 
 
+@functools.cache
+def live_ids() -> frozenset[str]:
+    return frozenset(case["id"] for _, case, _ in iter_cases() if case is not None)
+
+
 def test_every_pinned_release_has_a_lock_an_expected_file_and_results():
     assert RELEASE_DIRS, "no engine release is pinned under engines/"
     for release in RELEASE_DIRS:
@@ -46,7 +52,7 @@ def test_every_planned_mode_file_has_its_trace_and_results():
     "path", EXPECTED_FILES, ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}-{p.stem}"
 )
 def test_expected_files_name_live_vectors_with_known_causes(path):
-    known = {case["id"] for _, case, _ in iter_cases() if case is not None}
+    known = live_ids()
     entries = json.loads(path.read_text(encoding="utf-8"))
     assert set(entries) <= known, f"stale entries: {sorted(set(entries) - known)}"
     assert set(entries.values()) <= set(expected.CAUSES.values())
