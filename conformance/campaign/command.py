@@ -6,10 +6,14 @@
     kvcert fuzz --replay regression.json        play a saved (shrunk) workload again
     kvcert fuzz --fix ...                       the same with the preempt-in-flight fix
 
+    kvcert fuzz --mutant no-eagle-drop ...      against a broken twin (violations expected)
+
 Runs inside a vLLM release venv (`scripts/engine-venv.sh vllm VERSION`): the engine under test
-is the release installed there. Every violation is shrunk to a smaller workload that still
-fails and, with --save DIR, written as a regression file. Exit 1 when a violation is found,
-0 when none, 2 on bad input.
+is the release installed there. A finding is an unsound read (of the served model's KV, which
+changes outputs, or of the drafter's, which changes only which drafts are accepted) or an
+engine crash on a workload the release accepted at start-up. Each is shrunk to a smaller
+workload with a finding of the same class and, with --save DIR, written as a regression file.
+Exit 1 when anything is found, 0 when nothing, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from typing import Any
 from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
 
+# the names of kvcert.conformance.campaign.vllm_mutants.MUTANTS (that module needs vLLM)
+MUTANT_NAMES = ("no-eagle-drop", "no-lookahead-hashes")
+
 REPORT_FORMAT = "kvcert-fuzz/1"
+COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted")  # summed over workloads
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -47,35 +55,47 @@ def _engine_release() -> str:
         ) from None
 
 
-def campaign(seeds: list[int], fix: bool, shrink_budget: int) -> dict[str, Any]:
+def campaign(
+    seeds: list[int], fix: bool, shrink_budget: int, mutant: str | None = None
+) -> dict[str, Any]:
     """Play every seed's workload; shrink each violation. The report is JSON-ready."""
     from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
 
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
-        "seeds": seeds, "runs": 0, "preemptions": 0, "hit_tokens": 0, "stalled": [],
-        "violations": [],
+        "mutant": mutant, "seeds": seeds, "runs": 0, "preemptions": 0, "hit_tokens": 0, "drafts": 0,
+        "accepted": 0, "stalled": [], "unreachable": {}, "violations": [],
     }  # fmt: skip
     for seed in seeds:
         workload = generate(seed)
-        outcome = play(workload, fix)
+        outcome = play(workload, fix, mutant)
         report["runs"] += 1
-        report["preemptions"] += outcome.preemptions
-        report["hit_tokens"] += outcome.hit_tokens
+        if outcome.unreachable is not None:
+            report["unreachable"].setdefault(outcome.unreachable, []).append(seed)
+            continue
+        for key in COUNTS:
+            report[key] += getattr(outcome, key)
         if outcome.stalled:
             report["stalled"].append(seed)
-        if outcome.violation is None:
+        if outcome.kind is None:
             continue
         found = time.perf_counter() - start
-        small = shrink(workload, lambda w: play(w, fix).violation is not None, shrink_budget)
+        kind = outcome.kind
+        small = shrink(workload, lambda w, k=kind: play(w, fix, mutant).kind == k, shrink_budget)
         report["violations"].append(
             {
                 "seed": seed,
                 "found_after_runs": report["runs"],
                 "found_after_seconds": round(found, 2),
-                "violation": outcome.violation,
-                "shrunk": {"violation": play(small, fix).violation, "workload": small.to_json()},
+                "kind": kind[0],  # unsound | crash
+                "role": kind[1],  # target | draft: whose KV the unsound read found
+                "keying": outcome.keying,  # the EAGLE keying played (exact | drop | None)
+                "violation": outcome.finding,
+                "shrunk": {
+                    "violation": play(small, fix, mutant).finding,
+                    "workload": small.to_json(),
+                },
             }
         )
     report["seconds"] = round(time.perf_counter() - start, 2)
@@ -84,19 +104,27 @@ def campaign(seeds: list[int], fix: bool, shrink_budget: int) -> dict[str, Any]:
 
 def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """One report from the shards' reports (same engine and fix)."""
-    engines = {(r["engine"], r["fix"]) for r in reports}
+    engines = {(r["engine"], r["fix"], r.get("mutant")) for r in reports}
     if len(engines) != 1 or any(r.get("format") != REPORT_FORMAT for r in reports):
-        raise InputError(f"--merge: reports of one engine and fix setting only, got {engines}")
+        raise InputError(
+            f"--merge: reports of one engine, fix and mutant setting only, got {engines}"
+        )
     merged: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": reports[0]["engine"], "fix": reports[0]["fix"],
+        "mutant": reports[0].get("mutant"),
         "seeds": sorted(s for r in reports for s in r["seeds"]),
         "seconds": round(sum(r["seconds"] for r in reports), 2),
     }  # fmt: skip
     if len(set(merged["seeds"])) != len(merged["seeds"]):
         raise InputError("--merge: two reports played the same seed (overlapping shards)")
-    for key in ("runs", "preemptions", "hit_tokens"):
-        merged[key] = sum(r[key] for r in reports)
+    merged["runs"] = sum(r["runs"] for r in reports)
+    for key in COUNTS:  # reports from before speculative decoding have no draft counts
+        merged[key] = sum(r.get(key, 0) for r in reports)
     merged["stalled"] = sorted(s for r in reports for s in r["stalled"])
+    merged["unreachable"] = {}
+    for r in reports:
+        for why, which in r.get("unreachable", {}).items():
+            merged["unreachable"].setdefault(why, []).extend(which)
     merged["violations"] = sorted(
         (v for r in reports for v in r["violations"]), key=lambda v: v["seed"]
     )
@@ -108,25 +136,48 @@ def render(report: dict[str, Any]) -> str:
     seeds = report["seeds"]
     span = f"{len(seeds)} seeds" + (f" ({seeds[0]}..{seeds[-1]})" if seeds else "")
     fix = " with the preempt-in-flight fix" if report["fix"] else ""
+    if report.get("mutant"):
+        fix += f", mutant {report['mutant']} (a broken twin: violations expected)"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
-        f"hit tokens; {len(report['violations'])} violation(s)"
+        f"hit tokens, {report.get('accepted', 0):,} of {report.get('drafts', 0):,} drafts "
+        f"accepted; {len(report['violations'])} finding(s)"
     ]
+    classes = sorted({_class(v) for v in report["violations"]})
+    for name in classes:
+        which = [v["seed"] for v in report["violations"] if _class(v) == name]
+        lines.append(f"  {name}: {len(which)} (seeds {which[:10]})")
+    for why, which in sorted(report.get("unreachable", {}).items()):
+        lines.append(f"  not played, {len(which)} workload(s) (seeds {which[:5]}): {why}")
     if report["stalled"]:
         lines.append(f"  stalled (step limit, not a violation): seeds {report['stalled'][:10]}")
     for v in report["violations"]:
         shrunk = Workload.from_json(v["shrunk"]["workload"])
         lines.append(
             f"  seed {v['seed']} (found after {v['found_after_runs']} workloads, "
-            f"{v['found_after_seconds']} s): {v['violation']}"
+            f"{v['found_after_seconds']} s) [{_class(v)}]: {v['violation']}"
         )
         lines.append(
             f"    shrunk to {len(shrunk.arrivals)} requests, {shrunk.policy} policy, "
-            f"{'async' if shrunk.async_scheduling else 'sync'} scheduling, {shrunk.model}: "
-            f"{v['shrunk']['violation']}"
+            f"{'async' if shrunk.async_scheduling else 'sync'} scheduling, {shrunk.model}"
+            + (
+                f" with {shrunk.spec_tokens} drafts per step ({shrunk.spec_keying} keying)"
+                if shrunk.spec_tokens
+                else ""
+            )
+            + f": {v['shrunk']['violation']}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _class(finding: dict[str, Any]) -> str:
+    """A finding's class in words (reports from before classes were recorded: unsound)."""
+    if finding.get("kind") == "crash":
+        return "engine crash"
+    role = finding.get("role") or "target"
+    keying = f", {finding['keying']} keying" if finding.get("keying") else ""
+    return f"unsound read of {role} KV{keying}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--runs must be at least 1, got {args.runs}")
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
-        report = campaign(seeds, args.fix, args.shrink_budget)
+        report = campaign(seeds, args.fix, args.shrink_budget, args.mutant)
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -167,9 +218,11 @@ def replay(args: argparse.Namespace) -> int:
             workload = Workload.from_json(body["workload"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InputError(f"--replay {path}: not a kvcert fuzz regression ({error})") from error
-        outcome = play(workload, args.fix)
-        verdict = outcome.violation or "sound"
-        failed += outcome.violation is not None
+        outcome = play(workload, args.fix, args.mutant)
+        verdict = outcome.finding or (
+            f"not played: {outcome.unreachable}" if outcome.unreachable else "sound"
+        )
+        failed += outcome.finding is not None
         print(f"{path} on vllm {release}{' (fixed)' if args.fix else ''}: {verdict}")
     return 1 if failed else 0
 
@@ -191,6 +244,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="play only the seeds s with s %% N == K - 1")  # fmt: skip
     parser.add_argument("--fix", action="store_true",
                         help="use the preempt-in-flight fix (a Scheduler subclass)")  # fmt: skip
+    parser.add_argument(
+        "--mutant",
+        choices=sorted(MUTANT_NAMES),
+        help="play against a broken twin of vLLM (the oracle must catch it)",
+    )
     parser.add_argument("--shrink-budget", type=int, default=400, help="runs per shrink")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--save", type=Path, help="write each shrunk violation here")

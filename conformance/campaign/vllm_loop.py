@@ -16,18 +16,42 @@ full attention, the last `window - 1` for a sliding window, the current chunk's 
 tokens for chunked local attention) must hold KV computed from the same token prefix. A
 position that does not is a soundness violation: the engine told the request that KV exists
 which no forward pass wrote for it.
+
+With speculative decoding (a model whose file declares a draft layer, served with a real
+EAGLE `SpeculativeConfig`; 0.33 marks that layer `is_draft` as its drafter does) the ledger
+is the drafter and the rejection sampler too, and keeps two identities per position:
+
+    target KV at p   a digest of tokens[0..p]     the tokens the pass ran on, drafts included
+    draft KV at p    a digest of tokens[0..p+1]   EAGLE feeds the next token: the next prompt
+                                                  token, an accepted draft or the bonus token;
+                                                  past a rejected draft the next token is
+                                                  unknown and the KV is garbage
+
+A pass that reaches a request's last token accepts a random number of its scheduled drafts
+(seeded by workload, step and request) and samples one bonus token after them; the drafter
+then proposes `spec_tokens` new drafts, its extra passes writing draft KV after the bonus
+token from them. Under async scheduling the scheduler schedules placeholders and counts them
+as accepted until the output returns; the runner, like vLLM's GPU runner, substitutes its own
+drafts and computes from its own count: the scheduler's start less the drafts rejected in
+outputs the scheduler has not taken yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.campaign.workload import Workload
+from kvcert.conformance.campaign.workload import VOCAB, Workload
+from kvcert.spec.layers import AttentionKind
 
 MAX_STEPS = 400
+UNKNOWN = -1  # a token the pass could not know: KV computed from it is garbage
 
 
 @dataclass
@@ -35,10 +59,56 @@ class Outcome:
     """What one run of a workload showed."""
 
     violation: str | None = None  # the first unsound read, in words
+    role: str | None = None  # whose KV it read: "target" (outputs) or "draft" (acceptance)
+    keying: str | None = None  # the EAGLE keying played: exact | drop (None: no drafter)
     steps: int = 0
     preemptions: int = 0
     hit_tokens: int = 0  # tokens the scheduler took from the prefix cache
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
+    drafts: int = 0  # draft tokens the scheduler sent for verification
+    accepted: int = 0  # of which the runner accepted
+    unreachable: str | None = None  # the release refuses this configuration: not played
+    crash: str | None = None  # the engine raised while serving the workload (a finding)
+
+    @property
+    def finding(self) -> str | None:
+        """What this run found, in words (None: sound, or not played)."""
+        return self.violation or self.crash
+
+    @property
+    def kind(self) -> tuple[str, str | None] | None:
+        """The finding's class, which shrinking keeps: ("unsound", role) or ("crash", None)."""
+        if self.violation is not None:
+            return ("unsound", self.role)
+        return ("crash", None) if self.crash is not None else None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An unsound read: which pass read which position, and whose KV it was."""
+
+    text: str
+    role: str  # "target": the served model's layers (wrong outputs); "draft": the drafter's
+
+
+class Unreachable(Exception):
+    """The release refuses the workload's configuration (as `vllm serve` would)."""
+
+
+class EngineCrash(Exception):
+    """vLLM raised while serving a workload it accepted at start-up: EngineCore would die."""
+
+
+@contextmanager
+def _engine(step: int, call: str) -> Iterator[None]:
+    """Marks vLLM's own calls, so that what they raise is reported as the engine's crash and
+    the ledger's own errors are not."""
+    try:
+        yield
+    except Exception as error:
+        raise EngineCrash(
+            f"step {step}: {call} raised {type(error).__name__}: {_first_line(error)}"
+        ) from error
 
 
 @dataclass
@@ -47,6 +117,8 @@ class _Group:
     kind: str  # full | sliding_window | chunked_local
     window: int = 0
     chunk: int = 0
+    target: bool = True  # holds layers of the served model
+    draft: bool = False  # holds the drafter's layers
 
     def needs(self, start: int) -> range:
         """Positions below `start` that attention at `start` reads."""
@@ -64,14 +136,34 @@ def _vllm() -> Any:
     return modules()
 
 
-def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any]:
+def keying_of(workload: Workload) -> str | None:
+    """How the release keys draft blocks for this workload: `exact` where it has lookahead
+    hashes and the workload keeps them (0.33's default), else `drop` (every earlier release,
+    and 0.33 with disable_lookahead_block_hashes)."""
+    from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
+
+    if not workload.spec_tokens:
+        return None
+    lookahead = wiring.has_lookahead_hashes() and workload.spec_keying != "drop"
+    return "exact" if lookahead else "drop"
+
+
+def build(
+    workload: Workload, fix: bool = False, mutant: str | None = None
+) -> tuple[Any, list[_Group], Any]:
     """(scheduler, groups, block hasher) for the workload, wired as EngineCore wires them;
-    `fix` swaps in the scheduler subclass of `vllm_fix`."""
+    `fix` swaps in the scheduler subclass of `vllm_fix`, `mutant` applies one of
+    `vllm_mutants`. Unreachable where the release refuses the configuration."""
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import kind_of, spec_of  # noqa: PLC0415
     from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
 
+    model = load_model(workload.model)
+    plan_input = plan_input_from_json(
+        {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
+    )
+    layers = _served_layers(plan_input.layers, workload.spec_tokens > 0)
     longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
     settings = wiring.Settings(
         max_len=max(256, -(-longest // 256) * 256),
@@ -79,16 +171,24 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
         policy=workload.policy,
         async_scheduling=workload.async_scheduling,
         long_prefill=workload.long_prefill,
+        speculative=keying_of(workload),
+        spec_tokens=max(workload.spec_tokens, 1),
+        attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
     )
-    config = wiring.engine_config(settings)
-    model = load_model(workload.model)
-    plan_input = plan_input_from_json(
-        {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
-    )
-    specs = {
-        f"model.layers.{i}.attn": spec_of(layer, plan_input.dtype, settings.block_size)
-        for i, layer in enumerate(plan_input.layers)
-    }
+    try:
+        config = wiring.engine_config(settings)
+    except (ValueError, NotImplementedError) as why:  # pydantic's errors are ValueErrors
+        raise Unreachable(f"vLLM refuses the engine arguments: {_first_line(why)}") from None
+    marks = wiring.marks_draft_layers()
+    specs, drafter = {}, set()
+    for i, layer in enumerate(layers):
+        name = f"model.layers.{i}.attn"
+        spec = spec_of(layer, plan_input.dtype, settings.block_size)
+        if _is_draft(layer):
+            drafter.add(name)
+            if marks:  # 0.33's drafters mark their layers
+                spec = dataclasses.replace(spec, is_draft=True)
+        specs[name] = spec
     kv_groups = wiring.plan(config, specs)
     cls = None
     if fix:
@@ -96,83 +196,243 @@ def build(workload: Workload, fix: bool = False) -> tuple[Any, list[_Group], Any
 
         cls = fixed(config.scheduler_config.get_scheduler_cls())
     wired = wiring.wire(config, kv_groups, workload.usable_blocks, cls)
+    if mutant is not None:
+        from kvcert.conformance.campaign.vllm_mutants import MUTANTS  # noqa: PLC0415
+
+        MUTANTS[mutant](wired)
     groups = []
     for g in wired.groups:
         spec = g.kv_cache_spec
         inner = getattr(spec, "kv_cache_specs", None)
         first = next(iter(inner.values())) if inner else spec
+        names = set(g.layer_names)
         groups.append(
             _Group(
                 spec.block_size,
                 kind_of(spec),
                 getattr(first, "sliding_window", 0) or 0,
                 getattr(first, "attention_chunk_size", 0) or 0,
+                target=bool(names - drafter),
+                draft=bool(names & drafter),
             )
         )
     return wired.scheduler, groups, wired.hasher
 
 
+def _served_layers(layers: tuple[Any, ...], drafter: bool) -> list[Any]:
+    """The layers vLLM loads: without speculative decoding, none of the drafter's; with it,
+    the model file's draft layer, or where the file declares none an EAGLE head of the
+    target's own attention shape (as EAGLE drafters for Llama-style targets are built): one
+    layer copying the first full-attention layer."""
+    if not drafter:
+        return [x for x in layers if not _is_draft(x)]
+    if any(_is_draft(x) for x in layers):
+        return list(layers)
+    head = next(x for x in layers if getattr(x, "kind", None) is AttentionKind.FULL)
+    return [*layers, dataclasses.replace(head, draft=True)]
+
+
+def _is_draft(layer: object) -> bool:
+    return bool(getattr(layer, "draft", False))
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def identities(tokens: list[int], end: int) -> list[bytes]:
+    """identity[p]: a digest of tokens[0..p], what target KV at position p is a function of
+    (and draft KV at p - 1)."""
+    out, previous = [], b""
+    for token in tokens[:end]:
+        previous = hashlib.sha256(previous + token.to_bytes(4, "little", signed=True)).digest()
+        out.append(previous)
+    return out
+
+
+@dataclass
+class _Pending:
+    """One output of the runner the scheduler has not taken yet."""
+
+    tokens: list[int]  # accepted drafts, then the bonus token
+    rejected: int  # drafts the scheduler still counts as computed
+    live: bool = True  # false once the runner re-added the request (its state starts over)
+
+
+@dataclass
+class _Pass:
+    """One request's share of a forward pass, as the runner computes it."""
+
+    rid: str
+    step: int
+    start: int  # the first position computed
+    count: int  # positions computed
+    known: list[int]  # the request's tokens as the runner knows them
+    drafts: list[int]  # the drafts the pass verifies (after the last known token)
+    tables: Any  # the request's block table per group
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count
+
+
 @dataclass
 class Ledger:
-    """The model runner: slot (group, block, offset) -> identity of the KV written there."""
+    """The model runner: slot (group, role, block, offset) -> identity of the KV written
+    there, role "t" for the served model's layers and "d" for the drafter's."""
 
     groups: list[_Group]
-    slots: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
-    unapplied: dict[str, list[int]] = field(default_factory=dict)  # sampled, not yet returned
+    seed: int = 0
+    spec_tokens: int = 0
+    slots: dict[tuple[int, str, int, int], bytes] = field(default_factory=dict)
+    unapplied: dict[str, list[_Pending]] = field(default_factory=dict)
+    proposed: dict[str, list[int]] = field(default_factory=dict)  # the drafter's last drafts
+    drafts: int = 0
+    accepted: int = 0
 
     def tokens(self, request: Any) -> list[int]:
         """The request's tokens as the runner knows them: the scheduler's, then the ones this
         runner sampled whose outputs the scheduler has not taken yet (async scheduling)."""
-        return [*request.all_token_ids, *self.unapplied.get(request.request_id, ())]
+        mine = [t for p in self.unapplied.get(request.request_id, ()) if p.live for t in p.tokens]
+        return [*request.all_token_ids, *mine]
 
-    @staticmethod
-    def identities(tokens: list[int], end: int) -> list[bytes]:
-        """identity[p]: a digest of tokens[0..p], what the KV at position p is a function of."""
-        out, previous = [], b""
-        for token in tokens[:end]:
-            previous = hashlib.sha256(previous + token.to_bytes(4, "little", signed=True)).digest()
-            out.append(previous)
-        return out
+    def _optimism(self, rid: str) -> int:
+        return sum(p.rejected for p in self.unapplied.get(rid, ()) if p.live)
 
-    def forward(self, scheduler: Any, output: Any, step: int) -> tuple[Any, str | None]:
-        """Check every read of the pass, write its KV, sample one token where a request's
-        scheduled tokens reach its end. Returns (ModelRunnerOutput, first violation or None)."""
-        v = _vllm()
+    def _readmitted(self, rid: str) -> None:
+        """The scheduler (re)sent the request whole: the runner starts from its tokens and
+        count; outputs still in flight are the scheduler's to deliver or drop."""
+        for pending in self.unapplied.get(rid, ()):
+            pending.live = False
+        self.proposed.pop(rid, None)
+
+    def forward(
+        self, scheduler: Any, output: Any, step: int
+    ) -> tuple[list[list[int]], Violation | None]:
+        """Check every read of the pass, write its KV, sample where a request's scheduled
+        tokens reach its end. Returns (the tokens sampled per scheduled request, in the
+        output's order; the first violation or None)."""
         ids = list(output.num_scheduled_tokens)
+        readmitted = {r.req_id for r in output.scheduled_new_reqs}
+        readmitted |= set(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
         violation = None
         sampled = []
         for rid in ids:
+            if rid in readmitted:
+                self._readmitted(rid)
             request = scheduler.requests[rid]
             count = output.num_scheduled_tokens[rid]
-            start = request.num_computed_tokens - count  # the scheduler advanced it already
-            tokens = self.tokens(request)
-            identity = self.identities(tokens, min(start + count, len(tokens)))
-            tables = scheduler.kv_cache_manager.get_block_ids(rid)
-            for g, (group, table) in enumerate(zip(self.groups, tables, strict=True)):
+            one = _Pass(
+                rid,
+                step,
+                # the scheduler advanced its count already, and counts in-flight drafts as
+                # accepted
+                request.num_computed_tokens - count - self._optimism(rid),
+                count,
+                self.tokens(request),
+                self._drafts(rid, output.scheduled_spec_decode_tokens.get(rid, ())),
+                scheduler.kv_cache_manager.get_block_ids(rid),
+            )
+            violation = violation or self._check_reads(one)
+            tokens, after = self._sample(one)
+            sampled.append(tokens)
+            # the target ran on the known tokens and the drafts; the drafter's next token is
+            # known up to the bonus token (or the next prompt token), unknown past a rejection
+            ran = one.known + one.drafts
+            ran += [UNKNOWN] * (one.end - len(ran))  # positions no token is known for: garbage
+            self._write(one, "t", identities(ran, one.end), 0)
+            nexts = after + [UNKNOWN] * (one.end + 1 - len(after))
+            self._write(one, "d", identities(nexts, one.end + 1), 1)
+            if tokens and self.spec_tokens:
+                self._propose(one, after)
+        return sampled, violation
+
+    def _drafts(self, rid: str, scheduled: Any) -> list[int]:
+        """The drafts the pass verifies: the scheduler's (sync), this runner's own where the
+        scheduler holds placeholders (async), and for a request the runner has no drafts for,
+        padding (0.33 pads a new request's single token to 1 + num_speculative_tokens rows
+        with -1 drafts, which the rejection sampler always rejects)."""
+        scheduled = list(scheduled)
+        if all(t >= 0 for t in scheduled):
+            return scheduled
+        own = self.proposed.get(rid)
+        if own is None:
+            return [UNKNOWN] * len(scheduled)
+        if len(own) < len(scheduled):
+            raise RuntimeError(
+                f"ledger out of step: {rid} has {len(scheduled)} draft placeholders and the "
+                f"runner proposed {len(own)} drafts"
+            )
+        return own[: len(scheduled)]
+
+    def _check_reads(self, one: _Pass) -> Violation | None:
+        """The first read of the pass that finds KV no pass wrote for this prefix."""
+        start = one.start
+        # a position the runner knows no token for cannot hold KV any pass wrote for it
+        ident = identities(one.known + [UNKNOWN] * (start + 1 - len(one.known)), start + 1)
+        for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            for role, shift, present in (("t", 0, group.target), ("d", 1, group.draft)):
+                if not present:
+                    continue
                 for p in group.needs(start):
-                    slot = (g, table[p // group.block_size], p % group.block_size)
-                    if violation is None and self.slots.get(slot) != identity[p]:
-                        violation = (
-                            f"step {step}: {rid} computes [{start}, {start + count}) but "
-                            f"position {p} of group {g} ({group.kind}, block {slot[1]}) holds "
-                            "KV that no forward pass wrote for this prefix"
+                    slot = (g, role, table[p // group.block_size], p % group.block_size)
+                    if self.slots.get(slot) != ident[p + shift]:
+                        layers = "draft layers" if role == "d" else group.kind
+                        return Violation(
+                            f"step {one.step}: {one.rid} computes [{start}, {one.end}) but "
+                            f"position {p} of group {g} ({layers}, block {slot[2]}) holds KV "
+                            "that no forward pass wrote for this prefix",
+                            "draft" if role == "d" else "target",
                         )
-                for p in range(start, min(start + count, len(identity))):
-                    block = table[p // group.block_size]
-                    if block:  # a null block (outside a window) is never written
-                        self.slots[(g, block, p % group.block_size)] = identity[p]
-            if start + count >= len(tokens):
-                token = (7 * step + 13 * len(tokens)) % 900
-                self.unapplied.setdefault(rid, []).append(token)
-                sampled.append([token])
-            else:
-                sampled.append([])
-        result = v["ModelRunnerOutput"](
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
-        return result, violation
+        return None
+
+    def _sample(self, one: _Pass) -> tuple[list[int], list[int]]:
+        """(tokens returned to the scheduler, the request's tokens as far as they are known
+        after the pass). Nothing is sampled before a request's last token."""
+        rid, step, known, drafts = one.rid, one.step, one.known, one.drafts
+        if one.end < len(known):
+            return [], known
+        if not self.spec_tokens:  # the campaign's original stream of tokens, kept for its seeds
+            token = (7 * step + 13 * len(known)) % VOCAB
+            self.unapplied.setdefault(rid, []).append(_Pending([token], 0))
+            return [token], [*known, token]
+        rng = random.Random(f"{self.seed}:{step}:{rid}")
+        real = drafts.index(UNKNOWN) if UNKNOWN in drafts else len(drafts)  # padding: rejected
+        accepted = rng.randint(0, real)
+        bonus = rng.randrange(VOCAB)
+        if accepted < len(drafts) and bonus == drafts[accepted]:
+            bonus = (bonus + 1) % VOCAB  # a draft the target samples is accepted
+        tokens = [*drafts[:accepted], bonus]
+        self.drafts += real
+        self.accepted += accepted
+        self.unapplied.setdefault(rid, []).append(_Pending(tokens, len(drafts) - accepted))
+        return tokens, [*known, *tokens]
+
+    def _write(self, one: _Pass, role: str, ident: list[bytes], shift: int) -> None:
+        """Role `role`'s KV for the pass's positions; ident[p + shift] is position p's."""
+        for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            if not (group.target if role == "t" else group.draft):
+                continue
+            for p in range(one.start, one.end):
+                block = table[p // group.block_size]
+                if block:  # a null block (outside a window) is never written
+                    self.slots[(g, role, block, p % group.block_size)] = ident[p + shift]
+
+    def _propose(self, one: _Pass, after: list[int]) -> None:
+        """The drafter's next drafts, and the draft KV its extra passes write after the bonus
+        token (pass j reads draft j - 1), where the block table already reaches."""
+        rng = random.Random(f"{self.seed}:{one.step}:{one.rid}:drafts")
+        drafts = [rng.randrange(VOCAB) for _ in range(self.spec_tokens)]
+        self.proposed[one.rid] = drafts
+        bonus = len(after) - 1
+        ident = identities(after + drafts, len(after) + len(drafts))
+        for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            if not group.draft:
+                continue
+            for p in range(bonus, bonus + self.spec_tokens - 1):
+                index = p // group.block_size
+                if index < len(table) and table[index]:
+                    self.slots[(g, "d", table[index], p % group.block_size)] = ident[p + 1]
 
     def applied(self, runner_output: Any) -> None:
         """The scheduler took these outputs: their tokens are in all_token_ids now (or were
@@ -182,57 +442,99 @@ class Ledger:
             if tokens and self.unapplied.get(rid):
                 self.unapplied[rid].pop(0)
 
+    def draft_ids(self, runner_output: Any) -> Any:
+        """What EngineCore hands the scheduler after a synchronous step: the drafter's drafts
+        for every request of the batch."""
+        from vllm.v1.outputs import DraftTokenIds  # type: ignore[import-not-found]  # noqa: PLC0415
 
-def play(workload: Workload, fix: bool = False) -> Outcome:
+        ids = list(runner_output.req_ids)
+        return DraftTokenIds(ids, [list(self.proposed.get(r, [])) for r in ids])
+
+
+def _client(
+    scheduler: Any, workload: Workload, arrivals: list[Any], step: int, hasher: Any
+) -> None:
+    """What the API server hands EngineCore before `step`: new requests, aborts, resets."""
+    v = _vllm()
+    for arrival in [a for a in arrivals if a.step <= step]:
+        arrivals.remove(arrival)
+        params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
+        options = {"priority": arrival.priority, "block_hasher": hasher}
+        if "eos_token_id" in inspect.signature(v["Request"].__init__).parameters:
+            options["eos_token_id"] = None  # <= 0.16
+        request = v["Request"](arrival.rid, list(arrival.prompt), params, None, **options)
+        with _engine(step, "add_request()"):
+            scheduler.add_request(request)
+    for when, rid in workload.aborts:
+        if when == step and rid in scheduler.requests:
+            with _engine(step, "finish_requests()"):
+                scheduler.finish_requests(rid, v["RequestStatus"].FINISHED_ABORTED)
+    if step in workload.resets:
+        with _engine(step, "reset_prefix_cache()"):
+            scheduler.reset_prefix_cache()
+
+
+def _runner_output(ids: list[str], sampled: list[list[int]]) -> Any:
+    return _vllm()["ModelRunnerOutput"](
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+    )
+
+
+def play(workload: Workload, fix: bool = False, mutant: str | None = None) -> Outcome:
     """Run the workload to the end (or MAX_STEPS); stop at the first violation."""
     v = _vllm()
-    scheduler, groups, hasher = build(workload, fix)
-    ledger = Ledger(groups)
-    outcome = Outcome()
+    try:
+        scheduler, groups, hasher = build(workload, fix, mutant)
+    except Unreachable as why:
+        return Outcome(unreachable=str(why))
+    ledger = Ledger(groups, workload.seed, workload.spec_tokens)
+    outcome = Outcome(keying=keying_of(workload))
     pending: list[Any] = []  # (output, runner output) not yet given back: async scheduling
     depth = 2 if workload.async_scheduling else 1
     arrivals = list(workload.arrivals)
-    for step in range(MAX_STEPS):
-        outcome.steps = step
-        for arrival in [a for a in arrivals if a.step <= step]:
-            arrivals.remove(arrival)
-            params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
-            options = {"priority": arrival.priority, "block_hasher": hasher}
-            if "eos_token_id" in inspect.signature(v["Request"].__init__).parameters:  # <= 0.16
-                options["eos_token_id"] = None
-            request = v["Request"](arrival.rid, list(arrival.prompt), params, None, **options)
-            scheduler.add_request(request)
-        for when, rid in workload.aborts:
-            if when == step and rid in scheduler.requests:
-                scheduler.finish_requests(rid, v["RequestStatus"].FINISHED_ABORTED)
-        if step in workload.resets:
-            scheduler.reset_prefix_cache()
-        if not scheduler.has_requests():  # EngineCore steps only while there is work
-            while pending:
-                done_output, done_runner = pending.pop(0)
-                scheduler.update_from_output(done_output, done_runner)
-                ledger.applied(done_runner)
-            if not scheduler.has_requests():
-                if not arrivals:
+    try:
+        for step in range(MAX_STEPS):
+            outcome.steps = step
+            _client(scheduler, workload, arrivals, step, hasher)
+            if not scheduler.has_requests():  # EngineCore steps only while there is work
+                while pending:
+                    done_output, done_runner = pending.pop(0)
+                    with _engine(step, "update_from_output()"):
+                        scheduler.update_from_output(done_output, done_runner)
+                    ledger.applied(done_runner)
+                if not scheduler.has_requests():
+                    if not arrivals:
+                        return outcome
+                    continue
+            with _engine(step, "schedule()"):
+                output = scheduler.schedule()
+            for new in output.scheduled_new_reqs:
+                outcome.hit_tokens += new.num_computed_tokens
+            outcome.preemptions += len(getattr(output, "preempted_req_ids", ()) or ())
+            executed = output.total_num_scheduled_tokens > 0
+            runner_output = v["EMPTY"]
+            if executed:
+                sampled, violation = ledger.forward(scheduler, output, step)
+                runner_output = _runner_output(list(output.num_scheduled_tokens), sampled)
+                if violation is not None:
+                    outcome.violation, outcome.role = violation.text, violation.role
                     return outcome
+            pending.append((output, runner_output))
+            # EngineCore.step_with_batch_queue: keep the queue filling while work goes on
+            if len(pending) < depth and (executed or scheduler.has_requests()):
                 continue
-        output = scheduler.schedule()
-        for new in output.scheduled_new_reqs:
-            outcome.hit_tokens += new.num_computed_tokens
-        outcome.preemptions += len(getattr(output, "preempted_req_ids", ()) or ())
-        executed = output.total_num_scheduled_tokens > 0
-        runner_output = v["EMPTY"]
-        if executed:
-            runner_output, violation = ledger.forward(scheduler, output, step)
-            if violation is not None:
-                outcome.violation = violation
-                return outcome
-        pending.append((output, runner_output))
-        # EngineCore.step_with_batch_queue: keep the queue filling while work goes on
-        if len(pending) < depth and (executed or scheduler.has_requests()):
-            continue
-        done_output, done_runner = pending.pop(0)
-        scheduler.update_from_output(done_output, done_runner)
-        ledger.applied(done_runner)
-    outcome.stalled = True
-    return outcome
+            done_output, done_runner = pending.pop(0)
+            with _engine(step, "update_from_output()"):
+                scheduler.update_from_output(done_output, done_runner)
+            ledger.applied(done_runner)
+            if workload.spec_tokens and depth == 1 and executed:  # EngineCore.post_step
+                drafts = ledger.draft_ids(done_runner)
+                with _engine(step, "update_draft_token_ids()"):
+                    scheduler.update_draft_token_ids(drafts)
+        outcome.stalled = True
+        return outcome
+    except EngineCrash as crash:
+        outcome.crash = str(crash)
+        return outcome
+    finally:
+        outcome.drafts, outcome.accepted = ledger.drafts, ledger.accepted

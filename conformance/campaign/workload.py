@@ -16,6 +16,12 @@ from typing import Any
 # Attention-only bundled models whose layers vLLM's own planner can group (no state layers,
 # no compressed latents): a single full-attention group, and sliding-window + full hybrids.
 MODELS = ("llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B")
+# Drawn for some seeds by a second random stream, so the seeds above keep their workloads:
+# MLA latents and chunked local attention (as vLLM plans them), and models served with an
+# EAGLE drafter (the model file's draft layer, else one of the target's attention shape).
+OTHER_MODELS = ("deepseek-v3", "llama-4-scout")
+DRAFT_MODELS = ("gpt-oss-20b-eagle3", "llama-3.1-8b", "gemma-4-31B", "deepseek-v3")
+SPEC_KEYINGS = ("default", "drop")  # the release's default EAGLE keying, or blocks dropped
 POLICIES = ("fcfs", "priority")
 VOCAB = 900  # token ids stay below the weightless model's vocabulary
 
@@ -45,6 +51,10 @@ class Workload:
     arrivals: tuple[Arrival, ...]
     aborts: tuple[tuple[int, str], ...] = ()  # (step, rid): the client aborts before step
     resets: tuple[int, ...] = ()  # steps before which reset_prefix_cache() is called
+    # speculative decoding: drafts per step (0: served without the model's drafter), and
+    # "drop" to turn off the release's lookahead block hashes where it has them
+    spec_tokens: int = 0
+    spec_keying: str = "default"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,7 +80,8 @@ class Workload:
         ends."""
         tokens = sum(len(a.prompt) + a.max_tokens for a in self.arrivals)
         events = len(self.aborts) + len(self.resets)
-        settings = self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
+        settings = (self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
+                    + 2 * self.spec_tokens + (self.spec_keying != "default"))  # fmt: skip
         steps = sum(a.step for a in self.arrivals)
         return (1000 * len(self.arrivals) + tokens + 100 * events + steps + settings
                 + (self.policy != "fcfs"))  # fmt: skip
@@ -100,9 +111,18 @@ def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
     longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
     aborts = tuple((rng.randint(1, 12), a.rid) for a in arrivals if rng.random() < 0.15)
     resets = tuple(rng.randint(1, 12) for _ in range(rng.random() < 0.1))
+    model = rng.choice(models)
+    extra = random.Random(f"kvcert-fuzz-extra:{seed}")
+    spec_tokens, spec_keying = 0, "default"
+    draw = extra.random()
+    if draw < 0.3:
+        model = extra.choice(DRAFT_MODELS)
+        spec_tokens, spec_keying = extra.randint(1, 3), extra.choice(SPEC_KEYINGS)
+    elif draw < 0.4:
+        model = extra.choice(OTHER_MODELS)
     return Workload(
         seed=seed,
-        model=rng.choice(models),
+        model=model,
         policy=rng.choice(POLICIES),
         async_scheduling=rng.random() < 0.3,
         usable_blocks=-(-longest // 16) + rng.randint(1, 8),
@@ -111,6 +131,8 @@ def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
         arrivals=tuple(sorted(arrivals, key=lambda a: a.step)),
         aborts=aborts,
         resets=resets,
+        spec_tokens=spec_tokens,
+        spec_keying=spec_keying,
     )
 
 
@@ -143,6 +165,10 @@ def smaller(workload: Workload) -> Iterator[Workload]:
         yield replace(workload, long_prefill=0)
     if workload.policy != "fcfs":
         yield replace(workload, policy="fcfs")
+    if workload.spec_tokens > 1:
+        yield replace(workload, spec_tokens=workload.spec_tokens - 1)
+    if workload.spec_keying != "default":
+        yield replace(workload, spec_keying="default")
 
 
 def _simpler(arrival: Arrival) -> Iterator[Arrival]:

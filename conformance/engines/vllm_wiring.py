@@ -123,7 +123,7 @@ def speculative_config(settings: Settings) -> Any:
     seconds."""
     return _speculative_config(
         settings.max_len, settings.attention_chunk_size, settings.speculative,
-        tuple(sorted(settings.flags_for("speculative").items())),
+        settings.spec_tokens, tuple(sorted(settings.flags_for("speculative").items())),
     )  # fmt: skip
 
 
@@ -132,10 +132,11 @@ def _speculative_config(
     max_len: int,
     attention_chunk_size: int | None,
     profile: str | None,
+    spec_tokens: int,
     flags: tuple[tuple[str, Any], ...],
 ) -> Any:
     """An EAGLE drafter as a user configures one (`--speculative-config '{"method": "eagle",
-    "model": ..., "num_speculative_tokens": 1}'`), the weightless model as its draft.
+    "model": ..., "num_speculative_tokens": N}'`), the weightless model as its draft.
     `drop`: the last matched block is dropped (0.33: `disable_lookahead_block_hashes`, the
     release's documented fallback; before 0.33 the only behaviour). `exact`: the drafter's
     tokens after each block are in the block's hash (0.33's default), else NoSuchFlag."""
@@ -149,7 +150,7 @@ def _speculative_config(
     return v["SpeculativeConfig"](
         method="eagle",
         model=model.model,
-        num_speculative_tokens=1,
+        num_speculative_tokens=spec_tokens,
         target_model_config=model,
         target_parallel_config=v["ParallelConfig"](),
         **{**options, **dict(flags)},
@@ -167,6 +168,7 @@ class Settings:
     async_scheduling: bool = False
     long_prefill: int = 0
     speculative: str | None = None  # None | drop | exact (a kvcert profile)
+    spec_tokens: int = 1  # num_speculative_tokens, with `speculative`
     max_num_seqs: int = 8
     attention_chunk_size: int | None = None  # the model's, when it has chunked local layers
     # other engine arguments by config ("cache", "scheduler", "speculative", or "env" for a
@@ -246,6 +248,7 @@ class Wired:
     scheduler: Any
     groups: list[Any]  # the KVCacheGroupSpecs the scheduler's manager was given
     hasher: Any  # Request(block_hasher=...)
+    hash_block: int = 16  # the tokens per block hash
 
 
 def wire(
@@ -280,4 +283,4 @@ def wire(
     hasher = v["utils"].get_request_block_hasher(
         hash_block, v["sha256"], *(() if lookahead is None else (lookahead,))
     )
-    return Wired(scheduler, list(kv.kv_cache_groups), hasher)
+    return Wired(scheduler, list(kv.kv_cache_groups), hasher, hash_block)

@@ -7,7 +7,16 @@ import json
 import pytest
 
 from kvcert.conformance.campaign import command
-from kvcert.conformance.campaign.workload import Workload, generate, shrink, smaller
+from kvcert.conformance.campaign.workload import (
+    DRAFT_MODELS,
+    MODELS,
+    OTHER_MODELS,
+    SPEC_KEYINGS,
+    Workload,
+    generate,
+    shrink,
+    smaller,
+)
 from kvcert.conformance.cli import main
 from tests.tiers import tiered
 
@@ -27,7 +36,11 @@ def test_generated_workloads_cover_what_the_campaign_promises():
     seen = [generate(seed) for seed in range(300)]
     assert {w.policy for w in seen} == {"fcfs", "priority"}
     assert {w.async_scheduling for w in seen} == {True, False}
-    assert {w.model for w in seen} == {"llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B"}
+    assert {w.model for w in seen} == {*MODELS, *OTHER_MODELS, *DRAFT_MODELS}
+    served = {w.model for w in seen if w.spec_tokens}
+    assert served == set(DRAFT_MODELS)
+    assert {w.spec_tokens for w in seen} == {0, 1, 2, 3}
+    assert {w.spec_keying for w in seen if w.spec_tokens} == set(SPEC_KEYINGS)
     assert any(w.aborts for w in seen)
     assert any(w.resets for w in seen)
     # shared prefixes: some pair of requests starts with the same 16 tokens
@@ -88,7 +101,26 @@ def test_shards_partition_the_seeds_and_merge_back(tmp_path, capsys):
     other = tmp_path / "fixed.json"
     other.write_text(json.dumps(_report([99], fix=True)))
     assert main(["fuzz", "--merge", files[0], str(other)]) == 2
-    assert "one engine and fix setting" in capsys.readouterr().err
+    assert "one engine, fix and mutant setting" in capsys.readouterr().err
+
+
+def test_the_mutant_names_are_the_mutants():
+    from kvcert.conformance.campaign.vllm_mutants import MUTANTS
+
+    assert set(command.MUTANT_NAMES) == set(MUTANTS)
+
+
+def test_a_mutant_report_merges_only_with_its_own(tmp_path, capsys):
+    broken = {**_report([1]), "mutant": "no-eagle-drop"}
+    plain = _report([2])
+    files = []
+    for name, body in (("broken", broken), ("plain", plain)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(body))
+    assert main(["fuzz", "--merge", *map(str, files)]) == 2
+    assert "one engine, fix and mutant setting" in capsys.readouterr().err
+    assert main(["fuzz", "--merge", str(files[0])]) == 0
+    assert "mutant no-eagle-drop (a broken twin" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

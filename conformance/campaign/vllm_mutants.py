@@ -1,0 +1,43 @@
+"""Broken twins of vLLM for the campaign's oracle: each switches off one safeguard of vLLM's
+prefix cache, so the ledger must find a violation where the real release is sound.
+
+A campaign that finds nothing proves little unless it is seen to fail where it should:
+`kvcert fuzz --mutant NAME` plays the same workloads against vLLM with one of these applied
+after EngineCore's wiring (CI and the long tier require each to be caught).
+
+    no-eagle-drop        the hybrid coordinator drops no block of an EAGLE group's hit, so
+                         a hit ending at a block boundary keeps draft KV computed from the
+                         next token of whichever request wrote it (the `drop` keying)
+    no-lookahead-hashes  requests are hashed without the drafter's next tokens (0.33's
+                         default `exact` keying), with the same consequence
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _no_eagle_drop(wired: Any) -> None:
+    scheduler = wired.scheduler
+    coordinator = scheduler.kv_cache_manager.coordinator
+    if hasattr(coordinator, "drop_eagle_group_ids"):  # 0.33
+        coordinator.drop_eagle_group_ids = set()
+    for manager in coordinator.single_type_managers:
+        manager.use_eagle = False
+    coordinator.use_eagle = False
+    scheduler.kv_cache_manager.use_eagle = False
+
+
+def _no_lookahead_hashes(wired: Any) -> None:
+    from kvcert.conformance.engines.vllm_wiring import modules  # noqa: PLC0415
+
+    v = modules()
+    wired.hasher = v["utils"].get_request_block_hasher(wired.hash_block, v["sha256"])
+
+
+# each changes the wired scheduler or hasher in place
+MUTANTS: dict[str, Callable[[Any], None]] = {
+    "no-eagle-drop": _no_eagle_drop,
+    "no-lookahead-hashes": _no_lookahead_hashes,
+}

@@ -1,0 +1,139 @@
+"""The campaign's ledger (the stand-in model runner) without vLLM: a scripted scheduler serves
+KV the ledger must accept or flag, so the oracle itself is checked, including the speculative
+parts (draft KV keyed on the next token, rejections, padding rows, async drafts in flight)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from kvcert.conformance.campaign.vllm_loop import UNKNOWN, Ledger, _Group
+
+BLOCK = 4
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    all_token_ids: list[int]
+    num_computed_tokens: int = 0
+
+
+@dataclass
+class FakeScheduler:
+    """Requests and block tables as a scheduler would hold them after `schedule()`."""
+
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    requests: dict[str, FakeRequest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.kv_cache_manager = SimpleNamespace(get_block_ids=lambda rid: (self.tables[rid],))
+
+    def schedule(self, rid: str, count: int, drafts: tuple[int, ...] = (), new: bool = False):
+        """Advance the request by `count` as the scheduler does, and return its output."""
+        self.requests[rid].num_computed_tokens += count
+        return SimpleNamespace(
+            num_scheduled_tokens={rid: count},
+            scheduled_new_reqs=[SimpleNamespace(req_id=rid)] if new else [],
+            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+            scheduled_spec_decode_tokens={rid: list(drafts)} if drafts else {},
+        )
+
+
+def _ledger(spec_tokens: int = 0, seed: int = 3) -> Ledger:
+    return Ledger([_Group(BLOCK, "full", target=True, draft=True)], seed, spec_tokens)
+
+
+def _add(s: FakeScheduler, rid: str, tokens: list[int], table: list[int], hit: int = 0) -> None:
+    s.requests[rid] = FakeRequest(rid, tokens, hit)
+    s.tables[rid] = table
+
+
+def test_a_hit_whose_next_token_differs_is_unsound_for_the_draft_layers_only():
+    s, ledger = FakeScheduler(), _ledger()
+    _add(s, "a", [1, 2, 3, 4, 5, 6], [1, 2])
+    assert ledger.forward(s, s.schedule("a", 6, new=True), 0)[1] is None
+    # b shares block 1 (tokens 1..4) and differs at token 5: a's draft KV at position 3 was
+    # computed from token 5, b's needs token 9
+    _add(s, "b", [1, 2, 3, 4, 9, 9], [1, 3], hit=4)
+    _, violation = ledger.forward(s, s.schedule("b", 2, new=True), 1)
+    assert violation is not None
+    assert violation.role == "draft"
+    assert "position 3 of group 0 (draft layers, block 1)" in violation.text
+    # the same hit with the same next token is sound
+    _add(s, "c", [1, 2, 3, 4, 5, 7], [1, 4], hit=4)
+    assert ledger.forward(s, s.schedule("c", 2, new=True), 2)[1] is None
+
+
+def test_a_block_of_other_tokens_is_unsound_for_the_target_layers():
+    s, ledger = FakeScheduler(), _ledger()
+    _add(s, "a", [1, 2, 3, 4, 5], [1, 2])
+    ledger.forward(s, s.schedule("a", 5, new=True), 0)
+    _add(s, "b", [1, 2, 3, 8, 5], [1, 3], hit=4)
+    _, violation = ledger.forward(s, s.schedule("b", 1, new=True), 1)
+    assert violation is not None
+    assert violation.role == "target"
+    assert "position 3 of group 0 (full, block 1)" in violation.text
+
+
+def test_rejected_drafts_leave_garbage_the_next_pass_must_recompute():
+    outcomes = set()
+    for seed in range(12):
+        s, ledger = FakeScheduler(), _ledger(spec_tokens=2, seed=seed)
+        _add(s, "a", [1, 2, 3], [1, 2, 3])
+        sampled, _ = ledger.forward(s, s.schedule("a", 3, new=True), 0)
+        s.requests["a"].all_token_ids += sampled[0]  # the scheduler applies the output
+        ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=sampled))
+        drafts = ledger.proposed["a"]
+        sampled, _ = ledger.forward(s, s.schedule("a", 3, tuple(drafts)), 1)
+        accepted = len(sampled[0]) - 1
+        assert sampled[0][:accepted] == drafts[:accepted]
+        assert accepted == 2 or sampled[0][accepted] != drafts[accepted]
+        rejected = len(drafts) - accepted
+        s.requests["a"].all_token_ids += sampled[0]
+        ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=sampled))
+        # a scheduler that forgot the rejection (counted every draft as computed) makes the
+        # next pass read the rejected positions' KV
+        known = len(s.requests["a"].all_token_ids)
+        s.requests["a"].num_computed_tokens = known - 1 + rejected
+        _, violation = ledger.forward(s, s.schedule("a", 1), 2)
+        assert (violation is not None) == (rejected > 0)
+        outcomes.add(rejected > 0)
+    assert outcomes == {True, False}  # both paths were taken
+
+
+def test_padding_rows_are_never_accepted():
+    s, ledger = FakeScheduler(), _ledger(spec_tokens=3)
+    for step in range(20):
+        rid = f"r{step}"
+        _add(s, rid, [5, 6, 7, 8, 9], [1, 2], hit=4)
+        s.tables[rid] = [step + 1, step + 100]
+        ledger.slots.clear()
+        sampled, _ = ledger.forward(s, s.schedule(rid, 4, (-1, -1, -1), new=True), step)
+        assert len(sampled[0]) == 1  # the bonus token only
+        assert UNKNOWN not in sampled[0]
+
+
+def test_async_drafts_in_flight_move_the_runners_start_back():
+    """The scheduler counts placeholders as accepted until the output returns; the runner
+    computes from its own count, as vLLM's GPU runner does."""
+    rejections = set()
+    for seed in range(12):
+        s, ledger = FakeScheduler(), _ledger(spec_tokens=2, seed=seed)
+        _add(s, "a", [1, 2, 3], [1, 2, 3])
+        first, _ = ledger.forward(s, s.schedule("a", 3, new=True), 0)
+        # step 1 is scheduled before step 0's output is applied: 2 draft placeholders
+        second, _ = ledger.forward(s, s.schedule("a", 3, (-1, -1)), 1)
+        rejected = 2 - (len(second[0]) - 1)
+        # step 2, still before step 1's output is applied: the scheduler's start is 6, the
+        # runner's is 6 - rejected, right after the tokens it knows
+        output = s.schedule("a", 3, (-1, -1))
+        s.requests["a"].all_token_ids += first[0]
+        ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=first))
+        known = ledger.tokens(s.requests["a"])
+        assert known == [1, 2, 3, *first[0], *second[0]]
+        assert ledger._optimism("a") == rejected
+        assert s.requests["a"].num_computed_tokens - 3 - rejected == len(known) - 1
+        assert ledger.forward(s, output, 2)[1] is None
+        rejections.add(rejected)
+    assert len(rejections) > 1
