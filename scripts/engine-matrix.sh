@@ -47,6 +47,15 @@ for dir in engines/*/*/; do
       echo "FAIL vllm $version fuzz (exit $code):"
       echo "$fuzz" | tail -20
     fi
+    # the release's committed campaign regressions replay as their files record
+    if checked=$(".engines/vllm-$version/bin/python" engines/vllm/campaign/check.py \
+        --regressions 2>&1); then
+      echo "ok   vllm $version regressions: $(echo "$checked" | grep -c '^ok')"
+    else
+      status=1
+      echo "FAIL vllm $version regressions:"
+      echo "$checked" | grep -v '^ok' | tail -20
+    fi
   fi
 done
 exit $status

@@ -24,7 +24,11 @@ the positions from the hit onwards are recomputed, and that is all the draft rea
   of length L covers token L, on which the draft KV at L-1 depends. The hit therefore steps
   down once in the common set, to a length whose next token lies inside the matched prefix.
   That certifies the dependency when the matched blocks were written by one request (a
-  re-sent or extended prompt); only `exact` certifies it always.
+  re-sent or extended prompt); only `exact` certifies it always. Two writers are enough to
+  break it: two requests that prefill a shared prefix side by side each write a copy, the
+  cache keeps the first copy under the shared key, and a hit over the second one's chain gets
+  a block computed from the first one's next token, inside the hit, which no drop reaches
+  (`kvcert fuzz` finds it through vLLM's scheduler: engines/README.md, draft-other-writer).
 
 Both rules read the common set, so neither can depend on group order or group count, neither
 drops more than once, and both return a length that every group accepts. The engines' bug

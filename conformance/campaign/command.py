@@ -82,7 +82,11 @@ def campaign(
             continue
         found = time.perf_counter() - start
         kind = outcome.kind
-        small = shrink(workload, lambda w, k=kind: play(w, fix, mutant).kind == k, shrink_budget)
+
+        def same_class(w: Workload, k: tuple[str, str | None] = kind) -> bool:
+            return play(w, fix, mutant).kind == k
+
+        small = shrink(workload, same_class, shrink_budget)
         report["violations"].append(
             {
                 "seed": seed,
@@ -144,9 +148,9 @@ def render(report: dict[str, Any]) -> str:
         f"hit tokens, {report.get('accepted', 0):,} of {report.get('drafts', 0):,} drafts "
         f"accepted; {len(report['violations'])} finding(s)"
     ]
-    classes = sorted({_class(v) for v in report["violations"]})
+    classes = sorted({finding_class(v) for v in report["violations"]})
     for name in classes:
-        which = [v["seed"] for v in report["violations"] if _class(v) == name]
+        which = [v["seed"] for v in report["violations"] if finding_class(v) == name]
         lines.append(f"  {name}: {len(which)} (seeds {which[:10]})")
     for why, which in sorted(report.get("unreachable", {}).items()):
         lines.append(f"  not played, {len(which)} workload(s) (seeds {which[:5]}): {why}")
@@ -156,7 +160,7 @@ def render(report: dict[str, Any]) -> str:
         shrunk = Workload.from_json(v["shrunk"]["workload"])
         lines.append(
             f"  seed {v['seed']} (found after {v['found_after_runs']} workloads, "
-            f"{v['found_after_seconds']} s) [{_class(v)}]: {v['violation']}"
+            f"{v['found_after_seconds']} s) [{finding_class(v)}]: {v['violation']}"
         )
         lines.append(
             f"    shrunk to {len(shrunk.arrivals)} requests, {shrunk.policy} policy, "
@@ -171,7 +175,7 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _class(finding: dict[str, Any]) -> str:
+def finding_class(finding: dict[str, Any]) -> str:
     """A finding's class in words (reports from before classes were recorded: unsound)."""
     if finding.get("kind") == "crash":
         return "engine crash"
@@ -189,6 +193,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.runs < 1:
             raise InputError(f"--runs must be at least 1, got {args.runs}")
+        if args.mutant and args.save:
+            raise InputError(
+                "--save with --mutant: a mutant's findings fail only against that broken "
+                "twin, so they make no regression for vLLM; drop one of the two"
+            )
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
         report = campaign(seeds, args.fix, args.shrink_budget, args.mutant)
@@ -196,14 +205,25 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if args.save is not None:
-        args.save.mkdir(parents=True, exist_ok=True)
-        for v in report["violations"]:
-            release = report["engine"].split()[-1]
-            target = args.save / f"vllm-{release}-seed-{v['seed']}.json"
-            body = {"engine": report["engine"], **v["shrunk"]}
-            target.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
-            print(f"regression written to {target}")
+        _save(report, args.save)
     return 1 if report["violations"] else 0
+
+
+def _save(report: dict[str, Any], directory: Path) -> None:
+    """Each shrunk finding as a regression file, with whether it is found unfixed and fixed
+    (what engines/vllm/campaign/check.py replays it against)."""
+    from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for v in report["violations"]:
+        workload = Workload.from_json(v["shrunk"]["workload"])
+        expect = {key: play(workload, fix).finding is not None
+                  for key, fix in (("unfixed", False), ("fixed", True))}  # fmt: skip
+        release = report["engine"].split()[-1]
+        target = directory / f"vllm-{release}-seed-{v['seed']}.json"
+        body = {"engine": report["engine"], "expect": expect, **v["shrunk"]}
+        target.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+        print(f"regression written to {target}")
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -234,8 +254,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="soundness campaign: random workloads through vLLM's real scheduler (vLLM venv)",
         description="Drive vLLM's real Scheduler (or AsyncScheduler) with random seeded "
         "workloads (bundled models planned by vLLM itself, shared prefixes, FCFS and "
-        "priority, small pools, chunked prefill, aborts, resets) and check every read of "
-        "every forward pass against a ledger of what earlier passes wrote. Run it with a vLLM "
+        "priority, small pools, chunked prefill, aborts, resets, EAGLE speculative decoding "
+        "with random acceptance) and check every read of every forward pass, the drafter's "
+        "included, against a ledger of what earlier passes wrote. Run it with a vLLM "
         "release venv's kvcert.",
     )
     parser.add_argument("--runs", type=int, default=500, help="workloads (seeds) to play")

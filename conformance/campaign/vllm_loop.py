@@ -352,18 +352,18 @@ class Ledger:
         scheduler holds placeholders (async), and for a request the runner has no drafts for,
         padding (0.33 pads a new request's single token to 1 + num_speculative_tokens rows
         with -1 drafts, which the rejection sampler always rejects)."""
-        scheduled = list(scheduled)
-        if all(t >= 0 for t in scheduled):
-            return scheduled
+        drafts = [int(t) for t in scheduled]
+        if all(t >= 0 for t in drafts):
+            return drafts
         own = self.proposed.get(rid)
         if own is None:
-            return [UNKNOWN] * len(scheduled)
-        if len(own) < len(scheduled):
+            return [UNKNOWN] * len(drafts)
+        if len(own) < len(drafts):
             raise RuntimeError(
-                f"ledger out of step: {rid} has {len(scheduled)} draft placeholders and the "
+                f"ledger out of step: {rid} has {len(drafts)} draft placeholders and the "
                 f"runner proposed {len(own)} drafts"
             )
-        return own[: len(scheduled)]
+        return own[: len(drafts)]
 
     def _check_reads(self, one: _Pass) -> Violation | None:
         """The first read of the pass that finds KV no pass wrote for this prefix."""

@@ -1,0 +1,87 @@
+"""What CI requires of the soundness campaign on a vLLM release (run in its venv).
+
+    python engines/vllm/campaign/check.py REPORTS_DIR      # CI, on 0.33.0
+    python engines/vllm/campaign/check.py --regressions    # the long tier, on every release
+
+REPORTS_DIR holds the `--json` reports of four 400-seed runs of `kvcert fuzz` (`plain.json`,
+`fix.json`, and `mutant-NAME.json` for each broken twin, made with `--fix --mutant NAME`).
+Required, each with its reason:
+
+- plain: the campaign finds the preempt-in-flight bug (vllm#43569) on its own, as an unsound
+  read of the served model's KV;
+- fix: with the fix (a Scheduler subclass) no unsound read of the served model's KV and no
+  engine crash remains; an unsound read of draft KV is allowed only under drop keying, the
+  limit HIT-SPEC-2 states and the campaign shows (exact keying, 0.33's default, has none);
+- every mutant (the fixed vLLM with one more safeguard switched off) is caught: an unsound
+  read of draft KV on a seed the fixed vLLM serves soundly, so the draft checks are seen to
+  fail where they should;
+- every committed regression of the installed release (`vllm-RELEASE-*.json`) replays as its
+  file records (`expect`: whether a finding is expected unfixed and fixed).
+
+Prints one line per requirement; exit 1 when any fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from kvcert.conformance.campaign.command import MUTANT_NAMES, finding_class
+from kvcert.conformance.campaign.vllm_loop import play
+from kvcert.conformance.campaign.workload import Workload
+
+HERE = Path(__file__).resolve().parent
+TARGET = "unsound read of target KV"
+DRAFT_UNDER_DROP = "unsound read of draft KV, drop keying"
+
+
+def _classes(report: dict[str, Any]) -> set[str]:
+    return {finding_class(v) for v in report["violations"]}
+
+
+def requirements(reports: Path) -> list[tuple[str, bool]]:
+    def load(name: str) -> dict[str, Any]:
+        return json.loads((reports / name).read_text(encoding="utf-8"))
+
+    plain, fixed = load("plain.json"), load("fix.json")
+    out = [
+        ("unfixed: the preempt-in-flight violation is found from random workloads",
+         any(c.startswith(TARGET) for c in _classes(plain))),
+        ("fixed: only draft KV under drop keying remains",
+         _classes(fixed) <= {DRAFT_UNDER_DROP}),
+    ]  # fmt: skip
+    sound = set(fixed["seeds"]) - {v["seed"] for v in fixed["violations"]}
+    for name in MUTANT_NAMES:
+        mutant = load(f"mutant-{name}.json")
+        caught = [v["seed"] for v in mutant["violations"]
+                  if v["seed"] in sound and v.get("role") == "draft"]  # fmt: skip
+        out.append((f"mutant {name}: caught on {len(caught)} seeds the fixed vLLM serves "
+                    "soundly", bool(caught)))  # fmt: skip
+    return out + regressions()
+
+
+def regressions() -> list[tuple[str, bool]]:
+    """The installed release's committed regressions, each against what its file records."""
+    out = []
+    for path in sorted(HERE.glob(f"vllm-{version('vllm')}-*.json")):
+        body = json.loads(path.read_text(encoding="utf-8"))
+        workload = Workload.from_json(body["workload"])
+        for fix, key in ((False, "unfixed"), (True, "fixed")):
+            found = play(workload, fix).finding is not None
+            out.append((f"{path.name} {key}: finding {body['expect'][key]}",
+                        found == body["expect"][key]))  # fmt: skip
+    return out
+
+
+def main(argv: list[str]) -> int:
+    results = regressions() if argv == ["--regressions"] else requirements(Path(argv[0]))
+    for what, ok in results:
+        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+    return 0 if all(ok for _, ok in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

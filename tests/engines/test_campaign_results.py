@@ -1,0 +1,93 @@
+"""The campaign's committed results without vLLM: the reports, the table generated from them,
+the README's figures, and the regression files CI replays."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from kvcert.conformance.campaign.command import REPORT_FORMAT
+from kvcert.conformance.campaign.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+CAMPAIGN = ROOT / "engines" / "vllm" / "campaign"
+SPEC = importlib.util.spec_from_file_location("campaign_results", CAMPAIGN / "results.py")
+assert SPEC is not None
+assert SPEC.loader is not None
+results = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(results)
+
+
+def test_every_pinned_release_has_both_campaign_reports():
+    releases = sorted(p.parent for p in ROOT.glob("engines/vllm/*/requirements.txt"))
+    assert releases
+    for release in releases:
+        plain = json.loads((release / "fuzz.json").read_text(encoding="utf-8"))
+        fixed = json.loads((release / "fuzz-fix.json").read_text(encoding="utf-8"))
+        for report, fix in ((plain, False), (fixed, True)):
+            assert report["format"] == REPORT_FORMAT
+            assert report["engine"] == f"vllm {release.name}"
+            assert report["fix"] is fix
+            assert report.get("mutant") is None
+            assert report["runs"] == len(report["seeds"]) >= 2000
+        assert plain["seeds"] == fixed["seeds"]
+
+
+def test_the_results_table_is_generated_from_the_reports():
+    text = (CAMPAIGN / "RESULTS.md").read_text(encoding="utf-8")
+    inside = text.split(results.BEGIN, 1)[1].split(results.END, 1)[0]
+    assert inside.strip() == results.table().strip()
+
+
+def test_the_readme_quotes_the_0_33_campaign_as_reported():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert results.headline("0.33.0") in " ".join(readme.split())
+
+
+def test_regressions_say_what_they_show_and_parse():
+    files = sorted(CAMPAIGN.glob("vllm-*.json"))
+    assert files
+    for path in files:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        assert set(body["expect"]) == {"unfixed", "fixed"}, path.name
+        Workload.from_json(body["workload"])
+        # a finding recorded in the file is expected at least unfixed
+        assert (body.get("violation") is not None) == body["expect"]["unfixed"], path.name
+
+
+def _all_findings():
+    for release, report in results.reports():
+        for finding in report["violations"]:
+            yield release, report, finding
+
+
+def test_the_findings_are_the_classes_results_md_traces():
+    """RESULTS.md explains every finding by one of four mechanisms; each has a signature in
+    the reports, checked here so that a new mechanism cannot hide in a known class."""
+    for release, report, finding in _all_findings():
+        where = f"{release} seed {finding['seed']}"
+        if finding.get("kind") == "crash":  # eagle-block-sizes (vllm#39450, #39528)
+            assert "aligned_length is not compatible with eagle now" in finding["violation"], where
+        elif finding.get("role") == "draft":  # draft-other-writer: drop keying only
+            assert finding["keying"] == "drop", where
+        elif report["fix"]:  # async-window-free (vllm#47728): the window reads a freed block
+            assert finding["keying"] is not None, where
+            assert "(sliding_window, block 0)" in finding["shrunk"]["violation"], where
+    # exact keying (lookahead hashes) shows no finding in any run
+    assert all(f.get("keying") != "exact" for _, _, f in _all_findings())
+
+
+def test_the_fix_adds_no_target_finding():
+    """A target finding of an unfixed run either disappears with the fix (preempt-in-flight)
+    or stays (async-window-free, which the fix is not for)."""
+    pairs = {}
+    for release, report in results.reports():
+        pairs.setdefault(release, {})[report["fix"]] = report
+    for release, pair in pairs.items():
+
+        def targets(report):
+            return {f["seed"] for f in report["violations"]
+                    if f.get("kind") != "crash" and f.get("role") != "draft"}  # fmt: skip
+
+        assert targets(pair[True]) <= targets(pair[False]), release
