@@ -3,7 +3,7 @@ prefix cache, so the ledger must find a violation where the real release is soun
 
 A campaign that finds nothing proves little unless it is seen to fail where it should:
 `kvcert fuzz --mutant NAME` plays the same workloads against vLLM with one of these applied
-after EngineCore's wiring (CI and the long tier require each to be caught).
+after EngineCore's wiring; CI requires each to be caught (engines/vllm/campaign/check.py).
 
     no-eagle-drop        the hybrid coordinator drops no block of an EAGLE group's hit, so
                          a hit ending at a block boundary keeps draft KV computed from the
