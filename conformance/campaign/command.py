@@ -25,11 +25,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from kvcert.conformance.campaign.vllm_mutants import MUTANTS
 from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
-
-# the names of kvcert.conformance.campaign.vllm_mutants.MUTANTS (that module needs vLLM)
-MUTANT_NAMES = ("no-eagle-drop", "no-lookahead-hashes")
 
 REPORT_FORMAT = "kvcert-fuzz/1"
 COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted")  # summed over workloads
@@ -65,7 +63,8 @@ def campaign(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
         "mutant": mutant, "seeds": seeds, "runs": 0, "preemptions": 0, "hit_tokens": 0, "drafts": 0,
-        "accepted": 0, "stalled": [], "unreachable": {}, "violations": [],
+        "accepted": 0, "stalled": [], "unreachable": {},
+        "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
         workload = generate(seed)
@@ -267,7 +266,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="use the preempt-in-flight fix (a Scheduler subclass)")  # fmt: skip
     parser.add_argument(
         "--mutant",
-        choices=sorted(MUTANT_NAMES),
+        choices=sorted(MUTANTS),
         help="play against a broken twin of vLLM (the oracle must catch it)",
     )
     parser.add_argument("--shrink-budget", type=int, default=400, help="runs per shrink")

@@ -104,12 +104,6 @@ def test_shards_partition_the_seeds_and_merge_back(tmp_path, capsys):
     assert "one engine, fix and mutant setting" in capsys.readouterr().err
 
 
-def test_the_mutant_names_are_the_mutants():
-    from kvcert.conformance.campaign.vllm_mutants import MUTANTS
-
-    assert set(command.MUTANT_NAMES) == set(MUTANTS)
-
-
 def test_a_mutant_report_merges_only_with_its_own(tmp_path, capsys):
     broken = {**_report([1]), "mutant": "no-eagle-drop"}
     plain = _report([2])

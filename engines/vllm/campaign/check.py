@@ -29,8 +29,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.campaign.command import MUTANT_NAMES, finding_class
+from kvcert.conformance.campaign.command import finding_class
 from kvcert.conformance.campaign.vllm_loop import play
+from kvcert.conformance.campaign.vllm_mutants import MUTANTS
 from kvcert.conformance.campaign.workload import Workload
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +55,7 @@ def requirements(reports: Path) -> list[tuple[str, bool]]:
          _classes(fixed) <= {DRAFT_UNDER_DROP}),
     ]  # fmt: skip
     sound = set(fixed["seeds"]) - {v["seed"] for v in fixed["violations"]}
-    for name in MUTANT_NAMES:
+    for name in MUTANTS:
         mutant = load(f"mutant-{name}.json")
         caught = [v["seed"] for v in mutant["violations"]
                   if v["seed"] in sound and v.get("role") == "draft"]  # fmt: skip
