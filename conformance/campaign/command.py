@@ -174,11 +174,19 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def finding_class(finding: dict[str, Any]) -> str:
-    """A finding's class in words (reports from before classes were recorded: unsound)."""
+def finding_role(finding: dict[str, Any]) -> str:
+    """`crash`, or whose KV the unsound read found: `target` or `draft` (reports from before
+    roles were recorded hold target reads only)."""
     if finding.get("kind") == "crash":
+        return "crash"
+    return str(finding.get("role") or "target")
+
+
+def finding_class(finding: dict[str, Any]) -> str:
+    """A finding's class in words."""
+    role = finding_role(finding)
+    if role == "crash":
         return "engine crash"
-    role = finding.get("role") or "target"
     keying = f", {finding['keying']} keying" if finding.get("keying") else ""
     return f"unsound read of {role} KV{keying}"
 

@@ -29,13 +29,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.campaign.command import finding_class
+from kvcert.conformance.campaign.command import finding_class, finding_role
 from kvcert.conformance.campaign.vllm_loop import play
 from kvcert.conformance.campaign.vllm_mutants import MUTANTS
 from kvcert.conformance.campaign.workload import Workload
 
 HERE = Path(__file__).resolve().parent
-TARGET = "unsound read of target KV"
 DRAFT_UNDER_DROP = "unsound read of draft KV, drop keying"
 
 
@@ -50,7 +49,7 @@ def requirements(reports: Path) -> list[tuple[str, bool]]:
     plain, fixed = load("plain.json"), load("fix.json")
     out = [
         ("unfixed: the preempt-in-flight violation is found from random workloads",
-         any(c.startswith(TARGET) for c in _classes(plain))),
+         any(finding_role(v) == "target" for v in plain["violations"])),
         ("fixed: only draft KV under drop keying remains",
          _classes(fixed) <= {DRAFT_UNDER_DROP}),
     ]  # fmt: skip
@@ -58,7 +57,7 @@ def requirements(reports: Path) -> list[tuple[str, bool]]:
     for name in MUTANTS:
         mutant = load(f"mutant-{name}.json")
         caught = [v["seed"] for v in mutant["violations"]
-                  if v["seed"] in sound and v.get("role") == "draft"]  # fmt: skip
+                  if v["seed"] in sound and finding_role(v) == "draft"]  # fmt: skip
         out.append((f"mutant {name}: caught on {len(caught)} seeds the fixed vLLM serves "
                     "soundly", bool(caught)))  # fmt: skip
     return out + regressions()

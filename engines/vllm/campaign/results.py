@@ -8,9 +8,8 @@
 Each release directory holds the JSON reports of two runs (`kvcert fuzz --runs N --json
 REPORT.json`, and the same with `--fix`), made in that release's venv and imported as
 fuzz.json and fuzz-fix.json without the shrunk workloads (the seed regenerates each; `--save`
-writes them as regression files). The
-table is their summary, so every figure in RESULTS.md (and the README's, which a test checks
-against it) is what a committed report says.
+writes them as regression files). The table is their summary, so every figure in RESULTS.md
+(and the README's, which a test checks against it) is what a committed report says.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.campaign.command import finding_class
+from kvcert.conformance.campaign.command import finding_class, finding_role
 
 HERE = Path(__file__).resolve().parent
 RELEASES = HERE.parent
@@ -92,9 +91,9 @@ def _tally(report: dict[str, Any]) -> str:
     """`N unsound reads of target KV, M of draft KV (all under drop keying), K engine
     crashes` for one report."""
     found = report["violations"]
-    target = sum(v.get("kind") != "crash" and v.get("role") != "draft" for v in found)
-    drafts = [v for v in found if v.get("kind") != "crash" and v.get("role") == "draft"]
-    crashes = sum(v.get("kind") == "crash" for v in found)
+    roles = Counter(finding_role(v) for v in found)
+    target, crashes = roles["target"], roles["crash"]
+    drafts = [v for v in found if finding_role(v) == "draft"]
     text = f"{target} unsound reads of target KV"
     if drafts:
         keyings = Counter(v.get("keying") for v in drafts)
@@ -112,8 +111,7 @@ def headline(release: str) -> str:
     """The README's sentence about one release's two runs."""
     pair = {r["fix"]: r for name, r in reports() if name == release}
     plain, fixed = pair[False], pair[True]
-    target = sorted((v for v in plain["violations"]
-                     if v.get("kind") != "crash" and v.get("role") != "draft"),
+    target = sorted((v for v in plain["violations"] if finding_role(v) == "target"),
                     key=lambda v: v["found_after_runs"])  # fmt: skip
     first = ""
     if target:
