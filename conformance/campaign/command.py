@@ -62,8 +62,9 @@ def campaign(
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
-        "mutant": mutant, "seeds": seeds, "runs": 0, "preemptions": 0, "hit_tokens": 0, "drafts": 0,
-        "accepted": 0, "stalled": [], "unreachable": {},
+        "mutant": mutant, "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
+        "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "stalled": [],
+        "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
@@ -114,7 +115,7 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
         )
     merged: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": reports[0]["engine"], "fix": reports[0]["fix"],
-        "mutant": reports[0].get("mutant"),
+        "mutant": reports[0].get("mutant"), "shrink_budget": reports[0].get("shrink_budget"),
         "seeds": sorted(s for r in reports for s in r["seeds"]),
         "seconds": round(sum(r["seconds"] for r in reports), 2),
     }  # fmt: skip
@@ -175,8 +176,9 @@ def render(report: dict[str, Any]) -> str:
 
 
 def finding_role(finding: dict[str, Any]) -> str:
-    """`crash`, or whose KV the unsound read found: `target` or `draft` (reports from before
-    roles were recorded hold target reads only)."""
+    """`crash`, or what the unsound read found: the served model's KV (`target`) or Mamba
+    state (`state`), or the drafter's KV (`draft`). Reports from before roles were recorded
+    hold target reads only."""
     if finding.get("kind") == "crash":
         return "crash"
     return str(finding.get("role") or "target")
@@ -187,6 +189,8 @@ def finding_class(finding: dict[str, Any]) -> str:
     role = finding_role(finding)
     if role == "crash":
         return "engine crash"
+    if role == "state":
+        return "unsound read of Mamba state"
     keying = f", {finding['keying']} keying" if finding.get("keying") else ""
     return f"unsound read of {role} KV{keying}"
 

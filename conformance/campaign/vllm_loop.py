@@ -17,6 +17,20 @@ tokens for chunked local attention) must hold KV computed from the same token pr
 position that does not is a soundness violation: the engine told the request that KV exists
 which no forward pass wrote for it.
 
+A Mamba/GDN group (a state hybrid in prefix-caching align mode) holds no KV per position but
+one running state per request, in one block, as vLLM's runner keeps it (`preprocess_mamba`):
+
+    before a pass   the state moves from the block the runner left it in (for a request
+                    sent to it whole: the block of its last computed token, i.e. the hit's
+                    checkpoint) to block cdiv(end, B) - 1, all copies reading before any write
+    the pass        reads that state, which must be the state after position start - 1 of
+                    the same token prefix; writes the state after position end - 1 there
+
+so a cached block holds the checkpoint at its boundary only if a pass ended there, which is
+what vLLM's aligned prefill split is for. The backends played are those that save state at
+pass ends only (Mamba1, e.g. Jamba; GDN on its Triton prefill kernel); 0.33's FlashInfer GDN
+and Mamba2 backends also save checkpoints inside a pass, which the ledger does not model.
+
 With speculative decoding (a model whose file declares a draft layer, served with a real
 EAGLE `SpeculativeConfig`; 0.33 marks that layer `is_draft` as its drafter does) the ledger
 is the drafter and the rejection sampler too, and keeps two identities per position:
@@ -47,8 +61,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.campaign.workload import VOCAB, Workload
-from kvcert.spec.layers import AttentionKind
+from kvcert.conformance.campaign.workload import VOCAB, Workload, state_block_size
+from kvcert.spec.layers import AttentionKind, StateLayer
 
 MAX_STEPS = 400
 UNKNOWN = -1  # a token the pass could not know: KV computed from it is garbage
@@ -59,7 +73,9 @@ class Outcome:
     """What one run of a workload showed."""
 
     violation: str | None = None  # the first unsound read, in words
-    role: str | None = None  # whose KV it read: "target" (outputs) or "draft" (acceptance)
+    # what it read: the served model's KV ("target") or recurrent state ("state"), both wrong
+    # outputs, or the drafter's KV ("draft": acceptance only)
+    role: str | None = None
     keying: str | None = None  # the EAGLE keying played: exact | drop (None: no drafter)
     steps: int = 0
     preemptions: int = 0
@@ -67,7 +83,8 @@ class Outcome:
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
     drafts: int = 0  # draft tokens the scheduler sent for verification
     accepted: int = 0  # of which the runner accepted
-    unreachable: str | None = None  # the release refuses this configuration: not played
+    # not played: the release refuses this configuration, or the ledger does not model it
+    unreachable: str | None = None
     crash: str | None = None  # the engine raised while serving the workload (a finding)
 
     @property
@@ -88,7 +105,8 @@ class Violation:
     """An unsound read: which pass read which position, and whose KV it was."""
 
     text: str
-    role: str  # "target": the served model's layers (wrong outputs); "draft": the drafter's
+    role: str  # "target" / "state": the served model's KV / Mamba state (wrong outputs);
+    # "draft": the drafter's KV
 
 
 class Unreachable(Exception):
@@ -114,14 +132,17 @@ def _engine(step: int, call: str) -> Iterator[None]:
 @dataclass
 class _Group:
     block_size: int
-    kind: str  # full | sliding_window | chunked_local
+    kind: str  # full | sliding_window | chunked_local | mamba
     window: int = 0
     chunk: int = 0
     target: bool = True  # holds layers of the served model
     draft: bool = False  # holds the drafter's layers
 
     def needs(self, start: int) -> range:
-        """Positions below `start` that attention at `start` reads."""
+        """Positions below `start` that attention at `start` reads (a state group reads its
+        running state instead: `Ledger._carry_states`)."""
+        if self.kind == "mamba":
+            return range(0)
         if self.kind == "sliding_window":
             return range(max(0, start - self.window + 1), start)
         if self.kind == "chunked_local":
@@ -156,7 +177,11 @@ def build(
     `vllm_mutants`. Unreachable where the release refuses the configuration."""
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
-    from kvcert.conformance.engines.vllm_layers import kind_of, spec_of  # noqa: PLC0415
+    from kvcert.conformance.engines.vllm_layers import (  # noqa: PLC0415
+        kind_of,
+        spec_of,
+        state_spec_of,
+    )
     from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
 
     model = load_model(workload.model)
@@ -164,16 +189,24 @@ def build(
         {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
     )
     layers = _served_layers(plan_input.layers, workload.spec_tokens > 0)
+    stateful = any(isinstance(x, StateLayer) for x in layers)
+    block_size = state_block_size(workload.model) if stateful else 16
     longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
     settings = wiring.Settings(
         max_len=max(256, -(-longest // 256) * 256),
         budget=workload.budget,
+        block_size=block_size,
         policy=workload.policy,
         async_scheduling=workload.async_scheduling,
         long_prefill=workload.long_prefill,
         speculative=keying_of(workload),
         spec_tokens=max(workload.spec_tokens, 1),
         attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
+        # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
+        # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
+        flags=(("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", block_size))
+        if stateful
+        else (),
     )
     try:
         config = wiring.engine_config(settings)
@@ -182,6 +215,8 @@ def build(
     marks = wiring.marks_draft_layers()
     specs, drafter = {}, set()
     for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            continue
         name = f"model.layers.{i}.attn"
         spec = spec_of(layer, plan_input.dtype, settings.block_size)
         if _is_draft(layer):
@@ -189,6 +224,11 @@ def build(
             if marks:  # 0.33's drafters mark their layers
                 spec = dataclasses.replace(spec, is_draft=True)
         specs[name] = spec
+    page = max(spec.page_size_bytes for spec in specs.values())
+    for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            specs[f"model.layers.{i}.mixer"] = state_spec_of(layer, block_size, page)
+    specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
     kv_groups = wiring.plan(config, specs)
     cls = None
     if fix:
@@ -237,7 +277,41 @@ def _is_draft(layer: object) -> bool:
 
 
 def _first_line(error: BaseException) -> str:
+    """What went wrong in one line (for pydantic's errors, the first error's message, not its
+    count)."""
+    details = getattr(error, "errors", None)
+    if callable(details):
+        try:
+            return str(details()[0]["msg"])
+        except (TypeError, LookupError):
+            pass
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _state_block(end: int, block_size: int) -> int:
+    """The block index holding a request's running state after a pass ending at `end`."""
+    return -(-end // block_size) - 1
+
+
+def _state_found(held: bytes | None, ident: list[bytes]) -> str:
+    """What a state block held instead of the state a pass needed."""
+    if held is None:
+        return "holds no state any forward pass wrote"
+    if held in ident:
+        return f"holds the state after position {ident.index(held)}"
+    return "holds the state of another token prefix"
+
+
+def _readmitted_ids(output: Any) -> set[str]:
+    """Requests the scheduler (re)sends whole this step: new ones, and ones resumed after a
+    preemption (`resumed_req_ids` from 0.2x; a flag per cached request before)."""
+    ids = {r.req_id for r in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed is None:
+        flags = getattr(cached, "resumed_from_preemption", ())
+        resumed = {rid for rid, flag in zip(cached.req_ids, flags, strict=False) if flag}
+    return ids | set(resumed)
 
 
 def identities(tokens: list[int], end: int) -> list[bytes]:
@@ -287,6 +361,8 @@ class Ledger:
     slots: dict[tuple[int, str, int, int], bytes] = field(default_factory=dict)
     unapplied: dict[str, list[_Pending]] = field(default_factory=dict)
     proposed: dict[str, list[int]] = field(default_factory=dict)  # the drafter's last drafts
+    # the runner's running-state block index per request (vLLM's `mamba_state_idx`)
+    state_index: dict[str, int] = field(default_factory=dict)
     drafts: int = 0
     accepted: int = 0
 
@@ -305,6 +381,7 @@ class Ledger:
         for pending in self.unapplied.get(rid, ()):
             pending.live = False
         self.proposed.pop(rid, None)
+        self.state_index.pop(rid, None)
 
     def forward(
         self, scheduler: Any, output: Any, step: int
@@ -313,26 +390,29 @@ class Ledger:
         tokens reach its end. Returns (the tokens sampled per scheduled request, in the
         output's order; the first violation or None)."""
         ids = list(output.num_scheduled_tokens)
-        readmitted = {r.req_id for r in output.scheduled_new_reqs}
-        readmitted |= set(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
-        violation = None
-        sampled = []
+        for rid in _readmitted_ids(output):
+            self._readmitted(rid)
+        passes = []
         for rid in ids:
-            if rid in readmitted:
-                self._readmitted(rid)
             request = scheduler.requests[rid]
             count = output.num_scheduled_tokens[rid]
-            one = _Pass(
-                rid,
-                step,
-                # the scheduler advanced its count already, and counts in-flight drafts as
-                # accepted
-                request.num_computed_tokens - count - self._optimism(rid),
-                count,
-                self.tokens(request),
-                self._drafts(rid, output.scheduled_spec_decode_tokens.get(rid, ())),
-                scheduler.kv_cache_manager.get_block_ids(rid),
+            passes.append(
+                _Pass(
+                    rid,
+                    step,
+                    # the scheduler advanced its count already, and counts in-flight drafts as
+                    # accepted
+                    request.num_computed_tokens - count - self._optimism(rid),
+                    count,
+                    self.tokens(request),
+                    self._drafts(rid, output.scheduled_spec_decode_tokens.get(rid, ())),
+                    scheduler.kv_cache_manager.get_block_ids(rid),
+                )
             )
+        self._carry_states(passes)
+        violation = None
+        sampled = []
+        for one in passes:
             violation = violation or self._check_reads(one)
             tokens, after = self._sample(one)
             sampled.append(tokens)
@@ -346,6 +426,33 @@ class Ledger:
             if tokens and self.spec_tokens:
                 self._propose(one, after)
         return sampled, violation
+
+    def _carry_states(self, passes: list[_Pass]) -> None:
+        """Before the forward pass, vLLM's runner (`preprocess_mamba`, align mode) moves each
+        request's running state into the block of its pass's last token: from the block it
+        left it in last pass, or for a request (re)sent to it, from the block of its last
+        computed token (its prefix-cache hit's checkpoint). All copies read before any write,
+        as one batched copy on the device does."""
+        states = [g for g, group in enumerate(self.groups) if group.kind == "mamba"]
+        if not states:
+            return
+        size = self.groups[states[0]].block_size  # align mode: every state group's
+        copies = []
+        for one in passes:
+            current = _state_block(one.end, size)
+            previous = self.state_index.get(one.rid, (one.start - 1) // size)
+            self.state_index[one.rid] = current
+            if previous in (-1, current):
+                continue
+            for g in states:
+                table = one.tables[g]
+                held = table[previous] if previous < len(table) else None
+                copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
+        for slot, state in copies:
+            if state is None:
+                self.slots.pop(slot, None)
+            else:
+                self.slots[slot] = state
 
     def _drafts(self, rid: str, scheduled: Any) -> list[int]:
         """The drafts the pass verifies: the scheduler's (sync), this runner's own where the
@@ -371,6 +478,17 @@ class Ledger:
         # a position the runner knows no token for cannot hold KV any pass wrote for it
         ident = identities(one.known + [UNKNOWN] * (start + 1 - len(one.known)), start + 1)
         for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            if group.kind == "mamba":
+                held = self.slots.get(self._state_slot(g, one))
+                if start and held != ident[start - 1]:
+                    return Violation(
+                        f"step {one.step}: {one.rid} computes [{start}, {one.end}) from the "
+                        f"state in group {g} (mamba, block {self._state_slot(g, one)[2]}), "
+                        f"which should be the state after position {start - 1} of this "
+                        f"prefix but {_state_found(held, ident[:start])}",
+                        "state",
+                    )
+                continue
             for role, shift, present in (("t", 0, group.target), ("d", 1, group.draft)):
                 if not present:
                     continue
@@ -385,6 +503,11 @@ class Ledger:
                             "draft" if role == "d" else "target",
                         )
         return None
+
+    def _state_slot(self, g: int, one: _Pass) -> tuple[int, str, int, int]:
+        table = one.tables[g]
+        index = _state_block(one.end, self.groups[g].block_size)
+        return (g, "s", table[index] if index < len(table) else -1, 0)
 
     def _sample(self, one: _Pass) -> tuple[list[int], list[int]]:
         """(tokens returned to the scheduler, the request's tokens as far as they are known
@@ -412,6 +535,11 @@ class Ledger:
         """Role `role`'s KV for the pass's positions; ident[p + shift] is position p's."""
         for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
             if not (group.target if role == "t" else group.draft):
+                continue
+            if group.kind == "mamba":  # the state after the pass's last token
+                slot = self._state_slot(g, one)
+                if slot[2]:
+                    self.slots[slot] = ident[one.end - 1 + shift]
                 continue
             for p in range(one.start, one.end):
                 block = table[p // group.block_size]

@@ -10,6 +10,9 @@ after EngineCore's wiring; CI requires each to be caught (engines/vllm/campaign/
                          next token of whichever request wrote it (the `drop` keying)
     no-lookahead-hashes  requests are hashed without the drafter's next tokens (0.33's
                          default `exact` keying), with the same consequence
+    no-aligned-split     the scheduler cuts prefill chunks without Mamba align mode's block
+                         alignment, so a full block can be cached holding the running state of
+                         a position inside it, not the state at its boundary
 """
 
 from __future__ import annotations
@@ -36,8 +39,19 @@ def _no_lookahead_hashes(wired: Any) -> None:
     wired.hasher = v["utils"].get_request_block_hasher(wired.hash_block, v["sha256"])
 
 
+def _no_aligned_split(wired: Any) -> None:
+    wired.scheduler.need_mamba_block_aligned_split = False
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
     "no-lookahead-hashes": _no_lookahead_hashes,
+    "no-aligned-split": _no_aligned_split,
+}
+# what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
+CAUGHT_AS: dict[str, str] = {
+    "no-eagle-drop": "draft",
+    "no-lookahead-hashes": "draft",
+    "no-aligned-split": "state",
 }

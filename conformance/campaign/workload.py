@@ -22,6 +22,11 @@ MODELS = ("llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B")
 # target's attention shape).
 OTHER_MODELS = ("deepseek-v3", "llama-4-scout")
 DRAFT_MODELS = ("gpt-oss-20b-eagle3", "llama-3.1-8b", "gemma-4-31B", "deepseek-v3")
+# Hybrids of attention and recurrent state (Mamba align mode), drawn by a third stream among
+# the seeds the second leaves on MODELS. Their blocks are hundreds of tokens (vLLM enlarges
+# the attention block until its page holds a state), so their workloads are drawn in units of
+# block / 16 tokens: the same shapes, in blocks, as the attention-only workloads.
+STATE_MODELS = ("qwen3.5-0.8b", "jamba-v0.1")
 SPEC_KEYINGS = ("default", "drop")  # the release's default EAGLE keying, or blocks dropped
 POLICIES = ("fcfs", "priority")
 VOCAB = 900  # token ids stay below the weightless model's vocabulary
@@ -91,15 +96,51 @@ class Workload:
 def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
     """A random workload: requests that share prefixes (so lookups hit), arriving over a few
     steps, in a pool small enough that the scheduler must preempt, with chunked prefill."""
-    rng = random.Random(seed)
+    workload = _draw(random.Random(seed), seed, models, 1)
+    extra = random.Random(f"kvcert-fuzz-extra:{seed}")
+    draw = extra.random()
+    if draw < 0.3:
+        model = extra.choice(DRAFT_MODELS)
+        spec_tokens, spec_keying = extra.randint(1, 3), extra.choice(SPEC_KEYINGS)
+        return dataclasses.replace(workload, model=model, spec_tokens=spec_tokens,
+                                   spec_keying=spec_keying)  # fmt: skip
+    if draw < 0.4:
+        return dataclasses.replace(workload, model=extra.choice(OTHER_MODELS))
+    state = random.Random(f"kvcert-fuzz-state:{seed}")
+    if state.random() < 0.2:
+        model = state.choice(STATE_MODELS)
+        unit = state_block_size(model) // 16
+        return dataclasses.replace(_draw(random.Random(seed), seed, models, unit), model=model)
+    return workload
+
+
+def state_block_size(model: str) -> int:
+    """The block size vLLM serves a state hybrid with (Mamba align mode): the smallest
+    multiple of 16 tokens whose attention page holds one state (vLLM's
+    `_align_hybrid_block_size`; kvcert's PAGE-ANCHOR-1 gives the same figure, and
+    engines/vllm/plan/plan_check.py holds the two equal on vLLM 0.33.0's planner)."""
+    from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
+    from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
+    from kvcert.spec.plan import anchor_block_size  # noqa: PLC0415
+
+    layers = list(load_model(model).layers)
+    plan_input = plan_input_from_json(
+        {"layers": layers, "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
+    )
+    return anchor_block_size(plan_input)
+
+
+def _draw(rng: random.Random, seed: int, models: tuple[str, ...], unit: int) -> Workload:
+    """The workload's shape from the seed's main stream, lengths in units of `unit` tokens
+    (1 for attention-only models: every seed drawn before state models keeps its workload)."""
     prefixes = [
-        tuple(rng.randrange(VOCAB) for _ in range(rng.choice((16, 24, 32, 48, 64, 96))))
+        tuple(rng.randrange(VOCAB) for _ in range(unit * rng.choice((16, 24, 32, 48, 64, 96))))
         for _ in range(rng.randint(1, 3))
     ]
     arrivals = []
     for index in range(rng.randint(2, 6)):
         prefix = rng.choice(prefixes) if rng.random() < 0.8 else ()
-        suffix = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 48)))
+        suffix = tuple(rng.randrange(VOCAB) for _ in range(unit * rng.randint(1, 48)))
         arrivals.append(
             Arrival(
                 step=rng.choice((0, 0, 1, 2, 3, 5, 8)),
@@ -113,27 +154,17 @@ def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
     aborts = tuple((rng.randint(1, 12), a.rid) for a in arrivals if rng.random() < 0.15)
     resets = tuple(rng.randint(1, 12) for _ in range(rng.random() < 0.1))
     model = rng.choice(models)
-    extra = random.Random(f"kvcert-fuzz-extra:{seed}")
-    spec_tokens, spec_keying = 0, "default"
-    draw = extra.random()
-    if draw < 0.3:
-        model = extra.choice(DRAFT_MODELS)
-        spec_tokens, spec_keying = extra.randint(1, 3), extra.choice(SPEC_KEYINGS)
-    elif draw < 0.4:
-        model = extra.choice(OTHER_MODELS)
     return Workload(
         seed=seed,
         model=model,
         policy=rng.choice(POLICIES),
         async_scheduling=rng.random() < 0.3,
-        usable_blocks=-(-longest // 16) + rng.randint(1, 8),
-        budget=rng.choice((32, 48, 64, 128)),
-        long_prefill=rng.choice((0, 16, 32)),
+        usable_blocks=-(-longest // (16 * unit)) + rng.randint(1, 8),
+        budget=unit * rng.choice((32, 48, 64, 128)),
+        long_prefill=unit * rng.choice((0, 16, 32)),
         arrivals=tuple(sorted(arrivals, key=lambda a: a.step)),
         aborts=aborts,
         resets=resets,
-        spec_tokens=spec_tokens,
-        spec_keying=spec_keying,
     )
 
 

@@ -16,11 +16,12 @@ from vllm.v1.kv_cache_interface import (  # type: ignore[import-not-found]
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
 
-from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer
+from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype, LatentLayer, StateLayer
 
 TORCH_DTYPE = {
     KVDtype.FP32: torch.float32,
@@ -95,11 +96,25 @@ def spec_of(layer: object, dtype: KVDtype, block_size: int) -> KVCacheSpec:
 
 
 KIND = {
+    "MambaSpec": "mamba",
     "FullAttentionSpec": "full",
     "MLAAttentionSpec": "full",
     "SlidingWindowSpec": "sliding_window",
     "ChunkedLocalAttentionSpec": "chunked_local",
 }
+
+
+def state_spec_of(layer: StateLayer, block_size: int, page: int) -> KVCacheSpec:
+    """The MambaSpec a Mamba/GDN layer publishes in prefix-caching align mode, as the
+    platform leaves it for a hybrid: the attention block size, its state page padded to the
+    attention page `page` (vLLM's `mamba_page_size_padded`)."""
+    return MambaSpec(
+        block_size=block_size,
+        shapes=tuple(tensor.shape for tensor in layer.tensors),
+        dtypes=tuple(TORCH_DTYPE[tensor.dtype] for tensor in layer.tensors),
+        page_size_padded=page,
+        mamba_cache_mode="align",
+    )
 
 
 def kind_of(spec: KVCacheSpec) -> str:

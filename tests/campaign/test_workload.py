@@ -12,10 +12,12 @@ from kvcert.conformance.campaign.workload import (
     MODELS,
     OTHER_MODELS,
     SPEC_KEYINGS,
+    STATE_MODELS,
     Workload,
     generate,
     shrink,
     smaller,
+    state_block_size,
 )
 from kvcert.conformance.cli import main
 from tests.tiers import tiered
@@ -36,7 +38,7 @@ def test_generated_workloads_cover_what_the_campaign_promises():
     seen = [generate(seed) for seed in range(300)]
     assert {w.policy for w in seen} == {"fcfs", "priority"}
     assert {w.async_scheduling for w in seen} == {True, False}
-    assert {w.model for w in seen} == {*MODELS, *OTHER_MODELS, *DRAFT_MODELS}
+    assert {w.model for w in seen} == {*MODELS, *OTHER_MODELS, *DRAFT_MODELS, *STATE_MODELS}
     served = {w.model for w in seen if w.spec_tokens}
     assert served == set(DRAFT_MODELS)
     assert {w.spec_tokens for w in seen} == {0, 1, 2, 3}
@@ -49,6 +51,23 @@ def test_generated_workloads_cover_what_the_campaign_promises():
         < len([a for a in w.arrivals if len(a.prompt) >= 16])
         for w in seen
     )
+
+
+def test_state_hybrids_are_served_at_vllms_block_size_and_drawn_in_its_units():
+    # 544 tokens: the block vLLM serves Qwen3.5-0.8B with (LMCache's documented figure)
+    assert state_block_size("qwen3.5-0.8b") == 544
+    assert state_block_size("jamba-v0.1") == 80
+    stateful = [w for w in map(generate, range(300)) if w.model in STATE_MODELS]
+    assert {w.model for w in stateful} == set(STATE_MODELS)
+    for w in stateful:
+        block = state_block_size(w.model)
+        unit = block // 16
+        assert all(len(a.prompt) % unit == 0 for a in w.arrivals)
+        assert w.budget % unit == 0
+        assert w.long_prefill % unit == 0
+        longest = max(len(a.prompt) + a.max_tokens for a in w.arrivals)
+        assert w.usable_blocks * block >= longest  # the pool holds the longest request
+        assert max(len(a.prompt) for a in w.arrivals) > block  # prompts span whole blocks
 
 
 def test_every_smaller_workload_is_smaller_and_well_formed():

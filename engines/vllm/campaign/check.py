@@ -31,7 +31,7 @@ from typing import Any
 
 from kvcert.conformance.campaign.command import finding_class, finding_role
 from kvcert.conformance.campaign.vllm_loop import play
-from kvcert.conformance.campaign.vllm_mutants import MUTANTS
+from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +57,7 @@ def requirements(reports: Path) -> list[tuple[str, bool]]:
     for name in MUTANTS:
         mutant = load(f"mutant-{name}.json")
         caught = [v["seed"] for v in mutant["violations"]
-                  if v["seed"] in sound and finding_role(v) == "draft"]  # fmt: skip
+                  if v["seed"] in sound and finding_role(v) == CAUGHT_AS[name]]  # fmt: skip
         out.append((f"mutant {name}: caught on {len(caught)} seeds the fixed vLLM serves "
                     "soundly", bool(caught)))  # fmt: skip
     return out + regressions()

@@ -72,6 +72,8 @@ def table() -> str:
     ]
     for release, report in reports():
         command = f"kvcert fuzz --runs {report['runs']}" + (" --fix" if report["fix"] else "")
+        budget = report.get("shrink_budget", 400)  # the default; older reports do not say
+        command += f" --shrink-budget {budget}" if budget != 400 else ""
         drafts = f"{report.get('accepted', 0):,} of {report.get('drafts', 0):,}"
         unplayed = sum(len(s) for s in report.get("unreachable", {}).values())
         lines.append(
