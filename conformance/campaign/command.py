@@ -266,9 +266,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Drive vLLM's real Scheduler (or AsyncScheduler) with random seeded "
         "workloads (bundled models planned by vLLM itself, shared prefixes, FCFS and "
         "priority, small pools, chunked prefill, aborts, resets, EAGLE speculative decoding "
-        "with random acceptance) and check every read of every forward pass, the drafter's "
-        "included, against a ledger of what earlier passes wrote. Run it with a vLLM "
-        "release venv's kvcert.",
+        "with random acceptance, Mamba/GDN hybrids in align mode) and check every read of "
+        "every forward pass, the drafter's and the recurrent state's included, against a "
+        "ledger of what earlier passes wrote. Run it with a vLLM release venv's kvcert.",
     )
     parser.add_argument("--runs", type=int, default=500, help="workloads (seeds) to play")
     parser.add_argument("--start", type=int, default=0, help="first seed")

@@ -5,7 +5,9 @@ scheduler sees is what a served model gives it: the KV-cache groups come from vL
 planner (`get_kv_cache_groups`, `get_kv_cache_config_from_groups`) applied to the bundled
 model's per-layer specs, the scheduler class from `SchedulerConfig.get_scheduler_cls()` (the
 AsyncScheduler when `async_scheduling` is on), block sizes from
-`resolve_kv_cache_block_sizes`, and request hashes from `get_request_block_hasher`, as
+`resolve_kv_cache_block_sizes` (for a Mamba/GDN hybrid, `--mamba-cache-mode align` and the
+attention block vLLM's platform picks so that its page holds one state:
+`workload.state_block_size`), and request hashes from `get_request_block_hasher`, as
 EngineCore wires them. Only the pool is made small, so the scheduler has to preempt.
 
 The model runner is a ledger: each forward pass writes, for every scheduled position and

@@ -90,13 +90,15 @@ def _ordinal(n: int) -> str:
 
 
 def _tally(report: dict[str, Any]) -> str:
-    """`N unsound reads of target KV, M of draft KV (all under drop keying), K engine
-    crashes` for one report."""
+    """`N unsound reads of target KV, S of Mamba state, M of draft KV (all under drop
+    keying), K engine crashes` for one report."""
     found = report["violations"]
     roles = Counter(finding_role(v) for v in found)
-    target, crashes = roles["target"], roles["crash"]
+    target, states, crashes = roles["target"], roles["state"], roles["crash"]
     drafts = [v for v in found if finding_role(v) == "draft"]
     text = f"{target} unsound reads of target KV"
+    if states:
+        text += f", {states} of Mamba state"
     if drafts:
         keyings = Counter(v.get("keying") for v in drafts)
         if len(keyings) == 1:
