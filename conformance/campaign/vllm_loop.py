@@ -306,14 +306,9 @@ def _state_found(held: bytes | None, ident: list[bytes]) -> str:
 
 def _readmitted_ids(output: Any) -> set[str]:
     """Requests the scheduler (re)sends whole this step: new ones, and ones resumed after a
-    preemption (`resumed_req_ids` from 0.2x; a flag per cached request before)."""
+    preemption (every pinned release lists them in `resumed_req_ids`)."""
     ids = {r.req_id for r in output.scheduled_new_reqs}
-    cached = output.scheduled_cached_reqs
-    resumed = getattr(cached, "resumed_req_ids", None)
-    if resumed is None:
-        flags = getattr(cached, "resumed_from_preemption", ())
-        resumed = {rid for rid, flag in zip(cached.req_ids, flags, strict=False) if flag}
-    return ids | set(resumed)
+    return ids | set(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
 
 
 def identities(tokens: list[int], end: int) -> list[bytes]:
@@ -449,7 +444,8 @@ class Ledger:
             for g in states:
                 table = one.tables[g]
                 held = table[previous] if previous < len(table) else None
-                copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
+                if table[current]:  # a null block holds no state (its reads fail)
+                    copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
         for slot, state in copies:
             if state is None:
                 self.slots.pop(slot, None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from kvcert.conformance.campaign.vllm_loop import Ledger, _Group, _readmitted_ids
+from kvcert.conformance.campaign.vllm_loop import Ledger, _Group
 
 BLOCK = 4
 
@@ -123,17 +123,3 @@ def test_a_request_sent_whole_again_starts_from_its_hit_not_its_old_state_block(
     output = s.schedule({"a": 4})
     output.scheduled_cached_reqs = SimpleNamespace(resumed_req_ids={"a"})
     assert ledger.forward(s, output, 2)[1] is None
-
-
-def test_resumed_requests_are_read_from_either_release_format():
-    new = [SimpleNamespace(req_id="n")]
-    current = SimpleNamespace(
-        scheduled_new_reqs=new, scheduled_cached_reqs=SimpleNamespace(resumed_req_ids={"r"})
-    )
-    older = SimpleNamespace(
-        scheduled_new_reqs=new,
-        scheduled_cached_reqs=SimpleNamespace(
-            req_ids=["r", "c"], resumed_from_preemption=[True, False]
-        ),
-    )
-    assert _readmitted_ids(current) == _readmitted_ids(older) == {"n", "r"}
