@@ -37,7 +37,7 @@ for dir in engines/*/*/; do
     # The soundness campaign: 5,000 random workloads through the release's own Scheduler,
     # reported (a violation is a finding about the release, not a kvcert failure); a campaign
     # that cannot run on the release (exit 2 or a crash) fails the matrix.
-    fuzz=$(".engines/vllm-$version/bin/kvcert" fuzz --runs 5000 \
+    fuzz=$(".engines/vllm-$version/bin/kvcert" fuzz --runs 5000 --shrink-budget 40 \
       --json ".engines/vllm-$version.fuzz.json" 2>&1)
     code=$?
     if [ $code -le 1 ]; then
