@@ -4,40 +4,12 @@ parts (draft KV keyed on the next token, rejections, padding rows, async drafts 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from kvcert.conformance.campaign.vllm_loop import UNKNOWN, Ledger, _Group
+from tests.campaign.fakes import FakeScheduler
 
 BLOCK = 4
-
-
-@dataclass
-class FakeRequest:
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-
-
-@dataclass
-class FakeScheduler:
-    """Requests and block tables as a scheduler would hold them after `schedule()`."""
-
-    tables: dict[str, list[int]] = field(default_factory=dict)
-    requests: dict[str, FakeRequest] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.kv_cache_manager = SimpleNamespace(get_block_ids=lambda rid: (self.tables[rid],))
-
-    def schedule(self, rid: str, count: int, drafts: tuple[int, ...] = (), new: bool = False):
-        """Advance the request by `count` as the scheduler does, and return its output."""
-        self.requests[rid].num_computed_tokens += count
-        return SimpleNamespace(
-            num_scheduled_tokens={rid: count},
-            scheduled_new_reqs=[SimpleNamespace(req_id=rid)] if new else [],
-            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
-            scheduled_spec_decode_tokens={rid: list(drafts)} if drafts else {},
-        )
 
 
 def _ledger(spec_tokens: int = 0, seed: int = 3) -> Ledger:
@@ -45,8 +17,7 @@ def _ledger(spec_tokens: int = 0, seed: int = 3) -> Ledger:
 
 
 def _add(s: FakeScheduler, rid: str, tokens: list[int], table: list[int], hit: int = 0) -> None:
-    s.requests[rid] = FakeRequest(rid, tokens, hit)
-    s.tables[rid] = table
+    s.add(rid, tokens, table, hit=hit)
 
 
 def test_a_hit_whose_next_token_differs_is_unsound_for_the_draft_layers_only():
@@ -107,7 +78,7 @@ def test_padding_rows_are_never_accepted():
     for step in range(20):
         rid = f"r{step}"
         _add(s, rid, [5, 6, 7, 8, 9], [1, 2], hit=4)
-        s.tables[rid] = [step + 1, step + 100]
+        s.tables[rid] = ([step + 1, step + 100],)
         ledger.slots.clear()
         sampled, _ = ledger.forward(s, s.schedule(rid, 4, (-1, -1, -1), new=True), step)
         assert len(sampled[0]) == 1  # the bonus token only

@@ -5,71 +5,39 @@ running state between blocks as `preprocess_mamba` does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from kvcert.conformance.campaign.vllm_loop import Ledger, _Group
+from tests.campaign.fakes import FakeScheduler
 
 BLOCK = 4
 
 
-@dataclass
-class FakeRequest:
-    request_id: str
-    all_token_ids: list[int]
-    num_computed_tokens: int = 0
-
-
-@dataclass
-class FakeScheduler:
-    """Requests and per-group block tables as a scheduler holds them after `schedule()`."""
-
-    tables: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
-    requests: dict[str, FakeRequest] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.kv_cache_manager = SimpleNamespace(get_block_ids=lambda rid: self.tables[rid])
-
-    def add(self, rid: str, tokens: list[int], state: list[int], full: list[int], hit: int = 0):
-        self.requests[rid] = FakeRequest(rid, tokens, hit)
-        self.tables[rid] = (state, full)
-
-    def schedule(self, counts: dict[str, int], new: tuple[str, ...] = ()) -> SimpleNamespace:
-        """One step scheduling `counts[rid]` tokens of each request, `new` ones sent whole."""
-        for rid, count in counts.items():
-            self.requests[rid].num_computed_tokens += count
-        return SimpleNamespace(
-            num_scheduled_tokens=dict(counts),
-            scheduled_new_reqs=[SimpleNamespace(req_id=rid) for rid in new],
-            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
-            scheduled_spec_decode_tokens={},
-        )
-
-
 def _ledger() -> Ledger:
+    """A hybrid of a state group (tables' first) and a full-attention group (second)."""
     return Ledger([_Group(BLOCK, "mamba"), _Group(BLOCK, "full")])
 
 
 def test_a_checkpoint_at_a_block_boundary_is_a_sound_hit():
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], state=[10, 11], full=[20, 21])
+    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], [10, 11], [20, 21])
     # aligned split: the first pass ends at the block boundary, so block 10 keeps state@3
-    assert ledger.forward(s, s.schedule({"a": 4}, new=("a",)), 0)[1] is None
-    assert ledger.forward(s, s.schedule({"a": 4}), 1)[1] is None
+    assert ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)[1] is None
+    assert ledger.forward(s, s.step({"a": 4}), 1)[1] is None
     # b hits a's first block in both groups and starts from its checkpoint
-    s.add("b", [1, 2, 3, 4, 9, 9], state=[10, 12], full=[20, 22], hit=4)
-    assert ledger.forward(s, s.schedule({"b": 2}, new=("b",)), 2)[1] is None
+    s.add("b", [1, 2, 3, 4, 9, 9], [10, 12], [20, 22], hit=4)
+    assert ledger.forward(s, s.step({"b": 2}, new=("b",)), 2)[1] is None
 
 
 def test_a_block_holding_a_state_from_inside_it_is_an_unsound_hit():
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], state=[10, 11], full=[20, 21])
+    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], [10, 11], [20, 21])
     # unaligned split: the first pass ends at position 1, so block 10 holds state@1, and the
     # second pass carries it to block 11 and writes state@7 there
-    ledger.forward(s, s.schedule({"a": 2}, new=("a",)), 0)
-    assert ledger.forward(s, s.schedule({"a": 6}), 1)[1] is None
-    s.add("b", [1, 2, 3, 4, 9, 9], state=[10, 12], full=[20, 22], hit=4)
-    _, violation = ledger.forward(s, s.schedule({"b": 2}, new=("b",)), 2)
+    ledger.forward(s, s.step({"a": 2}, new=("a",)), 0)
+    assert ledger.forward(s, s.step({"a": 6}), 1)[1] is None
+    s.add("b", [1, 2, 3, 4, 9, 9], [10, 12], [20, 22], hit=4)
+    _, violation = ledger.forward(s, s.step({"b": 2}, new=("b",)), 2)
     assert violation is not None
     assert violation.role == "state"
     assert "group 0 (mamba, block 12)" in violation.text
@@ -80,12 +48,12 @@ def test_a_block_holding_a_state_from_inside_it_is_an_unsound_hit():
 
 def test_a_checkpoint_of_another_prefix_is_an_unsound_hit():
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", [1, 2, 3, 4, 5], state=[10, 11], full=[20, 21])
-    ledger.forward(s, s.schedule({"a": 4}, new=("a",)), 0)
+    s.add("a", [1, 2, 3, 4, 5], [10, 11], [20, 21])
+    ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)
     # b's first block differs in token 3 but is served a's blocks (state groups are checked
     # first, so the state read is the one reported)
-    s.add("b", [1, 2, 3, 7, 5], state=[10, 12], full=[20, 22], hit=4)
-    _, violation = ledger.forward(s, s.schedule({"b": 1}, new=("b",)), 1)
+    s.add("b", [1, 2, 3, 7, 5], [10, 12], [20, 22], hit=4)
+    _, violation = ledger.forward(s, s.step({"b": 1}, new=("b",)), 1)
     assert violation is not None
     assert "group 0 (mamba, block 12)" in violation.text
     assert "holds the state of another token prefix" in violation.text
@@ -93,10 +61,10 @@ def test_a_checkpoint_of_another_prefix_is_an_unsound_hit():
 
 def test_the_running_state_follows_the_request_across_blocks():
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", list(range(1, 12)), state=[10, 11, 12], full=[20, 21, 22])
+    s.add("a", list(range(1, 12)), [10, 11, 12], [20, 21, 22])
     for step, count in enumerate((3, 3, 3, 2)):  # passes ending inside blocks 0, 1, 2, 2
         new = ("a",) if step == 0 else ()
-        assert ledger.forward(s, s.schedule({"a": count}, new=new), step)[1] is None
+        assert ledger.forward(s, s.step({"a": count}, new=new), step)[1] is None
     assert ledger.state_index["a"] == 2
 
 
@@ -104,22 +72,22 @@ def test_state_copies_read_before_any_write():
     """In one step, a's copy reads block 11 and b's copy writes block 11 (freed by a's manager
     and handed to b): on the device all copies read first, so a still gets its state."""
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", list(range(1, 10)), state=[10, 11, 0], full=[20, 21, 22])
-    ledger.forward(s, s.schedule({"a": 4}, new=("a",)), 0)
-    ledger.forward(s, s.schedule({"a": 2}), 1)  # state@5 in block 11
-    s.add("b", [1, 2, 3, 4, 8, 8], state=[10, 11], full=[20, 23], hit=4)
+    s.add("a", list(range(1, 10)), [10, 11, 0], [20, 21, 22])
+    ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)
+    ledger.forward(s, s.step({"a": 2}), 1)  # state@5 in block 11
+    s.add("b", [1, 2, 3, 4, 8, 8], [10, 11], [20, 23], hit=4)
     s.tables["a"] = ([0, 11, 13], [20, 21, 22])
-    assert ledger.forward(s, s.schedule({"b": 2, "a": 3}, new=("b",)), 2)[1] is None
+    assert ledger.forward(s, s.step({"b": 2, "a": 3}, new=("b",)), 2)[1] is None
 
 
 def test_a_request_sent_whole_again_starts_from_its_hit_not_its_old_state_block():
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], state=[10, 11], full=[20, 21])
-    ledger.forward(s, s.schedule({"a": 4}, new=("a",)), 0)
-    ledger.forward(s, s.schedule({"a": 2}), 1)
+    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], [10, 11], [20, 21])
+    ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)
+    ledger.forward(s, s.step({"a": 2}), 1)
     # preempted and resumed with a 4-token hit: the runner starts over from block 0's state
     s.requests["a"].num_computed_tokens = 4
     s.tables["a"] = ([10, 14], [20, 24])
-    output = s.schedule({"a": 4})
+    output = s.step({"a": 4})
     output.scheduled_cached_reqs = SimpleNamespace(resumed_req_ids={"a"})
     assert ledger.forward(s, output, 2)[1] is None
