@@ -443,7 +443,7 @@ class Ledger:
                 continue
             for g in states:
                 table = one.tables[g]
-                held = table[previous] if previous < len(table) else None
+                held = table[previous] if previous < len(table) else -1  # no such block
                 if table[current]:  # a null block holds no state (its reads fail)
                     copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
         for slot, state in copies:
