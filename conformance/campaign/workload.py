@@ -116,9 +116,10 @@ def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
 
 def state_block_size(model: str) -> int:
     """The block size vLLM serves a state hybrid with (Mamba align mode): the smallest
-    multiple of 16 tokens whose attention page holds one state (vLLM's
-    `_align_hybrid_block_size`; kvcert's PAGE-ANCHOR-1 gives the same figure, and
-    engines/vllm/plan/plan_check.py holds the two equal on vLLM 0.33.0's planner)."""
+    multiple of 16 tokens whose attention page holds one state, which is what vLLM's
+    `Platform._align_hybrid_block_size` computes (16 x cdiv(state page, 16 x attention bytes
+    per token)) and kvcert's PAGE-ANCHOR-1 gives; tests/campaign/test_workload.py checks the
+    two agree on every state model, and LMCache's documented 544 for Qwen3.5-0.8B."""
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
     from kvcert.spec.plan import anchor_block_size  # noqa: PLC0415

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -53,10 +55,24 @@ def test_generated_workloads_cover_what_the_campaign_promises():
     )
 
 
+def _vllm_hybrid_block(model: str) -> int:
+    """vLLM's platform rule, restated from the model file alone: 16 x cdiv(state page,
+    16 x attention bytes per token), the state page being the sum of its tensors' bytes."""
+    path = Path(__file__).resolve().parents[2] / "conformance/tools/models" / f"{model}.json"
+    types = json.loads(path.read_text(encoding="utf-8"))["layer_types"].values()
+    size = {"bf16": 2, "fp16": 2, "fp32": 4}
+    state = max(sum(math.prod(t["shape"]) * size[t["dtype"]] for t in kind["tensors"])
+                for kind in types if kind["kind"] == "mamba")  # fmt: skip
+    attention = max(k["num_kv_heads"] * (k["head_size_k"] + k["head_size_v"]) * 2
+                    for k in types if k["kind"] == "full")  # fmt: skip
+    return 16 * -(-state // (16 * attention))
+
+
 def test_state_hybrids_are_served_at_vllms_block_size_and_drawn_in_its_units():
     # 544 tokens: the block vLLM serves Qwen3.5-0.8B with (LMCache's documented figure)
     assert state_block_size("qwen3.5-0.8b") == 544
-    assert state_block_size("jamba-v0.1") == 80
+    for model in STATE_MODELS:
+        assert state_block_size(model) == _vllm_hybrid_block(model), model
     stateful = [w for w in map(generate, range(300)) if w.model in STATE_MODELS]
     assert {w.model for w in stateful} == set(STATE_MODELS)
     for w in stateful:
