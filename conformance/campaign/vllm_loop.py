@@ -85,8 +85,7 @@ class Outcome:
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
     drafts: int = 0  # draft tokens the scheduler sent for verification
     accepted: int = 0  # of which the runner accepted
-    # not played: the release refuses this configuration, or the ledger does not model it
-    unreachable: str | None = None
+    unreachable: str | None = None  # the release refuses this configuration: not played
     crash: str | None = None  # the engine raised while serving the workload (a finding)
 
     @property
