@@ -16,31 +16,27 @@ def _ledger(spec_tokens: int = 0, seed: int = 3) -> Ledger:
     return Ledger([_Group(BLOCK, "full", target=True, draft=True)], seed, spec_tokens)
 
 
-def _add(s: FakeScheduler, rid: str, tokens: list[int], table: list[int], hit: int = 0) -> None:
-    s.add(rid, tokens, table, hit=hit)
-
-
 def test_a_hit_whose_next_token_differs_is_unsound_for_the_draft_layers_only():
     s, ledger = FakeScheduler(), _ledger()
-    _add(s, "a", [1, 2, 3, 4, 5, 6], [1, 2])
+    s.add("a", [1, 2, 3, 4, 5, 6], [1, 2])
     assert ledger.forward(s, s.schedule("a", 6, new=True), 0)[1] is None
     # b shares block 1 (tokens 1..4) and differs at token 5: a's draft KV at position 3 was
     # computed from token 5, b's needs token 9
-    _add(s, "b", [1, 2, 3, 4, 9, 9], [1, 3], hit=4)
+    s.add("b", [1, 2, 3, 4, 9, 9], [1, 3], hit=4)
     _, violation = ledger.forward(s, s.schedule("b", 2, new=True), 1)
     assert violation is not None
     assert violation.role == "draft"
     assert "position 3 of group 0 (draft layers, block 1)" in violation.text
     # the same hit with the same next token is sound
-    _add(s, "c", [1, 2, 3, 4, 5, 7], [1, 4], hit=4)
+    s.add("c", [1, 2, 3, 4, 5, 7], [1, 4], hit=4)
     assert ledger.forward(s, s.schedule("c", 2, new=True), 2)[1] is None
 
 
 def test_a_block_of_other_tokens_is_unsound_for_the_target_layers():
     s, ledger = FakeScheduler(), _ledger()
-    _add(s, "a", [1, 2, 3, 4, 5], [1, 2])
+    s.add("a", [1, 2, 3, 4, 5], [1, 2])
     ledger.forward(s, s.schedule("a", 5, new=True), 0)
-    _add(s, "b", [1, 2, 3, 8, 5], [1, 3], hit=4)
+    s.add("b", [1, 2, 3, 8, 5], [1, 3], hit=4)
     _, violation = ledger.forward(s, s.schedule("b", 1, new=True), 1)
     assert violation is not None
     assert violation.role == "target"
@@ -51,7 +47,7 @@ def test_rejected_drafts_leave_garbage_the_next_pass_must_recompute():
     outcomes = set()
     for seed in range(12):
         s, ledger = FakeScheduler(), _ledger(spec_tokens=2, seed=seed)
-        _add(s, "a", [1, 2, 3], [1, 2, 3])
+        s.add("a", [1, 2, 3], [1, 2, 3])
         sampled, _ = ledger.forward(s, s.schedule("a", 3, new=True), 0)
         s.requests["a"].all_token_ids += sampled[0]  # the scheduler applies the output
         ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=sampled))
@@ -77,7 +73,7 @@ def test_padding_rows_are_never_accepted():
     s, ledger = FakeScheduler(), _ledger(spec_tokens=3)
     for step in range(20):
         rid = f"r{step}"
-        _add(s, rid, [5, 6, 7, 8, 9], [1, 2], hit=4)
+        s.add(rid, [5, 6, 7, 8, 9], [1, 2], hit=4)
         s.tables[rid] = ([step + 1, step + 100],)
         ledger.slots.clear()
         sampled, _ = ledger.forward(s, s.schedule(rid, 4, (-1, -1, -1), new=True), step)
@@ -91,7 +87,7 @@ def test_async_drafts_in_flight_move_the_runners_start_back():
     rejections = set()
     for seed in range(12):
         s, ledger = FakeScheduler(), _ledger(spec_tokens=2, seed=seed)
-        _add(s, "a", [1, 2, 3], [1, 2, 3])
+        s.add("a", [1, 2, 3], [1, 2, 3])
         first, _ = ledger.forward(s, s.schedule("a", 3, new=True), 0)
         # step 1 is scheduled before step 0's output is applied: 2 draft placeholders
         second, _ = ledger.forward(s, s.schedule("a", 3, (-1, -1)), 1)
