@@ -126,6 +126,9 @@ class CacheConfig:
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
     eviction: Eviction = Eviction.LRU
     count_dead_evictions: bool = False  # track EVICT-DEAD-1 under lru too (hybrid always does)
+    # bytes of recent prompts' digest chains kept so a shared prefix is hashed once
+    # (kvcert.reference.hashing.DigestMemo); 0 turns the memo off
+    digest_memo_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -148,6 +151,15 @@ class CacheConfig:
         if not isinstance(self.eviction, Eviction):
             choices = ", ".join(e.value for e in Eviction)
             raise ConfigError(f"eviction must be one of {choices}, got {self.eviction!r}")
+        if (
+            isinstance(self.digest_memo_bytes, bool)
+            or not isinstance(self.digest_memo_bytes, int)
+            or self.digest_memo_bytes < 0
+        ):
+            raise ConfigError(
+                f"digest_memo_bytes must be an integer >= 0 (0 turns the memo off), "
+                f"got {self.digest_memo_bytes!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_model_len is not None and self.alignment > self.max_model_len - 1:

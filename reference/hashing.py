@@ -24,7 +24,9 @@ also covers the token after each block (lookahead 1), so it gets its own stream.
 
 Cost: the prompt is encoded once (array, C speed); per boundary the hash state is advanced
 over a memoryview slice and its digest read (`digest()` leaves the state running): two C
-calls, no Python object besides the digest itself.
+calls, no Python object besides the digest itself. A `DigestMemo` keeps recent prompts'
+chains, so a prompt sharing a prefix with one of them (a system prompt, a chat re-sent with
+one more turn) digests only what follows the shared blocks.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import hashlib
 import struct
 import sys
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -124,7 +127,9 @@ class Chain:
     tokens do."""
 
     __slots__ = (
+        "_checkpoints",
         "_fed",
+        "_header",
         "_positions",
         "_records",
         "_state",
@@ -144,7 +149,8 @@ class Chain:
         self.size = size
         self.lookahead = lookahead
         wide = [e for e in extras if e.end is None]
-        self._state = new(DOMAIN + bytes((lookahead,)) + encode_extras(wide))
+        self._header = DOMAIN + bytes((lookahead,)) + encode_extras(wide)
+        self._state = new(self._header)
         starts: dict[int, list[ExtraKey]] = {}
         for extra in extras:
             if extra.end is not None:
@@ -154,10 +160,14 @@ class Chain:
         self._stream = bytearray()  # the encoded tokens so far
         self._fed = 0  # tokens the hash state has consumed
         self.digests: list[bytes] = []
+        self._checkpoints: list[Checkpoint] = []  # kept only for a DigestMemo
 
-    def extend(self, tokens: Sequence[int], encoded: bytes | None = None) -> None:
+    def extend(
+        self, tokens: Sequence[int], encoded: bytes | None = None, memo: DigestMemo | None = None
+    ) -> None:
         """Digest every boundary whose tokens all exist (`tokens` is the whole sequence so
-        far; `encoded` its encoding when the caller has it). Implements HASH-CHAIN-1."""
+        far; `encoded` its encoding when the caller has it; `memo`: reuse and remember a
+        prompt's digests). Implements HASH-CHAIN-1."""
         size, lookahead = self.size, self.lookahead
         count = max(0, (len(tokens) - lookahead) // size)
         if count <= len(self.digests):
@@ -166,6 +176,11 @@ class Chain:
         if len(tokens) > known:
             new = encode_tokens(tokens[known:]) if encoded is None else encoded[8 * known :]
             self._stream += new
+        memo = memo if memo is not None and not self._records and not self.digests else None
+        if memo is not None:
+            memo.resume(self, count)
+            if not memo.could_keep(len(self._stream), count):
+                memo = None  # too large to remember: no checkpoints to save
         view = memoryview(self._stream)
         state, digests = self._state, self.digests
         update, digest, append = state.update, state.digest, digests.append
@@ -175,13 +190,22 @@ class Chain:
                 start, end = end, (k + 1) * size + lookahead
                 self._feed(view, start, end)
                 append(digest())
-        else:  # no positioned extras: one slice of the encoded tokens per boundary
+        elif memo is None:  # no positioned extras: one slice of the encoded tokens per boundary
             for k in range(len(digests), count):
                 start, end = end, (k + 1) * size + lookahead
                 update(view[8 * start : 8 * end])
                 append(digest())
+        else:  # the same, saving the state every CHECKPOINT_EVERY boundaries for the memo
+            for k in range(len(digests), count):
+                start, end = end, (k + 1) * size + lookahead
+                update(view[8 * start : 8 * end])
+                append(digest())
+                if (k + 1) % CHECKPOINT_EVERY == 0:
+                    self._checkpoints.append((k + 1, end, state.copy()))
         self._fed = end
         view.release()
+        if memo is not None:
+            memo.record(self)
 
     def _feed(self, view: memoryview, start: int, end: int) -> None:
         """Advance the state over tokens [start, end), each record right before its token."""
@@ -203,6 +227,8 @@ class Chain:
         twin._stream = bytearray(self._stream)
         twin._fed = self._fed
         twin.digests = list(self.digests)
+        twin._header = self._header
+        twin._checkpoints = []
         return twin
 
     def keys(self, block_size: int) -> list[bytes]:
@@ -221,3 +247,103 @@ class Chain:
         """The digest keying block `index` of a group with `block_size` (None: no key yet)."""
         link = ((index + 1) * block_size) // self.size - 1
         return self.digests[link] if link < len(self.digests) else None
+
+
+CHECKPOINT_EVERY = 16  # boundaries between saved hash states in a memo entry
+Checkpoint = tuple[int, int, Any]  # (digests before it, tokens fed, the hash state there)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    stream: bytes  # the encoded tokens the digests cover
+    digests: list[bytes]
+    checkpoints: list[Checkpoint]
+
+
+def _cost(stream_bytes: int, digests: int, checkpoints: int) -> int:
+    """Bytes a memo entry keeps alive, roughly: the stream, digest objects, hash states."""
+    return stream_bytes + 100 * digests + 400 * checkpoints
+
+
+class DigestMemo:
+    """Recent prompts' digest chains: a prompt sharing whole blocks with one of them reuses
+    those digests and hashes only the rest (a system prompt shared by every request is
+    hashed once, not once per request).
+
+    Reuse is decided by comparing the encoded bytes, never by a hash, so a reused digest is
+    exactly the one recomputing would give: keys and their collision resistance do not
+    change. One entry per family (same chain header, block size and first block), the most
+    recent prompt of that family; least recently used entries go once `budget` bytes are
+    exceeded. A saved hash state every CHECKPOINT_EVERY boundaries lets a prompt diverging
+    mid-way resume there and catch up with one update call."""
+
+    __slots__ = ("_entries", "_used", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._entries: OrderedDict[tuple[int, bytes, bytes], _Entry] = OrderedDict()
+        self._used = 0
+
+    @staticmethod
+    def _family(chain: Chain) -> tuple[int, bytes, bytes]:
+        first = 8 * (chain.size + chain.lookahead)
+        return chain.size, chain._header, bytes(chain._stream[:first])
+
+    def resume(self, chain: Chain, count: int) -> None:
+        """Give a fresh chain the digests (at most `count`) it shares with its family's entry,
+        and the hash state after the last of them."""
+        family = self._family(chain)
+        entry = self._entries.get(family)
+        if entry is None:
+            return
+        self._entries.move_to_end(family)
+        size, lookahead, stream = chain.size, chain.lookahead, chain._stream
+        theirs = memoryview(entry.stream)
+
+        def shared(r: int) -> bool:
+            return stream.startswith(theirs[: 8 * (r * size + lookahead)])
+
+        low, high = 0, min(count, len(entry.digests))  # shared(low) holds; find the largest
+        if shared(high):
+            low = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            if shared(middle):
+                low = middle
+            else:
+                high = middle
+        if not low:
+            return
+        kept = [c for c in entry.checkpoints if c[0] <= low]
+        fed = low * size + lookahead
+        if kept:
+            chain._state = kept[-1][2].copy()
+            start = kept[-1][1]
+        else:
+            start = 0
+        chain._state.update(theirs[8 * start : 8 * fed])
+        theirs.release()
+        chain._checkpoints = kept
+        chain.digests = entry.digests[:low]
+        chain._fed = fed
+
+    def could_keep(self, stream_bytes: int, digests: int) -> bool:
+        """Whether a prompt of this size fits the budget at all."""
+        return _cost(stream_bytes, digests, digests // CHECKPOINT_EVERY) <= self.budget
+
+    def record(self, chain: Chain) -> None:
+        """Remember a prompt's chain as its family's entry (unless it alone exceeds the
+        budget)."""
+        family = self._family(chain)
+        old = self._entries.pop(family, None)
+        if old is not None:
+            self._used -= _cost(len(old.stream), len(old.digests), len(old.checkpoints))
+        cost = _cost(8 * chain._fed, len(chain.digests), len(chain._checkpoints))
+        if cost > self.budget:
+            return
+        stream = bytes(chain._stream[: 8 * chain._fed])
+        self._entries[family] = _Entry(stream, list(chain.digests), list(chain._checkpoints))
+        self._used += cost
+        while self._used > self.budget:
+            _, dropped = self._entries.popitem(last=False)
+            self._used -= _cost(len(dropped.stream), len(dropped.digests), len(dropped.checkpoints))
