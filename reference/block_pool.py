@@ -241,13 +241,27 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """Take `count` blocks as the profile orders them, forgetting their keys; the caller
         has checked `count <= num_free`."""
-        taken = []
-        pop, forget, ref = self.queue.pop, self._forget, self.ref_count
-        for _ in range(count):
-            block = pop()
-            forget(block)
-            ref[block] = 1
-            taken.append(block)
+        keys, ref = self._key, self.ref_count
+        if self.tracking or self._copies:  # a forgotten key may change the next victim
+            taken = []
+            for _ in range(count):
+                block = self.queue.pop()
+                self._forget(block)
+                ref[block] = 1  # held before the next pop, which must not see it free
+                taken.append(block)
+        else:  # one run off the queue, _forget's common case inlined: one holder per key
+            taken = self.queue.pop_many(count)
+            served, groups, evictions = self.served, self._group, self.evictions
+            for block in taken:
+                key = keys[block]
+                if key is not None:
+                    group = groups[block]
+                    del served[group][key]
+                    evictions[group] += 1
+                    keys[block] = None
+                    self.num_registered -= 1
+            for block in taken:
+                ref[block] = 1
         self.num_free -= count
         self.queue.compact()
         return taken
@@ -258,8 +272,9 @@ class BlockPool:
         ref = self.ref_count
         freed = []
         for block in blocks:
-            ref[block] -= 1
-            if ref[block] == 0:
+            count = ref[block] - 1
+            ref[block] = count
+            if not count:
                 freed.append(block)
         self.num_free += len(freed)
         self.queue.add(freed, cold)

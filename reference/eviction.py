@@ -35,6 +35,17 @@ Held = tuple[int, int, int]  # (group, table position, block)
 DEAD, COLD, WARM = 0, 1, 2  # hybrid victim classes, taken in this order
 
 
+def held_entries(tables: Sequence[list[int]], lows: Sequence[int]) -> list[Held]:
+    """A request's held blocks as (group, position, block), group by group in layout order,
+    each table from its last position (ALLOC-FREE-1's listing)."""
+    return [
+        (g, j, table[j])
+        for g, (table, low) in enumerate(zip(tables, lows, strict=True))
+        for j in range(len(table) - 1, low - 1, -1)
+        if table[j]
+    ]
+
+
 class FreeQueue:
     """The lru profile: a linked list in joining order; the head is the next victim."""
 
@@ -58,6 +69,15 @@ class FreeQueue:
         in layout order, each table from its last position)."""
         return [[block for _, _, block in held]]
 
+    def request_batches(
+        self, groups: Sequence[GroupConfig], tables: Sequence[list[int]], lows: Sequence[int]
+    ) -> list[list[int]]:
+        """`release_batches` for a whole request (table g holds blocks from position lows[g]
+        on); under lru without building a (group, position, block) entry per block."""
+        if type(self).release_batches is not FreeQueue.release_batches:
+            return self.release_batches(groups, held_entries(tables, lows))
+        return [[b for t, low in zip(tables, lows, strict=True) for b in reversed(t[low:]) if b]]
+
     def remove(self, block: int) -> None:
         """A free block taken by a hit leaves the queue."""
         prev, nxt = self._prev[block], self._next[block]
@@ -65,19 +85,36 @@ class FreeQueue:
         self._prev[nxt] = prev
 
     def add(self, blocks: list[int], cold: bool) -> None:
-        """Blocks whose count reached 0 join the tail, in order."""
+        """Blocks whose count reached 0 join the tail, in order (linked as one run)."""
+        if not blocks:
+            return
+        sentinel, prev, nxt = self._sentinel, self._prev, self._next
+        last = prev[sentinel]
         for block in blocks:
-            last = self._prev[self._sentinel]
-            self._next[last] = block
-            self._prev[block] = last
-            self._next[block] = self._sentinel
-            self._prev[self._sentinel] = block
+            nxt[last] = block
+            prev[block] = last
+            last = block
+        nxt[last] = sentinel
+        prev[sentinel] = last
 
     def pop(self) -> int:
         """The head of the queue. Implements ALLOC-EVICT-1 (the pool forgets its key)."""
         block = self._next[self._sentinel]
         self.remove(block)
         return block
+
+    def pop_many(self, count: int) -> list[int]:
+        """`count` pops at once: the first `count` blocks, unlinked as one run (the caller
+        has checked that the queue holds them)."""
+        nxt = self._next
+        taken = []
+        block = nxt[self._sentinel]
+        for _ in range(count):
+            taken.append(block)
+            block = nxt[block]
+        nxt[self._sentinel] = block
+        self._prev[block] = self._sentinel
+        return taken
 
     def changed(self, block: int) -> None:
         """A free block's liveness may have changed (nothing to do under lru)."""

@@ -8,15 +8,18 @@ the end of the step that wrote them), ALLOC-RESET-1; kvcert.reference.rules list
 method implements which rule. tests/differential runs it against the spec step by step.
 
 Cost per call: a prompt is validated and encoded once in C and digested once per block
-boundary (kvcert.reference.hashing); a lookup scans keys in C; an extension touches only the
-positions it adds or releases (each group remembers the first position it still holds), and
-returns only the blocks it added, as an engine's allocator does; `block_tables(rid)` gives a
-whole table on request. Engines that hash prompts as they arrive pass a `Prompt`.
+boundary (kvcert.reference.hashing), except for the whole blocks it shares with a recent
+prompt, whose digests the memo gives back after a byte comparison; a lookup scans keys in C;
+an extension touches only the positions it adds or releases (each group remembers the first
+position it still holds), and returns only the blocks it added, as an engine's allocator
+does; `block_tables(rid)` gives a whole table on request. Engines that hash prompts as they
+arrive pass a `Prompt`.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import sys
 from array import array
 from collections.abc import Sequence
@@ -39,7 +42,7 @@ from kvcert.reference.errors import (
     UnknownRequestError,
 )
 from kvcert.reference.groups import first_read, first_release, first_written
-from kvcert.reference.hashing import Chain, ExtraKey, encode_tokens, hasher
+from kvcert.reference.hashing import Chain, DigestMemo, ExtraKey, encode_tokens, hasher
 
 TOKEN_LIMIT = 2**63
 LIST_OR_TUPLE = (list, tuple)
@@ -85,15 +88,19 @@ class Stats:
 
 def token_ids(tokens: object, what: str) -> array[int]:
     """`tokens` as an int64 array of ids in [0, 2**63); RequestStateError naming the first bad
-    one. The array conversion checks types and the upper bound in C; a negative id is one
-    whose most significant byte has its top bit set (not ASCII), also checked in C."""
+    one. Packing checks types and the upper bound in C; a negative id is one whose most
+    significant byte has its top bit set (not ASCII), also checked in C."""
     if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | array):
         raise RequestStateError(
             f"{what} must be a sequence of token ids (integers), got {type(tokens).__name__}"
         )
     try:
-        checked = array("q", tokens)
-    except (TypeError, OverflowError):
+        if isinstance(tokens, array):
+            checked = array("q", tokens)
+        else:  # struct checks types and range in C, several times faster than array(list)
+            checked = array("q")
+            checked.frombytes(struct.pack(f"{len(tokens)}q", *tokens))
+    except (TypeError, OverflowError, struct.error):
         checked = None
     if checked is None or not checked.tobytes()[SIGN_BYTE::8].isascii():
         bad = next(
@@ -195,6 +202,8 @@ class KVCacheManager:
             track_liveness=config.count_dead_evictions,
         )
         self._digest = hasher(config.hash_algorithm)
+        budget = config.digest_memo_bytes
+        self._memo = DigestMemo(budget) if budget else None
         self._requests: dict[str, _Request] = {}
         self._in_flight: set[str] = set()
         exact = config.speculative is DraftKeying.EXACT
@@ -220,7 +229,7 @@ class KVCacheManager:
         chains = self._chains(extras)
         encoded = encode_tokens(checked)
         for chain in {id(c): c for c in chains if c is not None}.values():
-            chain.extend(checked, encoded)
+            chain.extend(checked, encoded, self._memo)
         return Prompt(self, checked, extras, chains)
 
     def _prepared(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey]) -> Prompt:
@@ -382,8 +391,9 @@ class KVCacheManager:
         hit, tables = self.search(
             self.config, len(prompt), self._keys(prompt.chains), self.pool.served
         )
-        hits = {b for t in tables for b in t if b != NULL_BLOCK}
-        reviving = sum(1 for b in hits if self.pool.ref_count[b] == 0)
+        # distinct: a block is registered in one group under one key
+        hits = [b for t in tables for b in t if b != NULL_BLOCK]
+        reviving = list(map(self.pool.ref_count.__getitem__, hits)).count(0)  # free hit blocks
         request = _Request(prompt)
         request.computed = hit
         request.scheduled = min(budget, len(prompt) - hit)
@@ -406,7 +416,7 @@ class KVCacheManager:
         return Scheduled(hit, request.scheduled, added, tuple(tuple(t) for t in request.tables))
 
     def _take_then_fill(
-        self, hits: set[int], request: _Request, wanted: list[list[int]]
+        self, hits: list[int], request: _Request, wanted: list[list[int]]
     ) -> tuple[tuple[int, ...], ...]:
         """ALLOC-TWO-PHASE-1's order: hold the hit blocks, only then allocate."""
         self.pool.take(hits)
@@ -414,8 +424,9 @@ class KVCacheManager:
 
     @staticmethod
     def _held_from(table: list[int]) -> int:
-        """The first position of a lookup table that holds a block (the rest are null)."""
-        return next((j for j, b in enumerate(table) if b != NULL_BLOCK), len(table))
+        """The first position of a lookup table that holds a block: a hit's table is null
+        blocks, then blocks (find_hit), so that is how many null blocks it has."""
+        return table.count(NULL_BLOCK)
 
     def _running(self, rid: str) -> _Request:
         request = self._requests.get(rid) if isinstance(rid, str) else None
@@ -625,13 +636,9 @@ class KVCacheManager:
         request = self._running(rid)
         del self._requests[rid]
         self._in_flight.discard(rid)
-        held = [
-            (g, j, table[j])
-            for g, table in enumerate(request.tables)
-            for j in range(len(table) - 1, request.held_from[g] - 1, -1)
-            if table[j] != NULL_BLOCK
-        ]
-        return self._give_back(held)
+        pool = self.pool
+        batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
+        return sum(pool.release(batch) for batch in batches)
 
     def _give_back(self, held: list[tuple[int, int, int]], cold: bool = False) -> int:
         """Release (group, position, block) entries in the order the eviction profile sets

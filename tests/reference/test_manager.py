@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 import tracemalloc
+from array import array
 
 import pytest
 
@@ -116,6 +117,8 @@ def test_misuse_raises_typed_errors_with_advice():
         ("b", [1, 2.5], 16, "position 1 holds 2.5"),
         ("b", [2**63], 16, "position 0 holds"),
         ("b", [1, "7"], 16, "position 1 holds '7'"),
+        ("b", (3, None), 16, "position 1 holds None"),
+        ("b", array("d", [1.0]), 16, "position 0 holds 1.0"),
         (7, [1, 2], 16, "a request id is a non-empty string, got 7"),
         ("", [1, 2], 16, "a request id is a non-empty string"),
         ("b", [1, 2], 2.0, "budget must be an integer"),
@@ -216,3 +219,14 @@ def test_configuration_errors():
 def test_every_error_is_a_kvcache_error():
     for error in (ConfigError, UnknownRequestError, RequestStateError, MaxLengthError):
         assert issubclass(error, KVCacheError)
+
+
+def test_token_sequences_of_every_type_give_the_same_prompt():
+    """Lists and tuples are packed by struct, arrays copied: the ids, and so the digests, agree."""
+    m = manager()
+    tokens = list(range(3, 40))
+    want = m.prompt(tokens)
+    for same in (tuple(tokens), range(3, 40), array("q", tokens), array("i", tokens)):
+        got = m.prompt(same)
+        assert got.tokens == want.tokens
+        assert got.chains[0].digests == want.chains[0].digests
