@@ -169,21 +169,20 @@ class BlockPool:
             raise ValueError("register_run is for pools that do not track liveness")
         served = self.served[group]
         block_key, block_group = self._key, self._group
-        given = 0
+        nulls = fresh = 0
         for block, key in zip(blocks, keys, strict=True):
             if block == NULL_BLOCK:
-                continue
-            given += 1
-            if block_key[block] == key and block_group[block] == group:
-                continue  # registered already
-            block_key[block] = key
-            block_group[block] = group
-            self.num_registered += 1
-            if key in served:
-                self._copies.setdefault((group, key), []).append(block)
-            else:
-                served[key] = block
-        return given
+                nulls += 1
+            elif block_key[block] != key or block_group[block] != group:  # else registered
+                block_key[block] = key
+                block_group[block] = group
+                fresh += 1
+                if key in served:  # served by an earlier holder
+                    self._copies.setdefault((group, key), []).append(block)
+                else:
+                    served[key] = block
+        self.num_registered += fresh
+        return len(blocks) - nulls
 
     def key_of(self, block: int) -> Key | None:
         """(group, key) `block` is registered under, if any."""
@@ -242,24 +241,28 @@ class BlockPool:
         """Take `count` blocks as the profile orders them, forgetting their keys; the caller
         has checked `count <= num_free`."""
         keys, ref = self._key, self.ref_count
-        if self.tracking or self._copies:  # a forgotten key may change the next victim
+        if self.queue.tracks_liveness:  # a forgotten key may change the next victim
             taken = []
             for _ in range(count):
                 block = self.queue.pop()
                 self._forget(block)
                 ref[block] = 1  # held before the next pop, which must not see it free
                 taken.append(block)
-        else:  # one run off the queue, _forget's common case inlined: one holder per key
+        else:  # the victims do not depend on keys: one run off the queue, then forget
             taken = self.queue.pop_many(count)
-            served, groups, evictions = self.served, self._group, self.evictions
-            for block in taken:
-                key = keys[block]
-                if key is not None:
-                    group = groups[block]
-                    del served[group][key]
-                    evictions[group] += 1
-                    keys[block] = None
-                    self.num_registered -= 1
+            if self.tracking or self._copies:
+                for block in taken:
+                    self._forget(block)
+            else:  # _forget's common case inlined: one holder per key, nothing tracked
+                served, groups, evictions = self.served, self._group, self.evictions
+                for block in taken:
+                    key = keys[block]
+                    if key is not None:
+                        group = groups[block]
+                        del served[group][key]
+                        evictions[group] += 1
+                        keys[block] = None
+                        self.num_registered -= 1
             for block in taken:
                 ref[block] = 1
         self.num_free -= count
