@@ -219,6 +219,24 @@ class KVCacheManager:
         self._sizes = [g.block_size for g in config.groups]
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
+        # _changes' view of the groups: (index, group or None for cross attention, block size,
+        # whether it holds state, whether it keeps every position)
+        self._change_groups = [
+            (
+                g,
+                None if group.kind is Kind.CROSS else group,
+                group.block_size,
+                group.kind is Kind.MAMBA,
+                group.kind is Kind.FULL,
+            )
+            for g, group in enumerate(config.groups)
+        ]
+        # _plan_quiet's view of the groups: (index, group, block size, whether it releases)
+        self._quiet_groups = [
+            (g, group, group.block_size, first_release(group, 0) is not None)
+            for g, group in enumerate(config.groups)
+            if group.kind is not Kind.CROSS
+        ]
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -301,15 +319,15 @@ class KVCacheManager:
         computed = request.computed
         state_end = computed + request.scheduled
         attention_end = state_end + request.lookahead
-        for g, group in enumerate(self.config.groups):
-            if group.kind is Kind.CROSS:
+        for g, group, block_size, state, keeps_all in self._change_groups:
+            if group is None:  # cross attention
                 wanted.append(NO_POSITIONS)
                 continue
-            end = state_end if group.kind is Kind.MAMBA else attention_end
-            last = -(-end // group.block_size)
+            end = state_end if state else attention_end
+            last = -(-end // block_size)
             table = request.tables[g]
             size, low = len(table), request.held_from[g]
-            if size > last or (low < last and group.kind is not Kind.FULL):
+            if size > last or (low < last and not keeps_all):
                 first = first_read(group, computed, end)
                 for j in range(size - 1, max(last, low) - 1, -1):
                     if table[j] != NULL_BLOCK:
@@ -517,18 +535,18 @@ class KVCacheManager:
             return
         end = self.config.max_model_len or TOKEN_LIMIT
         computed = request.computed + request.scheduled
-        for group, table, low in zip(
-            self.config.groups, request.tables, request.held_from, strict=True
-        ):
-            kind, size = group.kind, group.block_size
-            if kind is Kind.CROSS:
-                continue
+        tables, lows = request.tables, request.held_from
+        for g, group, size, releases in self._quiet_groups:
+            table = tables[g]
+            held = len(table)
             p = computed // size
-            while p < len(table) and table[p] != NULL_BLOCK:
+            while p < held and table[p] != NULL_BLOCK:
                 p += 1
             end = min(end, p * size)
-            if low < len(table) and (release := first_release(group, low)) is not None:
-                end = min(end, release)
+            if releases and lows[g] < held:
+                release = first_release(group, lows[g])
+                if release is not None:
+                    end = min(end, release)
         request.quiet_end = end
 
     # -- commit and release -----------------------------------------------------------------
@@ -643,8 +661,10 @@ class KVCacheManager:
     def _give_back(self, held: list[tuple[int, int, int]], cold: bool = False) -> int:
         """Release (group, position, block) entries in the order the eviction profile sets
         (ALLOC-FREE-1, ALLOC-FREE-2, EVICT-ORDER-1); `cold`: released mid-request."""
-        batches = self.pool.queue.release_batches(self.config.groups, held)
-        return sum(self.pool.release(batch, cold) for batch in batches)
+        pool, freed = self.pool, 0
+        for batch in pool.queue.release_batches(self.config.groups, held):
+            freed += pool.release(batch, cold)
+        return freed
 
     def finish(self, rid: str) -> int:
         """Release a finished or aborted request; returns how many blocks became free."""
