@@ -12,12 +12,16 @@ the calls its scheduler makes.
 
 * hash + lookup: a 128k-token prompt, computed and freed before, asks for its hit. vLLM
   builds its Request (the block hasher runs) and calls get_computed_blocks; the reference
-  calls lookup(tokens) (validation, digests, search). DeepSeek-V4-Flash-like layout (MLA full
-  B=256, sliding windows W=128 at B=64, 64, 4, 8) and GPT-OSS-like (full + W=128, B=16).
+  calls lookup(tokens) (validation, digests, search) with its digest memo off, so it hashes
+  every block as vLLM does. DeepSeek-V4-Flash-like layout (MLA full B=256, sliding windows
+  W=128 at B=64, 64, 4, 8) and GPT-OSS-like (full + W=128, B=16). The "re-sent" row keeps
+  the memo on (the default): the prompt was seen before, so its digests are reused after a
+  byte comparison.
 * lookup alone: a 1M-token prompt already hashed (vLLM: its Request; the reference: a
   Prompt), GPT-OSS-like: get_computed_blocks against lookup(prompt).
 * stream: benchmarks/run.py's allocate/commit/free stream (requests sharing a system prompt,
-  unique tails, decoding, finishing).
+  unique tails, decoding, finishing); once with the reference's defaults (the digest memo
+  hashes the shared system prompt once) and once with the memo off.
 * decode step: 256 running requests of 1,000-token prompts each get one more token per step
   (allocate_slots / extend with the sampled token, then the step's commit), 64 steps, so
   every request crosses four block boundaries.
@@ -30,6 +34,7 @@ the calls its scheduler makes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import math
 import statistics
@@ -46,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.run import LAYOUTS, Shape, blocks_for, config_of, prompt, stream, warm
 from kvcert.conformance.contract.codec import layout_to_json
 from kvcert.conformance.engines.vllm import Session
-from kvcert.reference.config import HashAlgorithm
+from kvcert.reference.config import CacheConfig, HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled
 from kvcert.spec import FullAttention, Layout
@@ -112,11 +117,16 @@ class VllmDriver:
         self.scheduled.pop(rid, None)
 
 
-def lookup_row(name: str, size: int) -> Row:
+def without_memo(config: CacheConfig) -> CacheConfig:
+    return dataclasses.replace(config, digest_memo_bytes=0)
+
+
+def lookup_row(name: str, size: int, memo: bool = False) -> Row:
     """Hash + lookup of a prompt computed and freed before."""
     layout, tokens = LAYOUTS[name], prompt(size)
     blocks = blocks_for(layout, size)
-    reference = KVCacheManager(config_of(layout, blocks))
+    config = config_of(layout, blocks)
+    reference = KVCacheManager(config if memo else without_memo(config))
     warm(reference, tokens)
     driver = VllmDriver(layout, blocks)
     driver.admit("warm", tokens, len(tokens))
@@ -128,7 +138,7 @@ def lookup_row(name: str, size: int) -> Row:
 
     hit = check_equal("lookup", reference.lookup(tokens)[0], vllm_lookup())
     return (
-        f"hash + lookup, {name}",
+        f"hash + lookup, {name}" + (", re-sent" if memo else ""),
         f"{size:,} tokens, hit {hit:,}",
         *side_by_side(11, lambda: timed(reference.lookup, tokens), lambda: timed(vllm_lookup)),
     )
@@ -158,16 +168,19 @@ def lookup_alone_row(size: int) -> Row:
     )
 
 
-def stream_row(shape: Shape) -> Row:
+def stream_row(shape: Shape, memo: bool = True) -> Row:
     layout = LAYOUTS["gpt-oss"]
     blocks = blocks_for(layout, shape.system + shape.unique + shape.decode, shape.concurrency + 2)
-    calls = stream(lambda: KVCacheManager(config_of(layout, blocks)), shape)
+    config = config_of(layout, blocks)
+    if not memo:
+        config = without_memo(config)
+    calls = stream(lambda: KVCacheManager(config), shape)
     return (
-        "allocate/commit/free stream",
+        "allocate/commit/free stream" + ("" if memo else ", memo off"),
         f"{calls:,} calls ({shape.requests} requests)",
         *side_by_side(
             5,
-            lambda: timed(stream, lambda: KVCacheManager(config_of(layout, blocks)), shape),
+            lambda: timed(stream, lambda: KVCacheManager(config), shape),
             lambda: timed(stream, lambda: VllmDriver(layout, blocks), shape),
         ),
     )
@@ -302,24 +315,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     args = parser.parse_args(argv)
     quick = args.quick
+    shape = Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)
     rows = [
         lookup_row("deepseek-v4-flash", 4096 if quick else 131_072),
         lookup_row("gpt-oss", 4096 if quick else 131_072),
+        lookup_row("gpt-oss", 4096 if quick else 131_072, memo=True),
         lookup_alone_row(8192 if quick else 1_048_576),
-        stream_row(Shape(16, 256, 64, 8, 4) if quick else Shape(200, 2048, 256, 32, 16)),
+        stream_row(shape),
+        stream_row(shape, memo=False),
         decode_row(16 if quick else 256, 16 if quick else 64),
         hashing_row(4096 if quick else 131_072),
         memory_row(10_000 if quick else 1_000_000),
     ]
     print(f"kvcert.reference vs vLLM {version('vllm')} (its own KVCacheManager), same process")
-    print(f"{'workload':32} {'size':36} {'reference':>11} {'vLLM':>11} {'ratio':>8}")
+    print(f"{'workload':38} {'size':36} {'reference':>11} {'vLLM':>11} {'ratio':>8}")
     for workload, label, ours, theirs, ratio in rows:
         unit = (
             (lambda v: f"{v:9.1f} B")
             if workload.startswith("memory")
             else (lambda v: f"{v * 1e3:9.2f}ms")
         )
-        print(f"{workload:32} {label:36} {unit(ours)} {unit(theirs)} {ratio:7.2f}x")
+        print(f"{workload:38} {label:36} {unit(ours)} {unit(theirs)} {ratio:7.2f}x")
     print(
         "times: the fastest run of each side; ratio = vLLM / reference, the median over "
         "back-to-back pairs (bytes per block: the plain quotient)"

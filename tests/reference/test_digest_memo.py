@@ -4,6 +4,7 @@ the byte budget holds."""
 from __future__ import annotations
 
 from array import array
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -118,3 +119,10 @@ def test_the_manager_memo_is_configurable_and_checked():
     for bad in (-1, True, 1.5):
         with pytest.raises(ConfigError, match="digest_memo_bytes must be an integer >= 0"):
             config(digest_memo_bytes=bad)
+
+
+def test_the_readme_states_the_default_budget():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    default = config().digest_memo_bytes
+    assert default == 16 * 2**20
+    assert "`CacheConfig.digest_memo_bytes`, 16 MiB by\ndefault" in readme
