@@ -74,7 +74,7 @@ class FreeQueue:
     ) -> list[list[int]]:
         """`release_batches` for a whole request (table g holds blocks from position lows[g]
         on); under lru without building a (group, position, block) entry per block."""
-        if type(self).release_batches is not FreeQueue.release_batches:
+        if type(self).release_batches is not FreeQueue.release_batches:  # its own order
             return self.release_batches(groups, held_entries(tables, lows))
         return [[b for t, low in zip(tables, lows, strict=True) for b in reversed(t[low:]) if b]]
 

@@ -322,7 +322,6 @@ class DigestMemo:
         else:
             start = 0
         chain._state.update(theirs[8 * start : 8 * fed])
-        theirs.release()
         chain._checkpoints = kept
         chain.digests = entry.digests[:low]
         chain._fed = fed
