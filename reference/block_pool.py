@@ -13,8 +13,10 @@ dependents: O(1) per pool operation plus O(d) for the d dependents of that key.
 
 Per group, `served` maps each key to the block a lookup gets: the earliest registered holder
 (ALLOC-LOOKUP-1's choice among duplicates); later holders wait in `_copies`, in registration
-order, and the next is promoted when the served one goes. Per-block fields are arrays, so a
-pool of a million blocks costs a few bytes per block plus its registered keys.
+order, and the next is promoted when the served one goes. Keys and that map live in a
+KeyIndex (kvcert.reference.keyindex: compiled flat arrays, or dicts as the fallback); the
+other per-block fields are arrays, so a pool of a million blocks costs a few bytes per block
+plus about 42 per registered key.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvcert.reference.config import Eviction
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.eviction import QUEUES
+from kvcert.reference.keyindex import KeyIndex
 
 NULL_BLOCK = 0
 
@@ -61,12 +64,11 @@ class BlockPool:
     __slots__ = (
         "_copies",
         "_dependents",
-        "_group",
-        "_key",
         "_missing",
         "_prereqs",
         "dead_evictions",
         "evictions",
+        "keys",
         "num_blocks",
         "num_free",
         "num_registered",
@@ -88,9 +90,8 @@ class BlockPool:
         check_pool_fits(num_blocks)
         self.num_blocks = num_blocks
         self.ref_count = array("i", bytes(4 * num_blocks))
-        self._key: list[bytes | None] = [None] * num_blocks  # the digest a block is under
-        self._group = array("H", bytes(2 * num_blocks))  # and its group
-        self.served: list[dict[bytes, int]] = [{} for _ in range(num_groups)]  # key -> block
+        self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
+        self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
         self._copies: dict[Key, list[int]] = {}  # later holders of a served key, in order
         self.num_registered = 0
         self.evictions = [0] * num_groups  # registered blocks reused, per group
@@ -116,10 +117,9 @@ class BlockPool:
 
         Implements EVICT-DEAD-1, a sound under-approximation of the blocks EVICT-LIVE-1 calls
         useless (tests/spec/test_eviction.py checks the spec's version of that claim)."""
-        key = self._key[block]
-        if key is None or (self.tracking and self._missing[block]):
+        if self.tracking and self._missing[block]:
             return True
-        return self.served[self._group[block]][key] != block
+        return not self.keys.is_served(block)  # unregistered, or shadowed by an earlier copy
 
     def _key_appeared(self, key: Key) -> None:
         for block in self._dependents.get(key, ()):
@@ -136,25 +136,21 @@ class BlockPool:
     def lookup(self, group: int, key: bytes) -> int | None:
         """The earliest registered block holding `key` in `group`, or None. Implements
         ALLOC-LOOKUP-1."""
-        return self.served[group].get(key)
+        return self.served[group].get(key, NULL_BLOCK) or None
 
     def register(
         self, block: int, group: int, key: bytes, prerequisites: tuple[Key, ...] = ()
     ) -> None:
         """Make `block` hittable under `key` in `group` (a block carries at most one key); it
         stays useful only while every prerequisite key is held somewhere (EVICT-DEAD-1)."""
-        if self._key[block] == key and self._group[block] == group:
+        holder = self.keys.bind(block, group, key)
+        if holder < 0:
             return  # registered already
-        self._key[block] = key
-        self._group[block] = group
         self.num_registered += 1
-        served = self.served[group]
-        if key in served:
+        if holder:  # served by an earlier holder
             self._copies.setdefault((group, key), []).append(block)
-        else:
-            served[key] = block
-            if self.tracking:
-                self._key_appeared((group, key))
+        elif self.tracking:
+            self._key_appeared((group, key))
         if self.tracking:
             self._prereqs[block] = prerequisites
             self._missing[block] = sum(1 for g, k in prerequisites if k not in self.served[g])
@@ -167,33 +163,22 @@ class BlockPool:
         given."""
         if self.tracking:
             raise ValueError("register_run is for pools that do not track liveness")
-        served = self.served[group]
-        block_key, block_group = self._key, self._group
-        nulls = fresh = 0
-        for block, key in zip(blocks, keys, strict=True):
-            if block == NULL_BLOCK:
-                nulls += 1
-            elif block_key[block] != key or block_group[block] != group:  # else registered
-                block_key[block] = key
-                block_group[block] = group
-                fresh += 1
-                if key in served:  # served by an earlier holder
-                    self._copies.setdefault((group, key), []).append(block)
-                else:
-                    served[key] = block
+        fresh, copies = self.keys.bind_run(group, blocks, keys)
+        for position in copies:  # served by an earlier holder
+            self._copies.setdefault((group, keys[position]), []).append(blocks[position])
         self.num_registered += fresh
-        return len(blocks) - nulls
+        return len(blocks) - blocks.count(NULL_BLOCK)
 
     def key_of(self, block: int) -> Key | None:
         """(group, key) `block` is registered under, if any."""
-        key = self._key[block]
-        return None if key is None else (self._group[block], key)
+        key, group = self.keys.key_of(block), self.keys.group_of(block)
+        return None if key is None or group is None else (group, key)
 
     def _forget(self, block: int) -> None:
-        key = self._key[block]
-        if key is None:
+        keys = self.keys
+        key, group = keys.key_of(block), keys.group_of(block)
+        if key is None or group is None:
             return
-        group = self._group[block]
         self.evictions[group] += 1
         if self.tracking:
             if self.is_dead(block):
@@ -205,26 +190,25 @@ class BlockPool:
                     del self._dependents[p]
             self._prereqs[block] = ()
             self._missing[block] = 0
-        elif self.served[group][key] != block:
+        served = keys.is_served(block)
+        if not served and not self.tracking:
             self.dead_evictions[group] += 1  # a shadowed copy: dead without tracking too
-        self._key[block] = None
+        keys.unbind(block)  # the key's entry goes too when the block served it
         self.num_registered -= 1
-        served = self.served[group]
         copies = self._copies.get((group, key))
-        if served[key] != block:  # a later copy goes (so it is listed)
+        if not served:  # a later copy goes (so it is listed)
             copies = self._copies[(group, key)]
             copies.remove(block)
             if not copies:
                 del self._copies[(group, key)]
         elif copies:  # the next copy is served now
-            served[key] = copies.pop(0)
+            successor = copies.pop(0)
+            keys.serve(successor)
             if not copies:
                 del self._copies[(group, key)]
-            self.queue.changed(served[key])
-        else:
-            del served[key]
-            if self.tracking:
-                self._key_vanished((group, key))
+            self.queue.changed(successor)
+        elif self.tracking:
+            self._key_vanished((group, key))
 
     # -- reference counts -------------------------------------------------------------------
 
@@ -240,7 +224,7 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         """Take `count` blocks as the profile orders them, forgetting their keys; the caller
         has checked `count <= num_free`."""
-        keys, ref = self._key, self.ref_count
+        ref = self.ref_count
         if self.queue.tracks_liveness:  # a forgotten key may change the next victim
             taken = []
             for _ in range(count):
@@ -253,16 +237,8 @@ class BlockPool:
             if self.tracking or self._copies:
                 for block in taken:
                     self._forget(block)
-            else:  # _forget's common case inlined: one holder per key, nothing tracked
-                served, groups, evictions = self.served, self._group, self.evictions
-                for block in taken:
-                    key = keys[block]
-                    if key is not None:
-                        group = groups[block]
-                        del served[group][key]
-                        evictions[group] += 1
-                        keys[block] = None
-                        self.num_registered -= 1
+            else:  # _forget's common case in one call: one holder per key, nothing tracked
+                self.num_registered -= self.keys.forget_run(taken, self.evictions)
             for block in taken:
                 ref[block] = 1
         self.num_free -= count
@@ -290,11 +266,9 @@ class BlockPool:
 
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""
-        for served in self.served:
-            served.clear()
+        self.keys.clear()
         self._copies.clear()
         self._dependents.clear()
-        self._key = [None] * self.num_blocks
         self.num_registered = 0
         if self.tracking:
             self._prereqs = [()] * self.num_blocks

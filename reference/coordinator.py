@@ -28,17 +28,18 @@ THM-HYB-SEARCH (Z3) proves its shape.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
 from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.groups import first_needed, needs_last_block
+from kvcert.reference.keyindex import ServedMap
 
 K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
 Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
-Served = Sequence[Mapping[K, int]]  # per group, key -> cached block id
+Served = Sequence[ServedMap[K]]  # per group, key -> cached block id (a dict or a view)
 
 
 def find_hit(
@@ -98,10 +99,15 @@ def find_hit(
     return hit, tables
 
 
-def _cached_prefix(served: Mapping[K, int], keys: Sequence[K], cap: int) -> list[int]:
+def _cached_prefix(served: ServedMap[K], keys: Sequence[K], cap: int) -> list[int]:
     """The blocks serving keys[0], keys[1], ... up to the first key not served (at most
     `cap`). One dictionary probe per key, in C, in runs that double in length: a prefix of
-    n blocks costs at most 2n + 64 probes however long the prompt."""
+    n blocks costs at most 2n + 64 probes however long the prompt. The pool's compiled map
+    offers the same as one C loop (`prefix`, tests/reference/test_keyindex.py holds it equal
+    to this one)."""
+    compiled = getattr(served, "prefix", None)
+    if compiled is not None:
+        return compiled(keys, cap)  # type: ignore[no-any-return]
     get = served.get
     blocks: list[int] = []
     start, run = 0, 64
@@ -153,7 +159,7 @@ class _Presence:
     """Which of a group's blocks are cached, probed lazily from the top down in runs that
     double in length: the scan of step 3 descends, so each key is probed at most once."""
 
-    def __init__(self, served: Mapping[K, int], keys: Sequence[K]) -> None:
+    def __init__(self, served: ServedMap[K], keys: Sequence[K]) -> None:
         self._contains = served.__contains__
         self._keys = keys
         self.count = len(keys)

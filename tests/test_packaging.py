@@ -187,10 +187,12 @@ def test_the_suite_collects_with_the_test_extra_alone(tmp_path):
 
 def test_setup_installs_once_and_only_what_is_missing(tmp_path):
     """`bash scripts/main.sh ARGS` once reinstalled on every call: setup.sh now skips pip
-    when .venv holds the extras asked for (or more) from the same pyproject and constraints."""
+    when .venv holds the extras asked for (or more) from the same pyproject, constraints and
+    C source of the compiled key index (an editable install rebuilds it only when pip runs)."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
-    for name in ("pyproject.toml", "constraints.txt"):
+    (tmp_path / "reference").mkdir()
+    for name in ("pyproject.toml", "constraints.txt", "reference/_keyindex.c"):
         shutil.copy(ROOT / name, tmp_path / name)
     fake = tmp_path / ".venv" / "bin" / "python"  # records each pip call instead of running it
     fake.parent.mkdir(parents=True)
@@ -210,6 +212,9 @@ def test_setup_installs_once_and_only_what_is_missing(tmp_path):
     assert setup("sim")[-1].endswith("-e .[proofs,sim,test]")  # the union, not a swap
     (tmp_path / "constraints.txt").write_text("z3-solver==5.4.0.0\n", encoding="utf-8")
     assert len(setup("sim")) == 3  # a changed constraint reinstalls
+    with (tmp_path / "reference" / "_keyindex.c").open("a", encoding="utf-8") as source:
+        source.write("/* changed */\n")
+    assert len(setup("sim")) == 4  # so does a changed extension source (it must be rebuilt)
     fake.write_text("#!/bin/sh\necho 'ERROR: no matching distribution'\nexit 1\n")
     failed = run(["bash", "scripts/setup.sh", "kernels"], cwd=tmp_path)
     assert failed.returncode != 0  # a failed pip fails the setup, and records nothing

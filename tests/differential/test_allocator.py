@@ -14,6 +14,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvcert.conformance.checks.stateful import machine_for
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
+from kvcert.reference import block_pool
+from kvcert.reference.keyindex import PyKeyIndex
 from tests.tiers import tiered
 
 
@@ -29,3 +31,15 @@ def test_reference_matches_the_spec_for_ten_thousand_steps():
         ReferenceAgainstSpec, settings=settings(max_examples=runs, stateful_step_count=80)
     )
     assert ReferenceAgainstSpec.steps >= tiered(10_000, 200_000), ReferenceAgainstSpec.steps
+
+
+def test_the_pure_python_key_index_matches_the_spec_too(monkeypatch):
+    """The same machine with the pool on the fallback PyKeyIndex (what a machine without a C
+    compiler runs); the default run above uses the compiled one."""
+    monkeypatch.setattr(block_pool, "KeyIndex", PyKeyIndex)
+    ReferenceAgainstSpec.steps = 0
+    run_state_machine_as_test(
+        ReferenceAgainstSpec,
+        settings=settings(max_examples=tiered(150, 3000), stateful_step_count=80),
+    )
+    assert ReferenceAgainstSpec.steps >= tiered(3_000, 80_000), ReferenceAgainstSpec.steps

@@ -70,7 +70,7 @@ def test_drop_applied_twice(monkeypatch):
 
 def test_hybrid_counts_only_empty_blocks_as_dead(monkeypatch):
     """Bug: shadowed copies and orphans are not dead (EVICT-DEAD-1 reduced to "no key")."""
-    monkeypatch.setattr(block_pool.BlockPool, "is_dead", lambda self, b: self._key[b] is None)
+    monkeypatch.setattr(block_pool.BlockPool, "is_dead", lambda self, b: self.key_of(b) is None)
     must_fail()
 
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcert.reference.block_pool import BlockPool
+from kvcert.reference.keyindex import served_items
 
 
 def test_initial_queue_is_ascending_without_the_null_block():
@@ -35,12 +36,12 @@ def test_shared_blocks_are_freed_only_by_their_last_holder():
 def test_duplicates_serve_the_earliest_and_survive_eviction_of_one_copy():
     pool = BlockPool(5)
     a, b = pool.allocate(2)
-    pool.register(a, 0, b"k")
-    pool.register(b, 0, b"k")
-    assert pool.lookup(0, b"k") == a
+    pool.register(a, 0, b"k" * 32)
+    pool.register(b, 0, b"k" * 32)
+    assert pool.lookup(0, b"k" * 32) == a
     pool.release([a, b])
     assert pool.allocate(3)[-1] == a  # 3, 4, then a: a's key is forgotten
-    assert pool.lookup(0, b"k") == b
+    assert pool.lookup(0, b"k" * 32) == b
     assert pool.key_of(a) is None
     assert pool.num_registered == 1
 
@@ -48,10 +49,10 @@ def test_duplicates_serve_the_earliest_and_survive_eviction_of_one_copy():
 def test_reset_forgets_everything():
     pool = BlockPool(3, num_groups=2)
     (a,) = pool.allocate(1)
-    pool.register(a, 1, b"x")
+    pool.register(a, 1, b"x" * 32)
     pool.release([a])
     pool.reset()
-    assert pool.lookup(1, b"x") is None
+    assert pool.lookup(1, b"x" * 32) is None
     assert pool.num_registered == 0
 
 
@@ -85,7 +86,12 @@ def test_queue_matches_a_list_model(ops):
         assert pool.num_free == len(model)
 
 
-@given(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=8))
+def _each_block_once(blocks: list[int]) -> bool:
+    named = [b for b in blocks if b]
+    return len(set(named)) == len(named)
+
+
+@given(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=8).filter(_each_block_once))
 def test_register_run_equals_one_register_per_block(blocks):
     """The batched commit path gives the same keys, copies and counts as the per-block one."""
     keys = [bytes([j]) * 32 for j in range(len(blocks))]
@@ -97,10 +103,25 @@ def test_register_run_equals_one_register_per_block(blocks):
         if block:
             one.register(block, 0, key)
     assert batched.register_run(0, blocks, keys) == sum(1 for b in blocks if b)
-    assert batched.served == one.served
+    assert served_items(batched.served) == served_items(one.served)
     assert batched._copies == one._copies
     assert batched.num_registered == one.num_registered
     assert [batched.key_of(b) for b in range(4)] == [one.key_of(b) for b in range(4)]
+
+
+def test_a_registered_block_refuses_another_key():
+    """A block holds one key: re-keying it without forgetting the old key would leave that key
+    served by content it no longer holds (a stale hit), so both paths refuse."""
+    pool = BlockPool(4)
+    (block,) = pool.allocate(1)
+    pool.register(block, 0, b"a" * 32)
+    pool.register(block, 0, b"a" * 32)  # the same key again changes nothing
+    with pytest.raises(ValueError, match="holds another key"):
+        pool.register(block, 0, b"b" * 32)
+    with pytest.raises(ValueError, match="holds another key"):
+        pool.register_run(0, [block], [b"b" * 32])
+    assert pool.lookup(0, b"a" * 32) == block
+    assert pool.num_registered == 1
 
 
 def test_register_run_refuses_a_liveness_tracking_pool():

@@ -1,0 +1,885 @@
+/* kvcert.reference._keyindex: the block pool's key map, compiled.
+ *
+ * The same contract as kvcert.reference.keyindex.PyKeyIndex (the pure-Python fallback, and
+ * the definition tests/reference/test_keyindex.py holds this type equal to). Why it exists:
+ * a dict from a 32-byte digest object to a block-id object costs about 140 B per cached
+ * block; here a block's digest is stored once, in a flat array indexed by the block id, and
+ * each group's map is an open-addressing table of int32 block ids (linear probing, backward
+ * shift deletion, load at most 2/3): about 42 B per cached block.
+ *
+ * Slots are placed by Python's own keyed hash of the digest bytes (SipHash with the
+ * per-process random key), the value hash(digest) already caches on the digest object: an
+ * adversary who grinds prompts for digests sharing low bits cannot aim at one slot run.
+ * Every allocation goes through PyMem_* so tracemalloc sees it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KEY_SIZE 32
+#define UNBOUND 0xFFFF
+#define MIN_CAPACITY 8
+
+typedef struct {
+    int32_t *slots; /* block ids; 0 (the null block, never bound) marks an empty slot */
+    size_t mask;    /* capacity - 1, capacity a power of two */
+    Py_ssize_t used;
+} Table;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t num_blocks;
+    Py_ssize_t num_groups;
+    uint8_t *keys;    /* num_blocks * KEY_SIZE: the digest each block is bound to */
+    uint16_t *groups; /* per block: its group, UNBOUND when it holds no key */
+    Table *tables;    /* per group: key -> the block serving it */
+} KeyIndex;
+
+typedef struct {
+    PyObject_HEAD
+    KeyIndex *index;
+    Py_ssize_t group;
+} GroupView;
+
+static PyTypeObject KeyIndexType;
+static PyTypeObject GroupViewType;
+
+static inline Py_hash_t
+hash_stored(const uint8_t *key)
+{
+#if PY_VERSION_HEX >= 0x030E0000
+    return Py_HashBuffer(key, KEY_SIZE);
+#else
+    return _Py_HashBytes(key, KEY_SIZE);
+#endif
+}
+
+static inline const uint8_t *
+key_at(const KeyIndex *self, int32_t block)
+{
+    return self->keys + (size_t)block * KEY_SIZE;
+}
+
+/* The digest bytes of `key` and their hash, or NULL when `key` is not a KEY_SIZE-byte bytes
+ * object (with an exception set only when `strict`). */
+static const uint8_t *
+probe_key(PyObject *key, Py_hash_t *hash, int strict)
+{
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != KEY_SIZE) {
+        if (strict) {
+            PyErr_Format(PyExc_TypeError,
+                         "a block key is a %d-byte digest (bytes), got %.100s of length %zd",
+                         KEY_SIZE, Py_TYPE(key)->tp_name,
+                         PyBytes_Check(key) ? PyBytes_GET_SIZE(key) : (Py_ssize_t)-1);
+        }
+        return NULL;
+    }
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(key);
+    *hash = PyBytes_CheckExact(key) ? PyObject_Hash(key) : hash_stored(data);
+    return data;
+}
+
+/* The slot holding `key` in `table`, or the empty slot where it would go. */
+static inline size_t
+find(const KeyIndex *self, const Table *table, const uint8_t *key, Py_hash_t hash, int *found)
+{
+    size_t i = (size_t)hash & table->mask;
+    for (;;) {
+        int32_t block = table->slots[i];
+        if (block == 0) {
+            *found = 0;
+            return i;
+        }
+        if (memcmp(key_at(self, block), key, KEY_SIZE) == 0) {
+            *found = 1;
+            return i;
+        }
+        i = (i + 1) & table->mask;
+    }
+}
+
+static int
+table_init(Table *table, size_t capacity)
+{
+    table->slots = PyMem_Calloc(capacity, sizeof(int32_t));
+    if (table->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    table->mask = capacity - 1;
+    table->used = 0;
+    return 0;
+}
+
+static int
+table_grow(const KeyIndex *self, Table *table)
+{
+    Table old = *table;
+    if (table_init(table, 2 * (old.mask + 1)) < 0) {
+        *table = old;
+        return -1;
+    }
+    for (size_t i = 0; i <= old.mask; i++) {
+        int32_t block = old.slots[i];
+        if (block) {
+            size_t j = (size_t)hash_stored(key_at(self, block)) & table->mask;
+            while (table->slots[j]) {
+                j = (j + 1) & table->mask;
+            }
+            table->slots[j] = block;
+        }
+    }
+    table->used = old.used;
+    PyMem_Free(old.slots);
+    return 0;
+}
+
+/* Put `block` (bound to its key) in the empty slot `i` found for that key. */
+static int
+table_insert(const KeyIndex *self, Table *table, size_t i, int32_t block)
+{
+    table->slots[i] = block;
+    table->used++;
+    if ((size_t)table->used * 3 > (table->mask + 1) * 2) {
+        return table_grow(self, table);
+    }
+    return 0;
+}
+
+/* Empty slot `i`, shifting back the entries of its probe run that may move (no tombstones). */
+static void
+table_remove(const KeyIndex *self, Table *table, size_t i)
+{
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & table->mask;
+        int32_t block = table->slots[j];
+        if (block == 0) {
+            break;
+        }
+        size_t home = (size_t)hash_stored(key_at(self, block)) & table->mask;
+        /* the entry stays when its home lies cyclically in (i, j] */
+        int stays = i < j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            table->slots[i] = block;
+            i = j;
+        }
+    }
+    table->slots[i] = 0;
+    table->used--;
+}
+
+static void
+tables_free(Table *tables, Py_ssize_t num_groups)
+{
+    if (tables) {
+        for (Py_ssize_t g = 0; g < num_groups; g++) {
+            PyMem_Free(tables[g].slots);
+        }
+        PyMem_Free(tables);
+    }
+}
+
+/* One empty table per group, or NULL with an exception set. */
+static Table *
+tables_new(Py_ssize_t num_groups)
+{
+    Table *tables = PyMem_Calloc((size_t)num_groups, sizeof(Table));
+    if (tables == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t g = 0; g < num_groups; g++) {
+        if (table_init(&tables[g], MIN_CAPACITY) < 0) {
+            tables_free(tables, num_groups);
+            return NULL;
+        }
+    }
+    return tables;
+}
+
+/* -- argument checks ---------------------------------------------------------------------- */
+
+static int
+block_arg(const KeyIndex *self, PyObject *arg, int32_t *block)
+{
+    Py_ssize_t value = PyLong_AsSsize_t(arg);
+    if (value == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (value < 0 || value >= self->num_blocks) {
+        PyErr_Format(PyExc_IndexError, "block %zd is outside the pool (0..%zd)", value,
+                     self->num_blocks - 1);
+        return -1;
+    }
+    *block = (int32_t)value;
+    return 0;
+}
+
+static int
+bindable_block_arg(const KeyIndex *self, PyObject *arg, int32_t *block)
+{
+    if (block_arg(self, arg, block) < 0) {
+        return -1;
+    }
+    if (*block == 0) {
+        PyErr_SetString(PyExc_ValueError, "block 0 is the null block: it never holds a key");
+        return -1;
+    }
+    return 0;
+}
+
+/* Every item a block of the pool (checked before anything changes). */
+static int
+blocks_valid(const KeyIndex *self, PyObject **items, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t block;
+        if (block_arg(self, items[k], &block) < 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+group_arg(const KeyIndex *self, PyObject *arg, Py_ssize_t *group)
+{
+    *group = PyLong_AsSsize_t(arg);
+    if (*group == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*group < 0 || *group >= self->num_groups) {
+        PyErr_Format(PyExc_IndexError, "group %zd is outside 0..%zd", *group,
+                     self->num_groups - 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* -- the operations ---------------------------------------------------------------------- */
+
+/* Bind `block` to `key` in `group`: -1 when it held exactly that already (nothing changes),
+ * 0 when it now serves the key, else the earlier holder that keeps serving it; -2 on error. */
+static long
+bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
+{
+    Py_hash_t hash;
+    const uint8_t *data = probe_key(key, &hash, 1);
+    if (data == NULL) {
+        return -2;
+    }
+    uint8_t *stored = self->keys + (size_t)block * KEY_SIZE;
+    if (self->groups[block] != UNBOUND) {
+        if (self->groups[block] == group && memcmp(stored, data, KEY_SIZE) == 0) {
+            return -1;
+        }
+        PyErr_Format(PyExc_ValueError, "block %d holds another key: unbind it first",
+                     (int)block);
+        return -2;
+    }
+    Table *table = &self->tables[group];
+    int found;
+    size_t i = find(self, table, data, hash, &found);
+    memcpy(stored, data, KEY_SIZE);
+    self->groups[block] = (uint16_t)group;
+    if (found) {
+        return table->slots[i];
+    }
+    if (table_insert(self, table, i, block) < 0) {
+        self->groups[block] = UNBOUND;
+        return -2;
+    }
+    return 0;
+}
+
+/* The slot serving `block`'s key when `block` is the one serving it. */
+static int
+served_slot(const KeyIndex *self, int32_t block, size_t *slot)
+{
+    uint16_t group = self->groups[block];
+    if (group == UNBOUND) {
+        return 0;
+    }
+    const uint8_t *key = key_at(self, block);
+    int found;
+    *slot = find(self, &self->tables[group], key, hash_stored(key), &found);
+    return found && self->tables[group].slots[*slot] == block;
+}
+
+static PyObject *
+KeyIndex_bind(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int32_t block;
+    Py_ssize_t group;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bind(block, group, key) takes 3 arguments");
+        return NULL;
+    }
+    if (bindable_block_arg(self, args[0], &block) < 0 || group_arg(self, args[1], &group) < 0) {
+        return NULL;
+    }
+    long result = bind_one(self, block, group, args[2]);
+    return result == -2 ? NULL : PyLong_FromLong(result);
+}
+
+static PyObject *
+KeyIndex_bind_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t group;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bind_run(group, blocks, keys) takes 3 arguments");
+        return NULL;
+    }
+    if (group_arg(self, args[0], &group) < 0) {
+        return NULL;
+    }
+    PyObject *blocks = PySequence_Fast(args[1], "blocks must be a sequence");
+    if (blocks == NULL) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(args[2], "keys must be a sequence");
+    PyObject *copies = NULL;
+    if (keys == NULL) {
+        goto fail;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    if (PySequence_Fast_GET_SIZE(keys) != n) {
+        PyErr_Format(PyExc_ValueError, "bind_run: %zd blocks but %zd keys", n,
+                     PySequence_Fast_GET_SIZE(keys));
+        goto fail;
+    }
+    copies = PyList_New(0);
+    if (copies == NULL) {
+        goto fail;
+    }
+    Py_ssize_t fresh = 0;
+    PyObject **block_items = PySequence_Fast_ITEMS(blocks);
+    PyObject **key_items = PySequence_Fast_ITEMS(keys);
+    if (!blocks_valid(self, block_items, n)) {
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t block = (int32_t)PyLong_AsSsize_t(block_items[k]);
+        if (block == 0) {
+            continue;
+        }
+        long result = bind_one(self, block, group, key_items[k]);
+        if (result == -2) {
+            goto fail;
+        }
+        if (result >= 0) {
+            fresh++;
+        }
+        if (result > 0) {
+            PyObject *position = PyLong_FromSsize_t(k);
+            if (position == NULL || PyList_Append(copies, position) < 0) {
+                Py_XDECREF(position);
+                goto fail;
+            }
+            Py_DECREF(position);
+        }
+    }
+    Py_DECREF(blocks);
+    Py_DECREF(keys);
+    return Py_BuildValue("(nN)", fresh, copies);
+fail:
+    Py_DECREF(blocks);
+    Py_XDECREF(keys);
+    Py_XDECREF(copies);
+    return NULL;
+}
+
+/* Unbind `block`, leaving its key's slot when it served it. */
+static void
+unbind_one(KeyIndex *self, int32_t block)
+{
+    size_t slot;
+    if (served_slot(self, block, &slot)) {
+        table_remove(self, &self->tables[self->groups[block]], slot);
+    }
+    self->groups[block] = UNBOUND;
+    memset(self->keys + (size_t)block * KEY_SIZE, 0, KEY_SIZE);
+}
+
+static PyObject *
+KeyIndex_unbind(KeyIndex *self, PyObject *arg)
+{
+    int32_t block;
+    if (block_arg(self, arg, &block) < 0) {
+        return NULL;
+    }
+    if (self->groups[block] == UNBOUND) {
+        Py_RETURN_FALSE;
+    }
+    unbind_one(self, block);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[1]) || PyList_GET_SIZE(args[1]) != self->num_groups) {
+        PyErr_SetString(PyExc_TypeError,
+                        "forget_run(blocks, evictions): evictions is a list, one count per group");
+        return NULL;
+    }
+    PyObject *blocks = PySequence_Fast(args[0], "blocks must be a sequence");
+    if (blocks == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    PyObject **items = PySequence_Fast_ITEMS(blocks);
+    if (!blocks_valid(self, items, n)) {
+        Py_DECREF(blocks);
+        return NULL;
+    }
+    Py_ssize_t *counts = PyMem_Calloc((size_t)self->num_groups, sizeof(Py_ssize_t));
+    if (counts == NULL) {
+        Py_DECREF(blocks);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t forgotten = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t block = (int32_t)PyLong_AsSsize_t(items[k]);
+        uint16_t group = self->groups[block];
+        if (group != UNBOUND) {
+            counts[group]++;
+            unbind_one(self, block);
+            forgotten++;
+        }
+    }
+    Py_DECREF(blocks);
+    PyObject *evictions = args[1];
+    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
+        if (!counts[g]) {
+            continue;
+        }
+        Py_ssize_t before = PyLong_AsSsize_t(PyList_GET_ITEM(evictions, g));
+        PyObject *count = before == -1 && PyErr_Occurred()
+                              ? NULL
+                              : PyLong_FromSsize_t(before + counts[g]);
+        if (count == NULL) {
+            PyMem_Free(counts);
+            return NULL;
+        }
+        PyList_SetItem(evictions, g, count); /* steals count */
+    }
+    PyMem_Free(counts);
+    return PyLong_FromSsize_t(forgotten);
+}
+
+static PyObject *
+KeyIndex_serve(KeyIndex *self, PyObject *arg)
+{
+    int32_t block;
+    if (bindable_block_arg(self, arg, &block) < 0) {
+        return NULL;
+    }
+    uint16_t group = self->groups[block];
+    if (group == UNBOUND) {
+        PyErr_Format(PyExc_ValueError, "block %d holds no key: bind it first", (int)block);
+        return NULL;
+    }
+    const uint8_t *key = key_at(self, block);
+    Table *table = &self->tables[group];
+    int found;
+    size_t i = find(self, table, key, hash_stored(key), &found);
+    if (found) {
+        table->slots[i] = block;
+    }
+    else if (table_insert(self, table, i, block) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+KeyIndex_is_served(KeyIndex *self, PyObject *arg)
+{
+    int32_t block;
+    size_t slot;
+    if (block_arg(self, arg, &block) < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(served_slot(self, block, &slot));
+}
+
+static PyObject *
+KeyIndex_key_of(KeyIndex *self, PyObject *arg)
+{
+    int32_t block;
+    if (block_arg(self, arg, &block) < 0) {
+        return NULL;
+    }
+    if (self->groups[block] == UNBOUND) {
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize((const char *)key_at(self, block), KEY_SIZE);
+}
+
+static PyObject *
+KeyIndex_group_of(KeyIndex *self, PyObject *arg)
+{
+    int32_t block;
+    if (block_arg(self, arg, &block) < 0) {
+        return NULL;
+    }
+    if (self->groups[block] == UNBOUND) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLong(self->groups[block]);
+}
+
+static PyObject *
+KeyIndex_clear(KeyIndex *self, PyObject *Py_UNUSED(ignored))
+{
+    Table *tables = tables_new(self->num_groups);
+    if (tables == NULL) {
+        return NULL;
+    }
+    tables_free(self->tables, self->num_groups);
+    self->tables = tables;
+    memset(self->groups, 0xFF, (size_t)self->num_blocks * sizeof(uint16_t));
+    memset(self->keys, 0, (size_t)self->num_blocks * KEY_SIZE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+KeyIndex_get_served(KeyIndex *self, void *Py_UNUSED(closure))
+{
+    PyObject *views = PyTuple_New(self->num_groups);
+    if (views == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
+        GroupView *view = PyObject_New(GroupView, &GroupViewType);
+        if (view == NULL) {
+            Py_DECREF(views);
+            return NULL;
+        }
+        Py_INCREF(self);
+        view->index = self;
+        view->group = g;
+        PyTuple_SET_ITEM(views, g, (PyObject *)view);
+    }
+    return views;
+}
+
+static int
+KeyIndex_init(KeyIndex *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"num_blocks", "num_groups", NULL};
+    Py_ssize_t num_blocks, num_groups;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn", names, &num_blocks, &num_groups)) {
+        return -1;
+    }
+    if (num_blocks < 1 || num_blocks > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "num_blocks must be in 1..%d, got %zd", INT32_MAX,
+                     num_blocks);
+        return -1;
+    }
+    if (num_groups < 1 || num_groups >= UNBOUND) {
+        PyErr_Format(PyExc_ValueError, "num_groups must be in 1..%d, got %zd", UNBOUND - 1,
+                     num_groups);
+        return -1;
+    }
+    if (self->keys != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a KeyIndex is initialised once");
+        return -1;
+    }
+    self->num_blocks = num_blocks;
+    self->num_groups = num_groups;
+    self->keys = PyMem_Calloc((size_t)num_blocks, KEY_SIZE);
+    self->groups = PyMem_Malloc((size_t)num_blocks * sizeof(uint16_t));
+    if (self->keys == NULL || self->groups == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(self->groups, 0xFF, (size_t)num_blocks * sizeof(uint16_t));
+    self->tables = tables_new(num_groups);
+    return self->tables == NULL ? -1 : 0;
+}
+
+static void
+KeyIndex_dealloc(KeyIndex *self)
+{
+    tables_free(self->tables, self->num_groups);
+    PyMem_Free(self->keys);
+    PyMem_Free(self->groups);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef KeyIndex_methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))KeyIndex_bind, METH_FASTCALL,
+     "bind(block, group, key): -1 when held already, 0 when it now serves the key, else "
+     "the earlier holder"},
+    {"bind_run", (PyCFunction)(void (*)(void))KeyIndex_bind_run, METH_FASTCALL,
+     "bind_run(group, blocks, keys) -> (newly bound, positions of the blocks that became "
+     "copies); 0 skipped"},
+    {"unbind", (PyCFunction)KeyIndex_unbind, METH_O,
+     "unbind(block) -> whether it held a key; its slot goes when it served the key"},
+    {"forget_run", (PyCFunction)(void (*)(void))KeyIndex_forget_run, METH_FASTCALL,
+     "forget_run(blocks, evictions) -> how many held a key; counts each per group"},
+    {"serve", (PyCFunction)KeyIndex_serve, METH_O,
+     "serve(block): the bound block becomes the one its key's lookups get"},
+    {"is_served", (PyCFunction)KeyIndex_is_served, METH_O,
+     "is_served(block): it holds a key and lookups of that key get it"},
+    {"key_of", (PyCFunction)KeyIndex_key_of, METH_O, "key_of(block) -> digest or None"},
+    {"group_of", (PyCFunction)KeyIndex_group_of, METH_O, "group_of(block) -> group or None"},
+    {"clear", (PyCFunction)KeyIndex_clear, METH_NOARGS, "unbind every block"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef KeyIndex_getset[] = {
+    {"served", (getter)KeyIndex_get_served, NULL,
+     "per group, a read-only mapping from key to the block serving it", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject KeyIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._keyindex.KeyIndex",
+    .tp_basicsize = sizeof(KeyIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per block its key and group; per group the key -> serving block map.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)KeyIndex_init,
+    .tp_dealloc = (destructor)KeyIndex_dealloc,
+    .tp_methods = KeyIndex_methods,
+    .tp_getset = KeyIndex_getset,
+};
+
+/* -- a group's read-only mapping --------------------------------------------------------- */
+
+/* The block serving `key` in the view's group, 0 when none (or not a digest). */
+static inline int32_t
+view_lookup(const GroupView *view, PyObject *key, int *error)
+{
+    Py_hash_t hash;
+    const uint8_t *data = probe_key(key, &hash, 0);
+    *error = 0;
+    if (data == NULL) { /* not a digest: held by no block, but unhashable is an error (a dict's) */
+        *error = !PyBytes_Check(key) && PyObject_Hash(key) == -1;
+        return 0;
+    }
+    const KeyIndex *index = view->index;
+    const Table *table = &index->tables[view->group];
+    int found;
+    size_t i = find(index, table, data, hash, &found);
+    return found ? table->slots[i] : 0;
+}
+
+static PyObject *
+GroupView_get(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        return NULL;
+    }
+    int error;
+    int32_t block = view_lookup(self, args[0], &error);
+    if (error) {
+        return NULL;
+    }
+    if (block) {
+        return PyLong_FromLong(block);
+    }
+    PyObject *fallback = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(fallback);
+    return fallback;
+}
+
+static PyObject *
+GroupView_subscript(GroupView *self, PyObject *key)
+{
+    int error;
+    int32_t block = view_lookup(self, key, &error);
+    if (error) {
+        return NULL;
+    }
+    if (!block) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return PyLong_FromLong(block);
+}
+
+static int
+GroupView_contains(GroupView *self, PyObject *key)
+{
+    int error;
+    int32_t block = view_lookup(self, key, &error);
+    return error ? -1 : block != 0;
+}
+
+static Py_ssize_t
+GroupView_length(GroupView *self)
+{
+    return self->index->tables[self->group].used;
+}
+
+/* The blocks serving keys[0], keys[1], ... up to the first key not served, at most `cap`
+ * (kvcert.reference.coordinator._cached_prefix's definition, in one C loop). */
+static PyObject *
+GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "prefix(keys, cap) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t cap = PyLong_AsSsize_t(args[1]);
+    if (cap == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(args[0], "keys must be a sequence");
+    if (keys == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(keys), Py_MAX(cap, 0));
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    int32_t *found = PyMem_Malloc((size_t)Py_MAX(n, 1) * sizeof(int32_t));
+    if (found == NULL) {
+        Py_DECREF(keys);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t count = 0;
+    int error = 0;
+    while (count < n) {
+        int32_t block = view_lookup(self, items[count], &error);
+        if (error || !block) {
+            break;
+        }
+        found[count++] = block;
+    }
+    Py_DECREF(keys);
+    PyObject *blocks = error ? NULL : PyList_New(count);
+    for (Py_ssize_t k = 0; blocks != NULL && k < count; k++) {
+        PyObject *block = PyLong_FromLong(found[k]);
+        if (block == NULL) {
+            Py_CLEAR(blocks);
+            break;
+        }
+        PyList_SET_ITEM(blocks, k, block);
+    }
+    PyMem_Free(found);
+    return blocks;
+}
+
+/* (key, block) per entry, in slot order. */
+static PyObject *
+GroupView_items(GroupView *self, PyObject *Py_UNUSED(ignored))
+{
+    const KeyIndex *index = self->index;
+    const Table *table = &index->tables[self->group];
+    PyObject *items = PyList_New(0);
+    if (items == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i <= table->mask; i++) {
+        int32_t block = table->slots[i];
+        if (!block) {
+            continue;
+        }
+        PyObject *item = Py_BuildValue("(y#i)", (const char *)key_at(index, block),
+                                       (Py_ssize_t)KEY_SIZE, (int)block);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(items);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return items;
+}
+
+static PyObject *
+GroupView_iter(GroupView *self)
+{
+    PyObject *items = GroupView_items(self, NULL);
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *keys = PyList_New(n);
+    if (keys == NULL) {
+        Py_DECREF(items);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, k), 0);
+        Py_INCREF(key);
+        PyList_SET_ITEM(keys, k, key);
+    }
+    Py_DECREF(items);
+    PyObject *iterator = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return iterator;
+}
+
+static void
+GroupView_dealloc(GroupView *self)
+{
+    Py_DECREF(self->index);
+    PyObject_Free(self);
+}
+
+static PyMethodDef GroupView_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))GroupView_get, METH_FASTCALL,
+     "get(key, default=None) -> the block serving key"},
+    {"items", (PyCFunction)GroupView_items, METH_NOARGS, "[(key, block), ...]"},
+    {"prefix", (PyCFunction)(void (*)(void))GroupView_prefix, METH_FASTCALL,
+     "prefix(keys, cap) -> the blocks serving keys[0], keys[1], ... up to the first miss"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMappingMethods GroupView_as_mapping = {
+    .mp_length = (lenfunc)GroupView_length,
+    .mp_subscript = (binaryfunc)GroupView_subscript,
+};
+
+static PySequenceMethods GroupView_as_sequence = {
+    .sq_contains = (objobjproc)GroupView_contains,
+};
+
+static PyTypeObject GroupViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._keyindex.GroupView",
+    .tp_basicsize = sizeof(GroupView),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One group's key -> serving block map (read-only; the KeyIndex changes it).",
+    .tp_dealloc = (destructor)GroupView_dealloc,
+    .tp_methods = GroupView_methods,
+    .tp_as_mapping = &GroupView_as_mapping,
+    .tp_as_sequence = &GroupView_as_sequence,
+    .tp_iter = (getiterfunc)GroupView_iter,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvcert.reference._keyindex",
+    .m_doc = "The block pool's key map in flat arrays (see kvcert.reference.keyindex).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__keyindex(void)
+{
+    if (PyType_Ready(&KeyIndexType) < 0 || PyType_Ready(&GroupViewType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "KEY_SIZE", KEY_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&KeyIndexType);
+    if (PyModule_AddObject(m, "KeyIndex", (PyObject *)&KeyIndexType) < 0) {
+        Py_DECREF(&KeyIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,222 @@
+"""The compiled key index equals its pure-Python definition, operation by operation.
+
+A Hypothesis state machine drives `_keyindex.KeyIndex` (C) and `PyKeyIndex` side by side with
+the same calls, valid and invalid, and compares every answer, every error type and the whole
+state (per block its key and group, per group its map) after each step. Keys come from a
+small pool so that duplicates, slot collisions, table growth and backward-shift deletion
+all happen; the pool-level machines (tests/differential) run the allocator on both too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from functools import partial
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kvcert.reference import keyindex
+from kvcert.reference.coordinator import _cached_prefix
+from kvcert.reference.keyindex import KEY_SIZE, PyKeyIndex, served_items
+from tests.tiers import tiered
+
+compiled = pytest.importorskip("kvcert.reference._keyindex")
+KEYS = [bytes([k]) * KEY_SIZE for k in range(40)]
+ODD_KEYS = [b"", b"short", bytes(KEY_SIZE + 1), "a str", 7, bytearray(KEY_SIZE)]
+
+
+def outcome(call):
+    try:
+        return ("ok", call())
+    except (ValueError, TypeError, IndexError, KeyError) as error:
+        return ("error", type(error))
+
+
+class CompiledAgainstDefinition(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(1, 64), num_groups=st.integers(1, 3))
+    def create(self, num_blocks: int, num_groups: int) -> None:
+        self.num_blocks, self.num_groups = num_blocks, num_groups
+        self.c = compiled.KeyIndex(num_blocks, num_groups)
+        self.py = PyKeyIndex(num_blocks, num_groups)
+
+    def both(self, name: str, *args):
+        c = outcome(lambda: getattr(self.c, name)(*args))
+        py = outcome(lambda: getattr(self.py, name)(*args))
+        assert c == py, (name, args)
+        return c
+
+    blocks = st.integers(-1, 65)
+    groups = st.integers(-1, 3)
+    keys = st.sampled_from(KEYS) | st.sampled_from(ODD_KEYS)
+
+    @rule(block=blocks, group=groups, key=keys)
+    def bind(self, block, group, key):
+        self.both("bind", block, group, key)
+
+    @rule(group=groups, blocks=st.lists(blocks, max_size=8), keys=st.lists(keys, max_size=8))
+    def bind_run(self, group, blocks, keys):
+        self.both("bind_run", group, blocks, keys[: len(blocks)] if keys else keys)
+
+    @rule(group=groups, data=st.data())
+    def bind_run_of_equal_length(self, group, data):
+        blocks = data.draw(st.lists(st.integers(0, 63), max_size=10))
+        keys = data.draw(
+            st.lists(st.sampled_from(KEYS), min_size=len(blocks), max_size=len(blocks))
+        )
+        self.both("bind_run", group, blocks, keys)
+
+    @rule(group=st.integers(0, 2), first=st.integers(0, 39), data=st.data())
+    def fill(self, group, first, data):
+        """Many distinct keys at once, so tables grow and probe runs wrap around."""
+        blocks = data.draw(st.permutations(range(1, self.num_blocks)))[:30]
+        keys = [KEYS[(first + k) % len(KEYS)] for k in range(len(blocks))]
+        self.both("bind_run", group % self.num_groups, blocks, keys)
+
+    @rule(block=blocks)
+    def unbind(self, block):
+        self.both("unbind", block)
+
+    @rule(blocks=st.lists(blocks, max_size=10))
+    def forget_run(self, blocks):
+        c_counts, py_counts = [5] * self.num_groups, [5] * self.num_groups
+        c = outcome(lambda: self.c.forget_run(blocks, c_counts))
+        py = outcome(lambda: self.py.forget_run(blocks, py_counts))
+        assert c == py
+        assert c_counts == py_counts
+
+    @rule(block=blocks)
+    def serve(self, block):
+        self.both("serve", block)
+
+    @rule(block=blocks)
+    def ask_about_a_block(self, block):
+        for name in ("is_served", "key_of", "group_of"):
+            self.both(name, block)
+
+    @rule(group=st.integers(0, 2), key=keys)
+    def look_up(self, group, key):
+        if group >= self.num_groups:
+            return
+        c, py = self.c.served[group], self.py.served[group]
+        asks = (
+            lambda m: m.get(key),
+            lambda m: m.get(key, -3),
+            lambda m: key in m,
+            lambda m: m[key],
+        )
+        for ask in asks:
+            assert outcome(partial(ask, c)) == outcome(partial(ask, py))
+
+    @rule(
+        group=st.integers(0, 2),
+        keys=st.lists(st.sampled_from([*KEYS, b"", b"short"]), max_size=12),
+        cap=st.integers(-1, 14),
+    )
+    def cached_prefix(self, group, keys, cap):
+        """The compiled prefix scan equals the coordinator's generic one over dicts (keys are
+        bytes there: the generic scan probes ahead in runs, so an unhashable key after the
+        first miss would raise only in it)."""
+        if group >= self.num_groups:
+            return
+        c = outcome(lambda: self.c.served[group].prefix(keys, cap))
+        py = outcome(lambda: _cached_prefix(self.py.served[group], keys, cap))
+        assert c == py
+
+    @rule()
+    def clear(self):
+        self.both("clear")
+
+    @invariant()
+    def same_state(self):
+        if not hasattr(self, "c"):
+            return
+        for block in range(self.num_blocks):
+            assert self.c.key_of(block) == self.py.key_of(block)
+            assert self.c.group_of(block) == self.py.group_of(block)
+            assert self.c.is_served(block) == self.py.is_served(block)
+        assert served_items(self.c.served) == served_items(self.py.served)
+        assert [len(m) for m in self.c.served] == [len(m) for m in self.py.served]
+        assert [sorted(m) for m in self.c.served] == [sorted(m) for m in self.py.served]
+
+
+CompiledAgainstDefinition.TestCase.settings = settings(
+    max_examples=tiered(150, 3000), stateful_step_count=60, deadline=None
+)
+TestCompiledAgainstDefinition = CompiledAgainstDefinition.TestCase
+
+
+def test_many_keys_survive_growth_and_deletion():
+    """Thousands of keys in one table (it grows 8 -> 16384 slots), then every other one
+    removed (backward shifts across wrapped runs): the survivors are all still found."""
+    size = 12_000
+    c, py = compiled.KeyIndex(size, 1), PyKeyIndex(size, 1)
+    keys = [i.to_bytes(KEY_SIZE, "little") for i in range(size)]
+    for index in (c, py):
+        assert index.bind_run(0, list(range(1, size)), keys[1:]) == (size - 1, [])
+        assert index.forget_run(list(range(1, size, 2)), [0]) == len(range(1, size, 2))
+    assert served_items(c.served) == served_items(py.served)
+    assert all(c.served[0].get(keys[b]) == b for b in range(2, size, 2))
+    assert not any(keys[b] in c.served[0] for b in range(1, size, 2))
+
+
+def keys_homed_at(slots: tuple[int, ...], capacity: int = 8) -> list[bytes]:
+    """Distinct digests whose home slot in a table of `capacity` is each of `slots` (the
+    compiled table places a key at hash(key) mod capacity)."""
+    found: list[bytes] = []
+    candidate = 0
+    for slot in slots:
+        while True:
+            candidate += 1
+            key = candidate.to_bytes(KEY_SIZE, "little")
+            if hash(key) % capacity == slot:
+                found.append(key)
+                break
+    return found
+
+
+def test_deletion_keeps_every_other_key_reachable():
+    """Five keys in an 8-slot table (the most it holds before growing), homed around the
+    table's end in every combination so their probe runs wrap; removing any one leaves the
+    others found: the backward shift moves an entry only when its home is not between the
+    hole and it."""
+    for homes in itertools.product((6, 7, 0, 1), repeat=5):
+        keys = keys_homed_at(homes)
+        for gone in range(1, len(keys) + 1):
+            index = compiled.KeyIndex(len(keys) + 1, 1)
+            for block, key in enumerate(keys, start=1):
+                index.bind(block, 0, key)
+            index.unbind(gone)
+            found = [index.served[0].get(key) for key in keys]
+            assert found == [None if b == gone else b for b in range(1, len(keys) + 1)], homes
+
+
+def test_the_extension_is_built_and_chosen():
+    """The install builds the extension (gcc and Python's headers are on every machine kvcert
+    supports), and the pool uses it unless KVCERT_PURE_PYTHON=1 asks for the fallback."""
+    assert keyindex.COMPILED is compiled.KeyIndex
+    assert keyindex.KeyIndex is compiled.KeyIndex
+    chosen = subprocess.run(
+        [sys.executable, "-c", "from kvcert.reference import keyindex; print(keyindex.KeyIndex)"],
+        env={"KVCERT_PURE_PYTHON": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "PyKeyIndex" in chosen.stdout
+
+
+def test_the_pool_runs_on_either_index(monkeypatch):
+    """BlockPool takes whichever KeyIndex the module chose (tests/differential runs it on the
+    fallback too, by monkeypatching this name)."""
+    from kvcert.reference import block_pool
+
+    monkeypatch.setattr(block_pool, "KeyIndex", PyKeyIndex)
+    pool = block_pool.BlockPool(4)
+    (block,) = pool.allocate(1)
+    pool.register(block, 0, KEYS[1])
+    assert isinstance(pool.keys, PyKeyIndex)
+    assert pool.lookup(0, KEYS[1]) == block
