@@ -29,6 +29,7 @@ from kvcert.reference.config import Eviction
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.eviction import QUEUES
 from kvcert.reference.keyindex import KeyIndex
+from kvcert.reference.refcounts import drop, hold, set_one
 
 NULL_BLOCK = 0
 
@@ -66,6 +67,7 @@ class BlockPool:
         "_dependents",
         "_missing",
         "_prereqs",
+        "_shared",
         "dead_evictions",
         "evictions",
         "keys",
@@ -93,6 +95,7 @@ class BlockPool:
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
         self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
         self._copies: dict[Key, list[int]] = {}  # later holders of a served key, in order
+        self._shared: set[int] = set()  # the blocks of those keys: holders and copies
         self.num_registered = 0
         self.evictions = [0] * num_groups  # registered blocks reused, per group
         self.dead_evictions = [0] * num_groups  # of which dead (see the module docstring)
@@ -149,6 +152,7 @@ class BlockPool:
         self.num_registered += 1
         if holder:  # served by an earlier holder
             self._copies.setdefault((group, key), []).append(block)
+            self._shared.update((block, holder))
         elif self.tracking:
             self._key_appeared((group, key))
         if self.tracking:
@@ -164,8 +168,11 @@ class BlockPool:
         if self.tracking:
             raise ValueError("register_run is for pools that do not track liveness")
         fresh, copies = self.keys.bind_run(group, blocks, keys)
+        served = self.served[group]
         for position in copies:  # served by an earlier holder
-            self._copies.setdefault((group, keys[position]), []).append(blocks[position])
+            key, block = keys[position], blocks[position]
+            self._copies.setdefault((group, key), []).append(block)
+            self._shared.update((block, served[key]))
         self.num_registered += fresh
         return len(blocks) - blocks.count(NULL_BLOCK)
 
@@ -195,17 +202,20 @@ class BlockPool:
             self.dead_evictions[group] += 1  # a shadowed copy: dead without tracking too
         keys.unbind(block)  # the key's entry goes too when the block served it
         self.num_registered -= 1
+        self._shared.discard(block)
         copies = self._copies.get((group, key))
         if not served:  # a later copy goes (so it is listed)
             copies = self._copies[(group, key)]
             copies.remove(block)
-            if not copies:
+            if not copies:  # the served holder is the key's only block again
                 del self._copies[(group, key)]
+                self._shared.discard(self.served[group][key])
         elif copies:  # the next copy is served now
             successor = copies.pop(0)
             keys.serve(successor)
             if not copies:
                 del self._copies[(group, key)]
+                self._shared.discard(successor)
             self.queue.changed(successor)
         elif self.tracking:
             self._key_vanished((group, key))
@@ -214,12 +224,10 @@ class BlockPool:
 
     def take(self, blocks: Iterable[int]) -> None:
         """Hold blocks found by a lookup; a free one leaves the queue (still registered)."""
-        ref = self.ref_count
-        for block in blocks:
-            if ref[block] == 0:
-                self.queue.remove(block)
-                self.num_free -= 1
-            ref[block] += 1
+        revived = hold(self.ref_count, blocks)
+        for block in revived:
+            self.queue.remove(block)
+        self.num_free -= len(revived)
 
     def allocate(self, count: int) -> list[int]:
         """Take `count` blocks as the profile orders them, forgetting their keys; the caller
@@ -234,13 +242,17 @@ class BlockPool:
                 taken.append(block)
         else:  # the victims do not depend on keys: one run off the queue, then forget
             taken = self.queue.pop_many(count)
-            if self.tracking or self._copies:
+            if self.tracking:
                 for block in taken:
                     self._forget(block)
-            else:  # _forget's common case in one call: one holder per key, nothing tracked
-                self.num_registered -= self.keys.forget_run(taken, self.evictions)
-            for block in taken:
-                ref[block] = 1
+            else:  # _forget's common case in one call: keys with one holder, nothing tracked
+                plain, shared = taken, self._shared
+                if shared:  # keys with copies change their served holder one by one
+                    plain = [block for block in taken if block not in shared]
+                    for block in [block for block in taken if block in shared]:
+                        self._forget(block)
+                self.num_registered -= self.keys.forget_run(plain, self.evictions)
+            set_one(ref, taken)
         self.num_free -= count
         self.queue.compact()
         return taken
@@ -248,13 +260,7 @@ class BlockPool:
     def release(self, blocks: Iterable[int], cold: bool = False) -> int:
         """Drop one reference per listed block; blocks reaching 0 join the free queue as the
         profile places them (`cold`: released mid-request). Returns how many reached 0."""
-        ref = self.ref_count
-        freed = []
-        for block in blocks:
-            count = ref[block] - 1
-            ref[block] = count
-            if not count:
-                freed.append(block)
+        freed = drop(self.ref_count, blocks)
         self.num_free += len(freed)
         self.queue.add(freed, cold)
         return len(freed)
@@ -268,6 +274,7 @@ class BlockPool:
         """Forget every key (the caller has checked that nothing is held)."""
         self.keys.clear()
         self._copies.clear()
+        self._shared.clear()
         self._dependents.clear()
         self.num_registered = 0
         if self.tracking:

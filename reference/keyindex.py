@@ -6,18 +6,18 @@ _keyindex.c): each digest stored once in a flat array indexed by block id and ea
 map an open-addressing table of int32 block ids, about 42 B per cached block where the dicts
 cost about 140 (the memory row of benchmarks/vs_vllm.py). tests/reference/test_keyindex.py
 holds the two equal operation by operation, and the differential machine runs the pool on
-both. `KeyIndex` is the compiled one when it was built (pip builds it from source at install;
-it is optional, so a machine without a C compiler still installs), else the fallback;
-KVCERT_PURE_PYTHON=1 chooses the fallback.
+both. `KeyIndex` is the compiled one when it was built, else the fallback (see
+kvcert.reference.native; KVCERT_PURE_PYTHON=1 chooses the fallback).
 
 Keys are 32-byte digests (`KEY_SIZE`); block 0 is the null block and never holds a key.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Protocol, TypeVar
+
+from kvcert.reference.native import native
 
 KEY_SIZE = 32
 K = TypeVar("K", bound=Hashable)
@@ -187,13 +187,8 @@ class PyKeyIndex:
 
 
 def _compiled() -> type[KeyMap] | None:
-    if os.environ.get("KVCERT_PURE_PYTHON") == "1":
-        return None
-    try:
-        from kvcert.reference._keyindex import KeyIndex as Compiled  # noqa: PLC0415
-    except ImportError:
-        return None
-    return Compiled
+    module = native("_keyindex")
+    return None if module is None else module.KeyIndex
 
 
 COMPILED: type[KeyMap] | None = _compiled()

@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "kvcert setup: creating .venv"
   "${PYTHON:-python3}" -m venv .venv
 fi
-inputs=$(cat pyproject.toml constraints.txt reference/_keyindex.c | sha256sum | cut -c1-16)
+inputs=$(cat pyproject.toml constraints.txt reference/_*.c | sha256sum | cut -c1-16)
 read -r stamped installed 2>/dev/null < .venv/.kvcert-stamp || true
 if [ "${stamped:-}" = "$inputs" ]; then
   missing=0

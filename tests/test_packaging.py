@@ -192,7 +192,12 @@ def test_setup_installs_once_and_only_what_is_missing(tmp_path):
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     (tmp_path / "reference").mkdir()
-    for name in ("pyproject.toml", "constraints.txt", "reference/_keyindex.c"):
+    for name in (
+        "pyproject.toml",
+        "constraints.txt",
+        "reference/_keyindex.c",
+        "reference/_refcounts.c",
+    ):
         shutil.copy(ROOT / name, tmp_path / name)
     fake = tmp_path / ".venv" / "bin" / "python"  # records each pip call instead of running it
     fake.parent.mkdir(parents=True)
