@@ -5,7 +5,9 @@
  * a dict from a 32-byte digest object to a block-id object costs about 140 B per cached
  * block; here a block's digest is stored once, in a flat array indexed by the block id, and
  * each group's map is an open-addressing table of int32 block ids (linear probing, backward
- * shift deletion, load at most 2/3): about 42 B per cached block.
+ * shift deletion, load at most 2/3): about 46 B per cached block. A key's later holders
+ * (copies registered while it was served) follow the served block in a per-block chain, in
+ * registration order; when the served one goes, the next takes its slot in place.
  *
  * Slots are placed by Python's own keyed hash of the digest bytes (SipHash with the
  * per-process random key), the value hash(digest) already caches on the digest object: an
@@ -33,6 +35,7 @@ typedef struct {
     Py_ssize_t num_groups;
     uint8_t *keys;    /* num_blocks * KEY_SIZE: the digest each block is bound to */
     uint16_t *groups; /* per block: its group, UNBOUND when it holds no key */
+    int32_t *next;    /* per block: the next later holder of its key, 0 at the chain's end */
     Table *tables;    /* per group: key -> the block serving it */
 } KeyIndex;
 
@@ -284,7 +287,12 @@ bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
     size_t i = find(self, table, data, hash, &found);
     memcpy(stored, data, KEY_SIZE);
     self->groups[block] = (uint16_t)group;
-    if (found) {
+    if (found) { /* a copy: it joins the end of the holders' chain */
+        int32_t last = table->slots[i];
+        while (self->next[last]) {
+            last = self->next[last];
+        }
+        self->next[last] = block;
         return table->slots[i];
     }
     if (table_insert(self, table, i, block) < 0) {
@@ -340,67 +348,66 @@ KeyIndex_bind_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *keys = PySequence_Fast(args[2], "keys must be a sequence");
-    PyObject *copies = NULL;
     if (keys == NULL) {
-        goto fail;
+        Py_DECREF(blocks);
+        return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    Py_ssize_t fresh = -1; /* -1: failed */
+    PyObject **block_items = PySequence_Fast_ITEMS(blocks);
+    PyObject **key_items = PySequence_Fast_ITEMS(keys);
     if (PySequence_Fast_GET_SIZE(keys) != n) {
         PyErr_Format(PyExc_ValueError, "bind_run: %zd blocks but %zd keys", n,
                      PySequence_Fast_GET_SIZE(keys));
-        goto fail;
     }
-    copies = PyList_New(0);
-    if (copies == NULL) {
-        goto fail;
-    }
-    Py_ssize_t fresh = 0;
-    PyObject **block_items = PySequence_Fast_ITEMS(blocks);
-    PyObject **key_items = PySequence_Fast_ITEMS(keys);
-    if (!blocks_valid(self, block_items, n)) {
-        goto fail;
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int32_t block = (int32_t)PyLong_AsSsize_t(block_items[k]);
-        if (block == 0) {
-            continue;
-        }
-        long result = bind_one(self, block, group, key_items[k]);
-        if (result == -2) {
-            goto fail;
-        }
-        if (result >= 0) {
-            fresh++;
-        }
-        if (result > 0) {
-            PyObject *position = PyLong_FromSsize_t(k);
-            if (position == NULL || PyList_Append(copies, position) < 0) {
-                Py_XDECREF(position);
-                goto fail;
+    else if (blocks_valid(self, block_items, n)) {
+        fresh = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int32_t block = (int32_t)PyLong_AsSsize_t(block_items[k]);
+            long result = block ? bind_one(self, block, group, key_items[k]) : -1;
+            if (result == -2) {
+                fresh = -1;
+                break;
             }
-            Py_DECREF(position);
+            fresh += result >= 0;
         }
     }
     Py_DECREF(blocks);
     Py_DECREF(keys);
-    return Py_BuildValue("(nN)", fresh, copies);
-fail:
-    Py_DECREF(blocks);
-    Py_XDECREF(keys);
-    Py_XDECREF(copies);
-    return NULL;
+    return fresh < 0 ? NULL : PyLong_FromSsize_t(fresh);
 }
 
-/* Unbind `block`, leaving its key's slot when it served it. */
-static void
+/* Unbind the bound `block`: when it served its key, the next holder serves it now (in the
+ * same slot) or the slot empties; a later holder just leaves the chain. Returns that next
+ * holder, 0 when none took over. */
+static int32_t
 unbind_one(KeyIndex *self, int32_t block)
 {
-    size_t slot;
-    if (served_slot(self, block, &slot)) {
-        table_remove(self, &self->tables[self->groups[block]], slot);
+    Table *table = &self->tables[self->groups[block]];
+    const uint8_t *key = key_at(self, block);
+    int found;
+    size_t slot = find(self, table, key, hash_stored(key), &found);
+    int32_t successor = 0;
+    if (table->slots[slot] == block) {
+        successor = self->next[block];
+        if (successor) {
+            table->slots[slot] = successor;
+        }
+        else {
+            table_remove(self, table, slot);
+        }
     }
+    else { /* found: a bound block's key is always served, by the chain's head */
+        int32_t before = table->slots[slot];
+        while (self->next[before] != block) {
+            before = self->next[before];
+        }
+        self->next[before] = self->next[block];
+    }
+    self->next[block] = 0;
     self->groups[block] = UNBOUND;
     memset(self->keys + (size_t)block * KEY_SIZE, 0, KEY_SIZE);
+    return successor;
 }
 
 static PyObject *
@@ -411,18 +418,39 @@ KeyIndex_unbind(KeyIndex *self, PyObject *arg)
         return NULL;
     }
     if (self->groups[block] == UNBOUND) {
-        Py_RETURN_FALSE;
+        return PyLong_FromLong(-1);
     }
-    unbind_one(self, block);
-    Py_RETURN_TRUE;
+    return PyLong_FromLong(unbind_one(self, block));
+}
+
+/* counter[g] += counts[g] for each group, the list holding Python ints. */
+static int
+add_counts(PyObject *counter, const Py_ssize_t *counts, Py_ssize_t num_groups)
+{
+    for (Py_ssize_t g = 0; g < num_groups; g++) {
+        if (!counts[g]) {
+            continue;
+        }
+        Py_ssize_t before = PyLong_AsSsize_t(PyList_GET_ITEM(counter, g));
+        if (before == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        PyObject *count = PyLong_FromSsize_t(before + counts[g]);
+        if (count == NULL) {
+            return -1;
+        }
+        PyList_SetItem(counter, g, count); /* steals count */
+    }
+    return 0;
 }
 
 static PyObject *
 KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyList_Check(args[1]) || PyList_GET_SIZE(args[1]) != self->num_groups) {
-        PyErr_SetString(PyExc_TypeError,
-                        "forget_run(blocks, evictions): evictions is a list, one count per group");
+    if (nargs != 3 || !PyList_Check(args[1]) || PyList_GET_SIZE(args[1]) != self->num_groups ||
+        !PyList_Check(args[2]) || PyList_GET_SIZE(args[2]) != self->num_groups) {
+        PyErr_SetString(PyExc_TypeError, "forget_run(blocks, evictions, shadowed): the two "
+                                          "counters are lists, one count per group");
         return NULL;
     }
     PyObject *blocks = PySequence_Fast(args[0], "blocks must be a sequence");
@@ -435,7 +463,8 @@ KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(blocks);
         return NULL;
     }
-    Py_ssize_t *counts = PyMem_Calloc((size_t)self->num_groups, sizeof(Py_ssize_t));
+    Py_ssize_t groups = self->num_groups;
+    Py_ssize_t *counts = PyMem_Calloc(2 * (size_t)groups, sizeof(Py_ssize_t));
     if (counts == NULL) {
         Py_DECREF(blocks);
         return PyErr_NoMemory();
@@ -445,54 +474,46 @@ KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
         int32_t block = (int32_t)PyLong_AsSsize_t(items[k]);
         uint16_t group = self->groups[block];
         if (group != UNBOUND) {
+            size_t slot;
             counts[group]++;
+            counts[groups + group] += !served_slot(self, block, &slot);
             unbind_one(self, block);
             forgotten++;
         }
     }
     Py_DECREF(blocks);
-    PyObject *evictions = args[1];
-    for (Py_ssize_t g = 0; g < self->num_groups; g++) {
-        if (!counts[g]) {
-            continue;
-        }
-        Py_ssize_t before = PyLong_AsSsize_t(PyList_GET_ITEM(evictions, g));
-        PyObject *count = before == -1 && PyErr_Occurred()
-                              ? NULL
-                              : PyLong_FromSsize_t(before + counts[g]);
-        if (count == NULL) {
-            PyMem_Free(counts);
-            return NULL;
-        }
-        PyList_SetItem(evictions, g, count); /* steals count */
-    }
+    int failed = add_counts(args[1], counts, groups) < 0 ||
+                 add_counts(args[2], counts + groups, groups) < 0;
     PyMem_Free(counts);
-    return PyLong_FromSsize_t(forgotten);
+    return failed ? NULL : PyLong_FromSsize_t(forgotten);
 }
 
+/* The holders of `block`'s key in its group, the served one first, in registration order. */
 static PyObject *
-KeyIndex_serve(KeyIndex *self, PyObject *arg)
+KeyIndex_holders(KeyIndex *self, PyObject *arg)
 {
     int32_t block;
-    if (bindable_block_arg(self, arg, &block) < 0) {
+    if (block_arg(self, arg, &block) < 0) {
         return NULL;
     }
-    uint16_t group = self->groups[block];
-    if (group == UNBOUND) {
-        PyErr_Format(PyExc_ValueError, "block %d holds no key: bind it first", (int)block);
-        return NULL;
+    PyObject *holders = PyList_New(0);
+    if (holders == NULL || self->groups[block] == UNBOUND) {
+        return holders;
     }
     const uint8_t *key = key_at(self, block);
-    Table *table = &self->tables[group];
+    Table *table = &self->tables[self->groups[block]];
     int found;
-    size_t i = find(self, table, key, hash_stored(key), &found);
-    if (found) {
-        table->slots[i] = block;
+    size_t slot = find(self, table, key, hash_stored(key), &found);
+    for (int32_t holder = table->slots[slot]; holder; holder = self->next[holder]) {
+        PyObject *item = PyLong_FromLong(holder);
+        if (item == NULL || PyList_Append(holders, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(holders);
+            return NULL;
+        }
+        Py_DECREF(item);
     }
-    else if (table_insert(self, table, i, block) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return holders;
 }
 
 static PyObject *
@@ -543,6 +564,7 @@ KeyIndex_clear(KeyIndex *self, PyObject *Py_UNUSED(ignored))
     self->tables = tables;
     memset(self->groups, 0xFF, (size_t)self->num_blocks * sizeof(uint16_t));
     memset(self->keys, 0, (size_t)self->num_blocks * KEY_SIZE);
+    memset(self->next, 0, (size_t)self->num_blocks * sizeof(int32_t));
     Py_RETURN_NONE;
 }
 
@@ -593,7 +615,8 @@ KeyIndex_init(KeyIndex *self, PyObject *args, PyObject *kwds)
     self->num_groups = num_groups;
     self->keys = PyMem_Calloc((size_t)num_blocks, KEY_SIZE);
     self->groups = PyMem_Malloc((size_t)num_blocks * sizeof(uint16_t));
-    if (self->keys == NULL || self->groups == NULL) {
+    self->next = PyMem_Calloc((size_t)num_blocks, sizeof(int32_t));
+    if (self->keys == NULL || self->groups == NULL || self->next == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -608,6 +631,7 @@ KeyIndex_dealloc(KeyIndex *self)
     tables_free(self->tables, self->num_groups);
     PyMem_Free(self->keys);
     PyMem_Free(self->groups);
+    PyMem_Free(self->next);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -616,14 +640,15 @@ static PyMethodDef KeyIndex_methods[] = {
      "bind(block, group, key): -1 when held already, 0 when it now serves the key, else "
      "the earlier holder"},
     {"bind_run", (PyCFunction)(void (*)(void))KeyIndex_bind_run, METH_FASTCALL,
-     "bind_run(group, blocks, keys) -> (newly bound, positions of the blocks that became "
-     "copies); 0 skipped"},
+     "bind_run(group, blocks, keys) -> how many were bound anew; block 0 skipped"},
     {"unbind", (PyCFunction)KeyIndex_unbind, METH_O,
-     "unbind(block) -> whether it held a key; its slot goes when it served the key"},
+     "unbind(block) -> -1 when it held no key, else the holder that serves its key now in "
+     "its place (0: none)"},
     {"forget_run", (PyCFunction)(void (*)(void))KeyIndex_forget_run, METH_FASTCALL,
-     "forget_run(blocks, evictions) -> how many held a key; counts each per group"},
-    {"serve", (PyCFunction)KeyIndex_serve, METH_O,
-     "serve(block): the bound block becomes the one its key's lookups get"},
+     "forget_run(blocks, evictions, shadowed) -> how many held a key; per group, counts "
+     "them and those that were not served"},
+    {"holders", (PyCFunction)KeyIndex_holders, METH_O,
+     "holders(block) -> its key's holders, the served one first ([] when it holds none)"},
     {"is_served", (PyCFunction)KeyIndex_is_served, METH_O,
      "is_served(block): it holds a key and lookups of that key get it"},
     {"key_of", (PyCFunction)KeyIndex_key_of, METH_O, "key_of(block) -> digest or None"},

@@ -12,11 +12,11 @@ depending on it are indexed, so a key appearing or disappearing reclassifies exa
 dependents: O(1) per pool operation plus O(d) for the d dependents of that key.
 
 Per group, `served` maps each key to the block a lookup gets: the earliest registered holder
-(ALLOC-LOOKUP-1's choice among duplicates); later holders wait in `_copies`, in registration
-order, and the next is promoted when the served one goes. Keys and that map live in a
+(ALLOC-LOOKUP-1's choice among duplicates); later holders wait in registration order, and
+the next serves the key when the served one goes. Keys, holders and that map live in a
 KeyIndex (kvcert.reference.keyindex: compiled flat arrays, or dicts as the fallback); the
-other per-block fields are arrays, so a pool of a million blocks costs a few bytes per block
-plus about 42 per registered key.
+other per-block fields are arrays, so a pool of a million blocks costs about 55 bytes per
+cached block (benchmarks/vs_vllm.py's memory row).
 """
 
 from __future__ import annotations
@@ -63,11 +63,9 @@ class BlockPool:
     """`num_blocks` physical blocks; block 0 is the null block and is never handed out."""
 
     __slots__ = (
-        "_copies",
         "_dependents",
         "_missing",
         "_prereqs",
-        "_shared",
         "dead_evictions",
         "evictions",
         "keys",
@@ -94,8 +92,6 @@ class BlockPool:
         self.ref_count = array("i", bytes(4 * num_blocks))
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
         self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
-        self._copies: dict[Key, list[int]] = {}  # later holders of a served key, in order
-        self._shared: set[int] = set()  # the blocks of those keys: holders and copies
         self.num_registered = 0
         self.evictions = [0] * num_groups  # registered blocks reused, per group
         self.dead_evictions = [0] * num_groups  # of which dead (see the module docstring)
@@ -150,10 +146,7 @@ class BlockPool:
         if holder < 0:
             return  # registered already
         self.num_registered += 1
-        if holder:  # served by an earlier holder
-            self._copies.setdefault((group, key), []).append(block)
-            self._shared.update((block, holder))
-        elif self.tracking:
+        if not holder and self.tracking:  # a key appeared (else a copy: its holder serves)
             self._key_appeared((group, key))
         if self.tracking:
             self._prereqs[block] = prerequisites
@@ -167,13 +160,7 @@ class BlockPool:
         given."""
         if self.tracking:
             raise ValueError("register_run is for pools that do not track liveness")
-        fresh, copies = self.keys.bind_run(group, blocks, keys)
-        served = self.served[group]
-        for position in copies:  # served by an earlier holder
-            key, block = keys[position], blocks[position]
-            self._copies.setdefault((group, key), []).append(block)
-            self._shared.update((block, served[key]))
-        self.num_registered += fresh
+        self.num_registered += self.keys.bind_run(group, blocks, keys)
         return len(blocks) - blocks.count(NULL_BLOCK)
 
     def key_of(self, block: int) -> Key | None:
@@ -200,24 +187,11 @@ class BlockPool:
         served = keys.is_served(block)
         if not served and not self.tracking:
             self.dead_evictions[group] += 1  # a shadowed copy: dead without tracking too
-        keys.unbind(block)  # the key's entry goes too when the block served it
+        successor = keys.unbind(block)  # the next holder, if any, serves the key now
         self.num_registered -= 1
-        self._shared.discard(block)
-        copies = self._copies.get((group, key))
-        if not served:  # a later copy goes (so it is listed)
-            copies = self._copies[(group, key)]
-            copies.remove(block)
-            if not copies:  # the served holder is the key's only block again
-                del self._copies[(group, key)]
-                self._shared.discard(self.served[group][key])
-        elif copies:  # the next copy is served now
-            successor = copies.pop(0)
-            keys.serve(successor)
-            if not copies:
-                del self._copies[(group, key)]
-                self._shared.discard(successor)
+        if successor:
             self.queue.changed(successor)
-        elif self.tracking:
+        elif served and self.tracking:
             self._key_vanished((group, key))
 
     # -- reference counts -------------------------------------------------------------------
@@ -245,13 +219,10 @@ class BlockPool:
             if self.tracking:
                 for block in taken:
                     self._forget(block)
-            else:  # _forget's common case in one call: keys with one holder, nothing tracked
-                plain, shared = taken, self._shared
-                if shared:  # keys with copies change their served holder one by one
-                    plain = [block for block in taken if block not in shared]
-                    for block in [block for block in taken if block in shared]:
-                        self._forget(block)
-                self.num_registered -= self.keys.forget_run(plain, self.evictions)
+            else:  # nothing tracked: _forget for the whole run in one call
+                self.num_registered -= self.keys.forget_run(
+                    taken, self.evictions, self.dead_evictions
+                )
             set_one(ref, taken)
         self.num_free -= count
         self.queue.compact()
@@ -273,8 +244,6 @@ class BlockPool:
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""
         self.keys.clear()
-        self._copies.clear()
-        self._shared.clear()
         self._dependents.clear()
         self.num_registered = 0
         if self.tracking:

@@ -48,15 +48,15 @@ class KeyMap(Protocol):
 
     def bind(self, block: int, group: int, key: bytes) -> int: ...
 
-    def bind_run(
-        self, group: int, blocks: Sequence[int], keys: Sequence[bytes]
-    ) -> tuple[int, list[int]]: ...
+    def bind_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int: ...
 
-    def unbind(self, block: int) -> bool: ...
+    def unbind(self, block: int) -> int: ...
 
-    def forget_run(self, blocks: Sequence[int], evictions: list[int]) -> int: ...
+    def forget_run(
+        self, blocks: Sequence[int], evictions: list[int], shadowed: list[int]
+    ) -> int: ...
 
-    def serve(self, block: int) -> None: ...
+    def holders(self, block: int) -> list[int]: ...
 
     def is_served(self, block: int) -> bool: ...
 
@@ -68,10 +68,11 @@ class KeyMap(Protocol):
 
 
 class PyKeyIndex:
-    """The definition: `served[g]` maps a key to the block lookups of it get in group g (its
-    earliest holder, chosen by the pool); a block holds at most one key."""
+    """The definition. A block holds at most one key; a key's holders in a group are kept in
+    registration order and `served[g]` maps the key to the first of them (ALLOC-LOOKUP-1's
+    earliest holder), so when it goes the next one serves the key."""
 
-    __slots__ = ("_group", "_key", "num_blocks", "served")
+    __slots__ = ("_group", "_key", "_later", "num_blocks", "served")
 
     def __init__(self, num_blocks: int, num_groups: int) -> None:
         if not 1 <= num_blocks <= 2**31 - 1:
@@ -82,15 +83,11 @@ class PyKeyIndex:
         self._key: list[bytes | None] = [None] * num_blocks
         self._group: list[int | None] = [None] * num_blocks
         self.served: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
+        self._later: dict[tuple[int, bytes], list[int]] = {}  # a key's other holders, in order
 
     def _block(self, block: int) -> int:
         if not 0 <= block < self.num_blocks:
             raise IndexError(f"block {block} is outside the pool (0..{self.num_blocks - 1})")
-        return block
-
-    def _bindable(self, block: int) -> int:
-        if self._block(block) == 0:
-            raise ValueError("block 0 is the null block: it never holds a key")
         return block
 
     def _group_index(self, group: int) -> int:
@@ -100,8 +97,9 @@ class PyKeyIndex:
 
     def bind(self, block: int, group: int, key: bytes) -> int:
         """Give `block` the key: -1 when it held exactly that (nothing changes), 0 when it now
-        serves the key, else the earlier holder, which keeps serving it."""
-        self._bindable(block)
+        serves the key, else the holder serving it (the block joins its holders last)."""
+        if self._block(block) == 0:
+            raise ValueError("block 0 is the null block: it never holds a key")
         self._group_index(group)
         if not isinstance(key, bytes) or len(key) != KEY_SIZE:
             length = len(key) if isinstance(key, bytes) else -1
@@ -115,42 +113,48 @@ class PyKeyIndex:
             raise ValueError(f"block {block} holds another key: unbind it first")
         self._key[block], self._group[block] = key, group
         holder = self.served[group].setdefault(key, block)
-        return 0 if holder == block else holder
+        if holder == block:
+            return 0
+        self._later.setdefault((group, key), []).append(block)
+        return holder
 
-    def bind_run(
-        self, group: int, blocks: Sequence[int], keys: Sequence[bytes]
-    ) -> tuple[int, list[int]]:
-        """`bind` per (block, key), NULL blocks skipped: (how many were bound anew, the
-        positions in `blocks` of those that became copies of an earlier holder, in order)."""
+    def bind_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int:
+        """`bind` per (block, key), block 0 skipped; how many were bound anew."""
         self._group_index(group)
         if len(blocks) != len(keys):
             raise ValueError(f"bind_run: {len(blocks)} blocks but {len(keys)} keys")
         for block in blocks:
             self._block(block)
-        fresh, copies = 0, []
-        for position, (block, key) in enumerate(zip(blocks, keys, strict=True)):
-            if block:
-                result = self.bind(block, group, key)
-                fresh += result >= 0
-                if result > 0:
-                    copies.append(position)
-        return fresh, copies
+        return sum(
+            self.bind(block, group, key) >= 0
+            for block, key in zip(blocks, keys, strict=True)
+            if block
+        )
 
-    def unbind(self, block: int) -> bool:
-        """Drop the block's key (and the key's entry when the block served it); whether it
-        held one."""
+    def unbind(self, block: int) -> int:
+        """Drop the block's key: -1 when it held none; else the holder that now serves the
+        key in its place (0: none did, the block was not serving it or was its last holder)."""
         key, group = self._key[self._block(block)], self._group[block]
         if key is None or group is None:
-            return False
-        if self.served[group].get(key) == block:
-            del self.served[group][key]
+            return -1
         self._key[block] = self._group[block] = None
-        return True
+        later = self._later.get((group, key), [])
+        successor = 0
+        if self.served[group][key] != block:
+            later.remove(block)
+        elif later:
+            successor = self.served[group][key] = later.pop(0)
+        else:
+            del self.served[group][key]
+        if not later:
+            self._later.pop((group, key), None)
+        return successor
 
-    def forget_run(self, blocks: Sequence[int], evictions: list[int]) -> int:
-        """`unbind` each block, counting the ones that held a key in `evictions[group]`."""
-        if len(evictions) != len(self.served):
-            raise TypeError("forget_run(blocks, evictions): one count per group")
+    def forget_run(self, blocks: Sequence[int], evictions: list[int], shadowed: list[int]) -> int:
+        """`unbind` each block; per group, count those that held a key in `evictions` and
+        those of them that were not serving it in `shadowed`. Returns how many held one."""
+        if len(evictions) != len(self.served) or len(shadowed) != len(self.served):
+            raise TypeError("forget_run(blocks, evictions, shadowed): one count per group")
         for block in blocks:
             self._block(block)
         forgotten = 0
@@ -158,16 +162,17 @@ class PyKeyIndex:
             group = self._group[block]
             if group is not None:
                 evictions[group] += 1
+                shadowed[group] += not self.is_served(block)
                 self.unbind(block)
                 forgotten += 1
         return forgotten
 
-    def serve(self, block: int) -> None:
-        """The bound block becomes the one its key's lookups get."""
-        key, group = self._key[self._bindable(block)], self._group[block]
+    def holders(self, block: int) -> list[int]:
+        """The holders of the block's key in its group, the serving one first."""
+        key, group = self._key[self._block(block)], self._group[block]
         if key is None or group is None:
-            raise ValueError(f"block {block} holds no key: bind it first")
-        self.served[group][key] = block
+            return []
+        return [self.served[group][key], *self._later.get((group, key), [])]
 
     def is_served(self, block: int) -> bool:
         key, group = self._key[self._block(block)], self._group[block]
@@ -182,6 +187,7 @@ class PyKeyIndex:
     def clear(self) -> None:
         for served in self.served:
             served.clear()
+        self._later.clear()
         self._key = [None] * self.num_blocks
         self._group = [None] * self.num_blocks
 

@@ -2,9 +2,10 @@
 
 A Hypothesis state machine drives `_keyindex.KeyIndex` (C) and `PyKeyIndex` side by side with
 the same calls, valid and invalid, and compares every answer, every error type and the whole
-state (per block its key and group, per group its map) after each step. Keys come from a
-small pool so that duplicates, slot collisions, table growth and backward-shift deletion
-all happen; the pool-level machines (tests/differential) run the allocator on both too.
+state (per block its key, group and its key's holders in order, per group its map) after
+each step. Keys come from a small pool so that copies, slot collisions, table growth and
+backward-shift deletion all happen; the pool-level machines (tests/differential) run the
+allocator on both too.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class CompiledAgainstDefinition(RuleBasedStateMachine):
 
     blocks = st.integers(-1, 65)
     groups = st.integers(-1, 3)
-    keys = st.sampled_from(KEYS) | st.sampled_from(ODD_KEYS)
+    keys = st.sampled_from(KEYS[:3]) | st.sampled_from(KEYS) | st.sampled_from(ODD_KEYS)
 
     @rule(block=blocks, group=groups, key=keys)
     def bind(self, block, group, key):
@@ -76,25 +77,38 @@ class CompiledAgainstDefinition(RuleBasedStateMachine):
         keys = [KEYS[(first + k) % len(KEYS)] for k in range(len(blocks))]
         self.both("bind_run", group % self.num_groups, blocks, keys)
 
+    @rule(group=st.integers(0, 2), key=st.sampled_from(KEYS[:3]), data=st.data())
+    def copies(self, group, key, data):
+        """Several blocks take one key: its holders queue up behind the served one."""
+        if self.num_blocks < 3:
+            return
+        pool = st.integers(1, self.num_blocks - 1)
+        blocks = data.draw(st.lists(pool, min_size=2, max_size=5, unique=True))
+        self.both("bind_run", group % self.num_groups, blocks, [key] * len(blocks))
+
+    @rule(data=st.data())
+    def a_holder_leaves(self, data):
+        """Any bound block goes: the served holder, a middle copy or the last one."""
+        bound = [b for b in range(self.num_blocks) if self.py.key_of(b) is not None]
+        if bound:
+            self.both("unbind", data.draw(st.sampled_from(bound)))
+
     @rule(block=blocks)
     def unbind(self, block):
         self.both("unbind", block)
 
     @rule(blocks=st.lists(blocks, max_size=10))
     def forget_run(self, blocks):
-        c_counts, py_counts = [5] * self.num_groups, [5] * self.num_groups
-        c = outcome(lambda: self.c.forget_run(blocks, c_counts))
-        py = outcome(lambda: self.py.forget_run(blocks, py_counts))
+        c_counts = [[5] * self.num_groups, [2] * self.num_groups]
+        py_counts = [[5] * self.num_groups, [2] * self.num_groups]
+        c = outcome(lambda: self.c.forget_run(blocks, *c_counts))
+        py = outcome(lambda: self.py.forget_run(blocks, *py_counts))
         assert c == py
         assert c_counts == py_counts
 
     @rule(block=blocks)
-    def serve(self, block):
-        self.both("serve", block)
-
-    @rule(block=blocks)
     def ask_about_a_block(self, block):
-        for name in ("is_served", "key_of", "group_of"):
+        for name in ("is_served", "key_of", "group_of", "holders"):
             self.both(name, block)
 
     @rule(group=st.integers(0, 2), key=keys)
@@ -135,6 +149,7 @@ class CompiledAgainstDefinition(RuleBasedStateMachine):
         if not hasattr(self, "c"):
             return
         for block in range(self.num_blocks):
+            assert self.c.holders(block) == self.py.holders(block)
             assert self.c.key_of(block) == self.py.key_of(block)
             assert self.c.group_of(block) == self.py.group_of(block)
             assert self.c.is_served(block) == self.py.is_served(block)
@@ -156,8 +171,9 @@ def test_many_keys_survive_growth_and_deletion():
     c, py = compiled.KeyIndex(size, 1), PyKeyIndex(size, 1)
     keys = [i.to_bytes(KEY_SIZE, "little") for i in range(size)]
     for index in (c, py):
-        assert index.bind_run(0, list(range(1, size)), keys[1:]) == (size - 1, [])
-        assert index.forget_run(list(range(1, size, 2)), [0]) == len(range(1, size, 2))
+        assert index.bind_run(0, list(range(1, size)), keys[1:]) == size - 1
+        gone = list(range(1, size, 2))
+        assert index.forget_run(gone, [0], [0]) == len(gone)
     assert served_items(c.served) == served_items(py.served)
     assert all(c.served[0].get(keys[b]) == b for b in range(2, size, 2))
     assert not any(keys[b] in c.served[0] for b in range(1, size, 2))
@@ -192,6 +208,19 @@ def test_deletion_keeps_every_other_key_reachable():
             index.unbind(gone)
             found = [index.served[0].get(key) for key in keys]
             assert found == [None if b == gone else b for b in range(1, len(keys) + 1)], homes
+
+
+@pytest.mark.parametrize("gone", [1, 2, 3, 4])
+def test_a_holder_leaving_keeps_the_others_in_order(gone):
+    """Four holders of one key: whichever goes (the served one, a middle one, the last),
+    the rest keep their order and the first of them serves the key."""
+    for index in (compiled.KeyIndex(5, 1), PyKeyIndex(5, 1)):
+        assert index.bind_run(0, [1, 2, 3, 4], [KEYS[1]] * 4) == 4
+        assert index.holders(3) == [1, 2, 3, 4]
+        assert index.unbind(gone) == (2 if gone == 1 else 0)
+        rest = [b for b in (1, 2, 3, 4) if b != gone]
+        assert index.holders(rest[0]) == rest
+        assert index.served[0][KEYS[1]] == rest[0]
 
 
 def test_the_extension_is_built_and_chosen():
