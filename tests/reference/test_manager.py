@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 import tracemalloc
@@ -9,6 +10,7 @@ from array import array
 
 import pytest
 
+from kvcert.reference import native
 from kvcert.reference.block_pool import BYTES_PER_BLOCK, BlockPool
 from kvcert.reference.config import (
     CacheConfig,
@@ -230,3 +232,29 @@ def test_token_sequences_of_every_type_give_the_same_prompt():
         got = m.prompt(same)
         assert got.tokens == want.tokens
         assert got.chains[0].digests == want.chains[0].digests
+
+
+# vLLM 0.33.0's bytes per cached block, as benchmarks/vs_vllm.py's memory row measures them
+# (1M blocks, tracemalloc; reproduce: .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm.py).
+VLLM_BYTES_PER_CACHED_BLOCK = 145.7
+
+
+@pytest.mark.skipif(native.PURE_PYTHON, reason="the claim is the compiled key index's")
+def test_a_cached_block_costs_under_half_of_vllms():
+    """The README's memory row without vLLM installed: a pool whose every block is cached
+    holds at most half of vLLM's bytes per block (the dict fallback holds about 160)."""
+    count = 1 << 16  # the key table sits at its load bound's low end, as at 1M blocks
+    tokens = [(i * 104729) % 50_000 for i in range(16 * count)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    m = KVCacheManager(CacheConfig((FULL,), count + 1, digest_memo_bytes=0))
+    m.admit("warm", tokens, len(tokens))
+    m.end_step()
+    m.finish("warm")
+    del tokens
+    gc.collect()
+    per_block = (tracemalloc.get_traced_memory()[0] - before) / count
+    tracemalloc.stop()
+    assert m.stats().registered_blocks == count
+    assert per_block <= VLLM_BYTES_PER_CACHED_BLOCK / 2, per_block
