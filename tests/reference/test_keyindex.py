@@ -165,9 +165,10 @@ TestCompiledAgainstDefinition = CompiledAgainstDefinition.TestCase
 
 
 def test_many_keys_survive_growth_and_deletion():
-    """Thousands of keys in one table (it grows 8 -> 16384 slots), then every other one
-    removed (backward shifts across wrapped runs): the survivors are all still found."""
-    size = 12_000
+    """Thousands of keys in one table (it grows from 8 slots to 32,768; 524,288 in the long
+    tier), then every other one removed (backward shifts across wrapped runs): the survivors
+    are all still found."""
+    size = tiered(12_000, 300_000)
     c, py = compiled.KeyIndex(size, 1), PyKeyIndex(size, 1)
     keys = [i.to_bytes(KEY_SIZE, "little") for i in range(size)]
     for index in (c, py):
