@@ -202,6 +202,19 @@ tables_new(Py_ssize_t num_groups)
     return tables;
 }
 
+/* Append the new reference `item` to `list`, giving it up; -1 (with `item` gone too) when it
+ * is NULL or the append fails. */
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL || PyList_Append(list, item) < 0) {
+        Py_XDECREF(item);
+        return -1;
+    }
+    Py_DECREF(item);
+    return 0;
+}
+
 /* -- argument checks ---------------------------------------------------------------------- */
 
 static int
@@ -505,13 +518,10 @@ KeyIndex_holders(KeyIndex *self, PyObject *arg)
     int found;
     size_t slot = find(self, table, key, hash_stored(key), &found);
     for (int32_t holder = table->slots[slot]; holder; holder = self->next[holder]) {
-        PyObject *item = PyLong_FromLong(holder);
-        if (item == NULL || PyList_Append(holders, item) < 0) {
-            Py_XDECREF(item);
+        if (append_new(holders, PyLong_FromLong(holder)) < 0) {
             Py_DECREF(holders);
             return NULL;
         }
-        Py_DECREF(item);
     }
     return holders;
 }
@@ -808,12 +818,10 @@ GroupView_items(GroupView *self, PyObject *Py_UNUSED(ignored))
         }
         PyObject *item = Py_BuildValue("(y#i)", (const char *)key_at(index, block),
                                        (Py_ssize_t)KEY_SIZE, (int)block);
-        if (item == NULL || PyList_Append(items, item) < 0) {
-            Py_XDECREF(item);
+        if (append_new(items, item) < 0) {
             Py_DECREF(items);
             return NULL;
         }
-        Py_DECREF(item);
     }
     return items;
 }

@@ -10,10 +10,17 @@
 #include <Python.h>
 #include <string.h>
 
-/* The counts' buffer and the blocks as a fast sequence, every block in range; 0 on error. */
+/* For `name(counts, blocks)`: the counts' buffer and the blocks as a fast sequence, every
+ * block in range; 0 on error. */
 static int
-open_run(PyObject *counts, PyObject *blocks, Py_buffer *view, PyObject **run)
+open_run(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buffer *view,
+         PyObject **run)
 {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(counts, blocks) takes 2 arguments", name);
+        return 0;
+    }
+    PyObject *counts = args[0], *blocks = args[1];
     if (PyObject_GetBuffer(counts, view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
         return 0;
     }
@@ -53,13 +60,9 @@ fail:
 static PyObject *
 step_run(PyObject *const *args, Py_ssize_t nargs, int step, int from, const char *name)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s(counts, blocks) takes 2 arguments", name);
-        return NULL;
-    }
     Py_buffer view;
     PyObject *run;
-    if (!open_run(args[0], args[1], &view, &run)) {
+    if (!open_run(args, nargs, name, &view, &run)) {
         return NULL;
     }
     int *counts = view.buf;
@@ -94,13 +97,9 @@ drop(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_one(counts, blocks) takes 2 arguments");
-        return NULL;
-    }
     Py_buffer view;
     PyObject *run;
-    if (!open_run(args[0], args[1], &view, &run)) {
+    if (!open_run(args, nargs, "set_one", &view, &run)) {
         return NULL;
     }
     int *counts = view.buf;
