@@ -15,7 +15,7 @@ Per group, `served` maps each key to the block a lookup gets: the earliest regis
 (ALLOC-LOOKUP-1's choice among duplicates); later holders wait in registration order, and
 the next serves the key when the served one goes. Keys, holders and that map live in a
 KeyIndex (kvcert.reference.keyindex: compiled flat arrays, or dicts as the fallback); the
-other per-block fields are arrays, so a pool of a million blocks costs about 55 bytes per
+other per-block fields are arrays, so a pool of a million blocks costs about 59 bytes per
 cached block (benchmarks/vs_vllm.py's memory row).
 """
 

@@ -2,12 +2,13 @@
 
 Two implementations of one contract. `PyKeyIndex` below is the definition, in dicts and a
 list; `kvcert.reference._keyindex.KeyIndex` is the same contract compiled (reference/
-_keyindex.c): each digest stored once in a flat array indexed by block id and each group's
-map an open-addressing table of int32 block ids, about 42 B per cached block where the dicts
-cost about 140 (the memory row of benchmarks/vs_vllm.py). tests/reference/test_keyindex.py
-holds the two equal operation by operation, and the differential machine runs the pool on
-both. `KeyIndex` is the compiled one when it was built, else the fallback (see
-kvcert.reference.native; KVCERT_PURE_PYTHON=1 chooses the fallback).
+_keyindex.c): each digest stored once in a flat array indexed by block id, a key's later
+holders chained by block id, and each group's map an open-addressing table of int32 block
+ids: about 46 B per cached block where the dicts cost about 150 (tracemalloc).
+tests/reference/test_keyindex.py holds the two equal operation by operation, and the
+differential machine runs the pool on both. `KeyIndex` is the compiled one when it was
+built, else the fallback (see kvcert.reference.native; KVCERT_PURE_PYTHON=1 chooses the
+fallback).
 
 Keys are 32-byte digests (`KEY_SIZE`); block 0 is the null block and never holds a key.
 """
