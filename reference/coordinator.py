@@ -49,6 +49,7 @@ def find_hit(
     served: Served[K],
     *,
     ignore_state: bool = False,
+    limit: int | None = None,
 ) -> tuple[int, list[list[int]]]:
     """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed).
 
@@ -56,10 +57,15 @@ def find_hit(
     HIT-MAMBA-2 and HIT-CROSS-1 (mode none serves only 0; cross groups constrain nothing).
 
     With `ignore_state` state groups constrain only the alignment and nothing is dropped: the
-    result is the branch point (spec BRANCH-1), where the attention groups' prefix ends."""
+    result is the branch point (spec BRANCH-1), where the attention groups' prefix ends.
+
+    With `limit` (for a caller whose hit without it exceeded `limit`): the largest length at
+    most `limit` that every group accepts. Each such length is a sound hit; under drop keying
+    because a longer accepted length exists (the uncapped hit), which is all HIT-SPEC-2's
+    drop asks of the block after it."""
     groups = config.groups
     alignment = config.alignment
-    bound = num_tokens - 1
+    bound = num_tokens - 1 if limit is None else min(num_tokens - 1, limit)
     others = []
     prefixes: dict[int, list[int]] = {}  # per full group, the blocks of its cached prefix
     for g, group in enumerate(groups):
@@ -77,7 +83,7 @@ def find_hit(
     refusal = _refuser([groups[g] for g in others], [_Presence(served[g], keys[g]) for g in others])
     found = _first_two((bound // alignment) * alignment, alignment, refusal)
     hit = found[0] if found else 0
-    if config.speculative is DraftKeying.DROP and not ignore_state:
+    if config.speculative is DraftKeying.DROP and not ignore_state and limit is None:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
     tables: list[list[int]] = []
     for g, group in enumerate(groups):

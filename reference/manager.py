@@ -284,15 +284,28 @@ class KVCacheManager:
     # -- lookup -----------------------------------------------------------------------------
 
     def lookup(
-        self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey] = ()
+        self,
+        tokens: Sequence[int] | Prompt,
+        extras: Sequence[ExtraKey] = (),
+        max_hit: int | None = None,
     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
-        """The hit a prompt would get now, without taking anything."""
+        """The hit a prompt would get now, without taking anything; `max_hit` caps it (see
+        `admit`)."""
         prompt = self._prepared(tokens, extras)
         self._probes += 1
-        hit, tables = self.search(
-            self.config, len(prompt), self._keys(prompt.chains), self.pool.served
-        )
+        hit, tables = self._hit(prompt, max_hit)
         return hit, tuple(tuple(t) for t in tables)
+
+    def _hit(self, prompt: Prompt, max_hit: int | None) -> tuple[int, list[list[int]]]:
+        """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
+        the cap that every group accepts when the hit exceeds it (find_hit's `limit`)."""
+        keys = self._keys(prompt.chains)
+        hit, tables = self.search(self.config, len(prompt), keys, self.pool.served)
+        if max_hit is not None and hit > max_hit:
+            hit, tables = self.search(
+                self.config, len(prompt), keys, self.pool.served, limit=max_hit
+            )
+        return hit, tables
 
     def branch_point(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey] = ()) -> int:
         """Where the attention groups' cached prefix of `tokens` ends, aligned for every group:
@@ -383,11 +396,21 @@ class KVCacheManager:
         budget: int,
         extras: Sequence[ExtraKey] = (),
         lookahead: int = 0,
+        *,
+        max_hit: int | None = None,
+        keep_free: int = 0,
+        fit_tokens: int | None = None,
     ) -> Scheduled | Waiting:
         """Look a new request up, take its hit, allocate for its first chunk.
 
         Implements ALLOC-TWO-PHASE-1: the hit blocks are taken before anything is allocated,
-        and free hit blocks count against the capacity."""
+        and free hit blocks count against the capacity.
+
+        An engine's admission policy may ask for less or more than the allocator needs:
+        `max_hit` caps the hit (the largest length up to it that every group accepts, when
+        the hit is longer); `keep_free` blocks must stay free after
+        the admission; `fit_tokens` admits only if the blocks the request holds once its first
+        `fit_tokens` tokens are computed fit now (vLLM's whole-prompt admission gate)."""
         _request_id(rid)
         prompt = self._prepared(tokens, extras)
         if rid in self._requests:
@@ -398,6 +421,9 @@ class KVCacheManager:
         if not len(prompt):
             raise RequestStateError("a request needs at least one token")
         self._check_budget(budget, lookahead)
+        for name, value in (("max_hit", max_hit), ("keep_free", keep_free)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise RequestStateError(f"{name} must be an integer >= 0, got {value!r}")
         limit = self.config.max_model_len
         if limit is not None and len(prompt) > limit:
             raise MaxLengthError(f"{len(prompt)} tokens exceed max_model_len={limit}")
@@ -406,9 +432,7 @@ class KVCacheManager:
                 "a positioned extra (multimodal item, prompt embeddings) "
                 "lies beyond the prompt; its span must be within the tokens"
             )
-        hit, tables = self.search(
-            self.config, len(prompt), self._keys(prompt.chains), self.pool.served
-        )
+        hit, tables = self._hit(prompt, max_hit)
         # distinct: a block is registered in one group under one key
         hits = [b for t in tables for b in t if b != NULL_BLOCK]
         reviving = list(map(self.pool.ref_count.__getitem__, hits)).count(0)  # free hit blocks
@@ -422,8 +446,11 @@ class KVCacheManager:
         request.held_from = [self._held_from(t) for t in tables]
         _, wanted = self._changes(request)  # a lookup table holds nothing to release
         count = sum(map(len, wanted))
-        if count > self.pool.num_free - reviving:
-            return Waiting(count + reviving, self.pool.num_free)
+        needed = count
+        if fit_tokens is not None:
+            needed = max(count, self._to_reach(request, fit_tokens))
+        if needed + keep_free > self.pool.num_free - reviving:
+            return Waiting(needed + keep_free + reviving, self.pool.num_free)
         added = self._take_then_fill(hits, request, wanted)
         self._plan_quiet(request)
         self._requests[rid] = request
@@ -432,6 +459,47 @@ class KVCacheManager:
         self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
         return Scheduled(hit, request.scheduled, added, tuple(tuple(t) for t in request.tables))
+
+    def _to_reach(self, request: _Request, tokens: int) -> int:
+        """How many new blocks `request` takes to have its first `tokens` tokens computed in
+        one step from where it is (ALLOC-WRITE-1's positions, nothing allocated)."""
+        if type(tokens) is not int or tokens < 0:
+            raise RequestStateError(f"a token count must be an integer >= 0, got {tokens!r}")
+        before = (request.scheduled, request.lookahead)
+        request.scheduled = max(0, min(tokens, len(request.tokens)) - request.computed)
+        request.lookahead = max(0, tokens - request.computed - request.scheduled)
+        try:
+            return sum(map(len, self._changes(request)[1]))
+        finally:
+            request.scheduled, request.lookahead = before
+
+    def blocks_to_reach(self, rid: str, tokens: int) -> int:
+        """How many free blocks running request `rid` still needs to hold its first `tokens`
+        tokens (beyond the known ones: lookahead slots); 0 when it holds them."""
+        return self._to_reach(self._running(rid), tokens)
+
+    def is_running(self, rid: str) -> bool:
+        """Whether `rid` holds blocks (admitted and not yet finished or preempted)."""
+        return rid in self._requests
+
+    def rename(self, rid: str, new_rid: str) -> None:
+        """Keep running request `rid`'s blocks under `new_rid`, so that `rid` can be admitted
+        again while they wait for a deferred release (an engine frees a request's blocks
+        only once the step that may still write them has ended)."""
+        _request_id(new_rid)
+        request = self._running(rid)
+        if new_rid in self._requests:
+            raise RequestStateError(f"request {new_rid!r} is already running")
+        self._requests[new_rid] = request
+        del self._requests[rid]
+        if rid in self._in_flight:
+            self._in_flight.discard(rid)
+            self._in_flight.add(new_rid)
+
+    def progress(self, rid: str) -> tuple[int, int]:
+        """(tokens computed, tokens known) of running request `rid`."""
+        request = self._running(rid)
+        return request.computed + request.scheduled, len(request.tokens)
 
     def _take_then_fill(
         self, hits: list[int], request: _Request, wanted: list[list[int]]
