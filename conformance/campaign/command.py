@@ -54,7 +54,11 @@ def _engine_release() -> str:
 
 
 def campaign(
-    seeds: list[int], fix: bool, shrink_budget: int, mutant: str | None = None
+    seeds: list[int],
+    fix: bool,
+    shrink_budget: int,
+    mutant: str | None = None,
+    kvcert: bool = False,
 ) -> dict[str, Any]:
     """Play every seed's workload; shrink each violation. The report is JSON-ready."""
     from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
@@ -62,14 +66,15 @@ def campaign(
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
-        "mutant": mutant, "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
+        "mutant": mutant, "kvcert": kvcert,
+        "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
         "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "stalled": [],
         "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
         workload = generate(seed)
-        outcome = play(workload, fix, mutant)
+        outcome = play(workload, fix, mutant, kvcert)
         report["runs"] += 1
         if outcome.unreachable is not None:
             report["unreachable"].setdefault(outcome.unreachable, []).append(seed)
@@ -84,7 +89,7 @@ def campaign(
         kind = outcome.kind
 
         def same_class(w: Workload, k: tuple[str, str | None] = kind) -> bool:
-            return play(w, fix, mutant).kind == k
+            return play(w, fix, mutant, kvcert).kind == k
 
         small = shrink(workload, same_class, shrink_budget)
         report["violations"].append(
@@ -97,7 +102,7 @@ def campaign(
                 "keying": outcome.keying,  # the EAGLE keying played (exact | drop | None)
                 "violation": outcome.finding,
                 "shrunk": {
-                    "violation": play(small, fix, mutant).finding,
+                    "violation": play(small, fix, mutant, kvcert).finding,
                     "workload": small.to_json(),
                 },
             }
@@ -142,6 +147,8 @@ def render(report: dict[str, Any]) -> str:
     fix = " with the preempt-in-flight fix" if report["fix"] else ""
     if report.get("mutant"):
         fix += f", mutant {report['mutant']} (a broken twin: violations expected)"
+    if report.get("kvcert"):
+        fix += " served by kvcert.reference.vllm (kvcert's allocator in vLLM's Scheduler)"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
@@ -209,9 +216,14 @@ def run(args: argparse.Namespace) -> int:
                 "--save with --mutant: a mutant's findings fail only against that broken "
                 "twin, so they make no regression for vLLM; drop one of the two"
             )
+        if args.kvcert and (args.fix or args.mutant or args.save):
+            raise InputError(
+                "--kvcert serves every workload with kvcert's own manager: it takes no --fix, "
+                "--mutant or --save (those are about vLLM's manager)"
+            )
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
-        report = campaign(seeds, args.fix, args.shrink_budget, args.mutant)
+        report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert)
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -276,6 +288,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="play only the seeds s with s %% N == K - 1")  # fmt: skip
     parser.add_argument("--fix", action="store_true",
                         help="use the preempt-in-flight fix (a Scheduler subclass)")  # fmt: skip
+    parser.add_argument("--kvcert", action="store_true",
+                        help="serve with kvcert.reference.vllm's Scheduler (kvcert's allocator "
+                        "inside vLLM's scheduling; synchronous scheduling only)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted(MUTANTS),

@@ -171,11 +171,17 @@ def keying_of(workload: Workload) -> str | None:
 
 
 def build(
-    workload: Workload, fix: bool = False, mutant: str | None = None
+    workload: Workload, fix: bool = False, mutant: str | None = None, kvcert: bool = False
 ) -> tuple[Any, list[_Group], Any]:
     """(scheduler, groups, block hasher) for the workload, wired as EngineCore wires them;
     `fix` swaps in the scheduler subclass of `vllm_fix`, `mutant` applies one of
-    `vllm_mutants`. Unreachable where the release refuses the configuration."""
+    `vllm_mutants`, `kvcert` serves it with kvcert.reference.vllm's Scheduler (vLLM's
+    scheduling over kvcert's allocator). Unreachable where the release (or the kvcert
+    manager) refuses the configuration."""
+    if kvcert and (fix or mutant):
+        raise ValueError("kvcert serves the workload with its own manager: no fix or mutant")
+    if kvcert and workload.async_scheduling:
+        raise Unreachable("the kvcert Scheduler serves synchronous scheduling only")
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import (  # noqa: PLC0415
@@ -236,7 +242,9 @@ def build(
         from kvcert.conformance.campaign.vllm_fix import fixed  # noqa: PLC0415
 
         cls = fixed(config.scheduler_config.get_scheduler_cls())
-    wired = wiring.wire(config, kv_groups, workload.usable_blocks, cls)
+    wired = (_wire_kvcert if kvcert else wiring.wire)(
+        config, kv_groups, workload.usable_blocks, cls
+    )
     if mutant is not None:
         from kvcert.conformance.campaign.vllm_mutants import MUTANTS  # noqa: PLC0415
 
@@ -258,6 +266,18 @@ def build(
             )
         )
     return wired.scheduler, groups, wired.hasher
+
+
+def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
+    """The scheduler wired with kvcert.reference.vllm's Scheduler (its manager refuses
+    what it does not serve: then the workload is unreachable, as at `vllm serve`)."""
+    from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
+    from kvcert.reference.vllm import Scheduler, UnsupportedConfigError  # noqa: PLC0415
+
+    try:
+        return wiring.wire(config, kv_groups, usable_blocks, Scheduler)
+    except UnsupportedConfigError as why:
+        raise Unreachable(f"the kvcert manager refuses it: {why}") from None
 
 
 def _served_layers(layers: tuple[Any, ...], drafter: bool) -> list[Any]:
@@ -605,11 +625,14 @@ def _runner_output(ids: list[str], sampled: list[list[int]]) -> Any:
     )
 
 
-def play(workload: Workload, fix: bool = False, mutant: str | None = None) -> Outcome:
-    """Run the workload to the end (or MAX_STEPS); stop at the first violation."""
+def play(
+    workload: Workload, fix: bool = False, mutant: str | None = None, kvcert: bool = False
+) -> Outcome:
+    """Run the workload to the end (or MAX_STEPS); stop at the first violation. `kvcert`:
+    through kvcert.reference.vllm's Scheduler (see `build`)."""
     v = _vllm()
     try:
-        scheduler, groups, hasher = build(workload, fix, mutant)
+        scheduler, groups, hasher = build(workload, fix, mutant, kvcert)
     except Unreachable as why:
         return Outcome(unreachable=str(why))
     ledger = Ledger(groups, workload.seed, workload.spec_tokens)

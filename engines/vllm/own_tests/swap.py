@@ -1,0 +1,32 @@
+"""pytest plugin (`-p swap`): vLLM's own tests with kvcert's manager swapped in.
+
+Before any test module is imported, vLLM's KVCacheManager and its two schedulers are replaced
+where the tests (and vLLM's code) look them up, by kvcert.reference.vllm's classes: the
+manager everywhere, the synchronous Scheduler by kvcert's subclass (which registers a step's
+blocks when its output arrives). No test file is edited. The AsyncScheduler is left as it is:
+its requests are scheduled again before their previous step's output arrives, which the kvcert
+manager refuses (see engines/vllm/0.33.0/VLLM_TESTS.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from vllm.v1.core import kv_cache_manager  # noqa: PLC0415
+    from vllm.v1.core.sched import scheduler  # noqa: PLC0415
+
+    from kvcert.reference.vllm import KVCacheManager, Scheduler  # noqa: PLC0415
+
+    kv_cache_manager.KVCacheManager = KVCacheManager  # type: ignore[misc]
+    scheduler.KVCacheManager = KVCacheManager  # type: ignore[misc]
+    scheduler.Scheduler = Scheduler  # type: ignore[misc]
+    config.stash[MARK] = "kvcert"
+
+
+MARK = pytest.StashKey[str]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"KV-cache manager: {config.stash.get(MARK, 'vllm')} (kvcert.reference.vllm)"

@@ -1,0 +1,104 @@
+"""vLLM's KV-cache groups as the reference allocator's configuration.
+
+Supported group kinds (vLLM 0.33.0): full attention (`FullAttentionSpec`, `MLAAttentionSpec`),
+sliding window (`SlidingWindowSpec`, `SlidingWindowMLASpec`) and chunked local attention
+(`ChunkedLocalAttentionSpec`), also when wrapped in `UniformTypeKVCacheSpecs`. Every other
+spec (Mamba/GDN state, cross attention, encoder-only, sink, replayed or circular windows,
+HiSparse) is refused by name: serving it would need semantics this integration does not
+implement yet, and a silently wrong table would corrupt outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind
+from kvcert.reference.errors import ConfigError
+from kvcert.reference.vllm.settings import Settings
+
+
+class UnsupportedConfigError(ConfigError):
+    """A vLLM configuration the kvcert-backed manager does not serve (it says what to change)."""
+
+
+def _kinds() -> dict[type, Kind]:
+    from vllm.v1 import kv_cache_interface as specs  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    return {
+        specs.FullAttentionSpec: Kind.FULL,
+        specs.MLAAttentionSpec: Kind.FULL,
+        specs.SlidingWindowSpec: Kind.SLIDING_WINDOW,
+        specs.SlidingWindowMLASpec: Kind.SLIDING_WINDOW,
+        specs.ChunkedLocalAttentionSpec: Kind.CHUNKED_LOCAL,
+    }
+
+
+def _members(spec: Any) -> list[Any]:
+    inner = getattr(spec, "kv_cache_specs", None)
+    return list(inner.values()) if isinstance(inner, dict) else [spec]
+
+
+def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
+    """One vLLM KVCacheGroupSpec as a reference group (exact spec types: a subclass such as
+    `RSWASpec` or `SinkFullAttentionSpec` changes what is read and is refused)."""
+    kinds = _kinds()
+    spec = group.kv_cache_spec
+    members = _members(spec)
+    unknown = sorted({type(m).__name__ for m in members if type(m) not in kinds})
+    found = {kinds[type(m)] for m in members if type(m) in kinds}
+    if unknown or len(found) != 1:
+        raise UnsupportedConfigError(
+            f"KV-cache group {index} holds {', '.join(unknown) or 'mixed kinds'}; the kvcert "
+            "manager serves full attention, sliding window and chunked local attention groups "
+            "only: drop --scheduler-cls to use vLLM's own manager for this model"
+        )
+    (kind,) = found
+    first = members[0]
+    window = getattr(first, "sliding_window", None) if kind is Kind.SLIDING_WINDOW else None
+    chunk = getattr(first, "attention_chunk_size", None) if kind is Kind.CHUNKED_LOCAL else None
+    if any(
+        getattr(m, "sliding_window", window) != window
+        or getattr(m, "attention_chunk_size", chunk) != chunk
+        for m in members
+    ):
+        raise UnsupportedConfigError(f"KV-cache group {index} mixes windows or chunk sizes")
+    return GroupConfig(
+        kind,
+        spec.block_size,
+        window=window or 0,
+        chunk=chunk or 0,
+        draft=draft,
+        name=f"vllm-group-{index}",
+    )
+
+
+def cache_config(
+    kv_cache_config: Any, max_model_len: int, keying: DraftKeying | None, settings: Settings
+) -> CacheConfig:
+    """The reference configuration for vLLM's planned groups: the same groups in the same
+    order (group i's table is vLLM's group i), the same `num_blocks` (block 0 is the null
+    block in both). Draft groups are the ones vLLM marks (`is_eagle_group`, or a spec's
+    `is_draft`); when a drafter runs and nothing is marked, every group is treated as holding
+    draft layers, as vLLM's EAGLE block drop does. `keying` is how vLLM's flags key draft
+    blocks (None: no drafter); `settings.speculative` overrides it."""
+    groups = kv_cache_config.kv_cache_groups
+    if not groups:
+        raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
+    marked = [
+        bool(getattr(g, "is_eagle_group", False))
+        or any(getattr(m, "is_draft", False) for m in _members(g.kv_cache_spec))
+        for g in groups
+    ]
+    if keying is not None and not any(marked):
+        marked = [True] * len(groups)
+    configs = tuple(
+        group_config(i, g, draft) for i, (g, draft) in enumerate(zip(groups, marked, strict=True))
+    )
+    return CacheConfig(
+        configs,
+        kv_cache_config.num_blocks,
+        speculative=(settings.speculative or keying or DraftKeying.DROP) if any(marked) else None,
+        max_model_len=max_model_len,
+        hash_algorithm=settings.hash_algorithm,
+        eviction=settings.eviction,
+    )

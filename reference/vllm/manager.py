@@ -1,0 +1,543 @@
+"""vLLM 0.33.0's KVCacheManager interface, backed by kvcert.reference.
+
+What differs from vLLM's own manager, on purpose (kvcert's rules):
+- Blocks become hittable when the step that writes them has run (ALLOC-VIS-1, ALLOC-COMMIT-1):
+  the scheduler calls `end_step()` when the model's output for the step arrives
+  (`kvcert.reference.vllm.Scheduler` does), not at allocation. `cache_blocks` is therefore a
+  no-op; vLLM's manager registers blocks before their KV exists.
+- Hits follow the hybrid hit (HIT-HYB-1) and the eviction profile of `Settings`.
+
+Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
+group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
+so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
+encoder-decoder models, KV events, decode/prefill context parallelism, a scheduler that
+schedules a request again before the output of its previous step arrived (async scheduling).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvcert.reference.config import DraftKeying, Kind
+from kvcert.reference.errors import KVCacheError
+from kvcert.reference.hashing import ExtraKey, ExtraKind
+from kvcert.reference.manager import KVCacheManager as Core
+from kvcert.reference.manager import Prompt, Scheduled
+from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config
+from kvcert.reference.vllm.settings import Settings
+
+
+class IntegrationError(KVCacheError):
+    """The scheduler asked for something this manager's state contradicts (a bug in the
+    caller or here: never served silently)."""
+
+
+def _vllm() -> Any:
+    """vLLM's classes the interface returns (imported here: vLLM is optional for kvcert)."""
+    from vllm.v1.core import kv_cache_manager, kv_cache_utils  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.metrics.stats import PrefixCacheStats  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: PLC0415
+
+    class Api:
+        KVCacheBlocks = kv_cache_manager.KVCacheBlocks
+        KVCacheBlock = kv_cache_utils.KVCacheBlock
+        Stats = PrefixCacheStats
+        Status = RequestStatus
+
+    return Api
+
+
+def request_extras(request: Any) -> tuple[ExtraKey, ...]:
+    """What besides the token ids changes a request's KV, each tagged by its kind
+    (HASH-EXTRA-1): cache salt, LoRA adapter (name and path), multimodal items at their
+    spans, prompt embeddings (one digest of the whole tensor over the prompt: any difference
+    in them keys every block apart, which serves fewer hits than vLLM's per-block digests,
+    never a wrong one)."""
+    extras: list[ExtraKey] = []
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        extras.append(ExtraKey(ExtraKind.CACHE_SALT, str(salt)))
+    lora = getattr(request, "lora_request", None)
+    if lora:
+        name, path = str(lora.lora_name), str(getattr(lora, "lora_path", ""))
+        extras.append(ExtraKey(ExtraKind.LORA, f"{len(name)}:{name}{path}"))
+    for feature in getattr(request, "mm_features", None) or ():
+        place = feature.mm_position
+        if feature.identifier is None:
+            raise UnsupportedConfigError("a multimodal item without an identifier cannot be keyed")
+        extras.append(
+            ExtraKey(
+                ExtraKind.MULTIMODAL,
+                str(feature.identifier),
+                place.offset,
+                place.offset + place.length,
+            )
+        )
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        import torch  # noqa: PLC0415 - vLLM brings it
+
+        data = embeds.detach().contiguous().cpu()
+        digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+        extras.append(ExtraKey(ExtraKind.PROMPT_EMBEDS, digest.hexdigest(), 0, len(data)))
+    return tuple(extras)
+
+
+class _Group:
+    """What vLLM's scheduler reads of a per-group manager: its block size and spec."""
+
+    retains_longer_hit = False
+
+    def __init__(self, index: int, group: Any) -> None:
+        self.kv_cache_group_id = index
+        self.kv_cache_spec = group.kv_cache_spec
+        self.block_size = group.kv_cache_spec.block_size
+
+
+class _Coordinator:
+    """The part of vLLM's coordinator its scheduler reads directly."""
+
+    enable_partial_hash_hits = False
+    eagle_group_ids: tuple[int, ...] = ()
+
+    def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
+        self._owner = owner
+        self.single_type_managers = [_Group(i, g) for i, g in enumerate(groups)]
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+        """Free blocks the running request still needs to hold `num_tokens` tokens (the
+        scheduler's reservation for in-flight prefills)."""
+        core = self._owner.core
+        return core.blocks_to_reach(request_id, num_tokens) if core.is_running(request_id) else 0
+
+
+class _Pool:
+    """The part of vLLM's block pool its scheduler reads directly: free counts and the
+    deferred release of blocks `pop_blocks_for_free` handed out."""
+
+    def __init__(self, owner: KVCacheManager) -> None:
+        self._owner = owner
+        self.num_gpu_blocks = owner.core.config.num_blocks
+        self.null_block = owner.blocks[0]
+        self.enable_caching = owner.enable_caching
+
+    def get_num_free_blocks(self) -> int:
+        return self._owner.core.pool.num_free
+
+    def get_usage(self) -> float:
+        usable = self.num_gpu_blocks - 1  # the null block is never handed out
+        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+
+    def free_blocks(self, blocks: Iterable[Any]) -> None:
+        """Release what `pop_blocks_for_free` handed out (and nothing else)."""
+        self._owner.release_popped(block.block_id for block in blocks)
+
+
+class KVCacheManager:
+    """vLLM 0.33.0's KVCacheManager, served by kvcert's reference allocator."""
+
+    def __init__(  # noqa: PLR0917 - vLLM's signature, positional arguments included
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        settings: Settings | None = None,
+    ) -> None:
+        del scheduler_block_size, hash_block_size, max_in_flight_tokens  # vLLM's own sizing
+        del enable_mamba_shared_prefix_checkpoint  # state groups are refused below
+        refused = {
+            "enable_kv_cache_events": (enable_kv_cache_events, "drop --kv-events-config"),
+            "dcp_world_size > 1": (dcp_world_size > 1, "use decode context parallel size 1"),
+            "pcp_world_size > 1": (pcp_world_size > 1, "use prefill context parallel size 1"),
+            "a KV-cache metrics collector": (
+                metrics_collector is not None,
+                "turn KV-cache residency metrics off",
+            ),
+            "re-prefilled draft tokens (multi-module MTP)": (
+                num_prefill_lookahead > 1,
+                "use a drafter that reads one token ahead (EAGLE, one MTP module)",
+            ),
+        }
+        for what, (on, fix) in refused.items():
+            if on:
+                raise UnsupportedConfigError(f"the kvcert manager does not support {what}: {fix}")
+        self.settings = Settings.from_env() if settings is None else settings
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.enable_kv_cache_events = False
+        self.mamba_shared_prefix_checkpoint = False
+        # how vLLM's flags key a drafter's blocks: lookahead hashes (exact) or EAGLE's drop
+        keying = (
+            DraftKeying.EXACT
+            if num_hash_lookahead_tokens > 0
+            else DraftKeying.DROP
+            if use_eagle
+            else None
+        )
+        self.core = Core(cache_config(kv_cache_config, max_model_len, keying, self.settings))
+        groups = kv_cache_config.kv_cache_groups
+        self.num_kv_cache_groups = len(groups)
+        self._api = _vllm()
+        self.blocks = [self._api.KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
+        self.blocks[0].is_null = True
+        self.prefix_cache_stats = self._api.Stats() if log_stats else None
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.empty_kv_cache_blocks = self._api.KVCacheBlocks(tuple(() for _ in groups))
+        self.coordinator = _Coordinator(self, groups)
+        self.block_pool = _Pool(self)
+        self._zeroed = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        self._new_ids: list[int] = []  # attention blocks handed out, for the worker to zero
+        self._prompts: dict[str, tuple[int, Prompt]] = {}  # a lookup's digests, for admission
+        self._seen: dict[str, list[int]] = {}  # per request, the table length vLLM holds
+        self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
+
+    # -- stats ------------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> Any:
+        """This interval's prefix-cache stats (None when stats are off); starts a new one."""
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, self._api.Stats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # -- lookup -----------------------------------------------------------------------------
+
+    def _prompt(self, request: Any) -> Prompt:
+        """The request's tokens digested once per admission (lookup, then allocation)."""
+        rid, length = request.request_id, request.num_tokens
+        cached = self._prompts.get(rid)
+        if cached is not None and cached[0] == length:
+            return cached[1]
+        prompt = self.core.prompt(list(request.all_token_ids), request_extras(request))
+        self._prompts[rid] = (length, prompt)
+        return prompt
+
+    def _wrap(self, tables: Sequence[Sequence[int]]) -> Any:
+        if not any(tables):
+            return self.empty_kv_cache_blocks
+        blocks = self.blocks
+        return self._api.KVCacheBlocks(tuple([blocks[b] for b in t] for t in tables))
+
+    def get_computed_blocks(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int]:
+        """The request's hit now (HIT-HYB-1), at most `max_cache_hit_length` tokens (default:
+        all but the last token, which must be computed for its logits)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        hit, tables = self.core.lookup(self._prompt(request), max_hit=max(cap, 0))
+        return (self._wrap(tables) if hit else self.empty_kv_cache_blocks), hit, 0
+
+    def get_computed_blocks_for_connector(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[Any, int, int, bool]:
+        raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """How many of the request's tokens have their KV computed (its hittable prefix once
+        the step ends)."""
+        if not self.core.is_running(request.request_id):
+            return 0
+        return self.core.progress(request.request_id)[0]
+
+    # -- allocation -------------------------------------------------------------------------
+
+    def allocate_slots(  # noqa: PLR0917 - vLLM's signature, positional arguments included
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> Any:
+        """Admit (a new or preempted request) or extend (a running one); None when the blocks
+        do not fit. vLLM counts draft tokens in `num_new_tokens`; kvcert computes only known
+        tokens and holds slots for the drafts as lookahead."""
+        del new_computed_blocks, skip_zeroing_group_ids  # the hit is re-derived and checked
+        if num_external_computed_tokens or delay_cache_blocks:
+            raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
+        if num_encoder_tokens:
+            raise UnsupportedConfigError("the kvcert manager does not serve encoder-decoder models")
+        rid = request.request_id
+        if not self.core.is_running(rid):
+            return self._admit(
+                request,
+                num_new_tokens=num_new_tokens,
+                hit=num_new_computed_tokens,
+                lookahead=num_lookahead_tokens,
+                must_fit=full_sequence_must_fit,
+                reserved=reserved_blocks,
+                others_scheduled=has_scheduled_reqs,
+            )
+        return self._extend(request, num_new_tokens, num_lookahead_tokens)
+
+    def _admit(
+        self,
+        request: Any,
+        *,
+        num_new_tokens: int,
+        hit: int,
+        lookahead: int,
+        must_fit: bool,
+        reserved: int,
+        others_scheduled: bool,
+    ) -> Any:
+        rid = request.request_id
+        prompt = self._prompt(request)
+        known = len(prompt)
+        budget = min(num_new_tokens, known - hit)
+        waiting = request.status in (self._api.Status.WAITING, self._api.Status.PREEMPTED)
+        keep_free = reserved + (self.watermark_blocks if others_scheduled and waiting else 0)
+        result = self.core.admit(
+            rid,
+            prompt,
+            max(budget, 1),
+            lookahead=lookahead + num_new_tokens - budget,
+            max_hit=hit if self.enable_caching else 0,
+            keep_free=keep_free,
+            fit_tokens=min(known, self.max_model_len) if must_fit else None,
+        )
+        if not isinstance(result, Scheduled):
+            return None
+        del self._prompts[rid]
+        if result.hit != hit:
+            self.core.preempt(rid)
+            raise IntegrationError(
+                f"request {rid!r}: the scheduler adopted a {hit}-token hit, the cache serves "
+                f"{result.hit} tokens now; look the request up again before allocating"
+            )
+        tables = result.tables or ()
+        self._seen[rid] = [len(t) for t in tables]
+        self._note_new(result)
+        start = [len(t) - len(n) for t, n in zip(tables, result.new_blocks, strict=True)]
+        return self._wrap(
+            [t[s:] for t, s in zip(tables, start, strict=True)] if any(result.new_blocks) else ()
+        )
+
+    def _extend(self, request: Any, num_new_tokens: int, lookahead: int) -> Any:
+        rid = request.request_id
+        computed, known = self.core.progress(rid)
+        end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
+        real_end = min(end, request.num_tokens)
+        appended = list(request.all_token_ids[known : request.num_tokens])
+        budget = real_end - computed
+        if budget < 1:
+            raise IntegrationError(
+                f"request {rid!r} was scheduled {num_new_tokens} tokens from "
+                f"{request.num_computed_tokens}, but kvcert has computed {computed} of its "
+                f"{request.num_tokens} known tokens: nothing left to compute"
+            )
+        # Never release a table's last block: vLLM's worker only appends to a block table, so
+        # a released tail position could not be handed a block again. Group g keeps its last
+        # block while the slots reach past (seen[g] - 1) * block_size.
+        seen = self._seen[rid]
+        keep = (
+            max(
+                (n - 1) * g.block_size + 1
+                for n, g in zip(seen, self.core.config.groups, strict=True)
+                if n
+            )
+            if any(seen)
+            else 0
+        )
+        slots = min(max(end + lookahead, keep), self.max_model_len)
+        result = self.core.extend(rid, budget, appended, max(slots - real_end, 0))
+        if not isinstance(result, Scheduled):
+            return None
+        if not any(result.new_blocks):
+            return self.empty_kv_cache_blocks
+        self._note_new(result)
+        tables = self.core.block_tables(rid)
+        tails = [t[s:] for t, s in zip(tables, seen, strict=True)]
+        self._seen[rid] = [len(t) for t in tables]
+        return self._wrap(tails)
+
+    def _note_new(self, result: Scheduled) -> None:
+        if self._zeroed:
+            for group, new in zip(self.core.config.groups, result.new_blocks, strict=True):
+                if group.kind is not Kind.MAMBA:
+                    self._new_ids.extend(new)
+
+    def end_step(self) -> int:
+        """The scheduled step's KV is written: register its full blocks (ALLOC-COMMIT-1).
+        Returns how many blocks became hittable."""
+        return self.core.end_step()
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """No-op: blocks are registered by `end_step`, once their KV is written."""
+
+    def new_step_starts(self) -> None:
+        """No-op: steps end in `end_step`."""
+
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """No-op: kvcert releases what no later token reads as it allocates (ALLOC-SKIP-1)."""
+
+    # -- release ----------------------------------------------------------------------------
+
+    def _forget(self, rid: str) -> None:
+        self._seen.pop(rid, None)
+        self._prompts.pop(rid, None)
+
+    def free(self, request: Any) -> None:
+        """Release a finished, aborted or preempted request (nothing when it holds nothing)."""
+        rid = request.request_id
+        self._forget(rid)
+        if self.core.is_running(rid):
+            self.core.finish(rid)
+
+    def pop_blocks_for_free(self, request: Any) -> list[Any]:
+        """Hand out the request's blocks for a deferred release through
+        `block_pool.free_blocks`; until then they stay held."""
+        rid = request.request_id
+        self._forget(rid)
+        if not self.core.is_running(rid):
+            return []
+        ids = {b for t in self.core.block_tables(rid) for b in t if b}
+        if not ids:
+            self.core.finish(rid)
+            return []
+        parked = f"\x00popped:{rid}"  # no request id vLLM makes holds a NUL
+        self.core.rename(rid, parked)
+        for b in ids:
+            self._popped[b] = parked
+        return [self.blocks[b] for b in sorted(ids)]
+
+    def release_popped(self, block_ids: Iterable[int]) -> None:
+        owners = {self._popped.get(b) for b in block_ids}
+        if None in owners:
+            raise IntegrationError(
+                "block_pool.free_blocks got a block pop_blocks_for_free did not hand out; "
+                "the kvcert manager releases requests with free()"
+            )
+        for owner in owners:
+            for b in [b for b, o in self._popped.items() if o == owner]:
+                del self._popped[b]
+            if owner is not None and self.core.is_running(owner):
+                self.core.finish(owner)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while a request holds blocks."""
+        if not self.core.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # -- block tables -----------------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> Any:
+        if not self.core.is_running(request_id):
+            return self.empty_kv_cache_blocks
+        return self._wrap(self.core.block_tables(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        if not self.core.is_running(request_id):
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return tuple(list(t) for t in self.core.block_tables(request_id))
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The blocks covering the first `num_computed_tokens` tokens, per group."""
+        return tuple(
+            ids[: -(-num_computed_tokens // group.block_size)]
+            for ids, group in zip(
+                self.get_block_ids(request_id), self.core.config.groups, strict=True
+            )
+        )
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[Any], ...]) -> Any:
+        return self._api.KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        """A lookup result cut at `num_computed_tokens` (a multiple of every block size)."""
+        cut = []
+        for group_blocks, group in zip(blocks.blocks, self.core.config.groups, strict=True):
+            if num_computed_tokens % group.block_size:
+                raise IntegrationError(
+                    f"cannot cut a hit at {num_computed_tokens} tokens: not a multiple of "
+                    f"block size {group.block_size}"
+                )
+            cut.append(list(group_blocks[: num_computed_tokens // group.block_size]))
+        return self.create_kv_cache_blocks(tuple(cut))
+
+    # -- what the worker is told ------------------------------------------------------------
+
+    def take_events(self) -> list[Any]:
+        return []
+
+    def take_new_block_ids(self) -> list[int]:
+        """Attention blocks handed out since the last call, for the worker to zero."""
+        ids, self._new_ids = self._new_ids, []
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        if not self._zeroed or not self.core.is_running(request_id):
+            return
+        for table, group in zip(
+            self.core.block_tables(request_id), self.core.config.groups, strict=True
+        ):
+            self._new_ids.extend(b for b in table[start_token // group.block_size :] if b)
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        return [], []  # kvcert never copies a block on write
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}  # no state groups
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []  # no state groups

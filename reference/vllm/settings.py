@@ -1,0 +1,64 @@
+"""How the vLLM integration is configured: eviction profile, hash, draft keying.
+
+vLLM builds its scheduler (and so the manager) itself, so the choices come from the
+environment when no `Settings` is given:
+
+    KVCERT_EVICTION     lru (default) | hybrid | lru-unkeyed-first
+    KVCERT_HASH         sha256 (default) | blake2b
+    KVCERT_SPECULATIVE  drop | exact (default: what vLLM's flags say: exact with its lookahead
+                        block hashes, drop with EAGLE's block drop); read only with a drafter
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
+
+from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm
+from kvcert.reference.errors import ConfigError
+
+E = TypeVar("E", bound=StrEnum)
+
+ENVIRONMENT = {
+    "eviction": "KVCERT_EVICTION",
+    "hash_algorithm": "KVCERT_HASH",
+    "speculative": "KVCERT_SPECULATIVE",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """kvcert's choices for a vLLM deployment (vLLM's own flags set everything else)."""
+
+    eviction: Eviction = Eviction.LRU
+    hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
+    # drop: draft-layer blocks are keyed like the target's and the last one is not served
+    # (vLLM's EAGLE block drop); exact: keyed one token further (HIT-SPEC-1/2, vLLM's
+    # lookahead block hashes); None: whichever of the two vLLM's flags choose
+    speculative: DraftKeying | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from KVCERT_EVICTION, KVCERT_HASH and KVCERT_SPECULATIVE."""
+        env = os.environ if environ is None else environ
+        return cls(
+            eviction=_choice(env, "eviction", Eviction) or Eviction.LRU,
+            hash_algorithm=_choice(env, "hash_algorithm", HashAlgorithm) or HashAlgorithm.SHA256,
+            speculative=_choice(env, "speculative", DraftKeying),
+        )
+
+
+def _choice(env: Mapping[str, str], field: str, enum: type[E]) -> E | None:
+    """The variable's value (None when unset or empty)."""
+    name = ENVIRONMENT[field]
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return enum(raw.lower())
+    except ValueError:
+        choices = ", ".join(e.value for e in enum)
+        raise ConfigError(f"{name}={raw!r} is not one of: {choices}") from None
