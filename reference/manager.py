@@ -400,6 +400,7 @@ class KVCacheManager:
         max_hit: int | None = None,
         keep_free: int = 0,
         fit_tokens: int | None = None,
+        fit_keep_free: int = 0,
     ) -> Scheduled | Waiting:
         """Look a new request up, take its hit, allocate for its first chunk.
 
@@ -408,9 +409,10 @@ class KVCacheManager:
 
         An engine's admission policy may ask for less or more than the allocator needs:
         `max_hit` caps the hit (the largest length up to it that every group accepts, when
-        the hit is longer); `keep_free` blocks must stay free after
-        the admission; `fit_tokens` admits only if the blocks the request holds once its first
-        `fit_tokens` tokens are computed fit now (vLLM's whole-prompt admission gate)."""
+        the hit is longer); `keep_free` blocks must stay free after this call's allocation;
+        `fit_tokens` admits only if, beside `fit_keep_free` blocks, the blocks the request
+        holds once its first `fit_tokens` tokens are computed fit now (vLLM's whole-prompt
+        admission gate)."""
         _request_id(rid)
         prompt = self._prepared(tokens, extras)
         if rid in self._requests:
@@ -421,7 +423,11 @@ class KVCacheManager:
         if not len(prompt):
             raise RequestStateError("a request needs at least one token")
         self._check_budget(budget, lookahead)
-        for name, value in (("max_hit", max_hit), ("keep_free", keep_free)):
+        for name, value in (
+            ("max_hit", max_hit),
+            ("keep_free", keep_free),
+            ("fit_keep_free", fit_keep_free),
+        ):
             if value is not None and (type(value) is not int or value < 0):
                 raise RequestStateError(f"{name} must be an integer >= 0, got {value!r}")
         limit = self.config.max_model_len
@@ -446,11 +452,12 @@ class KVCacheManager:
         request.held_from = [self._held_from(t) for t in tables]
         _, wanted = self._changes(request)  # a lookup table holds nothing to release
         count = sum(map(len, wanted))
-        needed = count
         if fit_tokens is not None:
-            needed = max(count, self._to_reach(request, fit_tokens))
-        if needed + keep_free > self.pool.num_free - reviving:
-            return Waiting(needed + keep_free + reviving, self.pool.num_free)
+            whole = self._to_reach(request, fit_tokens) + fit_keep_free
+            if whole > self.pool.num_free - reviving:
+                return Waiting(whole + reviving, self.pool.num_free)
+        if count + keep_free > self.pool.num_free - reviving:
+            return Waiting(count + keep_free + reviving, self.pool.num_free)
         added = self._take_then_fill(hits, request, wanted)
         self._plan_quiet(request)
         self._requests[rid] = request
@@ -481,6 +488,10 @@ class KVCacheManager:
     def is_running(self, rid: str) -> bool:
         """Whether `rid` holds blocks (admitted and not yet finished or preempted)."""
         return rid in self._requests
+
+    def in_flight(self, rid: str) -> bool:
+        """Whether running request `rid` has a chunk scheduled whose step has not ended."""
+        return self._running(rid).scheduled > 0
 
     def rename(self, rid: str, new_rid: str) -> None:
         """Keep running request `rid`'s blocks under `new_rid`, so that `rid` can be admitted
