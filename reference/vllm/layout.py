@@ -53,6 +53,11 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
             "only: drop --scheduler-cls to use vLLM's own manager for this model"
         )
     (kind,) = found
+    if not getattr(spec, "prefix_cacheable", True) or getattr(spec, "prefix_replay_tokens", 0):
+        raise UnsupportedConfigError(
+            f"KV-cache group {index} is not prefix-cacheable in vLLM's terms (bounded replay): "
+            "the kvcert manager would serve hits from it; drop --scheduler-cls for this model"
+        )
     first = members[0]
     window = getattr(first, "sliding_window", None) if kind is Kind.SLIDING_WINDOW else None
     chunk = getattr(first, "attention_chunk_size", None) if kind is Kind.CHUNKED_LOCAL else None

@@ -121,6 +121,7 @@ class _Pool:
     def __init__(self, owner: KVCacheManager) -> None:
         self._owner = owner
         self.num_gpu_blocks = owner.core.config.num_blocks
+        self.hash_block_size = owner.hash_block_size
         self.null_block = owner.blocks[0]
         self.enable_caching = owner.enable_caching
 
@@ -159,7 +160,8 @@ class KVCacheManager:
         enable_mamba_shared_prefix_checkpoint: bool = False,
         settings: Settings | None = None,
     ) -> None:
-        del scheduler_block_size, hash_block_size, max_in_flight_tokens  # vLLM's own sizing
+        del scheduler_block_size, max_in_flight_tokens  # vLLM's own sizing
+        self.hash_block_size = hash_block_size  # read back by the scheduler (block_pool)
         del enable_mamba_shared_prefix_checkpoint  # state groups are refused below
         refused = {
             "enable_kv_cache_events": (enable_kv_cache_events, "drop --kv-events-config"),
@@ -330,15 +332,16 @@ class KVCacheManager:
         known = len(prompt)
         budget = min(num_new_tokens, known - hit)
         waiting = request.status in (self._api.Status.WAITING, self._api.Status.PREEMPTED)
-        keep_free = reserved + (self.watermark_blocks if others_scheduled and waiting else 0)
+        watermark = self.watermark_blocks if others_scheduled and waiting else 0
         result = self.core.admit(
             rid,
             prompt,
             max(budget, 1),
             lookahead=lookahead + num_new_tokens - budget,
             max_hit=hit if self.enable_caching else 0,
-            keep_free=keep_free,
+            keep_free=reserved + watermark,
             fit_tokens=min(known, self.max_model_len) if must_fit else None,
+            fit_keep_free=watermark,
         )
         if not isinstance(result, Scheduled):
             return None
@@ -362,13 +365,15 @@ class KVCacheManager:
         computed, known = self.core.progress(rid)
         end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
         real_end = min(end, request.num_tokens)
-        appended = list(request.all_token_ids[known : request.num_tokens])
+        # the tokens this step computes that kvcert has not seen (sampled or accepted ones)
+        appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
         budget = real_end - computed
-        if budget < 1:
-            raise IntegrationError(
-                f"request {rid!r} was scheduled {num_new_tokens} tokens from "
-                f"{request.num_computed_tokens}, but kvcert has computed {computed} of its "
-                f"{request.num_tokens} known tokens: nothing left to compute"
+        if budget < 1 or self.core.in_flight(rid):
+            raise UnsupportedConfigError(
+                f"request {rid!r} was scheduled again before the output of its previous step "
+                "arrived (asynchronous scheduling, or schedule() called twice without "
+                "update_from_output()); the kvcert manager registers a step's blocks when its "
+                "output arrives and serves synchronous scheduling only: --no-async-scheduling"
             )
         # Never release a table's last block: vLLM's worker only appends to a block table, so
         # a released tail position could not be handed a block again. Group g keeps its last

@@ -55,7 +55,7 @@ from kvcert.conformance.engines.vllm import weightless_model
 BLOCK = 16
 
 
-def make_scheduler(usable_blocks: int, policy: str) -> Scheduler:
+def make_scheduler(usable_blocks: int, policy: str, cls: type = Scheduler) -> Scheduler:
     config = VllmConfig(
         model_config=weightless_model(1024),
         device_config=DeviceConfig(device="cpu"),
@@ -67,6 +67,8 @@ def make_scheduler(usable_blocks: int, policy: str) -> Scheduler:
             long_prefill_token_threshold=32,
             max_num_seqs=8,
             policy=policy,
+            # kvcert's Scheduler is served with --no-async-scheduling (it refuses the rest)
+            **({} if cls is Scheduler else {"async_scheduling": False}),
         ),
     )
     config.cache_config.num_gpu_blocks = usable_blocks + 1  # what the engine core sets
@@ -76,7 +78,7 @@ def make_scheduler(usable_blocks: int, policy: str) -> Scheduler:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
     )
-    return Scheduler(config, kv_cache, StructuredOutputManager(config), block_size=BLOCK)
+    return cls(config, kv_cache, StructuredOutputManager(config), block_size=BLOCK)
 
 
 def request(rid: str, tokens: list[int], priority: int, max_tokens: int) -> Request:
@@ -124,12 +126,12 @@ class Ledger:
         ]
 
 
-def play(usable_blocks: int, policy: str) -> int:
+def play(usable_blocks: int, policy: str, cls: type = Scheduler) -> int:
     """The steps above on a pool of `usable_blocks`, run until both requests finish; every
     step checks each scheduled request's already-computed tokens against the ledger.
     Returns 1 when a request reads a slot no forward pass wrote with its token, 0 when some
     request was preempted and resumed and every read was sound, 2 when none was resumed."""
-    scheduler = make_scheduler(usable_blocks, policy)
+    scheduler = make_scheduler(usable_blocks, policy, cls)
     ledger = Ledger()
     x = request("X", list(range(1000, 1112)), priority=1, max_tokens=4)
     y = request("Y", list(range(2000, 2016)), priority=0, max_tokens=2)
@@ -168,15 +170,24 @@ def play(usable_blocks: int, policy: str) -> int:
 
 
 def main() -> int:
-    """`python preempt_in_flight.py [priority|fcfs]`: exit 1 reproduced, 0 not, 2 not played.
+    """`python preempt_in_flight.py [priority|fcfs] [--kvcert]`: exit 1 reproduced, 0 not,
+    2 not played. `--kvcert`: the same through kvcert.reference.vllm's Scheduler (vLLM's
+    scheduling, kvcert's allocator), which registers blocks only when their step's output
+    arrives: X's resumed lookup cannot find block 7.
 
     Releases chunk differently (0.33 lets a lone prefill use the whole budget), so the pool
     that leaves Y's decode without a block is 8 blocks on 0.33 and 7 before; try both."""
-    policy = sys.argv[1] if len(sys.argv) > 1 else "priority"
+    args = [a for a in sys.argv[1:] if a != "--kvcert"]
+    policy = args[0] if args else "priority"
+    cls: type = Scheduler
+    if "--kvcert" in sys.argv[1:]:
+        from kvcert.reference.vllm import Scheduler as KvcertScheduler
+
+        cls = KvcertScheduler
     init_none_hash(sha256)
     for usable_blocks in (8, 7):
-        print(f"-- {policy} scheduling, pool of {usable_blocks} blocks")
-        result = play(usable_blocks, policy)
+        print(f"-- {policy} scheduling, pool of {usable_blocks} blocks, {cls.__module__}")
+        result = play(usable_blocks, policy, cls)
         if result != 2:
             return result
     return 2
