@@ -30,4 +30,15 @@ if [ "$(cat "$dest/.stamp" 2>/dev/null)" != "$stamp" ]; then
   "${pip[@]}" install --quiet --target "$dest/site" -r engines/vllm/own_tests/requirements.txt
   echo "$stamp" > "$dest/.stamp"
 fi
+# The hub models the tests name, as an offline Hugging Face cache of config.json files
+# (models/README.md); rebuilt every call, it is small.
+rm -rf "$dest/hf" && mkdir -p "$dest/hf/hub"
+revision=0000000000000000000000000000000000000000
+for config in engines/vllm/own_tests/models/*/*/config.json; do
+  repo=$(dirname "${config#engines/vllm/own_tests/models/}")
+  cache="$dest/hf/hub/models--${repo//\//--}"
+  mkdir -p "$cache/refs" "$cache/snapshots/$revision"
+  printf '%s' "$revision" > "$cache/refs/main"
+  cp "$config" "$cache/snapshots/$revision/config.json"
+done
 echo "$dest"

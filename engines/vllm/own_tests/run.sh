@@ -22,6 +22,10 @@ case " $* " in *" tests/"*) ;; *) set -- "$@" tests/v1/core ;; esac  # the defau
 cd "$dest/src"
 # --confcutdir: the sdist's top conftest imports the whole serving stack (transformers, PIL,
 # the LLM class); tests/v1/core needs none of it. Workers: both cores.
+# No network here (no model downloads): the hub's offline mode over fetch.sh's cache of
+# config files; a test that needs more of a model fails at once instead of retrying. vLLM
+# picks its platform from the build; this CPU-only install needs VLLM_TARGET_DEVICE=cpu.
+VLLM_TARGET_DEVICE=cpu HF_HOME=$dest/hf HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 PYTHONPATH=$dest/site:$dest/src:$here/engines/vllm/own_tests \
   "$python" -m pytest --confcutdir=tests/v1/core -p no:cacheprovider -q -rfE \
   --timeout "${VLLM_TESTS_TIMEOUT:-120}" -n "${VLLM_TESTS_WORKERS:-2}" \
