@@ -146,7 +146,10 @@ def main() -> int:
         served[f"kvcert, {profile} profile"] = serve(cls, config, trace, num_blocks)
     width = max(map(len, served))
     for name, hits in served.items():
-        print(f"{name:<{width}}  " + "  ".join(f"{t.rid} {h:,}" for t, h in zip(trace, hits)))
+        print(
+            f"{name:<{width}}  "
+            + "  ".join(f"{t.rid} {h:,}" for t, h in zip(trace, hits, strict=True))
+        )
     third = served["kvcert, hybrid profile"][-1]
     verdict = "every cacheable token" if third == cacheable else f"{third:,} of {cacheable:,}"
     print(f"third send of A: vLLM's manager {served[next(iter(served))][-1]:,}; kvcert hybrid "

@@ -181,7 +181,7 @@ def main() -> int:
     policy = args[0] if args else "priority"
     cls: type = Scheduler
     if "--kvcert" in sys.argv[1:]:
-        from kvcert.reference.vllm import Scheduler as KvcertScheduler
+        from kvcert.reference.vllm import Scheduler as KvcertScheduler  # noqa: PLC0415 - only with --kvcert
 
         cls = KvcertScheduler
     init_none_hash(sha256)
