@@ -204,6 +204,11 @@ def finding_class(finding: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The `fuzz` command."""
+    if args.kvcert and (args.fix or args.mutant or args.save or args.merge):
+        raise InputError(
+            "--kvcert serves every workload with kvcert's own manager: it takes no --fix, "
+            "--mutant, --save or --merge (those are about vLLM's manager)"
+        )
     if args.merge:
         report = merge([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.merge])
     elif args.replay:
@@ -215,11 +220,6 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(
                 "--save with --mutant: a mutant's findings fail only against that broken "
                 "twin, so they make no regression for vLLM; drop one of the two"
-            )
-        if args.kvcert and (args.fix or args.mutant or args.save):
-            raise InputError(
-                "--kvcert serves every workload with kvcert's own manager: it takes no --fix, "
-                "--mutant or --save (those are about vLLM's manager)"
             )
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
@@ -261,12 +261,13 @@ def replay(args: argparse.Namespace) -> int:
             workload = Workload.from_json(body["workload"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InputError(f"--replay {path}: not a kvcert fuzz regression ({error})") from error
-        outcome = play(workload, args.fix, args.mutant)
+        outcome = play(workload, args.fix, args.mutant, args.kvcert)
         verdict = outcome.finding or (
             f"not played: {outcome.unreachable}" if outcome.unreachable else "sound"
         )
         failed += outcome.finding is not None
-        print(f"{path} on vllm {release}{' (fixed)' if args.fix else ''}: {verdict}")
+        served = " (fixed)" if args.fix else " (kvcert's manager)" if args.kvcert else ""
+        print(f"{path} on vllm {release}{served}: {verdict}, {outcome.hit_tokens} hit tokens")
     return 1 if failed else 0
 
 

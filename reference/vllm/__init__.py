@@ -1,13 +1,33 @@
 """kvcert's allocator inside vLLM 0.33.0: a drop-in KVCacheManager and the Scheduler using it.
 
-Needs vLLM installed (importing this package without it raises ImportError). Never imports
-kvcert.spec. Configuration: `Settings` or the environment (KVCERT_EVICTION, KVCERT_HASH,
-KVCERT_SPECULATIVE; see kvcert.reference.vllm.settings).
+    vllm serve MODEL --scheduler-cls kvcert.reference.vllm.Scheduler --no-async-scheduling
+
+`KVCacheManager` and `Scheduler` need vLLM (importing them without it raises ImportError);
+`Settings` and `UnsupportedConfigError` do not, so configuration can be checked anywhere.
+Never imports kvcert.spec. Configuration: `Settings` or the environment (KVCERT_EVICTION,
+KVCERT_HASH, KVCERT_SPECULATIVE; see kvcert.reference.vllm.settings).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from kvcert.reference.vllm.layout import UnsupportedConfigError
-from kvcert.reference.vllm.manager import IntegrationError, KVCacheManager
-from kvcert.reference.vllm.scheduler import Scheduler
 from kvcert.reference.vllm.settings import Settings
 
+_NEEDS_VLLM = {
+    "IntegrationError": "kvcert.reference.vllm.manager",
+    "KVCacheManager": "kvcert.reference.vllm.manager",
+    "Scheduler": "kvcert.reference.vllm.scheduler",
+}
+
 __all__ = ["IntegrationError", "KVCacheManager", "Scheduler", "Settings", "UnsupportedConfigError"]
+
+
+def __getattr__(name: str) -> Any:
+    """The classes that need vLLM, imported on first use (PEP 562)."""
+    module = _NEEDS_VLLM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -53,7 +53,9 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
             "only: drop --scheduler-cls to use vLLM's own manager for this model"
         )
     (kind,) = found
-    if not getattr(spec, "prefix_cacheable", True) or getattr(spec, "prefix_replay_tokens", 0):
+    cacheable = bool(getattr(spec, "prefix_cacheable", True))
+    replayed = int(getattr(spec, "prefix_replay_tokens", 0))
+    if not cacheable or replayed:
         raise UnsupportedConfigError(
             f"KV-cache group {index} is not prefix-cacheable in vLLM's terms (bounded replay): "
             "the kvcert manager would serve hits from it; drop --scheduler-cls for this model"
@@ -78,14 +80,16 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
 
 
 def cache_config(
-    kv_cache_config: Any, max_model_len: int, keying: DraftKeying | None, settings: Settings
+    kv_cache_config: Any, max_model_len: int, drafting: bool, settings: Settings
 ) -> CacheConfig:
     """The reference configuration for vLLM's planned groups: the same groups in the same
     order (group i's table is vLLM's group i), the same `num_blocks` (block 0 is the null
     block in both). Draft groups are the ones vLLM marks (`is_eagle_group`, or a spec's
     `is_draft`); when a drafter runs and nothing is marked, every group is treated as holding
-    draft layers, as vLLM's EAGLE block drop does. `keying` is how vLLM's flags key draft
-    blocks (None: no drafter); `settings.speculative` overrides it."""
+    draft layers, as vLLM's EAGLE block drop does (`drafting`: a drafter runs). kvcert
+    keys their blocks exactly (HIT-SPEC-1) whatever vLLM's flags
+    say, unless `settings.speculative` asks for the drop: exact keys are sound for the
+    drafter's KV, vLLM's drop is not (kvcert fuzz finds stale draft KV under it)."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
@@ -94,7 +98,7 @@ def cache_config(
         or any(getattr(m, "is_draft", False) for m in _members(g.kv_cache_spec))
         for g in groups
     ]
-    if keying is not None and not any(marked):
+    if drafting and not any(marked):
         marked = [True] * len(groups)
     configs = tuple(
         group_config(i, g, draft) for i, (g, draft) in enumerate(zip(groups, marked, strict=True))
@@ -102,7 +106,7 @@ def cache_config(
     return CacheConfig(
         configs,
         kv_cache_config.num_blocks,
-        speculative=(settings.speculative or keying or DraftKeying.DROP) if any(marked) else None,
+        speculative=(settings.speculative or DraftKeying.EXACT) if any(marked) else None,
         max_model_len=max_model_len,
         hash_algorithm=settings.hash_algorithm,
         eviction=settings.eviction,

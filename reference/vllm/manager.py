@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvcert.reference.config import DraftKeying, Kind
+from kvcert.reference.config import Kind
 from kvcert.reference.errors import KVCacheError
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager as Core
@@ -187,15 +187,8 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.enable_kv_cache_events = False
         self.mamba_shared_prefix_checkpoint = False
-        # how vLLM's flags key a drafter's blocks: lookahead hashes (exact) or EAGLE's drop
-        keying = (
-            DraftKeying.EXACT
-            if num_hash_lookahead_tokens > 0
-            else DraftKeying.DROP
-            if use_eagle
-            else None
-        )
-        self.core = Core(cache_config(kv_cache_config, max_model_len, keying, self.settings))
+        drafting = use_eagle or num_hash_lookahead_tokens > 0  # vLLM runs a drafter
+        self.core = Core(cache_config(kv_cache_config, max_model_len, drafting, self.settings))
         groups = kv_cache_config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
         self._api = _vllm()

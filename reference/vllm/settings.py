@@ -5,8 +5,7 @@ environment when no `Settings` is given:
 
     KVCERT_EVICTION     lru (default) | hybrid | lru-unkeyed-first
     KVCERT_HASH         sha256 (default) | blake2b
-    KVCERT_SPECULATIVE  drop | exact (default: what vLLM's flags say: exact with its lookahead
-                        block hashes, drop with EAGLE's block drop); read only with a drafter
+    KVCERT_SPECULATIVE  exact (default) | drop    (draft-layer keying; read with a drafter)
 """
 
 from __future__ import annotations
@@ -35,9 +34,9 @@ class Settings:
 
     eviction: Eviction = Eviction.LRU
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
-    # drop: draft-layer blocks are keyed like the target's and the last one is not served
-    # (vLLM's EAGLE block drop); exact: keyed one token further (HIT-SPEC-1/2, vLLM's
-    # lookahead block hashes); None: whichever of the two vLLM's flags choose
+    # exact (None means exact): draft-layer blocks keyed one token further (HIT-SPEC-1, as
+    # vLLM's lookahead block hashes); drop: keyed like the target's, the last one not served
+    # (HIT-SPEC-2, vLLM's EAGLE block drop, which serves stale draft KV: acceptance only)
     speculative: DraftKeying | None = None
 
     @classmethod

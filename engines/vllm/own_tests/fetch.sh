@@ -15,7 +15,7 @@ version=${1:?usage: fetch.sh VERSION}
 url=$(grep -v '^#' "engines/vllm/$version/sdist.txt" | head -1)
 venv=$(bash scripts/engine-venv.sh vllm "$version" | tail -1)
 dest=$PWD/.engines/vllm-$version-tests
-stamp=$(printf '%s\n' "$url" "$(cat engines/vllm/own_tests/requirements.txt)" | sha256sum | cut -c1-16)
+stamp=$(printf '%s\n' "$url" "$(cat engines/vllm/own_tests/test-requirements.txt)" | sha256sum | cut -c1-16)
 if [ "$(cat "$dest/.stamp" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$dest" && mkdir -p "$dest/download" "$dest/build" "$dest/src"
   pip=("$venv/bin/python" -m pip --disable-pip-version-check)
@@ -27,7 +27,7 @@ if [ "$(cat "$dest/.stamp" 2>/dev/null)" != "$stamp" ]; then
   tar -xzf "$dest"/download/vllm-"$version".tar.gz -C "$dest/src" --strip-components=1 \
     "vllm-$version/tests" "vllm-$version/pyproject.toml"
   rm -rf "$dest/build"
-  "${pip[@]}" install --quiet --target "$dest/site" -r engines/vllm/own_tests/requirements.txt
+  "${pip[@]}" install --quiet --target "$dest/site" -r engines/vllm/own_tests/test-requirements.txt
   echo "$stamp" > "$dest/.stamp"
 fi
 # The hub models the tests name, as an offline Hugging Face cache of config.json files

@@ -1,0 +1,115 @@
+"""engines/vllm/own_tests: the published comparison is complete and CI's check is strict."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = ROOT / "engines/vllm/0.33.0"
+REPORT = ROOT / "engines/vllm/own_tests/report.py"
+
+
+def test_every_difference_is_explained_and_the_counts_match_the_expected_outcomes() -> None:
+    text = (RELEASE / "VLLM_TESTS.md").read_text(encoding="utf-8")
+    expected = json.loads((RELEASE / "vllm-tests-expected.json").read_text(encoding="utf-8"))
+    assert "UNEXPLAINED" not in text
+    summary = re.search(r"\*\*([\d,]+) of ([\d,]+) pass with vLLM's manager.*?; ([\d,]+) pass "
+                        r"with kvcert's\.\*\* ([\d,]+) pass with vLLM's and not", text)  # fmt: skip
+    assert summary is not None
+    passed_vllm, total, passed_kvcert, lost = (int(g.replace(",", "")) for g in summary.groups())
+    outcomes = expected["kvcert"]
+    assert passed_kvcert == sum(s == "passed" for s in outcomes.values())
+    assert total == len(outcomes)
+    listed = re.findall(r"^- `(.+)`$", text.split("## Passing with vLLM's manager, not")[1], re.M)
+    assert len(listed) == lost == len(set(listed))
+    assert passed_vllm - lost <= passed_kvcert
+    for test in listed:  # each difference is a test kvcert's run did not pass
+        assert outcomes[f"tests/v1/core/{test}"] != "passed", test
+    reasons = re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)
+    assert sum(int(n) for n, _ in reasons) == lost
+
+
+def test_the_readme_quotes_the_published_counts() -> None:
+    text = (RELEASE / "VLLM_TESTS.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quoted = readme.split("<!-- vllm-tests:")[1].split("**Seed 001")[0]
+    numbers = re.search(r"([\d,]+) of ([\d,]+) pass with vLLM's manager, ([\d,]+) with "
+                        r"kvcert's\. Each of the ([\d,]+)", quoted)  # fmt: skip
+    assert numbers is not None
+    summary = re.search(r"\*\*([\d,]+) of ([\d,]+) pass with vLLM's manager.*?; ([\d,]+) pass "
+                        r"with kvcert's\.\*\* ([\d,]+) pass", text)  # fmt: skip
+    assert summary is not None
+    assert numbers.groups() == summary.groups()
+    counts = {why: int(n) for n, why in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)}
+    vis = sum(n for why, n in counts.items() if why.startswith("ALLOC-VIS-1"))
+    mamba = counts["refused: a MambaSpec group (the integration serves full, sliding-window and "
+                   "chunked local attention groups only)"]  # fmt: skip
+    drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
+    assert f"Mamba groups alone account for {mamba}" in quoted
+    assert f"{vis} tests that expect hits on blocks no step has written" in quoted
+    assert f"and {drafts} where a request finishing" in quoted
+    assert ("No test passes\nonly with kvcert's" in quoted) == ("## Passing only with" not in text)
+
+
+def junit(path: Path, outcomes: dict[str, str]) -> None:
+    cases = []
+    for name, status in outcomes.items():
+        module, test = name.split("::")
+        inner = {"failed": '<failure message="AssertionError: boom"/>', "skipped": "<skipped/>"}
+        cases.append(f'<testcase classname="{module}" name="{test}">{inner.get(status, "")}'
+                     "</testcase>")  # fmt: skip
+    path.write_text(f"<testsuites><testsuite>{''.join(cases)}</testsuite></testsuites>")
+
+
+@pytest.mark.parametrize(
+    ("now", "code"),
+    [
+        ({"a": "passed", "b": "failed"}, 0),
+        ({"a": "failed", "b": "failed"}, 1),  # a new failure
+        ({"a": "passed", "b": "passed"}, 1),  # an unexpected pass
+        ({"a": "passed", "b": "skipped"}, 0),  # not passing, as expected
+        ({"a": "passed"}, 0),  # b absent: not passing either
+    ],
+)
+def test_the_check_fails_on_any_change_of_outcome(tmp_path: Path, now: dict[str, str],
+                                                  code: int) -> None:  # fmt: skip
+    root = tmp_path / "root"
+    (root / "engines/vllm/own_tests").mkdir(parents=True)
+    (root / "engines/vllm/9.9.9").mkdir(parents=True)
+    (root / ".engines/vllm-9.9.9-tests").mkdir(parents=True)
+    script = root / "engines/vllm/own_tests/report.py"
+    script.write_text(REPORT.read_text(encoding="utf-8"), encoding="utf-8")
+    ids = {"a": "tests.v1.core.test_x::test_a", "b": "tests.v1.core.test_x::test_b"}
+    expected = {"tests/v1/core/test_x.py::test_a": "passed",
+                "tests/v1/core/test_x.py::test_b": "failed"}  # fmt: skip
+    (root / "engines/vllm/9.9.9/vllm-tests-expected.json").write_text(
+        json.dumps({"kvcert": expected})
+    )
+    junit(root / ".engines/vllm-9.9.9-tests/kvcert.xml", {ids[k]: s for k, s in now.items()})
+    run = subprocess.run([sys.executable, str(script), "9.9.9", "--check"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert run.returncode == code, run.stdout + run.stderr
+
+
+def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
+    report = json.loads((RELEASE / "fuzz-kvcert.json").read_text(encoding="utf-8"))
+    assert report["kvcert"] is True
+    assert report["violations"] == []
+    refused = {why: len(seeds) for why, seeds in report["unreachable"].items()}
+    played = report["runs"] - sum(refused.values())
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = readme.split("<!-- fuzz-kvcert:")[1].split("CI runs 400 seeds")[0]
+    asynchronous = next(n for why, n in refused.items() if "synchronous" in why)
+    state = next(n for why, n in refused.items() if "MambaSpec" in why)
+    assert (
+        f"{played:,} of {report['runs']:,} workloads played ({asynchronous} with asynchronous "
+        f"scheduling and {state} state hybrids are refused), {report['preemptions']} "
+        f"preemptions, {report['hit_tokens']:,} hit tokens, {report['accepted']:,} of "
+        f"{report['drafts']:,} drafts accepted, **0 findings**"
+    ) in quoted

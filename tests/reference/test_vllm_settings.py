@@ -1,0 +1,45 @@
+"""kvcert.reference.vllm's configuration, which imports without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm
+from kvcert.reference.errors import ConfigError
+from kvcert.reference.vllm import Settings, UnsupportedConfigError
+
+
+def test_settings_come_from_the_environment() -> None:
+    assert Settings.from_env({}) == Settings()
+    assert Settings().speculative is None  # follow vLLM's own flags
+    env = {"KVCERT_EVICTION": "Hybrid", "KVCERT_HASH": " blake2b ", "KVCERT_SPECULATIVE": "exact"}
+    assert Settings.from_env(env) == Settings(
+        Eviction.HYBRID, HashAlgorithm.BLAKE2B, DraftKeying.EXACT
+    )
+    assert Settings.from_env({"KVCERT_EVICTION": ""}).eviction is Eviction.LRU
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("KVCERT_EVICTION", "fifo"), ("KVCERT_HASH", "md5"), ("KVCERT_SPECULATIVE", "maybe")],
+)
+def test_a_bad_setting_names_the_variable_and_the_choices(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{variable}='{value}' is not one of: \w+"):
+        Settings.from_env({variable: value})
+
+
+def test_unsupported_configurations_are_value_errors() -> None:
+    assert issubclass(UnsupportedConfigError, ConfigError)
+    assert issubclass(UnsupportedConfigError, ValueError)  # what vLLM's config checks raise
+
+
+def test_the_vllm_classes_need_vllm() -> None:
+    import kvcert.reference.vllm as integration
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            integration.Scheduler  # noqa: B018
+    with pytest.raises(AttributeError):
+        integration.Nothing  # noqa: B018
