@@ -161,7 +161,6 @@ class KVCacheManager:
         settings: Settings | None = None,
     ) -> None:
         del scheduler_block_size, max_in_flight_tokens  # vLLM's own sizing
-        self.hash_block_size = hash_block_size  # read back by the scheduler (block_pool)
         del enable_mamba_shared_prefix_checkpoint  # state groups are refused below
         refused = {
             "enable_kv_cache_events": (enable_kv_cache_events, "drop --kv-events-config"),
@@ -180,6 +179,7 @@ class KVCacheManager:
             if on:
                 raise UnsupportedConfigError(f"the kvcert manager does not support {what}: {fix}")
         self.settings = Settings.from_env() if settings is None else settings
+        self.hash_block_size = hash_block_size  # read back by the scheduler (block_pool)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -390,6 +390,10 @@ class KVCacheManager:
         self._note_new(result)
         tables = self.core.block_tables(rid)
         tails = [t[s:] for t, s in zip(tables, seen, strict=True)]
+        if sum(map(len, result.new_blocks)) != sum(b != 0 for t in tails for b in t):
+            raise IntegrationError(  # never hand vLLM's worker a table it cannot append
+                f"request {rid!r}: a new block landed inside the table vLLM's worker holds"
+            )
         self._seen[rid] = [len(t) for t in tables]
         return self._wrap(tails)
 
