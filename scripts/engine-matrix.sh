@@ -58,4 +58,24 @@ for dir in engines/*/*/; do
     fi
   fi
 done
+# kvcert.reference.vllm, the drop-in for vLLM 0.33.0: the deep twin of CI's 400-seed campaign
+# (no finding allowed) and of its run of vLLM's own tests (every outcome as expected).
+if [ -x .engines/vllm-0.33.0/bin/kvcert ]; then
+  if fuzz=$(.engines/vllm-0.33.0/bin/kvcert fuzz --kvcert --runs 10000 --shrink-budget 40 \
+      --json .engines/vllm-0.33.0.fuzz-kvcert.json 2>&1); then
+    echo "ok   vllm 0.33.0 fuzz --kvcert: $(echo "$fuzz" | grep '^kvcert fuzz')"
+  else
+    status=1
+    echo "FAIL vllm 0.33.0 fuzz --kvcert:"
+    echo "$fuzz" | tail -20
+  fi
+  bash engines/vllm/own_tests/run.sh 0.33.0 kvcert > .engines/vllm-0.33.0-tests.log 2>&1
+  if checked=$(python3 engines/vllm/own_tests/report.py 0.33.0 --check 2>&1); then
+    echo "ok   vllm 0.33.0 own tests: $(echo "$checked" | tail -1)"
+  else
+    status=1
+    echo "FAIL vllm 0.33.0 own tests:"
+    echo "$checked" | tail -20
+  fi
+fi
 exit $status
