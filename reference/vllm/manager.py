@@ -202,7 +202,9 @@ class KVCacheManager:
         self._zeroed = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._new_ids: list[int] = []  # attention blocks handed out, for the worker to zero
         self._prompts: dict[str, tuple[int, Prompt]] = {}  # a lookup's digests, for admission
-        self._seen: dict[str, list[int]] = {}  # per request, the table length vLLM holds
+        # per request, the table lengths vLLM's worker holds and the slots keeping them whole
+        self._seen: dict[str, tuple[list[int], int]] = {}
+        self._sizes = [g.block_size for g in self.core.config.groups]
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
 
     # -- stats ------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ class KVCacheManager:
                 f"{result.hit} tokens now; look the request up again before allocating"
             )
         tables = result.tables or ()
-        self._seen[rid] = [len(t) for t in tables]
+        self._saw(rid, tables)
         self._note_new(result)
         start = [len(t) - len(n) for t, n in zip(tables, result.new_blocks, strict=True)]
         return self._wrap(
@@ -368,19 +370,7 @@ class KVCacheManager:
                 "update_from_output()); the kvcert manager registers a step's blocks when its "
                 "output arrives and serves synchronous scheduling only: --no-async-scheduling"
             )
-        # Never release a table's last block: vLLM's worker only appends to a block table, so
-        # a released tail position could not be handed a block again. Group g keeps its last
-        # block while the slots reach past (seen[g] - 1) * block_size.
-        seen = self._seen[rid]
-        keep = (
-            max(
-                (n - 1) * g.block_size + 1
-                for n, g in zip(seen, self.core.config.groups, strict=True)
-                if n
-            )
-            if any(seen)
-            else 0
-        )
+        seen, keep = self._seen[rid]
         slots = min(max(end + lookahead, keep), self.max_model_len)
         result = self.core.extend(rid, budget, appended, max(slots - real_end, 0))
         if not isinstance(result, Scheduled):
@@ -394,8 +384,20 @@ class KVCacheManager:
             raise IntegrationError(  # never hand vLLM's worker a table it cannot append
                 f"request {rid!r}: a new block landed inside the table vLLM's worker holds"
             )
-        self._seen[rid] = [len(t) for t in tables]
+        self._saw(rid, tables)
         return self._wrap(tails)
+
+    def _saw(self, rid: str, tables: Sequence[Sequence[int]]) -> None:
+        """Record the table lengths vLLM's worker now holds, and the slots that keep every
+        table's last block. Never releasing one matters: the worker only appends to a block
+        table, so a released tail position could not be handed a block again; group g keeps
+        its last block while the slots reach past (len - 1) * block_size."""
+        lengths = [len(t) for t in tables]
+        keep = max(
+            ((n - 1) * size + 1 for n, size in zip(lengths, self._sizes, strict=True) if n),
+            default=0,
+        )
+        self._seen[rid] = (lengths, keep)
 
     def _note_new(self, result: Scheduled) -> None:
         if self._zeroed:

@@ -1,0 +1,93 @@
+"""vLLM 0.33.0's whole Scheduler step with its own KVCacheManager vs kvcert's drop-in.
+
+    .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm_scheduler.py [--quick]
+
+What a deployment pays per step for swapping the manager (`--scheduler-cls
+kvcert.reference.vllm.Scheduler`): the same workload through vLLM's real Scheduler
+(`schedule()` then `update_from_output()` with a played model runner), once with each
+manager, alternately, in the same process; each time is the fastest of its side's rounds and
+the ratio is vLLM's time / kvcert's (above 1: kvcert's is faster). Both must serve the same
+hits and finish every request, or nothing is reported.
+
+Workload: GPT-OSS-20B as vLLM's planner groups it (full attention + a 128-token sliding
+window), 64 requests sharing a 1,024-token system prompt with a 512-token question each,
+arriving 8 per step, 64 output tokens each, an 8,192-token step budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvcert.conformance.campaign.vllm_loop import build  # noqa: E402
+from kvcert.conformance.campaign.workload import Arrival, Workload  # noqa: E402
+from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: E402
+
+
+def workload(requests: int, output: int) -> Workload:
+    system = tuple(range(1, 1025))
+    arrivals = tuple(
+        Arrival(r // 8, f"r{r}", system + tuple(2000 + (r * 512 + i) % 7000 for i in range(512)),
+                0, output)  # fmt: skip
+        for r in range(requests)
+    )
+    return Workload(seed=0, model="gpt-oss-20b", policy="fcfs", async_scheduling=False,
+                    usable_blocks=4096, budget=8192, long_prefill=0, arrivals=arrivals)  # fmt: skip
+
+
+def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
+    """(seconds, hit tokens, steps) for the whole workload."""
+    v = wiring.modules()
+    pending = list(load.arrivals)
+    hits = steps = 0
+    start = time.perf_counter()
+    while pending or scheduler.has_requests():
+        for arrival in [a for a in pending if a.step <= steps]:
+            pending.remove(arrival)
+            params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
+            scheduler.add_request(v["Request"](arrival.rid, list(arrival.prompt), params, None,
+                                               block_hasher=hasher))  # fmt: skip
+        output = scheduler.schedule()
+        hits += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
+        ids = list(output.num_scheduled_tokens)
+        sampled = [[7] if scheduler.requests[r].num_computed_tokens
+                   >= scheduler.requests[r].num_tokens else [] for r in ids]  # fmt: skip
+        runner = v["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=sampled,
+                                        req_id_to_index={r: i for i, r in enumerate(ids)})  # fmt: skip
+        scheduler.update_from_output(output, runner)
+        steps += 1
+    return time.perf_counter() - start, hits, steps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one small round (CI smoke)")
+    args = parser.parse_args()
+    load = workload(16 if args.quick else 64, 8 if args.quick else 64)
+    rounds = 1 if args.quick else 5
+    times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
+    seen: dict[str, tuple[int, int]] = {}
+    for _ in range(rounds):
+        for side in times:
+            scheduler, _, hasher = build(load, kvcert=side == "kvcert")
+            seconds, hits, steps = serve(scheduler, hasher, load)
+            times[side].append(seconds)
+            seen.setdefault(side, (hits, steps))
+            if seen[side] != (hits, steps):
+                raise SystemExit(f"{side} served differently between rounds")
+    best = {side: min(t) for side, t in times.items()}
+    ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
+    print(f"{len(load.arrivals)} requests, {rounds} round(s), hits (tokens, steps): {seen}")
+    print(f"vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's {best['kvcert'] * 1e3:.1f} ms; "
+          f"ratio (vLLM / kvcert, median of rounds) {statistics.median(ratios):.2f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
