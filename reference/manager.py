@@ -411,8 +411,8 @@ class KVCacheManager:
         `max_hit` caps the hit (the largest length up to it that every group accepts, when
         the hit is longer); `keep_free` blocks must stay free after this call's allocation;
         `fit_tokens` admits only if, beside `fit_keep_free` blocks, the blocks the request
-        holds once its first `fit_tokens` tokens are computed fit now (vLLM's whole-prompt
-        admission gate)."""
+        holds at once while computing its first `fit_tokens` tokens in chunks of `budget` fit
+        now (vLLM's whole-prompt admission gate; windows recycle their blocks)."""
         _request_id(rid)
         prompt = self._prepared(tokens, extras)
         if rid in self._requests:
@@ -453,7 +453,7 @@ class KVCacheManager:
         _, wanted = self._changes(request)  # a lookup table holds nothing to release
         count = sum(map(len, wanted))
         if fit_tokens is not None:
-            whole = self._to_reach(request, fit_tokens) + fit_keep_free
+            whole = self._to_hold(request, fit_tokens) + fit_keep_free
             if whole > self.pool.num_free - reviving:
                 return Waiting(whole + reviving, self.pool.num_free)
         if count + keep_free > self.pool.num_free - reviving:
@@ -479,6 +479,24 @@ class KVCacheManager:
             return sum(map(len, self._changes(request)[1]))
         finally:
             request.scheduled, request.lookahead = before
+
+    def _to_hold(self, request: _Request, tokens: int) -> int:
+        """How many new blocks `request` holds at once when it has computed its first
+        `tokens` tokens in steps of its current chunk: every position its last step keeps
+        (ALLOC-HOLD-1) that holds no block now. A window has released the earlier ones by
+        then, so a long prompt fits where its whole table would not."""
+        if type(tokens) is not int or tokens < 0:
+            raise RequestStateError(f"a token count must be an integer >= 0, got {tokens!r}")
+        start = max(request.computed, tokens - max(request.scheduled, 1))
+        count = 0
+        for g, group, size, _, _ in self._change_groups:
+            if group is None:  # cross attention
+                continue
+            table = request.tables[g]
+            low, high = first_read(group, start, tokens), -(-tokens // size)
+            held = min(high, len(table))
+            count += max(0, high - max(low, held)) + table[low:held].count(NULL_BLOCK)
+        return count
 
     def blocks_to_reach(self, rid: str, tokens: int) -> int:
         """How many free blocks running request `rid` still needs to hold its first `tokens`

@@ -92,10 +92,6 @@ def serve(cls: type, config: Any, trace: list[Any], num_blocks: int) -> list[int
         scheduler_config=SchedulerConfig(
             max_model_len=MAX_LEN, is_encoder_decoder=False, max_num_batched_tokens=2048,
             max_num_seqs=8, async_scheduling=False,
-            # vLLM's whole-prompt admission gate counts all 9 x 512 sliding-window blocks of
-            # an 8,192-token prompt, more than this pool holds: no send would ever start.
-            # Off for every manager alike (--no-scheduler-reserve-full-isl).
-            scheduler_reserve_full_isl=False,
         ),
     )  # fmt: skip
     vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -118,7 +114,7 @@ def serve(cls: type, config: Any, trace: list[Any], num_blocks: int) -> list[int
                 break
             output = scheduler.schedule()
             if not output.num_scheduled_tokens and not request.is_finished():
-                raise SystemExit(f"{cls.__name__}: {request.request_id} was never scheduled")
+                raise SystemExit(f"{cls.__module__}: {request.request_id} was never scheduled")
             for new in output.scheduled_new_reqs:
                 hit = new.num_computed_tokens if hit is None else hit
             ids = list(output.num_scheduled_tokens)

@@ -69,10 +69,22 @@ def test_admission_margins() -> None:
     refused = m.admit("b", longer, 16, fit_tokens=157, fit_keep_free=2)
     assert isinstance(refused, Waiting)
     assert not m.is_running("b")
-    for bad in ({"max_hit": -1}, {"keep_free": -2}, {"fit_keep_free": "3"}, {"fit_tokens": -1}):
+    for bad in ({"max_hit": -1}, {"keep_free": -2}, {"fit_keep_free": "3"}):
         with pytest.raises(RequestStateError):
             m.admit("c", PROMPT, 16, **bad)  # type: ignore[arg-type]
         assert not m.is_running("c")
+
+
+def test_the_whole_prompt_gate_lets_windows_recycle() -> None:
+    # 1,600 tokens: 100 blocks of full attention; the 32-token window's last 512-token chunk
+    # keeps 34 blocks (2 of window before it, 32 written). 134 fit in 140 usable, 200 do not.
+    m = KVCacheManager(CacheConfig((FULL, SW), 141))
+    long = list(range(1600))
+    assert isinstance(m.admit("r", long, 512, fit_tokens=1600, fit_keep_free=6), Scheduled)
+    m.finish("r")
+    assert isinstance(m.admit("r", long, 512, fit_tokens=1600, fit_keep_free=7), Waiting)
+    with pytest.raises(RequestStateError):
+        m.admit("r", long, 512, fit_tokens=-1)
 
 
 def test_progress_in_flight_and_blocks_to_reach() -> None:
