@@ -25,20 +25,30 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvcert.conformance.campaign.vllm_loop import build  # noqa: E402
-from kvcert.conformance.campaign.workload import Arrival, Workload  # noqa: E402
-from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: E402
+from kvcert.conformance.campaign.vllm_loop import build
+from kvcert.conformance.campaign.workload import Arrival, Workload
+from kvcert.conformance.engines import vllm_wiring as wiring
 
 
 def workload(requests: int, output: int) -> Workload:
     system = tuple(range(1, 1025))
+
+    def question(r: int) -> tuple[int, ...]:
+        return tuple(2000 + (r * 512 + i) % 7000 for i in range(512))
+
     arrivals = tuple(
-        Arrival(r // 8, f"r{r}", system + tuple(2000 + (r * 512 + i) % 7000 for i in range(512)),
-                0, output)  # fmt: skip
-        for r in range(requests)
+        Arrival(r // 8, f"r{r}", system + question(r), 0, output) for r in range(requests)
     )
-    return Workload(seed=0, model="gpt-oss-20b", policy="fcfs", async_scheduling=False,
-                    usable_blocks=4096, budget=8192, long_prefill=0, arrivals=arrivals)  # fmt: skip
+    return Workload(
+        seed=0,
+        model="gpt-oss-20b",
+        policy="fcfs",
+        async_scheduling=False,
+        usable_blocks=4096,
+        budget=8192,
+        long_prefill=0,
+        arrivals=arrivals,
+    )
 
 
 def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
@@ -51,15 +61,18 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
         for arrival in [a for a in pending if a.step <= steps]:
             pending.remove(arrival)
             params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
-            scheduler.add_request(v["Request"](arrival.rid, list(arrival.prompt), params, None,
-                                               block_hasher=hasher))  # fmt: skip
+            scheduler.add_request(
+                v["Request"](arrival.rid, list(arrival.prompt), params, None, block_hasher=hasher)
+            )
         output = scheduler.schedule()
         hits += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
         ids = list(output.num_scheduled_tokens)
-        sampled = [[7] if scheduler.requests[r].num_computed_tokens
-                   >= scheduler.requests[r].num_tokens else [] for r in ids]  # fmt: skip
-        runner = v["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=sampled,
-                                        req_id_to_index={r: i for i, r in enumerate(ids)})  # fmt: skip
+        done = [scheduler.requests[r] for r in ids]
+        sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in done]
+        index = {r: i for i, r in enumerate(ids)}
+        runner = v["ModelRunnerOutput"](
+            req_ids=ids, sampled_token_ids=sampled, req_id_to_index=index
+        )
         scheduler.update_from_output(output, runner)
         steps += 1
     return time.perf_counter() - start, hits, steps
@@ -74,18 +87,20 @@ def main() -> int:
     times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
     seen: dict[str, tuple[int, int]] = {}
     for _ in range(rounds):
-        for side in times:
+        for side, taken in times.items():
             scheduler, _, hasher = build(load, kvcert=side == "kvcert")
             seconds, hits, steps = serve(scheduler, hasher, load)
-            times[side].append(seconds)
+            taken.append(seconds)
             seen.setdefault(side, (hits, steps))
             if seen[side] != (hits, steps):
                 raise SystemExit(f"{side} served differently between rounds")
     best = {side: min(t) for side, t in times.items()}
     ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
     print(f"{len(load.arrivals)} requests, {rounds} round(s), hits (tokens, steps): {seen}")
-    print(f"vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's {best['kvcert'] * 1e3:.1f} ms; "
-          f"ratio (vLLM / kvcert, median of rounds) {statistics.median(ratios):.2f}x")  # fmt: skip
+    print(
+        f"vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's {best['kvcert'] * 1e3:.1f} ms; "
+        f"ratio (vLLM / kvcert, median of rounds) {statistics.median(ratios):.2f}x"
+    )
     return 0
 
 
