@@ -3,9 +3,10 @@
 Before any test module is imported, vLLM's KVCacheManager and its two schedulers are replaced
 where the tests (and vLLM's code) look them up, by kvcert.reference.vllm's classes: the
 manager everywhere, the synchronous Scheduler by kvcert's subclass (which registers a step's
-blocks when its output arrives). No test file is edited. The AsyncScheduler is left as it is:
-its requests are scheduled again before their previous step's output arrives, which the kvcert
-manager refuses (see engines/vllm/0.33.0/VLLM_TESTS.md).
+blocks when its output arrives). No test file is edited. vLLM's AsyncScheduler subclasses the
+original Scheduler, so it too builds kvcert's manager, which refuses its requests when they
+are scheduled again before their previous step's output arrives (see
+engines/vllm/0.33.0/VLLM_TESTS.md).
 """
 
 from __future__ import annotations
