@@ -1,0 +1,153 @@
+"""What the kvcert manager keys and refuses, on vLLM 0.33.0's own Request and spec objects.
+
+    .engines/vllm-0.33.0/bin/python engines/vllm/integration_check.py
+
+vLLM's own tests exercise its hash utilities, not what kvcert.reference.vllm derives from a
+Request: this checks that two requests with the same tokens share blocks only when every
+extra input (cache salt, LoRA adapter name and path, multimodal item and its place, prompt
+embeddings) is the same, and that each configuration the integration does not serve is
+refused with UnsupportedConfigError. Prints one line per check; exit 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+from vllm.v1.request import Request
+
+from kvcert.reference.vllm import KVCacheManager, UnsupportedConfigError
+
+BLOCK = 16
+TOKENS = list(range(100, 164))  # 64 tokens: 3 blocks can hit (the last token is computed)
+FULL = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+
+
+def config(*specs: Any) -> KVCacheConfig:
+    groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs or (FULL,))]
+    return KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def request(rid: str, **extra: Any) -> Request:
+    tokens = extra.pop("tokens", TOKENS)
+    return Request(rid, tokens, SamplingParams(max_tokens=1), None, **extra)
+
+
+def feature(identifier: str, offset: int) -> MultiModalFeatureSpec:
+    return MultiModalFeatureSpec(
+        data=None,
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=offset, length=8),
+    )
+
+
+def hit_after(first: dict[str, Any], second: dict[str, Any]) -> int:
+    """The hit `second` gets after `first` was computed and finished."""
+    manager = KVCacheManager(
+        config(), max_model_len=256, scheduler_block_size=BLOCK, hash_block_size=BLOCK
+    )
+    a = request("a", **first)
+    manager.allocate_slots(a, a.num_tokens)
+    manager.end_step()
+    manager.free(a)
+    return manager.get_computed_blocks(request("b", **second))[1]
+
+
+def lora(name: str, path: str) -> LoRARequest:
+    return LoRARequest(lora_name=name, lora_int_id=1, lora_path=path)
+
+
+EMBEDS = torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4)
+SHARED = 48  # what a request with identical inputs gets back
+
+KEYING: list[tuple[str, dict[str, Any], dict[str, Any], int]] = [
+    ("identical prompts", {}, {}, SHARED),
+    ("same cache salt", {"cache_salt": "s"}, {"cache_salt": "s"}, SHARED),
+    ("another cache salt", {"cache_salt": "s"}, {"cache_salt": "t"}, 0),
+    ("salted vs not", {"cache_salt": "s"}, {}, 0),
+    (
+        "same LoRA adapter",
+        {"lora_request": lora("x", "/a")},
+        {"lora_request": lora("x", "/a")},
+        SHARED,
+    ),
+    (
+        "LoRA re-pointed at another path",
+        {"lora_request": lora("x", "/a")},
+        {"lora_request": lora("x", "/b")},
+        0,
+    ),
+    ("LoRA vs the base model", {"lora_request": lora("x", "/a")}, {}, 0),
+    (
+        "same image at the same place",
+        {"mm_features": [feature("img", 20)]},
+        {"mm_features": [feature("img", 20)]},
+        SHARED,
+    ),
+    (
+        "another image at the same place",
+        {"mm_features": [feature("img", 20)]},
+        {"mm_features": [feature("other", 20)]},
+        16,
+    ),
+    (
+        "the same image elsewhere",
+        {"mm_features": [feature("img", 20)]},
+        {"mm_features": [feature("img", 36)]},
+        16,
+    ),
+    (
+        "same prompt embeddings",
+        {"prompt_embeds": EMBEDS},
+        {"prompt_embeds": EMBEDS.clone()},
+        SHARED,
+    ),
+    ("other prompt embeddings", {"prompt_embeds": EMBEDS}, {"prompt_embeds": EMBEDS + 1}, 0),
+]
+
+
+def refused(build: Callable[[], Any]) -> str | None:
+    try:
+        build()
+    except UnsupportedConfigError as why:
+        return str(why)
+    return None
+
+
+def main() -> int:
+    failed = 0
+    for name, first, second, want in KEYING:
+        got = hit_after(first, second)
+        failed += got != want
+        print(f"{'ok  ' if got == want else 'FAIL'} keying, {name}: hit {got} (want {want})")
+    mamba = MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,))
+    refusals = {
+        "a Mamba group": lambda: KVCacheManager(config(FULL, mamba), 256, BLOCK, BLOCK),
+        "KV events": lambda: KVCacheManager(
+            config(), 256, BLOCK, BLOCK, enable_kv_cache_events=True
+        ),
+        "decode context parallelism": lambda: KVCacheManager(
+            config(), 256, BLOCK, BLOCK, dcp_world_size=2
+        ),
+    }
+    for name, build in refusals.items():
+        why = refused(build)
+        failed += why is None
+        print(f"{'ok  ' if why else 'FAIL'} refused, {name}: {why or 'accepted'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
