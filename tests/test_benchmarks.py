@@ -24,3 +24,16 @@ def test_quick_benchmark_runs_and_reports_ratios():
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.endswith("x")]
     assert len(lines) == 12
+
+
+def test_profile_names_where_the_reference_spends_its_time():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_reference.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "manager.py" in result.stdout and "(extend)" in result.stdout
+    assert "hashing.py" in result.stdout
