@@ -35,5 +35,6 @@ def test_profile_names_where_the_reference_spends_its_time():
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "manager.py" in result.stdout and "(extend)" in result.stdout
+    assert "manager.py" in result.stdout
+    assert "(extend)" in result.stdout
     assert "hashing.py" in result.stdout
