@@ -205,7 +205,9 @@ class KVCacheManager:
         budget = config.digest_memo_bytes
         self._memo = DigestMemo(budget) if budget else None
         self._requests: dict[str, _Request] = {}
-        self._in_flight: set[str] = set()
+        # running requests with a chunk in flight -> the step it was scheduled in
+        self._in_flight: dict[str, int] = {}
+        self._step = 0  # the step being scheduled (start_step); 0 until an engine pipelines
         exact = config.speculative is DraftKeying.EXACT
         self._shifted = [exact and g.draft for g in config.groups]
         base = [
@@ -461,7 +463,7 @@ class KVCacheManager:
         added = self._take_then_fill(hits, request, wanted)
         self._plan_quiet(request)
         self._requests[rid] = request
-        self._in_flight.add(rid)
+        self._in_flight[rid] = self._step
         self._admissions += 1
         self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
@@ -522,8 +524,31 @@ class KVCacheManager:
         self._requests[new_rid] = request
         del self._requests[rid]
         if rid in self._in_flight:
-            self._in_flight.discard(rid)
-            self._in_flight.add(new_rid)
+            self._in_flight[new_rid] = self._in_flight.pop(rid)
+
+    def reserve(self, rid: str, tokens: int) -> Scheduled | Waiting:
+        """Hold slots for the first `tokens` tokens of running request `rid` while its chunk
+        is in flight: lookahead beyond that chunk, allocated now (ALLOC-WRITE-1's positions),
+        never shrunk. An engine that schedules the next step before the current one's output
+        arrives gives that step its blocks this way, and `extend`s it once the step in flight
+        has ended, with the same slots; nothing is computed or registered here."""
+        request = self._running(rid)
+        if type(tokens) is not int or tokens < 0:
+            raise RequestStateError(f"a token count must be an integer >= 0, got {tokens!r}")
+        lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
+        if lookahead == request.lookahead:
+            return Scheduled(0, 0, self._no_blocks)
+        before = request.lookahead
+        request.lookahead = lookahead
+        released, wanted = self._changes(request)
+        count = sum(map(len, wanted))
+        if count > self.pool.num_free + self._freed_by(released):
+            request.lookahead = before
+            return Waiting(count, self.pool.num_free + self._freed_by(released))
+        self._drop(request, released)
+        added = self._fill(request, wanted)
+        self._plan_quiet(request)
+        return Scheduled(0, 0, added)
 
     def progress(self, rid: str) -> tuple[int, int]:
         """(tokens computed, tokens known) of running request `rid`."""
@@ -550,12 +575,21 @@ class KVCacheManager:
         return request
 
     def extend(
-        self, rid: str, budget: int, appended: Sequence[int] = (), lookahead: int = 0
+        self,
+        rid: str,
+        budget: int,
+        appended: Sequence[int] = (),
+        lookahead: int = 0,
+        *,
+        step: int | None = None,
     ) -> Scheduled | Waiting:
-        """Schedule the next chunk (prefill) or token (decode, with the sampled `appended`)."""
+        """Schedule the next chunk (prefill) or token (decode, with the sampled `appended`).
+        `step`: the step the chunk runs in, when it is not the one being scheduled (a chunk
+        an engine scheduled while the request's previous one ran; see `reserve`)."""
         request = self._requests.get(rid) if type(rid) is str else None
         if (
             request is not None  # the decode fast path: one token that changes no table
+            and step is None
             and request.computed == len(request.tokens) < request.quiet_end  # nothing in flight
             and type(budget) is int
             and budget > 0
@@ -568,7 +602,7 @@ class KVCacheManager:
         ):
             request.tokens.append(token)
             request.scheduled = 1
-            self._in_flight.add(rid)
+            self._in_flight[rid] = self._step
             return self._decode_step
         request = self._running(rid)
         if appended and not _one_token(appended):  # one sampled token: checked just there
@@ -576,6 +610,7 @@ class KVCacheManager:
         if request.scheduled:
             raise RequestStateError(f"request {rid!r} has a chunk in flight; end the step first")
         self._check_budget(budget, lookahead)
+        self._check_step(step)
         if appended and request.computed != len(request.tokens):
             raise RequestStateError(
                 f"request {rid!r} still has prompt tokens to compute; "
@@ -596,29 +631,37 @@ class KVCacheManager:
         request.lookahead = lookahead
         released, wanted = self._changes(request)  # written positions are never released
         count = sum(map(len, wanted))
-        if released:
-            ref = self.pool.ref_count
-            freed = len({b for _, _, b in released if ref[b] == 1})
-        else:
-            freed = 0
+        freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
             request.scheduled, request.lookahead = before
             return Waiting(count, self.pool.num_free + freed)
-        if released:
-            tables, held_from = request.tables, request.held_from
-            for g, j, _ in released:
-                tables[g][j] = NULL_BLOCK
-            for g in {g for g, _, _ in released}:
-                table = tables[g]
-                while held_from[g] < len(table) and table[held_from[g]] == NULL_BLOCK:
-                    held_from[g] += 1
-            self._give_back(released, cold=True)
+        self._drop(request, released)
         added = self._fill(request, wanted)
         if appended:
             request.tokens.extend(appended)  # digested when a block of them commits
         self._plan_quiet(request)
-        self._in_flight.add(rid)
+        self._in_flight[rid] = self._step if step is None else step
         return Scheduled(0, request.scheduled, added)
+
+    def _freed_by(self, released: list[tuple[int, int, int]]) -> int:
+        """How many blocks releasing `released` returns to the free queue."""
+        if not released:
+            return 0
+        ref = self.pool.ref_count
+        return len({b for _, _, b in released if ref[b] == 1})
+
+    def _drop(self, request: _Request, released: list[tuple[int, int, int]]) -> None:
+        """Release `released` table entries mid-request (ALLOC-SKIP-1, a shrunk lookahead)."""
+        if not released:
+            return
+        tables, held_from = request.tables, request.held_from
+        for g, j, _ in released:
+            tables[g][j] = NULL_BLOCK
+        for g in {g for g, _, _ in released}:
+            table = tables[g]
+            while held_from[g] < len(table) and table[held_from[g]] == NULL_BLOCK:
+                held_from[g] += 1
+        self._give_back(released, cold=True)
 
     def _plan_quiet(self, request: _Request) -> None:
         """Set `quiet_end`: while a one-token step (no lookahead) computes a position below
@@ -648,15 +691,43 @@ class KVCacheManager:
 
     # -- commit and release -----------------------------------------------------------------
 
-    def end_step(self) -> int:
+    def _check_step(self, step: object) -> None:
+        if step is not None and (type(step) is not int or not 0 <= step <= self._step):
+            raise RequestStateError(
+                f"step must be a number start_step returned (0..{self._step}), got {step!r}"
+            )
+
+    def start_step(self) -> int:
+        """Begin scheduling a new step while earlier ones may still run (an engine that
+        schedules step N+1 before step N's output arrives); returns its number, for
+        `end_step`. Chunks scheduled from now on belong to it. A synchronous engine never
+        calls this: all its chunks belong to the one step `end_step()` ends."""
+        self._step += 1
+        return self._step
+
+    @property
+    def step(self) -> int:
+        """The number of the step being scheduled (0 before any `start_step`)."""
+        return self._step
+
+    def end_step(self, step: int | None = None) -> int:
         """The step's KV is written: commit scheduled tokens, register full blocks.
 
-        Implements ALLOC-VIS-1: nothing is registered before this call. Returns how many
-        blocks became hittable."""
+        Implements ALLOC-VIS-1: nothing is registered before this call. `step` (a number
+        from `start_step`) ends the chunks scheduled in that step and earlier ones, and
+        leaves later steps' chunks in flight; None ends every chunk in flight. Returns how
+        many blocks became hittable."""
+        self._check_step(step)
         registered = 0
         track = self.pool.tracking
         committing = []
-        for rid in self._in_flight:
+        if step is None or step == self._step:  # every chunk in flight ends
+            ending, self._in_flight = list(self._in_flight), {}
+        else:
+            ending = [rid for rid, s in self._in_flight.items() if s <= step]
+            for rid in ending:
+                del self._in_flight[rid]
+        for rid in ending:
             request = self._requests.get(rid)
             if request is None:
                 continue
@@ -694,7 +765,6 @@ class KVCacheManager:
                     registered += 1
                 request.registered[g] = positions.stop
             request.commit_at = self._commit_at(request)
-        self._in_flight.clear()
         return registered
 
     def _prerequisites(self, request: _Request, g: int, j: int) -> tuple[Key, ...]:
@@ -750,7 +820,7 @@ class KVCacheManager:
     def _release(self, rid: str) -> int:
         request = self._running(rid)
         del self._requests[rid]
-        self._in_flight.discard(rid)
+        self._in_flight.pop(rid, None)
         pool = self.pool
         batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
         return sum(pool.release(batch) for batch in batches)

@@ -118,3 +118,103 @@ def test_a_renamed_request_keeps_its_blocks_and_frees_its_id() -> None:
     free = m.stats().free_blocks
     m.finish("parked")
     assert m.stats().free_blocks > free
+
+
+def test_reserve_gives_the_next_chunk_its_blocks_while_one_is_in_flight() -> None:
+    m = KVCacheManager(CacheConfig((FULL, SW), 64))
+    first = m.admit("r", PROMPT, 32)
+    assert isinstance(first, Scheduled)
+    grown = m.reserve("r", 64)  # the next step's chunk, scheduled before this one ends
+    assert isinstance(grown, Scheduled)
+    assert grown.new_blocks == ((5, 6), (7, 8))
+    assert m.progress("r") == (32, 97)  # nothing more is computed
+    assert m.reserve("r", 48) == Scheduled(0, 0, ((), ()))  # slots never shrink here
+    assert m.end_step() == 4  # only the chunk in flight: blocks 0-1 of each group
+    assert m.lookup(PROMPT)[0] == 32
+    later = m.extend("r", 32, lookahead=0)
+    assert later == Scheduled(0, 32, ((), ()))  # its blocks were reserved
+    assert m.lookup(PROMPT)[0] == 32  # not registered before its step ends
+    m.end_step()
+    assert m.lookup(PROMPT)[0] == 64
+    with pytest.raises(RequestStateError):
+        m.reserve("r", -1)
+    with pytest.raises(UnknownRequestError):
+        m.reserve("nobody", 8)
+
+
+def test_reserve_that_does_not_fit_changes_nothing() -> None:
+    m = KVCacheManager(CacheConfig((FULL,), 4))
+    m.admit("r", PROMPT, 16)
+    tables = m.block_tables("r")
+    assert m.reserve("r", 97) == Waiting(6, 2)
+    assert m.block_tables("r") == tables
+    assert isinstance(m.reserve("r", 48), Scheduled)
+
+
+@settings(max_examples=tiered(40, 400), deadline=None)
+@given(
+    chunks=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    window=st.sampled_from([16, 32, 48]),
+)
+def test_a_pipelined_prefill_registers_what_a_synchronous_one_does(
+    chunks: list[int], window: int
+) -> None:
+    """Each chunk's blocks reserved one step early (the next step is scheduled before the
+    current one ends), the chunk extended after that step ended: the same blocks become
+    hittable at the same steps as the synchronous schedule, never earlier."""
+    groups = (FULL, GroupConfig(Kind.SLIDING_WINDOW, 16, window=window))
+    sync, piped = (KVCacheManager(CacheConfig(groups, 64)) for _ in range(2))
+    ends, done = [], 0
+    for chunk in chunks:
+        if done >= len(PROMPT):
+            break
+        done = min(done + chunk, len(PROMPT))
+        ends.append(done)
+    sync.admit("r", PROMPT, ends[0])
+    piped.admit("r", PROMPT, ends[0])
+    for i, end in enumerate(ends):
+        if i + 1 < len(ends):  # the next step is scheduled while this one runs
+            assert isinstance(piped.reserve("r", ends[i + 1]), Scheduled)
+        sync.end_step()
+        piped.end_step()
+        assert piped.lookup(PROMPT)[0] == sync.lookup(PROMPT)[0] <= end
+        if i + 1 < len(ends):
+            nxt = ends[i + 1]
+            sync.extend("r", nxt - end)
+            assert piped.extend("r", nxt - end).new_blocks == ((), ())
+    assert piped.stats().registered_blocks == sync.stats().registered_blocks
+
+
+def test_numbered_steps_end_one_at_a_time() -> None:
+    """Step 2 is scheduled before step 1's output arrives: ending step 1 registers what
+    step 1 wrote and nothing of step 2 (ALLOC-VIS-1 per step)."""
+    m = KVCacheManager(CacheConfig((FULL,), 64))
+    one = m.start_step()
+    m.admit("a", PROMPT, 1 << 20)
+    two = m.start_step()
+    m.admit("b", [7, *PROMPT[1:]], 1 << 20)
+    assert (one, two, m.step) == (1, 2, 2)
+    assert m.end_step(one) == 6  # a's six whole blocks
+    assert m.in_flight("b")
+    assert not m.in_flight("a")
+    assert m.lookup([7, *PROMPT[1:]])[0] == 0
+    assert m.end_step(two) == 6
+    assert m.lookup([7, *PROMPT[1:]])[0] == 96
+    for bad in (-1, 3, "1", True):
+        with pytest.raises(RequestStateError):
+            m.end_step(bad)  # type: ignore[arg-type]
+
+
+def test_a_chunk_extended_late_belongs_to_the_step_it_runs_in() -> None:
+    m = KVCacheManager(CacheConfig((FULL,), 64))
+    one = m.start_step()
+    m.admit("r", PROMPT, 32)
+    two = m.start_step()
+    m.reserve("r", 64)  # step 2's chunk: blocks now
+    m.start_step()  # step 3 is being scheduled when step 1's output arrives
+    m.end_step(one)
+    m.extend("r", 32, step=two)  # the chunk step 2 computes
+    assert m.end_step(two) == 2  # blocks 2 and 3, at the end of step 2, not of step 3
+    assert m.lookup(PROMPT)[0] == 64
+    with pytest.raises(RequestStateError):
+        m.extend("r", 1, step=9)
