@@ -290,8 +290,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fix", action="store_true",
                         help="use the preempt-in-flight fix (a Scheduler subclass)")  # fmt: skip
     parser.add_argument("--kvcert", action="store_true",
-                        help="serve with kvcert.reference.vllm's Scheduler (kvcert's allocator "
-                        "inside vLLM's scheduling; synchronous scheduling only)")  # fmt: skip
+                        help="serve with kvcert.reference.vllm's Scheduler or AsyncScheduler "
+                        "(kvcert's allocator inside vLLM's scheduling)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted(MUTANTS),

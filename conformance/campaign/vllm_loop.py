@@ -180,8 +180,6 @@ def build(
     manager) refuses the configuration."""
     if kvcert and (fix or mutant):
         raise ValueError("kvcert serves the workload with its own manager: no fix or mutant")
-    if kvcert and workload.async_scheduling:
-        raise Unreachable("the kvcert Scheduler serves synchronous scheduling only")
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import (  # noqa: PLC0415
@@ -269,13 +267,19 @@ def build(
 
 
 def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
-    """The scheduler wired with kvcert.reference.vllm's Scheduler (its manager refuses
-    what it does not serve: then the workload is unreachable, as at `vllm serve`)."""
+    """The scheduler wired with kvcert.reference.vllm's Scheduler, or its AsyncScheduler
+    when the workload schedules asynchronously (its manager refuses what it does not serve:
+    then the workload is unreachable, as at `vllm serve`)."""
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
-    from kvcert.reference.vllm import Scheduler, UnsupportedConfigError  # noqa: PLC0415
+    from kvcert.reference.vllm import (  # noqa: PLC0415
+        AsyncScheduler,
+        Scheduler,
+        UnsupportedConfigError,
+    )
 
+    cls = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler
     try:
-        return wiring.wire(config, kv_groups, usable_blocks, Scheduler)
+        return wiring.wire(config, kv_groups, usable_blocks, cls)
     except UnsupportedConfigError as why:
         raise Unreachable(f"the kvcert manager refuses it: {why}") from None
 

@@ -1,9 +1,11 @@
-"""kvcert's allocator inside vLLM 0.33.0: a drop-in KVCacheManager and the Scheduler using it.
+"""kvcert's allocator inside vLLM 0.33.0: a drop-in KVCacheManager and the schedulers using it.
 
+    vllm serve MODEL --scheduler-cls kvcert.reference.vllm.AsyncScheduler   # vLLM's default
     vllm serve MODEL --scheduler-cls kvcert.reference.vllm.Scheduler --no-async-scheduling
 
-`KVCacheManager` and `Scheduler` need vLLM (importing them without it raises ImportError);
-`Settings` and `UnsupportedConfigError` do not, so configuration can be checked anywhere.
+`KVCacheManager`, `Scheduler` and `AsyncScheduler` need vLLM (importing them without it raises
+ImportError); `Settings` and `UnsupportedConfigError` do not, so configuration can be checked
+anywhere.
 Never imports kvcert.spec. Configuration: `Settings` or the environment (KVCERT_EVICTION,
 KVCERT_HASH, KVCERT_SPECULATIVE; see kvcert.reference.vllm.settings).
 """
@@ -17,12 +19,20 @@ from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.settings import Settings
 
 _NEEDS_VLLM = {
+    "AsyncScheduler": "kvcert.reference.vllm.scheduler",
     "IntegrationError": "kvcert.reference.vllm.manager",
     "KVCacheManager": "kvcert.reference.vllm.manager",
     "Scheduler": "kvcert.reference.vllm.scheduler",
 }
 
-__all__ = ["IntegrationError", "KVCacheManager", "Scheduler", "Settings", "UnsupportedConfigError"]
+__all__ = [
+    "AsyncScheduler",
+    "IntegrationError",
+    "KVCacheManager",
+    "Scheduler",
+    "Settings",
+    "UnsupportedConfigError",
+]
 
 
 def __getattr__(name: str) -> Any:

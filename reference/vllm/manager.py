@@ -10,14 +10,21 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
 so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
-encoder-decoder models, KV events, decode/prefill context parallelism, a scheduler that
-schedules a request again before the output of its previous step arrived (async scheduling).
+encoder-decoder models, KV events, decode/prefill context parallelism.
+
+Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
+numbers its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's
+output registers only what that step wrote. A request scheduled in step N+1 while its step-N
+chunk runs gets its blocks at once (the allocator's `reserve`: slots, nothing computed); that
+chunk becomes the allocator's chunk in flight once step N has ended and its sampled token is
+known (`start_pending`, called after each output).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvcert.reference.config import Kind
@@ -206,6 +213,10 @@ class KVCacheManager:
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._sizes = [g.block_size for g in self.core.config.groups]
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
+        # per request scheduled again while its chunk is in flight (asynchronous scheduling),
+        # oldest first: vLLM's token count at the end of each such chunk, the slots it holds
+        # and the step it runs in
+        self._pending: dict[str, deque[tuple[int, int, int]]] = {}
 
     # -- stats ------------------------------------------------------------------------------
 
@@ -357,27 +368,80 @@ class KVCacheManager:
 
     def _extend(self, request: Any, num_new_tokens: int, lookahead: int) -> Any:
         rid = request.request_id
-        computed, known = self.core.progress(rid)
         end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
+        slots = min(max(end + lookahead, self._seen[rid][1]), self.max_model_len)
+        self._check_no_rewind(request)
+        if self.core.in_flight(rid) or rid in self._pending:
+            return self._schedule_pending(rid, end, slots)
+        computed, known = self.core.progress(rid)
         real_end = min(end, request.num_tokens)
         # the tokens this step computes that kvcert has not seen (sampled or accepted ones)
         appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
         budget = real_end - computed
-        if budget < 1 or self.core.in_flight(rid):
-            raise UnsupportedConfigError(
-                f"request {rid!r} was scheduled again before the output of its previous step "
-                "arrived (asynchronous scheduling, or schedule() called twice without "
-                "update_from_output()); the kvcert manager registers a step's blocks when its "
-                "output arrives and serves synchronous scheduling only: --no-async-scheduling"
-            )
-        seen, keep = self._seen[rid]
-        slots = min(max(end + lookahead, keep), self.max_model_len)
+        if budget < 1:  # only draft (or diffusion canvas) positions: slots, nothing computed
+            return self._handed_out(rid, self.core.reserve(rid, slots))
         result = self.core.extend(rid, budget, appended, max(slots - real_end, 0))
+        return self._handed_out(rid, result)
+
+    def _check_no_rewind(self, request: Any) -> None:
+        """vLLM must not resume a running request below the tokens the allocator computed or
+        has in flight: their KV cannot be taken back (their blocks may be registered). Pending
+        chunks are only slots: vLLM's count may fall below their ends (rejected drafts)."""
+        rid = request.request_id
+        scheduled = self.core.progress(rid)[0]
+        if request.num_computed_tokens < scheduled:
+            raise UnsupportedConfigError(
+                f"request {rid!r} resumes at token {request.num_computed_tokens}, but steps "
+                f"already computed or are computing its tokens up to {scheduled}: vLLM "
+                "discarded tokens a step in flight computed (a streaming-input session resumed "
+                "under asynchronous scheduling); the kvcert manager never takes computed KV "
+                "back: run vLLM with --no-async-scheduling"
+            )
+
+    def _schedule_pending(self, rid: str, end: int, slots: int) -> Any:
+        """A chunk of a request whose previous chunk is still in flight: its blocks now, its
+        computation once the steps before it have ended (`start_pending`)."""
+        result = self.core.reserve(rid, slots)
+        if not isinstance(result, Scheduled):
+            return None
+        self._pending.setdefault(rid, deque()).append((end, slots, self.core.step))
+        return self._handed_out(rid, result)
+
+    def start_pending(self, requests: Mapping[str, Any]) -> None:
+        """A step has ended and its sampled tokens are appended to vLLM's `requests`: each
+        request with no chunk in flight now starts its oldest pending chunk, to be registered
+        when the step it runs in ends. Its tokens are known: the step before it sampled them."""
+        for rid in [r for r in self._pending if not self.core.in_flight(r)]:
+            chunks = self._pending[rid]
+            end, slots, step = chunks.popleft()
+            if chunks:  # keep the slots reserved for the later chunks (they only grow)
+                slots = chunks[-1][1]
+            if not chunks:
+                del self._pending[rid]
+            request = requests.get(rid)
+            computed, known = self.core.progress(rid)
+            real_end = min(end, request.num_tokens) if request is not None else computed
+            if real_end <= computed:
+                continue  # nothing left to compute (vLLM stopped the request); slots stay held
+            appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
+            result = self.core.extend(
+                rid, real_end - computed, appended, max(slots - real_end, 0), step=step
+            )
+            if not isinstance(result, Scheduled) or any(result.new_blocks):
+                raise IntegrationError(
+                    f"request {rid!r}: the chunk scheduled while its previous step ran did "
+                    f"not find the blocks reserved for it ({result})"
+                )
+
+    def _handed_out(self, rid: str, result: Any) -> Any:
+        """What vLLM's allocate_slots returns for an extension: the new blocks per group,
+        appended to the tables the worker holds; None when they did not fit."""
         if not isinstance(result, Scheduled):
             return None
         if not any(result.new_blocks):
             return self.empty_kv_cache_blocks
         self._note_new(result)
+        seen = self._seen[rid][0]
         tables = self.core.block_tables(rid)
         tails = [t[s:] for t, s in zip(tables, seen, strict=True)]
         if sum(map(len, result.new_blocks)) != sum(b != 0 for t in tails for b in t):
@@ -405,10 +469,16 @@ class KVCacheManager:
                 if group.kind is not Kind.MAMBA:
                     self._new_ids.extend(new)
 
-    def end_step(self) -> int:
-        """The scheduled step's KV is written: register its full blocks (ALLOC-COMMIT-1).
+    def start_step(self) -> int:
+        """The scheduler begins a step, maybe before earlier ones have ended (asynchronous
+        scheduling); returns its number for `end_step`."""
+        return self.core.start_step()
+
+    def end_step(self, step: int | None = None) -> int:
+        """Step `step`'s KV is written (None: every step scheduled so far): register the
+        full blocks it and earlier steps wrote (ALLOC-COMMIT-1), never a later step's.
         Returns how many blocks became hittable."""
-        return self.core.end_step()
+        return self.core.end_step(step)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """No-op: blocks are registered by `end_step`, once their KV is written."""
@@ -429,6 +499,7 @@ class KVCacheManager:
     def _forget(self, rid: str) -> None:
         self._seen.pop(rid, None)
         self._prompts.pop(rid, None)
+        self._pending.pop(rid, None)
 
     def free(self, request: Any) -> None:
         """Release a finished, aborted or preempted request (nothing when it holds nothing)."""

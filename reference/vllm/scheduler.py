@@ -1,5 +1,6 @@
-"""vLLM's Scheduler with the kvcert-backed KV-cache manager.
+"""vLLM's schedulers with the kvcert-backed KV-cache manager.
 
+    vllm serve MODEL --scheduler-cls kvcert.reference.vllm.AsyncScheduler   # vLLM's default
     vllm serve MODEL --scheduler-cls kvcert.reference.vllm.Scheduler --no-async-scheduling
 
 The only change to vLLM's scheduling: the manager is kvcert's, and a step's blocks are
@@ -12,6 +13,7 @@ import functools
 from typing import Any
 from unittest import mock
 
+from vllm.v1.core.sched import async_scheduler as vllm_async  # type: ignore[import-not-found]
 from vllm.v1.core.sched import scheduler as vllm_scheduler  # type: ignore[import-not-found]
 
 from kvcert.reference.vllm.layout import UnsupportedConfigError
@@ -19,30 +21,70 @@ from kvcert.reference.vllm.manager import KVCacheManager
 from kvcert.reference.vllm.settings import Settings
 
 
-class Scheduler(vllm_scheduler.Scheduler):  # type: ignore[misc]
-    """vLLM 0.33.0's synchronous Scheduler over kvcert's allocator."""
+class _KvcertManaged:
+    """What both schedulers change: the manager they build and when a step ends."""
 
     settings: Settings | None = None  # None: Settings.from_env() when the manager is built
+    kv_cache_manager: KVCacheManager
+    requests: dict[str, Any]
 
     @classmethod
-    def configured(cls, settings: Settings) -> type[Scheduler]:
+    def configured(cls, settings: Settings) -> type[Any]:
         """This scheduler with `settings` instead of the environment's (for code that builds
         schedulers itself; `vllm serve` takes the class by name, so it reads the environment)."""
         return type(cls.__name__, (cls,), {"settings": settings})
 
+    def _check(self, vllm_config: Any) -> None:
+        """Refuse a configuration this scheduler class does not serve."""
+
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-            raise UnsupportedConfigError(
-                "the kvcert scheduler needs each step's output before the next step is "
-                "scheduled: run vLLM with --no-async-scheduling"
-            )
+        self._check(vllm_config)
         # vLLM's __init__ builds its manager from this module-level name; build ours instead
         manager = functools.partial(KVCacheManager, settings=self.settings)
+        self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
         with mock.patch.object(vllm_scheduler, "KVCacheManager", manager):
-            super().__init__(vllm_config, *args, **kwargs)
+            super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's step, numbered in the manager so that its output ends it alone."""
+        step = self.kv_cache_manager.start_step()
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        vars(self).setdefault("_kvcert_steps", []).append((output, step))
+        return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        """The step's KV is written: register its blocks, then let vLLM read the output
-        (which may finish requests, releasing blocks that are now hittable)."""
-        self.kv_cache_manager.end_step()
-        return super().update_from_output(scheduler_output, model_runner_output)
+        """The step's KV is written: register its blocks (and those of earlier steps whose
+        output was skipped), then let vLLM read the output (which may finish requests,
+        releasing blocks that are now hittable); then the chunks scheduled while the step ran
+        are the ones in flight."""
+        self.kv_cache_manager.end_step(self._kvcert_step_of(scheduler_output))
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        self.kv_cache_manager.start_pending(self.requests)
+        return outputs
+
+    def _kvcert_step_of(self, scheduler_output: Any) -> int | None:
+        """The manager's number of the step `scheduler_output` came from; steps scheduled
+        before it whose output never arrives end with it (vLLM reads outputs in order).
+        None (every step so far) for an output this scheduler did not make."""
+        steps = vars(self).get("_kvcert_steps", [])
+        for i, (output, step) in enumerate(steps):
+            if output is scheduler_output:
+                del steps[: i + 1]
+                return step
+        return None
+
+
+class Scheduler(_KvcertManaged, vllm_scheduler.Scheduler):  # type: ignore[misc]
+    """vLLM 0.33.0's synchronous Scheduler over kvcert's allocator."""
+
+    def _check(self, vllm_config: Any) -> None:
+        if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+            raise UnsupportedConfigError(
+                "asynchronous scheduling is on: use kvcert.reference.vllm.AsyncScheduler, "
+                "or run vLLM with --no-async-scheduling"
+            )
+
+
+class AsyncScheduler(_KvcertManaged, vllm_async.AsyncScheduler):  # type: ignore[misc]
+    """vLLM 0.33.0's AsyncScheduler over kvcert's allocator: step N+1 is scheduled before
+    step N's output arrives; its blocks are registered when its own output arrives."""

@@ -2,11 +2,8 @@
 
 Before any test module is imported, vLLM's KVCacheManager and its two schedulers are replaced
 where the tests (and vLLM's code) look them up, by kvcert.reference.vllm's classes: the
-manager everywhere, the synchronous Scheduler by kvcert's subclass (which registers a step's
-blocks when its output arrives). No test file is edited. vLLM's AsyncScheduler subclasses the
-original Scheduler, so it too builds kvcert's manager, which refuses its requests when they
-are scheduled again before their previous step's output arrives (see
-engines/vllm/0.33.0/VLLM_TESTS.md).
+manager everywhere, the Scheduler and the AsyncScheduler by kvcert's subclasses (which
+register a step's blocks when its output arrives). No test file is edited.
 """
 
 from __future__ import annotations
@@ -16,13 +13,14 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     from vllm.v1.core import kv_cache_manager  # noqa: PLC0415
-    from vllm.v1.core.sched import scheduler  # noqa: PLC0415
+    from vllm.v1.core.sched import async_scheduler, scheduler  # noqa: PLC0415
 
-    from kvcert.reference.vllm import KVCacheManager, Scheduler  # noqa: PLC0415
+    from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler  # noqa: PLC0415
 
     kv_cache_manager.KVCacheManager = KVCacheManager  # type: ignore[misc]
     scheduler.KVCacheManager = KVCacheManager  # type: ignore[misc]
     scheduler.Scheduler = Scheduler  # type: ignore[misc]
+    async_scheduler.AsyncScheduler = AsyncScheduler  # type: ignore[misc]
     config.stash[MARK] = "kvcert"
 
 
