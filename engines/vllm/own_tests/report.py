@@ -50,9 +50,9 @@ REASONS: list[tuple[str, str]] = [
     (r"does not support enable_kv_cache_events", "refused: KV cache events (not implemented)"),
     (r"serve encoder-decoder", "refused: encoder-decoder models (cross-attention tokens)"),
     (
-        r"scheduled again before the output of its previous step",
-        "refused: a request scheduled again before its previous step's output arrived "
-        "(asynchronous scheduling; kvcert registers a step's blocks when its output arrives)",
+        r"discarded tokens a step in flight computed",
+        "refused: a request resumed below tokens a step in flight computed (a streaming-input "
+        "session resumed under asynchronous scheduling; computed KV is never taken back)",
     ),
     (
         r"'_(?:Pool|Group|Coordinator)' object has no attribute '(\w+)'",

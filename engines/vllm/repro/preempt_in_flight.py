@@ -67,7 +67,7 @@ def make_scheduler(usable_blocks: int, policy: str, cls: type = Scheduler) -> Sc
             long_prefill_token_threshold=32,
             max_num_seqs=8,
             policy=policy,
-            # kvcert's Scheduler is served with --no-async-scheduling (it refuses the rest)
+            # kvcert's synchronous Scheduler (its AsyncScheduler serves async scheduling)
             **({} if cls is Scheduler else {"async_scheduling": False}),
         ),
     )
