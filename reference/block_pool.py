@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kvcert.reference.config import Eviction
 from kvcert.reference.errors import ConfigError
+from kvcert.reference.events import Cleared, Event, Removed
 from kvcert.reference.eviction import QUEUES
 from kvcert.reference.keyindex import KeyIndex
 from kvcert.reference.refcounts import drop, hold, set_one
@@ -67,6 +68,7 @@ class BlockPool:
         "_missing",
         "_prereqs",
         "dead_evictions",
+        "events",
         "evictions",
         "keys",
         "num_blocks",
@@ -85,6 +87,7 @@ class BlockPool:
         num_groups: int = 1,
         *,
         track_liveness: bool = False,
+        record_events: bool = False,
     ) -> None:
         """Implements ALLOC-INIT-1: every block but the null one free, in ascending order."""
         check_pool_fits(num_blocks)
@@ -103,6 +106,8 @@ class BlockPool:
         self._prereqs: list[tuple[Key, ...]] = [()] * num_blocks if self.tracking else []
         self._missing = array("i", bytes(4 * num_blocks)) if self.tracking else array("i")
         self._dependents: dict[Key, set[int]] = {}
+        # evictions and resets, when recorded (the manager records registrations)
+        self.events: list[Event] | None = [] if record_events else None
 
     @property
     def eviction(self) -> Eviction:
@@ -139,12 +144,13 @@ class BlockPool:
 
     def register(
         self, block: int, group: int, key: bytes, prerequisites: tuple[Key, ...] = ()
-    ) -> None:
+    ) -> bool:
         """Make `block` hittable under `key` in `group` (a block carries at most one key); it
-        stays useful only while every prerequisite key is held somewhere (EVICT-DEAD-1)."""
+        stays useful only while every prerequisite key is held somewhere (EVICT-DEAD-1).
+        Returns False when it was registered already."""
         holder = self.keys.bind(block, group, key)
         if holder < 0:
-            return  # registered already
+            return False
         self.num_registered += 1
         if not holder and self.tracking:  # a key appeared (else a copy: its holder serves)
             self._key_appeared((group, key))
@@ -153,6 +159,7 @@ class BlockPool:
             self._missing[block] = sum(1 for g, k in prerequisites if k not in self.served[g])
             for p in prerequisites:
                 self._dependents.setdefault(p, set()).add(block)
+        return True
 
     def register_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int:
         """`register` for consecutive blocks of one group without prerequisites (the pool
@@ -174,6 +181,8 @@ class BlockPool:
         if key is None or group is None:
             return
         self.evictions[group] += 1
+        if self.events is not None:
+            self.events.append(Removed(group, block, key))
         if self.tracking:
             if self.is_dead(block):
                 self.dead_evictions[group] += 1
@@ -216,7 +225,7 @@ class BlockPool:
                 taken.append(block)
         else:  # the victims do not depend on keys: one run off the queue, then forget
             taken = self.queue.pop_many(count)
-            if self.tracking:
+            if self.tracking or self.events is not None:
                 for block in taken:
                     self._forget(block)
             else:  # nothing tracked: _forget for the whole run in one call
@@ -244,6 +253,8 @@ class BlockPool:
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""
         self.keys.clear()
+        if self.events is not None:
+            self.events.append(Cleared())
         self._dependents.clear()
         self.num_registered = 0
         if self.tracking:

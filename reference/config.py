@@ -129,6 +129,9 @@ class CacheConfig:
     # bytes of recent prompts' digest chains kept so a shared prefix is hashed once
     # (kvcert.reference.hashing.DigestMemo); 0 turns the memo off
     digest_memo_bytes: int = 16 * 2**20
+    # record what becomes hittable or is evicted (kvcert.reference.events), for engines that
+    # publish KV events; costs a per-block path where batches run otherwise
+    record_events: bool = False
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -160,6 +163,8 @@ class CacheConfig:
                 f"digest_memo_bytes must be an integer >= 0 (0 turns the memo off), "
                 f"got {self.digest_memo_bytes!r}"
             )
+        if not isinstance(self.record_events, bool):
+            raise ConfigError(f"record_events must be True or False, got {self.record_events!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_model_len is not None and self.alignment > self.max_model_len - 1:

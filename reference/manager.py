@@ -41,6 +41,7 @@ from kvcert.reference.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvcert.reference.events import Event, Stored
 from kvcert.reference.groups import first_read, first_release, first_written
 from kvcert.reference.hashing import Chain, DigestMemo, ExtraKey, encode_tokens, hasher
 
@@ -200,6 +201,7 @@ class KVCacheManager:
             config.eviction,
             len(config.groups),
             track_liveness=config.count_dead_evictions,
+            record_events=config.record_events,
         )
         self._digest = hasher(config.hash_algorithm)
         budget = config.digest_memo_bytes
@@ -720,6 +722,7 @@ class KVCacheManager:
         self._check_step(step)
         registered = 0
         track = self.pool.tracking
+        events = self.pool.events
         committing = []
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}
@@ -736,7 +739,7 @@ class KVCacheManager:
             request.scheduled = 0
             if request.computed >= request.commit_at:  # else no group completes a block
                 committing.append((rid, request, before))
-        for _, request, before in sorted(committing, key=itemgetter(0)):
+        for rid, request, before in sorted(committing, key=itemgetter(0)):
             for unique in request.unique_chains:
                 unique.extend(request.tokens)
             for g, group in enumerate(self.config.groups):
@@ -745,7 +748,7 @@ class KVCacheManager:
                     continue
                 chain = request.chains[g]
                 table = request.tables[g]
-                if not track and chain is not None:
+                if not track and events is None and chain is not None:
                     keys = chain.keys_between(group.block_size, positions.start, positions.stop)
                     if len(keys) < len(positions):  # pragma: no cover - as below
                         raise RuntimeError(f"no digest for a committed block of group {g}")
@@ -761,11 +764,31 @@ class KVCacheManager:
                     if key is None:  # pragma: no cover - committed tokens are always digested
                         raise RuntimeError(f"no digest for committed block {j} of group {g}")
                     needs = self._prerequisites(request, g, j) if track else ()
-                    self.pool.register(block, g, key, needs)
+                    if self.pool.register(block, g, key, needs) and events is not None:
+                        events.append(self._stored(rid, request, g, j))
                     registered += 1
                 request.registered[g] = positions.stop
             request.commit_at = self._commit_at(request)
         return registered
+
+    def _stored(self, rid: str, request: _Request, g: int, j: int) -> Stored:
+        """The event of block j of group g becoming hittable (its chain digested it)."""
+        size, chain = self._sizes[g], request.chains[g]
+        key = chain.key(size, j) if chain is not None else None
+        if key is None:  # pragma: no cover - end_step registered it under this key
+            raise RuntimeError(f"no digest for registered block {j} of group {g}")
+        parent = chain.key(size, j - 1) if j and chain is not None else None
+        tokens = tuple(request.tokens[j * size : (j + 1) * size])
+        return Stored(rid, g, request.tables[g][j], key, parent, j * size, tokens)
+
+    def take_events(self) -> list[Event]:
+        """What became hittable, was evicted or cleared since the last call, in order (empty
+        unless `CacheConfig.record_events`)."""
+        events = self.pool.events
+        if not events:
+            return []
+        self.pool.events = []
+        return events
 
     def _prerequisites(self, request: _Request, g: int, j: int) -> tuple[Key, ...]:
         """Implements EVICT-DEAD-1's prerequisites: per full-attention group, the last key that
