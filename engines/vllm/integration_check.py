@@ -5,8 +5,10 @@
 vLLM's own tests exercise its hash utilities, not what kvcert.reference.vllm derives from a
 Request: this checks that two requests with the same tokens share blocks only when every
 extra input (cache salt, LoRA adapter name and path, multimodal item and its place, prompt
-embeddings) is the same, and that each configuration the integration does not serve is
-refused with UnsupportedConfigError. Prints one line per check; exit 1 on any failure.
+embeddings) is the same, that its KV events are vLLM's (BlockStored when a step's blocks
+become hittable, BlockRemoved when they are evicted, AllBlocksCleared on a reset), and that
+each configuration the integration does not serve is refused with UnsupportedConfigError.
+Prints one line per check; exit 1 on any failure.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.v1.kv_cache_interface import (
@@ -118,6 +121,60 @@ KEYING: list[tuple[str, dict[str, Any], dict[str, Any], int]] = [
 ]
 
 
+def event_checks() -> list[tuple[str, bool, str]]:
+    """A LoRA request computed, then another evicting most of its blocks, then a reset, in
+    a pool of 5 usable blocks: what take_events() returns after each."""
+    manager = KVCacheManager(
+        KVCacheConfig(num_blocks=6, kv_cache_tensors=[], kv_cache_groups=config().kv_cache_groups),
+        256,
+        BLOCK,
+        BLOCK,
+        enable_kv_cache_events=True,
+    )
+    a = request("a", lora_request=lora("adapter", "/adapters/a"))
+    manager.allocate_slots(a, a.num_tokens)
+    before = manager.take_events()
+    manager.end_step()
+    stored = manager.take_events()
+    manager.free(a)
+    b = request("b", tokens=list(range(500, 564)))
+    manager.allocate_slots(b, b.num_tokens)
+    removed = manager.take_events()
+    manager.end_step()
+    manager.free(b)
+    manager.take_events()
+    manager.reset_prefix_cache()
+    cleared = manager.take_events()
+    one = stored[0] if len(stored) == 1 and isinstance(stored[0], BlockStored) else None
+    hashes = set(one.block_hashes) if one else set()
+    return [
+        ("nothing announced before the step ends", before == [], f"{before}"),
+        (
+            "one BlockStored for the request's 4 blocks",
+            one is not None
+            and len(one.block_hashes) == 4
+            and one.token_ids == TOKENS
+            and one.block_size == BLOCK
+            and one.parent_block_hash is None
+            and one.group_idx == 0
+            and one.kv_cache_spec_kind == "full_attention",
+            f"{stored}",
+        ),
+        (
+            "BlockStored names the LoRA adapter",
+            one is not None and one.lora_name == "adapter" and one.lora_id == 1,
+            f"{one}",
+        ),
+        (
+            "BlockRemoved for each evicted block of the first request",
+            len(removed) == 3
+            and all(isinstance(e, BlockRemoved) and e.block_hashes[0] in hashes for e in removed),
+            f"{removed}",
+        ),
+        ("AllBlocksCleared on a reset", cleared == [AllBlocksCleared()], f"{cleared}"),
+    ]
+
+
 def refused(build: Callable[[], Any]) -> str | None:
     try:
         build()
@@ -135,13 +192,13 @@ def main() -> int:
     mamba = MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,))
     refusals = {
         "a Mamba group": lambda: KVCacheManager(config(FULL, mamba), 256, BLOCK, BLOCK),
-        "KV events": lambda: KVCacheManager(
-            config(), 256, BLOCK, BLOCK, enable_kv_cache_events=True
-        ),
         "decode context parallelism": lambda: KVCacheManager(
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
     }
+    for name, ok, detail in event_checks():
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} events, {name}" + ("" if ok else f": {detail}"))
     for name, build in refusals.items():
         why = refused(build)
         failed += why is None

@@ -22,6 +22,7 @@ known (`start_pending`, called after each output).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 
 from kvcert.reference.config import Kind
 from kvcert.reference.errors import KVCacheError
+from kvcert.reference.events import Removed, Stored
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Prompt, Scheduled
@@ -170,7 +172,6 @@ class KVCacheManager:
         del scheduler_block_size, max_in_flight_tokens  # vLLM's own sizing
         del enable_mamba_shared_prefix_checkpoint  # state groups are refused below
         refused = {
-            "enable_kv_cache_events": (enable_kv_cache_events, "drop --kv-events-config"),
             "dcp_world_size > 1": (dcp_world_size > 1, "use decode context parallel size 1"),
             "pcp_world_size > 1": (pcp_world_size > 1, "use prefill context parallel size 1"),
             "a KV-cache metrics collector": (
@@ -192,10 +193,11 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
-        self.enable_kv_cache_events = False
+        self.enable_kv_cache_events = enable_kv_cache_events
         self.mamba_shared_prefix_checkpoint = False
         drafting = use_eagle or num_hash_lookahead_tokens > 0  # vLLM runs a drafter
-        self.core = Core(cache_config(kv_cache_config, max_model_len, drafting, self.settings))
+        config = cache_config(kv_cache_config, max_model_len, drafting, self.settings)
+        self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
         self._api = _vllm()
@@ -217,6 +219,10 @@ class KVCacheManager:
         # oldest first: vLLM's token count at the end of each such chunk, the slots it holds
         # and the step it runs in
         self._pending: dict[str, deque[tuple[int, int, int]]] = {}
+        # KV events: vLLM's, converted from the allocator's as they happen, and per running
+        # request what its BlockStored events name (LoRA id and name, session)
+        self._events: list[Any] = []
+        self._publishing: dict[str, tuple[int | None, str | None, str | None]] = {}
 
     # -- stats ------------------------------------------------------------------------------
 
@@ -350,8 +356,16 @@ class KVCacheManager:
             fit_keep_free=watermark,
         )
         if not isinstance(result, Scheduled):
+            self._convert_events()  # evictions an admission that did not fit never made
             return None
         del self._prompts[rid]
+        if self.enable_kv_cache_events:
+            lora = getattr(request, "lora_request", None)
+            self._publishing[rid] = (
+                lora.adapter_id if lora else None,
+                lora.name if lora else None,
+                getattr(request, "session_id", None),
+            )
         if result.hit != hit:
             self.core.preempt(rid)
             raise IntegrationError(
@@ -478,7 +492,9 @@ class KVCacheManager:
         """Step `step`'s KV is written (None: every step scheduled so far): register the
         full blocks it and earlier steps wrote (ALLOC-COMMIT-1), never a later step's.
         Returns how many blocks became hittable."""
-        return self.core.end_step(step)
+        registered = self.core.end_step(step)
+        self._convert_events()
+        return registered
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """No-op: blocks are registered by `end_step`, once their KV is written."""
@@ -497,6 +513,8 @@ class KVCacheManager:
     # -- release ----------------------------------------------------------------------------
 
     def _forget(self, rid: str) -> None:
+        self._convert_events()  # while the request's publishing details are known
+        self._publishing.pop(rid, None)
         self._seen.pop(rid, None)
         self._prompts.pop(rid, None)
         self._pending.pop(rid, None)
@@ -512,6 +530,7 @@ class KVCacheManager:
         """Hand out the request's blocks for a deferred release through
         `block_pool.free_blocks`; until then they stay held."""
         rid = request.request_id
+        publishing = self._publishing.get(rid)
         self._forget(rid)
         if not self.core.is_running(rid):
             return []
@@ -521,6 +540,8 @@ class KVCacheManager:
             return []
         parked = f"\x00popped:{rid}"  # no request id vLLM makes holds a NUL
         self.core.rename(rid, parked)
+        if publishing is not None:  # its chunk in flight may still register blocks
+            self._publishing[parked] = publishing
         for b in ids:
             self._popped[b] = parked
         return [self.blocks[b] for b in sorted(ids)]
@@ -537,6 +558,7 @@ class KVCacheManager:
                 del self._popped[b]
             if owner is not None and self.core.is_running(owner):
                 self.core.finish(owner)
+                self._forget(owner)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
@@ -593,7 +615,65 @@ class KVCacheManager:
     # -- what the worker is told ------------------------------------------------------------
 
     def take_events(self) -> list[Any]:
-        return []
+        """vLLM's KV events since the last call: BlockStored when a block becomes hittable
+        (the end of the step that wrote it), BlockRemoved when one is evicted,
+        AllBlocksCleared on a reset. Block hashes are kvcert's keys (bytes; the parent is the
+        previous block's key in the same group), one event per block as vLLM publishes them."""
+        self._convert_events()
+        events, self._events = self._events, []
+        return events
+
+    def _convert_events(self) -> None:
+        """The allocator's events as vLLM's: a run of blocks one request registered in one
+        group at once is one BlockStored (its hashes in order, the tokens concatenated), as
+        vLLM announces a request's newly cached blocks; its group's kind and window added."""
+        if not self.enable_kv_cache_events:
+            return
+        from vllm.distributed import kv_events  # type: ignore[import-not-found]  # noqa: PLC0415
+        from vllm.v1 import kv_cache_interface as specs  # type: ignore[import-not-found]  # noqa: PLC0415
+
+        last: Stored | None = None
+        for event in self.core.take_events():
+            if isinstance(event, Stored):
+                run = self._events[-1] if last is not None and self._events else None
+                if (
+                    run is not None
+                    and last is not None
+                    and (event.rid, event.group, event.parent) == (last.rid, last.group, last.key)
+                    and event.start == last.start + len(last.tokens)
+                ):
+                    run.block_hashes.append(event.key)
+                    run.token_ids.extend(event.tokens)
+                    last = event
+                    continue
+                lora_id, lora_name, session = self._publishing.get(event.rid, (None, None, None))
+                spec = self.kv_cache_config.kv_cache_groups[event.group].kv_cache_spec
+                self._events.append(
+                    kv_events.BlockStored(
+                        block_hashes=[event.key],
+                        parent_block_hash=event.parent,
+                        token_ids=list(event.tokens),
+                        block_size=len(event.tokens),
+                        lora_id=lora_id,
+                        medium=kv_events.MEDIUM_GPU,
+                        lora_name=lora_name,
+                        group_idx=event.group,
+                        kv_cache_spec_kind=specs.get_kv_cache_spec_kind(spec).value,
+                        kv_cache_spec_sliding_window=specs.get_kv_cache_spec_sliding_window(spec),
+                        session_id=session,
+                    )
+                )
+                last = event
+                continue
+            last = None
+            if isinstance(event, Removed):
+                self._events.append(
+                    kv_events.BlockRemoved(
+                        block_hashes=[event.key], medium=kv_events.MEDIUM_GPU, group_idx=event.group
+                    )
+                )
+            else:
+                self._events.append(kv_events.AllBlocksCleared())
 
     def take_new_block_ids(self) -> list[int]:
         """Attention blocks handed out since the last call, for the worker to zero."""

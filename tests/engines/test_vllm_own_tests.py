@@ -55,7 +55,7 @@ def test_the_readme_quotes_the_published_counts() -> None:
     drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
     quoted = " ".join(quoted.split())  # the README's line breaks are not part of a claim
     assert f"Mamba groups alone account for {mamba}" in quoted
-    assert f"{vis} tests that expect hits on blocks no step has written" in quoted
+    assert f"{vis} tests that expect hits on blocks no step has written yet, or KV events" in quoted
     assert f"and {drafts} where a request finishing" in quoted
     row = re.search(r"^\| `test_async_scheduler\.py` \| (\d+) \| \d+ \| (\d+) \|$", text, re.M)
     assert row is not None

@@ -47,7 +47,6 @@ REASONS: list[tuple[str, str]] = [
     ),
     (r"re-prefilled draft tokens", "refused: multi-module MTP (drafter re-prefills tokens)"),
     (r"does not support KV connectors", "refused: KV connectors"),
-    (r"does not support enable_kv_cache_events", "refused: KV cache events (not implemented)"),
     (r"serve encoder-decoder", "refused: encoder-decoder models (cross-attention tokens)"),
     (
         r"discarded tokens a step in flight computed",
