@@ -721,8 +721,6 @@ class KVCacheManager:
         many blocks became hittable."""
         self._check_step(step)
         registered = 0
-        track = self.pool.tracking
-        events = self.pool.events
         committing = []
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}
@@ -740,35 +738,81 @@ class KVCacheManager:
             if request.computed >= request.commit_at:  # else no group completes a block
                 committing.append((rid, request, before))
         for rid, request, before in sorted(committing, key=itemgetter(0)):
-            for unique in request.unique_chains:
-                unique.extend(request.tokens)
-            for g, group in enumerate(self.config.groups):
-                positions = self._committed(g, group, request, before)
-                if not positions:
-                    continue
-                chain = request.chains[g]
-                table = request.tables[g]
-                if not track and events is None and chain is not None:
-                    keys = chain.keys_between(group.block_size, positions.start, positions.stop)
-                    if len(keys) < len(positions):  # pragma: no cover - as below
-                        raise RuntimeError(f"no digest for a committed block of group {g}")
-                    blocks = table[positions.start : positions.stop]
-                    registered += self.pool.register_run(g, blocks, keys)
-                    request.registered[g] = positions.stop
-                    continue
-                for j in positions:
-                    block = table[j]
-                    if block == NULL_BLOCK:  # released before its next token arrived
-                        continue
-                    key = chain.key(group.block_size, j) if chain else None
-                    if key is None:  # pragma: no cover - committed tokens are always digested
-                        raise RuntimeError(f"no digest for committed block {j} of group {g}")
-                    needs = self._prerequisites(request, g, j) if track else ()
-                    if self.pool.register(block, g, key, needs) and events is not None:
-                        events.append(self._stored(rid, request, g, j))
-                    registered += 1
+            registered += self._register_committed(rid, request, before)
+        return registered
+
+    def accept(self, rid: str, tokens: Sequence[int]) -> int:
+        """`tokens` come right after running request `rid`'s known tokens, and a step that
+        has ended computed them into slots the request holds (draft tokens it verified and
+        accepted): they count as computed now, and the blocks they complete are registered
+        (ALLOC-COMMIT-1), as if the chunk had held them. Returns how many blocks became
+        hittable. Only with no chunk in flight and every known token computed."""
+        request = self._running(rid)
+        checked = token_ids(tokens, "accepted tokens")
+        if any(g.kind is Kind.MAMBA for g in self.config.groups):
+            raise RequestStateError(
+                "accept is for attention groups: a state group checkpoints only where a "
+                "step's chunk ends, so accepted drafts are counted by the next step"
+            )
+        if request.scheduled or request.computed != len(request.tokens):
+            raise RequestStateError(
+                f"request {rid!r} has tokens in flight or not computed yet; accept drafts only "
+                "after the step that verified them has ended"
+            )
+        end = request.computed + len(checked)
+        limit = self.config.max_model_len
+        if limit is not None and end > limit:
+            raise MaxLengthError(f"{end} tokens exceed max_model_len={limit}")
+        for g, group, size, _, _ in self._change_groups:
+            if group is not None and len(request.tables[g]) * size < end:
+                raise RequestStateError(
+                    f"request {rid!r} holds no slot for token {end - 1} in group {g}: "
+                    "accepted tokens must have been computed into the request's slots"
+                )
+        if not checked:
+            return 0
+        before = request.computed
+        request.tokens.extend(checked)
+        request.computed = end
+        registered = self._register_committed(rid, request, before)
+        self._plan_quiet(request)
+        return registered
+
+    def _register_committed(self, rid: str, request: _Request, before: int) -> int:
+        """Register the blocks `request` completed when its computed count moved from
+        `before` to `computed` (ALLOC-COMMIT-1); returns how many."""
+        registered = 0
+        track = self.pool.tracking
+        events = self.pool.events
+        for unique in request.unique_chains:
+            unique.extend(request.tokens)
+        for g, group in enumerate(self.config.groups):
+            positions = self._committed(g, group, request, before)
+            if not positions:
+                continue
+            chain = request.chains[g]
+            table = request.tables[g]
+            if not track and events is None and chain is not None:
+                keys = chain.keys_between(group.block_size, positions.start, positions.stop)
+                if len(keys) < len(positions):  # pragma: no cover - as below
+                    raise RuntimeError(f"no digest for a committed block of group {g}")
+                blocks = table[positions.start : positions.stop]
+                registered += self.pool.register_run(g, blocks, keys)
                 request.registered[g] = positions.stop
-            request.commit_at = self._commit_at(request)
+                continue
+            for j in positions:
+                block = table[j]
+                if block == NULL_BLOCK:  # released before its next token arrived
+                    continue
+                key = chain.key(group.block_size, j) if chain else None
+                if key is None:  # pragma: no cover - committed tokens are always digested
+                    raise RuntimeError(f"no digest for committed block {j} of group {g}")
+                needs = self._prerequisites(request, g, j) if track else ()
+                if self.pool.register(block, g, key, needs) and events is not None:
+                    events.append(self._stored(rid, request, g, j))
+                registered += 1
+            request.registered[g] = positions.stop
+        request.commit_at = self._commit_at(request)
         return registered
 
     def _stored(self, rid: str, request: _Request, g: int, j: int) -> Stored:

@@ -520,11 +520,25 @@ class KVCacheManager:
         self._pending.pop(rid, None)
 
     def free(self, request: Any) -> None:
-        """Release a finished, aborted or preempted request (nothing when it holds nothing)."""
+        """Release a finished, aborted or preempted request (nothing when it holds nothing),
+        after registering the blocks its verified drafts completed."""
         rid = request.request_id
+        self._accept_verified(request)
         self._forget(rid)
         if self.core.is_running(rid):
             self.core.finish(rid)
+
+    def _accept_verified(self, request: Any) -> None:
+        """Draft tokens the last step verified and accepted count as computed (the allocator
+        counted only the tokens known when the step was scheduled), so a request released
+        now leaves the blocks they complete hittable."""
+        rid = request.request_id
+        if not self.core.is_running(rid) or self.core.in_flight(rid) or rid in self._pending:
+            return  # a step still runs for it: its output decides
+        computed, known = self.core.progress(rid)
+        end = min(request.num_computed_tokens, request.num_tokens)
+        if computed == known < end:
+            self.core.accept(rid, list(request.all_token_ids[computed:end]))
 
     def pop_blocks_for_free(self, request: Any) -> list[Any]:
         """Hand out the request's blocks for a deferred release through

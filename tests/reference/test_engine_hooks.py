@@ -218,3 +218,25 @@ def test_a_chunk_extended_late_belongs_to_the_step_it_runs_in() -> None:
     assert m.lookup(PROMPT)[0] == 64
     with pytest.raises(RequestStateError):
         m.extend("r", 1, step=9)
+
+
+def test_accepted_drafts_count_once_their_step_has_ended() -> None:
+    """A decode step computes one known token and four draft slots; three drafts are
+    accepted when its output arrives: they count as computed at once, and the block they
+    complete becomes hittable without another step."""
+    small = GroupConfig(Kind.FULL, 4)
+    m = KVCacheManager(CacheConfig((small,), 16))
+    prompt = list(range(10))
+    m.admit("r", prompt, 10)
+    m.end_step()
+    m.extend("r", 1, [10], lookahead=4)  # position 10, drafts 11..14 in slots
+    with pytest.raises(RequestStateError):
+        m.accept("r", [11])  # the step has not ended
+    assert m.end_step() == 0  # 11 tokens computed: block 2 (8..11) not complete
+    assert m.accept("r", [11, 12, 13]) == 1  # 14 computed: block 2 complete
+    assert m.progress("r") == (14, 14)
+    assert m.lookup([*range(14), 99])[0] == 12
+    with pytest.raises(RequestStateError):
+        m.accept("r", [14, 15, 16])  # no slot for position 16
+    with pytest.raises(RequestStateError):
+        m.accept("r", [-1])
