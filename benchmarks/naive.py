@@ -23,6 +23,7 @@ class ListBlockPool:
     """Same interface as BlockPool, with a list for the free queue."""
 
     tracking = False
+    events = None  # the naive baseline records no events
 
     def __init__(self, num_blocks: int, num_groups: int, order: FreeQueue) -> None:
         self.num_blocks = num_blocks

@@ -3,11 +3,13 @@
     .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm_scheduler.py [--quick]
 
 What a deployment pays per step for swapping the manager (`--scheduler-cls
-kvcert.reference.vllm.Scheduler`): the same workload through vLLM's real Scheduler
-(`schedule()` then `update_from_output()` with a played model runner), once with each
-manager, alternately, in the same process; each time is the fastest of its side's rounds and
-the ratio is vLLM's time / kvcert's (above 1: kvcert's is faster). Both must serve the same
-hits and finish every request, or nothing is reported.
+kvcert.reference.vllm.Scheduler` or `.AsyncScheduler`): the same workload through vLLM's real
+Scheduler (`schedule()` then `update_from_output()` with a played model runner), once with
+each manager, alternately, in the same process; each time is the fastest of its side's rounds
+and the ratio is vLLM's time / kvcert's (above 1: kvcert's is faster). Every request must
+finish and each side serve the same hits in every round, or nothing is reported. Both modes:
+synchronous, and asynchronous as vLLM's engine drives its AsyncScheduler (step N+1 scheduled
+before step N's output is read).
 
 Workload: GPT-OSS-20B as vLLM's planner groups it (full attention + a 128-token sliding
 window), 64 requests sharing a 1,024-token system prompt with a 512-token question each,
@@ -30,7 +32,7 @@ from kvcert.conformance.campaign.workload import Arrival, Workload
 from kvcert.conformance.engines import vllm_wiring as wiring
 
 
-def workload(requests: int, output: int) -> Workload:
+def workload(requests: int, output: int, asynchronous: bool = False) -> Workload:
     system = tuple(range(1, 1025))
 
     def question(r: int) -> tuple[int, ...]:
@@ -43,7 +45,7 @@ def workload(requests: int, output: int) -> Workload:
         seed=0,
         model="gpt-oss-20b",
         policy="fcfs",
-        async_scheduling=False,
+        async_scheduling=asynchronous,
         usable_blocks=4096,
         budget=8192,
         long_prefill=0,
@@ -56,8 +58,9 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
     v = wiring.modules()
     pending = list(load.arrivals)
     hits = steps = 0
+    unread: list[tuple[Any, Any]] = []  # scheduled steps whose output is not read yet
     start = time.perf_counter()
-    while pending or scheduler.has_requests():
+    while pending or scheduler.has_requests() or unread:
         for arrival in [a for a in pending if a.step <= steps]:
             pending.remove(arrival)
             params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
@@ -73,7 +76,10 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
         runner = v["ModelRunnerOutput"](
             req_ids=ids, sampled_token_ids=sampled, req_id_to_index=index
         )
-        scheduler.update_from_output(output, runner)
+        if ids:
+            unread.append((output, runner))
+        if unread and (len(unread) > load.async_scheduling or not ids):
+            scheduler.update_from_output(*unread.pop(0))
         steps += 1
     return time.perf_counter() - start, hits, steps
 
@@ -82,25 +88,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small round (CI smoke)")
     args = parser.parse_args()
-    load = workload(16 if args.quick else 64, 8 if args.quick else 64)
     rounds = 1 if args.quick else 5
-    times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
-    seen: dict[str, tuple[int, int]] = {}
-    for _ in range(rounds):
-        for side, taken in times.items():
-            scheduler, _, hasher = build(load, kvcert=side == "kvcert")
-            seconds, hits, steps = serve(scheduler, hasher, load)
-            taken.append(seconds)
-            seen.setdefault(side, (hits, steps))
-            if seen[side] != (hits, steps):
-                raise SystemExit(f"{side} served differently between rounds")
-    best = {side: min(t) for side, t in times.items()}
-    ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
-    print(f"{len(load.arrivals)} requests, {rounds} round(s), hits (tokens, steps): {seen}")
-    print(
-        f"vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's {best['kvcert'] * 1e3:.1f} ms; "
-        f"ratio (vLLM / kvcert, median of rounds) {statistics.median(ratios):.2f}x"
-    )
+    for asynchronous in (False, True):
+        load = workload(16 if args.quick else 64, 8 if args.quick else 64, asynchronous)
+        times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
+        seen: dict[str, tuple[int, int]] = {}
+        for _ in range(rounds):
+            for side, taken in times.items():
+                scheduler, _, hasher = build(load, kvcert=side == "kvcert")
+                seconds, hits, steps = serve(scheduler, hasher, load)
+                taken.append(seconds)
+                seen.setdefault(side, (hits, steps))
+                if seen[side] != (hits, steps) or scheduler.has_requests():
+                    raise SystemExit(f"{side} served differently between rounds")
+        best = {side: min(t) for side, t in times.items()}
+        ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
+        mode = "asynchronous" if asynchronous else "synchronous"
+        print(f"{mode}: {len(load.arrivals)} requests, {rounds} round(s), hits (tokens, steps): "
+              f"{seen}")  # fmt: skip
+        print(
+            f"{mode}: vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's "
+            f"{best['kvcert'] * 1e3:.1f} ms; ratio (vLLM / kvcert, median of rounds) "
+            f"{statistics.median(ratios):.2f}x"
+        )
     return 0
 
 

@@ -540,6 +540,10 @@ class KVCacheManager:
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
         if lookahead == request.lookahead:
             return Scheduled(0, 0, self._no_blocks)
+        if self._holds_slots(request, request.computed + request.scheduled + lookahead):
+            request.lookahead = lookahead  # a growing lookahead releases nothing
+            self._plan_quiet(request)
+            return Scheduled(0, 0, self._no_blocks)
         before = request.lookahead
         request.lookahead = lookahead
         released, wanted = self._changes(request)
@@ -551,6 +555,20 @@ class KVCacheManager:
         added = self._fill(request, wanted)
         self._plan_quiet(request)
         return Scheduled(0, 0, added)
+
+    def _holds_slots(self, request: _Request, end: int) -> bool:
+        """Whether every attention group already holds a block at each position up to `end`
+        tokens that ALLOC-WRITE-1 would ask for. A table's held positions from the first one
+        still read are contiguous (windows release a prefix, a shrunk lookahead a suffix, and
+        allocation fills gaps), so the last needed position holding a block is enough."""
+        for g, group, size, state, _ in self._change_groups:
+            if group is None or state:  # cross attention; state follows the chunk, not slots
+                continue
+            table = request.tables[g]
+            last = -(-end // size) - 1
+            if last >= len(table) or table[last] == NULL_BLOCK:
+                return False
+        return True
 
     def progress(self, rid: str) -> tuple[int, int]:
         """(tokens computed, tokens known) of running request `rid`."""
@@ -591,8 +609,8 @@ class KVCacheManager:
         request = self._requests.get(rid) if type(rid) is str else None
         if (
             request is not None  # the decode fast path: one token that changes no table
-            and step is None
             and request.computed == len(request.tokens) < request.quiet_end  # nothing in flight
+            and (step is None or (type(step) is int and 0 <= step <= self._step))
             and type(budget) is int
             and budget > 0
             and not lookahead
@@ -604,7 +622,8 @@ class KVCacheManager:
         ):
             request.tokens.append(token)
             request.scheduled = 1
-            self._in_flight[rid] = self._step
+            request.lookahead = 0  # a reserved slot (at most one) is the position computed
+            self._in_flight[rid] = self._step if step is None else step
             return self._decode_step
         request = self._running(rid)
         if appended and not _one_token(appended):  # one sampled token: checked just there
@@ -671,8 +690,9 @@ class KVCacheManager:
         appends the token. Per group that is below the first position holding no block (a
         write there needs one) and below the first position whose computation moves the
         kept range past the first held block (a release); and below max_model_len (a longer
-        request is refused). A lookahead closes the path until a step without one."""
-        if request.lookahead:
+        request is refused). A lookahead of more than one slot closes the path until a step
+        without one; a single slot is the position the next one-token step computes."""
+        if request.lookahead > 1:
             request.quiet_end = 0
             return
         end = self.config.max_model_len or TOKEN_LIMIT

@@ -240,3 +240,53 @@ def test_accepted_drafts_count_once_their_step_has_ended() -> None:
         m.accept("r", [14, 15, 16])  # no slot for position 16
     with pytest.raises(RequestStateError):
         m.accept("r", [-1])
+
+
+class _SlowPaths(KVCacheManager):
+    """The same allocator with its shortcuts off: every reserve and extend walks
+    _changes (the twin the shortcuts must equal)."""
+
+    def _holds_slots(self, request, end):  # type: ignore[no-untyped-def]
+        return False
+
+    def _plan_quiet(self, request):  # type: ignore[no-untyped-def]
+        request.quiet_end = 0
+
+
+@settings(max_examples=tiered(40, 400), deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=40),
+    window=st.sampled_from([8, 16, 24]),
+    size=st.sampled_from([4, 8]),
+)
+def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
+    steps: list[tuple[int, bool]], window: int, size: int
+) -> None:
+    """Decoding as an asynchronous engine does (the next token's slots reserved while the
+    current one runs, `extend(step=)` once it ended), with extra reserved slots drawn at
+    random: the reserve shortcut and the one-token fast path leave every table, hit and
+    registration as the slow paths do."""
+    groups = (GroupConfig(Kind.FULL, size), GroupConfig(Kind.SLIDING_WINDOW, size, window=window))
+    fast, slow = KVCacheManager(CacheConfig(groups, 64)), _SlowPaths(CacheConfig(groups, 64))
+    prompt = PROMPT[:13]
+    for m in (fast, slow):
+        m.start_step()
+        m.admit("r", prompt, len(prompt))
+    token = 500
+    for extra, drafting in steps:
+        for m in (fast, slow):
+            computed = m.progress("r")[0]
+            step = m.start_step()
+            grown = m.reserve("r", computed + 1 + (extra if drafting else 0))
+            assert isinstance(grown, Scheduled)
+            m.end_step(step - 1)
+            m.extend("r", 1, [token], step=step)
+        token += 1
+        assert fast.block_tables("r") == slow.block_tables("r")
+        assert fast.stats() == slow.stats()
+    for m in (fast, slow):
+        m.end_step()
+    assert (
+        fast.lookup([*prompt, *range(500, token), 1])[0]
+        == slow.lookup([*prompt, *range(500, token), 1])[0]
+    )
