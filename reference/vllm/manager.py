@@ -433,8 +433,10 @@ class KVCacheManager:
             if not chunks:
                 del self._pending[rid]
             request = requests.get(rid)
+            if request is None:
+                continue  # not vLLM's request any more: free() releases its blocks
             computed, known = self.core.progress(rid)
-            real_end = min(end, request.num_tokens) if request is not None else computed
+            real_end = min(end, request.num_tokens)
             if real_end <= computed:
                 continue  # nothing left to compute (vLLM stopped the request); slots stay held
             appended = list(request.all_token_ids[known:real_end]) if real_end > known else []

@@ -14,7 +14,7 @@ from typing import Any
 from unittest import mock
 
 from vllm.v1.core.sched import async_scheduler as vllm_async  # type: ignore[import-not-found]
-from vllm.v1.core.sched import scheduler as vllm_scheduler  # type: ignore[import-not-found]
+from vllm.v1.core.sched import scheduler as vllm_scheduler
 
 from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.manager import KVCacheManager
@@ -66,7 +66,7 @@ class _KvcertManaged:
         """The manager's number of the step `scheduler_output` came from; steps scheduled
         before it whose output never arrives end with it (vLLM reads outputs in order).
         None (every step so far) for an output this scheduler did not make."""
-        steps = vars(self).get("_kvcert_steps", [])
+        steps: list[tuple[Any, int]] = vars(self).get("_kvcert_steps", [])
         for i, (output, step) in enumerate(steps):
             if output is scheduler_output:
                 del steps[: i + 1]
