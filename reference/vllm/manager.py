@@ -10,7 +10,8 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
 so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
-encoder-decoder models, KV events, decode/prefill context parallelism.
+encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups. KV
+events announce what becomes hittable when it does (at `end_step`).
 
 Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
 numbers its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's
@@ -634,7 +635,8 @@ class KVCacheManager:
         """vLLM's KV events since the last call: BlockStored when a block becomes hittable
         (the end of the step that wrote it), BlockRemoved when one is evicted,
         AllBlocksCleared on a reset. Block hashes are kvcert's keys (bytes; the parent is the
-        previous block's key in the same group), one event per block as vLLM publishes them."""
+        previous block's key in the same group); as vLLM publishes them, one BlockStored per
+        run of a request's blocks in one group, one BlockRemoved per evicted block."""
         self._convert_events()
         events, self._events = self._events, []
         return events
