@@ -6,8 +6,9 @@ vLLM's own tests exercise its hash utilities, not what kvcert.reference.vllm der
 Request: this checks that two requests with the same tokens share blocks only when every
 extra input (cache salt, LoRA adapter name and path, multimodal item and its place, prompt
 embeddings) is the same, that its KV events are vLLM's (BlockStored when a step's blocks
-become hittable, BlockRemoved when they are evicted, AllBlocksCleared on a reset), and that
-each configuration the integration does not serve is refused with UnsupportedConfigError.
+become hittable, BlockRemoved when they are evicted, AllBlocksCleared on a reset), that under
+vLLM's AsyncScheduler a step's output makes only that step's blocks hittable, and that each
+configuration the integration does not serve is refused with UnsupportedConfigError.
 Prints one line per check; exit 1 on any failure.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
+from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -28,9 +30,12 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     MambaSpec,
 )
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
-from kvcert.reference.vllm import KVCacheManager, UnsupportedConfigError
+from kvcert.conformance.engines.vllm import weightless_model
+from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, UnsupportedConfigError
 
 BLOCK = 16
 TOKENS = list(range(100, 164))  # 64 tokens: 3 blocks can hit (the last token is computed)
@@ -175,6 +180,69 @@ def event_checks() -> list[tuple[str, bool, str]]:
     ]
 
 
+def async_checks() -> list[tuple[str, bool, str]]:
+    """kvcert's AsyncScheduler: step 1 prefills A (64 tokens); B (48 other tokens) arrives
+    and step 2 (B's prefill; A, asked for one token, needs no other step) is scheduled before
+    step 1's output is read. What a probe of each prompt hits after each output. Ending
+    every step at each output (a broken twin) fails the third check."""
+    vllm_config = VllmConfig(
+        model_config=weightless_model(256),
+        device_config=DeviceConfig(device="cpu"),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(
+            max_model_len=256,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            async_scheduling=True,
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = 64
+    scheduler = AsyncScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=BLOCK,
+    )
+    other = list(range(500, 548))
+
+    def probe(tokens: list[int]) -> int:
+        lookup = scheduler.kv_cache_manager.get_computed_blocks(request("probe", tokens=tokens))
+        return int(lookup[1])
+
+    def output(scheduled: Any) -> ModelRunnerOutput:
+        ids = list(scheduled.num_scheduled_tokens)
+        index = {r: i for i, r in enumerate(ids)}
+        sampled = [[7] for _ in ids]  # every chunk here ends its prompt
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index=index, sampled_token_ids=sampled)
+
+    scheduler.add_request(request("a"))
+    first = scheduler.schedule()
+    scheduler.add_request(request("b", tokens=other))
+    second = scheduler.schedule()  # before the first output is read
+    scheduled = (dict(first.num_scheduled_tokens), dict(second.num_scheduled_tokens))
+    before = (probe(TOKENS), probe(other))
+    scheduler.update_from_output(first, output(first))
+    after_first = (probe(TOKENS), probe(other))
+    scheduler.update_from_output(second, output(second))
+    after_second = probe(other)
+    return [
+        (
+            "step 1 prefills A, step 2 prefills B",
+            scheduled == ({"a": 64}, {"b": 48}),
+            f"{scheduled}",
+        ),
+        ("nothing hittable before an output", before == (0, 0), f"{before}"),
+        (
+            "step 1's output: A's blocks (48 tokens), none of B's (step 2 runs)",
+            after_first == (48, 0),
+            f"{after_first}",
+        ),
+        ("step 2's output: B's blocks (32 tokens)", after_second == 32, f"{after_second}"),
+    ]
+
+
 def refused(build: Callable[[], Any]) -> str | None:
     try:
         build()
@@ -196,9 +264,10 @@ def main() -> int:
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
     }
-    for name, ok, detail in event_checks():
-        failed += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} events, {name}" + ("" if ok else f": {detail}"))
+    for kind, checks in (("events", event_checks()), ("async", async_checks())):
+        for name, ok, detail in checks:
+            failed += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {kind}, {name}" + ("" if ok else f": {detail}"))
     for name, build in refusals.items():
         why = refused(build)
         failed += why is None
