@@ -44,7 +44,8 @@ def first_read(group: GroupConfig, computed: int, end: int) -> int:
     if group.kind is Kind.CHUNKED_LOCAL:
         return (computed // group.chunk) * group.chunk // size
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
-        return cdiv(end, size) - 1
+        # the state after `computed` tokens, carried into the running state at the end
+        return (computed - 1) // size if computed else cdiv(end, size) - 1
     return 0
 
 
@@ -58,7 +59,7 @@ def first_release(group: GroupConfig, low: int) -> int | None:
     if group.kind is Kind.CHUNKED_LOCAL:
         return cdiv((low + 1) * size, group.chunk) * group.chunk
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
-        return (low + 1) * size
+        return (low + 1) * size + 1
     return None
 
 

@@ -292,13 +292,17 @@ def _end(group: Group, request: Request) -> int:
 
 def positions_read(group: Group, computed: int, end: int) -> range:
     """ALLOC-HOLD-1: While computing tokens [computed, end) a group keeps the table positions
-    its kind can still read; every earlier position may hold the null block.
+    its kind can still read (a state group in mode align or none: the state after `computed`
+    tokens, at position (computed - 1) // B, and its running state, at the last position);
+    every earlier position may hold the null block.
 
         B=16, tokens [64, 80):
         full, state all     positions 0..4
         SW W=32             positions 2..4   (token 64's window starts at token 33)
         chunked C=32        positions 4..4   (token 64 opens a chunk)
-        state align/none    position 4       (the running state only)
+        state align/none    positions 3..4   (the state at 64 in 3, the running state in 4)
+        B=16, tokens [70, 71):
+        state align/none    position 4       (the state at 70 is the running state)
         cross               nothing
 
     pre: 0 <= computed < end
@@ -314,7 +318,7 @@ def positions_read(group: Group, computed: int, end: int) -> range:
         case ChunkedLocal():
             first = (computed // group.chunk) * group.chunk // size
         case MambaState() if group.mode is not MambaMode.ALL:
-            first = last - 1
+            first = (computed - 1) // size if computed else last - 1
         case _:
             first = 0
     return range(first, last)
