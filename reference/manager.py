@@ -161,6 +161,7 @@ class _Request:
         "extras",
         "held_from",
         "lookahead",
+        "pipelined",
         "quiet_end",
         "registered",
         "scheduled",
@@ -180,6 +181,7 @@ class _Request:
         self.computed = 0
         self.scheduled = 0
         self.lookahead = 0
+        self.pipelined = 0  # where chunks scheduled behind the one in flight end (`reserve`)
         self.tables: list[list[int]] = []
         self.registered: list[int] = []  # per group, positions already considered for caching
         self.held_from: list[int] = []  # per group, every earlier position holds the null block
@@ -334,8 +336,10 @@ class KVCacheManager:
         released: list[tuple[int, int, int]] = []
         wanted: list[list[int]] = []
         computed = request.computed
-        state_end = computed + request.scheduled
-        attention_end = state_end + request.lookahead
+        in_flight = computed + request.scheduled
+        attention_end = in_flight + request.lookahead
+        # a chunk scheduled behind the one in flight moves the running state further
+        state_end = max(in_flight, request.pipelined)
         for g, group, block_size, state, keeps_all in self._change_groups:
             if group is None:  # cross attention
                 wanted.append(NO_POSITIONS)
@@ -345,7 +349,8 @@ class KVCacheManager:
             table = request.tables[g]
             size, low = len(table), request.held_from[g]
             if size > last or (low < last and not keeps_all):
-                first = first_read(group, computed, end)
+                # a state group reads where the chunk in flight starts, whatever follows it
+                first = first_read(group, computed, in_flight if state else end)
                 for j in range(size - 1, max(last, low) - 1, -1):
                     if table[j] != NULL_BLOCK:
                         released.append((g, j, table[j]))
@@ -528,44 +533,52 @@ class KVCacheManager:
         if rid in self._in_flight:
             self._in_flight[new_rid] = self._in_flight.pop(rid)
 
-    def reserve(self, rid: str, tokens: int) -> Scheduled | Waiting:
+    def reserve(self, rid: str, tokens: int, chunk_end: int = 0) -> Scheduled | Waiting:
         """Hold slots for the first `tokens` tokens of running request `rid` while its chunk
         is in flight: lookahead beyond that chunk, allocated now (ALLOC-WRITE-1's positions),
         never shrunk. An engine that schedules the next step before the current one's output
         arrives gives that step its blocks this way, and `extend`s it once the step in flight
-        has ended, with the same slots; nothing is computed or registered here."""
+        has ended, with the same slots; nothing is computed or registered here. `chunk_end`:
+        where the chunk so scheduled will end its computation, so that a state group holds
+        the running state's position there too (its table's ALLOC-WRITE-1 position); state
+        groups hold no slots for lookahead."""
         request = self._running(rid)
-        if type(tokens) is not int or tokens < 0:
-            raise RequestStateError(f"a token count must be an integer >= 0, got {tokens!r}")
+        for name, value in (("token count", tokens), ("chunk end", chunk_end)):
+            if type(value) is not int or value < 0:
+                raise RequestStateError(f"a {name} must be an integer >= 0, got {value!r}")
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
-        if lookahead == request.lookahead:
+        pipelined = max(request.pipelined, chunk_end)
+        if lookahead == request.lookahead and pipelined == request.pipelined:
             return Scheduled(0, 0, self._no_blocks)
-        if self._holds_slots(request, request.computed + request.scheduled + lookahead):
-            request.lookahead = lookahead  # a growing lookahead releases nothing
+        if self._holds_slots(request, request.computed + request.scheduled + lookahead, pipelined):
+            request.lookahead, request.pipelined = lookahead, pipelined  # releases nothing
             self._plan_quiet(request)
             return Scheduled(0, 0, self._no_blocks)
-        before = request.lookahead
-        request.lookahead = lookahead
+        before = (request.lookahead, request.pipelined)
+        request.lookahead, request.pipelined = lookahead, pipelined
         released, wanted = self._changes(request)
         count = sum(map(len, wanted))
         if count > self.pool.num_free + self._freed_by(released):
-            request.lookahead = before
+            request.lookahead, request.pipelined = before
             return Waiting(count, self.pool.num_free + self._freed_by(released))
         self._drop(request, released)
         added = self._fill(request, wanted)
         self._plan_quiet(request)
         return Scheduled(0, 0, added)
 
-    def _holds_slots(self, request: _Request, end: int) -> bool:
-        """Whether every attention group already holds a block at each position up to `end`
-        tokens that ALLOC-WRITE-1 would ask for. A table's held positions from the first one
-        still read are contiguous (windows release a prefix, a shrunk lookahead a suffix, and
-        allocation fills gaps), so the last needed position holding a block is enough."""
+    def _holds_slots(self, request: _Request, end: int, pipelined: int) -> bool:
+        """Whether every group already holds a block at each position ALLOC-WRITE-1 would ask
+        for: attention groups up to `end` tokens, state groups at the running state of a
+        chunk ending at `pipelined` (when that lies past the chunk in flight). A table's held
+        positions from the first one still read are contiguous (windows release a prefix, a
+        shrunk lookahead a suffix, and allocation fills gaps), so the last needed position
+        holding a block is enough."""
+        in_flight = request.computed + request.scheduled
         for g, group, size, state, _ in self._change_groups:
-            if group is None or state:  # cross attention; state follows the chunk, not slots
+            if group is None or (state and pipelined <= in_flight):  # cross attention
                 continue
             table = request.tables[g]
-            last = -(-end // size) - 1
+            last = -(-(pipelined if state else end) // size) - 1
             if last >= len(table) or table[last] == NULL_BLOCK:
                 return False
         return True

@@ -7,13 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.errors import RequestStateError, UnknownRequestError
 from kvcert.reference.manager import KVCacheManager, Scheduled, Waiting
 from tests.tiers import tiered
 
 FULL = GroupConfig(Kind.FULL, 16)
 SW = GroupConfig(Kind.SLIDING_WINDOW, 16, window=32)
+STATE = GroupConfig(Kind.MAMBA, 16, mode=MambaMode.ALIGN)
 PROMPT = list(range(100, 197))  # 97 tokens: 6 whole blocks
 
 
@@ -151,18 +152,40 @@ def test_reserve_that_does_not_fit_changes_nothing() -> None:
     assert isinstance(m.reserve("r", 48), Scheduled)
 
 
+def test_reserve_holds_a_state_group_where_the_next_chunk_leaves_its_running_state() -> None:
+    """A state group holds no slots, but the chunk scheduled behind the one in flight moves
+    the running state: `chunk_end` gives it that position's block now, and the position the
+    chunk in flight reads its state from stays held until that chunk has run."""
+    m = KVCacheManager(CacheConfig((FULL, STATE), 64))
+    m.admit("r", PROMPT, 32)  # state: position 1 (the state at 32)
+    assert m.reserve("r", 64).new_blocks == ((4, 5), ())  # slots only: no state position
+    assert m.reserve("r", 64, chunk_end=64).new_blocks == ((), (6,))
+    assert m.block_tables("r")[1] == (0, 3, 0, 6)  # the chunk in flight still writes 1
+    m.end_step()
+    assert m.extend("r", 32) == Scheduled(0, 32, ((), ()))
+    assert m.block_tables("r")[1] == (0, 3, 0, 6)  # reads the state at 32 from position 1
+    m.end_step()
+    m.extend("r", 16)
+    assert m.block_tables("r")[1] == (0, 0, 0, 6, 8)  # the state at 64 read from 3
+    with pytest.raises(RequestStateError):
+        m.reserve("r", 80, chunk_end=-1)
+
+
 @settings(max_examples=tiered(40, 400), deadline=None)
 @given(
     chunks=st.lists(st.integers(1, 40), min_size=1, max_size=8),
     window=st.sampled_from([16, 32, 48]),
+    state=st.booleans(),
 )
 def test_a_pipelined_prefill_registers_what_a_synchronous_one_does(
-    chunks: list[int], window: int
+    chunks: list[int], window: int, state: bool
 ) -> None:
     """Each chunk's blocks reserved one step early (the next step is scheduled before the
     current one ends), the chunk extended after that step ended: the same blocks become
-    hittable at the same steps as the synchronous schedule, never earlier."""
+    hittable at the same steps as the synchronous schedule, never earlier, and once a chunk
+    runs each table holds blocks at the same positions."""
     groups = (FULL, GroupConfig(Kind.SLIDING_WINDOW, 16, window=window))
+    groups += (STATE,) if state else ()
     sync, piped = (KVCacheManager(CacheConfig(groups, 64)) for _ in range(2))
     ends, done = [], 0
     for chunk in chunks:
@@ -174,14 +197,17 @@ def test_a_pipelined_prefill_registers_what_a_synchronous_one_does(
     piped.admit("r", PROMPT, ends[0])
     for i, end in enumerate(ends):
         if i + 1 < len(ends):  # the next step is scheduled while this one runs
-            assert isinstance(piped.reserve("r", ends[i + 1]), Scheduled)
+            assert isinstance(piped.reserve("r", ends[i + 1], ends[i + 1]), Scheduled)
         sync.end_step()
         piped.end_step()
         assert piped.lookup(PROMPT)[0] == sync.lookup(PROMPT)[0] <= end
         if i + 1 < len(ends):
             nxt = ends[i + 1]
             sync.extend("r", nxt - end)
-            assert piped.extend("r", nxt - end).new_blocks == ((), ())
+            assert piped.extend("r", nxt - end).new_blocks == ((),) * len(groups)
+            assert [[b != 0 for b in t] for t in piped.block_tables("r")] == [
+                [b != 0 for b in t] for t in sync.block_tables("r")
+            ]
     assert piped.stats().registered_blocks == sync.stats().registered_blocks
 
 
@@ -246,7 +272,7 @@ class _SlowPaths(KVCacheManager):
     """The same allocator with its shortcuts off: every reserve and extend walks
     _changes (the twin the shortcuts must equal)."""
 
-    def _holds_slots(self, request, end):  # type: ignore[no-untyped-def]
+    def _holds_slots(self, request, end, pipelined):  # type: ignore[no-untyped-def]
         return False
 
     def _plan_quiet(self, request):  # type: ignore[no-untyped-def]
@@ -266,7 +292,11 @@ def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
     current one runs, `extend(step=)` once it ended), with extra reserved slots drawn at
     random: the reserve shortcut and the one-token fast path leave every table, hit and
     registration as the slow paths do."""
-    groups = (GroupConfig(Kind.FULL, size), GroupConfig(Kind.SLIDING_WINDOW, size, window=window))
+    groups = (
+        GroupConfig(Kind.FULL, size),
+        GroupConfig(Kind.SLIDING_WINDOW, size, window=window),
+        GroupConfig(Kind.MAMBA, size, mode=MambaMode.ALIGN),
+    )
     fast, slow = KVCacheManager(CacheConfig(groups, 64)), _SlowPaths(CacheConfig(groups, 64))
     prompt = PROMPT[:13]
     for m in (fast, slow):
@@ -277,7 +307,7 @@ def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
         for m in (fast, slow):
             computed = m.progress("r")[0]
             step = m.start_step()
-            grown = m.reserve("r", computed + 1 + (extra if drafting else 0))
+            grown = m.reserve("r", computed + 1 + (extra if drafting else 0), computed + 1)
             assert isinstance(grown, Scheduled)
             m.end_step(step - 1)
             m.extend("r", 1, [token], step=step)
