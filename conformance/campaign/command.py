@@ -7,6 +7,8 @@
     kvcert fuzz --fix ...                       the same with the preempt-in-flight fix
 
     kvcert fuzz --mutant no-eagle-drop ...      against a broken twin (violations expected)
+    kvcert fuzz --kvcert ...                    served by kvcert's manager in vLLM's Scheduler
+    kvcert fuzz --kvcert --mutant kvcert-state-source-released ...   kvcert's broken twin
 
 Runs inside a vLLM release venv (`scripts/engine-venv.sh vllm VERSION`): the engine under test
 is the release installed there. A finding is an unsound read (of the served model's KV, which
@@ -25,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.campaign.vllm_mutants import MUTANTS
+from kvcert.conformance.campaign.vllm_mutants import KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
 
@@ -204,11 +206,17 @@ def finding_class(finding: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The `fuzz` command."""
-    if args.kvcert and (args.fix or args.mutant or args.save or args.merge):
+    twin_of_kvcert = args.mutant in KVCERT_MUTANTS
+    if args.kvcert and (
+        args.fix or (args.mutant and not twin_of_kvcert) or args.save or args.merge
+    ):
         raise InputError(
             "--kvcert serves every workload with kvcert's own manager: it takes no --fix, "
-            "--mutant, --save or --merge (those are about vLLM's manager)"
+            "--save, --merge or --mutant of vLLM (those are about vLLM's manager); its own "
+            f"twins: {', '.join(sorted(KVCERT_MUTANTS))}"
         )
+    if twin_of_kvcert and not args.kvcert:
+        raise InputError(f"--mutant {args.mutant} is a twin of kvcert's manager: add --kvcert")
     if args.merge:
         report = merge([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.merge])
     elif args.replay:
@@ -294,8 +302,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(kvcert's allocator inside vLLM's scheduling)")  # fmt: skip
     parser.add_argument(
         "--mutant",
-        choices=sorted(MUTANTS),
-        help="play against a broken twin of vLLM (the oracle must catch it)",
+        choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),
+        help="play against a broken twin of vLLM, or with --kvcert of kvcert's manager (the "
+        "oracle must catch it)",
     )
     parser.add_argument("--shrink-budget", type=int, default=400, help="runs per shrink")
     parser.add_argument("--json", type=Path, help="write the report here")

@@ -178,8 +178,12 @@ def build(
     `vllm_mutants`, `kvcert` serves it with kvcert.reference.vllm's Scheduler (vLLM's
     scheduling over kvcert's allocator). Unreachable where the release (or the kvcert
     manager) refuses the configuration."""
-    if kvcert and (fix or mutant):
-        raise ValueError("kvcert serves the workload with its own manager: no fix or mutant")
+    from kvcert.conformance.campaign.vllm_mutants import KVCERT_MUTANTS, MUTANTS  # noqa: PLC0415
+
+    if kvcert and (fix or (mutant is not None and mutant not in KVCERT_MUTANTS)):
+        raise ValueError("kvcert serves the workload with its own manager: no fix or vLLM twin")
+    if not kvcert and mutant in KVCERT_MUTANTS:
+        raise ValueError(f"{mutant} is a twin of kvcert's manager: serve with kvcert")
     from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
     from kvcert.conformance.engines import vllm_wiring as wiring  # noqa: PLC0415
     from kvcert.conformance.engines.vllm_layers import (  # noqa: PLC0415
@@ -244,9 +248,7 @@ def build(
         config, kv_groups, workload.usable_blocks, cls
     )
     if mutant is not None:
-        from kvcert.conformance.campaign.vllm_mutants import MUTANTS  # noqa: PLC0415
-
-        MUTANTS[mutant](wired)
+        {**MUTANTS, **KVCERT_MUTANTS}[mutant](wired)
     groups = []
     for g in wired.groups:
         spec = g.kv_cache_spec

@@ -13,6 +13,15 @@ after EngineCore's wiring; CI requires each to be caught (engines/vllm/campaign/
     no-aligned-split     the scheduler cuts prefill chunks without Mamba align mode's block
                          alignment, so a full block can be cached holding the running state of
                          a position inside it, not the state at its boundary
+
+One twin of kvcert's own manager (`kvcert fuzz --kvcert --mutant NAME`), so the campaign
+through kvcert's Scheduler is seen to fail too:
+
+    kvcert-state-source-released
+                         ALLOC-HOLD-1 as kvcert stated it before 2026-11-24: a state group in
+                         align mode holds only its running state's position, releasing the one
+                         vLLM's runner copies the state from (the hit's checkpoint, or the
+                         previous step's running state) before that copy runs
 """
 
 from __future__ import annotations
@@ -43,15 +52,32 @@ def _no_aligned_split(wired: Any) -> None:
     wired.scheduler.need_mamba_block_aligned_split = False
 
 
+def _kvcert_state_source_released(wired: Any) -> None:
+    from kvcert.reference import manager  # noqa: PLC0415
+    from kvcert.reference.config import GroupConfig, Kind, MambaMode  # noqa: PLC0415
+    from kvcert.reference.groups import first_read  # noqa: PLC0415
+
+    def running_state_only(group: GroupConfig, computed: int, end: int) -> int:
+        if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
+            return -(-end // group.block_size) - 1
+        return first_read(group, computed, end)
+
+    vars(manager)["first_read"] = running_state_only  # this process only
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
     "no-lookahead-hashes": _no_lookahead_hashes,
     "no-aligned-split": _no_aligned_split,
 }
+KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
+    "kvcert-state-source-released": _kvcert_state_source_released,
+}
 # what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
 CAUGHT_AS: dict[str, str] = {
     "no-eagle-drop": "draft",
     "no-lookahead-hashes": "draft",
     "no-aligned-split": "state",
+    "kvcert-state-source-released": "state",
 }

@@ -8,7 +8,10 @@ extra input (cache salt, LoRA adapter name and path, multimodal item and its pla
 embeddings) is the same, that its KV events are vLLM's (BlockStored when a step's blocks
 become hittable, BlockRemoved when they are evicted, AllBlocksCleared on a reset), that under
 vLLM's AsyncScheduler a step's output makes only that step's blocks hittable, and that each
-configuration the integration does not serve is refused with UnsupportedConfigError.
+configuration the integration does not serve is refused with UnsupportedConfigError, and what
+a state (Mamba/GDN) hybrid in align mode gets through kvcert's Scheduler: the block vLLM's
+runner copies a request's state from is in its table, and the junction where two prompts
+diverge is checkpointed for a third.
 Prints one line per check; exit 1 on any failure.
 """
 
@@ -35,7 +38,12 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.engines.vllm import weightless_model
-from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, UnsupportedConfigError
+from kvcert.reference.vllm import (
+    AsyncScheduler,
+    KVCacheManager,
+    Scheduler,
+    UnsupportedConfigError,
+)
 
 BLOCK = 16
 TOKENS = list(range(100, 164))  # 64 tokens: 3 blocks can hit (the last token is computed)
@@ -243,6 +251,92 @@ def async_checks() -> list[tuple[str, bool, str]]:
     ]
 
 
+STATE = MambaSpec(
+    block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align"
+)
+
+
+def state_checks() -> list[tuple[str, bool, str]]:
+    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, as vLLM's
+    scheduler drives it (its block-aligned prefill split; the junction it ends a chunk at).
+    A (80 tokens) is served; B shares A's first 40 tokens and C those 40 too. Broken twins:
+    returning no junction fails the second and fourth checks (C then hits nothing); the
+    ALLOC-HOLD-1 of before 2026-11-24 (the copy source released) fails the third."""
+    vllm_config = VllmConfig(
+        model_config=weightless_model(256),
+        device_config=DeviceConfig(device="cpu"),
+        cache_config=CacheConfig(
+            block_size=BLOCK,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            mamba_block_size=BLOCK,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_model_len=256,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=128,
+            async_scheduling=False,
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = 64
+    scheduler = Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(FULL, STATE),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=BLOCK,
+    )
+    manager = scheduler.kv_cache_manager
+    first = list(range(100, 180))
+    prompts = {"a": first, "b": first[:40] + list(range(500, 540))}
+    prompts["c"] = first[:40] + list(range(700, 740))
+    chunks: dict[str, list[tuple[int, int, list[int]]]] = {}
+    for rid, tokens in prompts.items():
+        scheduler.add_request(request(rid, tokens=tokens))
+        while rid in scheduler.requests:
+            out = scheduler.schedule()
+            ids = list(out.num_scheduled_tokens)
+            for r in ids:
+                start = scheduler.requests[r].num_computed_tokens - out.num_scheduled_tokens[r]
+                end = start + out.num_scheduled_tokens[r]
+                chunks.setdefault(r, []).append((start, end, manager.get_block_ids(r)[1]))
+            done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[7] if r in done else [] for r in ids],
+            )
+            scheduler.update_from_output(out, runner)
+
+    def copy_sources_held(rid: str) -> bool:
+        """Each chunk's table holds the block of the state it starts from (column
+        (start - 1) // 16, what vLLM's runner copies) and of its running state."""
+        return all(
+            (start == 0 or table[(start - 1) // BLOCK]) and table[-(-end // BLOCK) - 1]
+            for start, end, table in chunks[rid]
+        )
+
+    spans = {r: [(s, e) for s, e, _ in c] for r, c in chunks.items()}
+    return [
+        (
+            "A's prefill stops at its last block boundary (vLLM's aligned split)",
+            spans["a"] == [(0, 64), (64, 80)],
+            f"{spans['a']}",
+        ),
+        (
+            "B stops where its prompt leaves A's (the junction, 32)",
+            spans["b"][0] == (0, 32),
+            f"{spans['b']}",
+        ),
+        (
+            "every chunk's table holds its state's copy source and its running state",
+            all(copy_sources_held(r) for r in chunks),
+            f"{chunks}",
+        ),
+        ("C resumes from the junction's checkpoint (32)", spans["c"][0][0] == 32, f"{spans['c']}"),
+    ]
+
+
 def refused(build: Callable[[], Any]) -> str | None:
     try:
         build()
@@ -259,12 +353,18 @@ def main() -> int:
         print(f"{'ok  ' if got == want else 'FAIL'} keying, {name}: hit {got} (want {want})")
     mamba = MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,))
     refusals = {
-        "a Mamba group": lambda: KVCacheManager(config(FULL, mamba), 256, BLOCK, BLOCK),
+        "a Mamba group outside align mode": lambda: KVCacheManager(
+            config(FULL, mamba), 256, BLOCK, BLOCK
+        ),
         "decode context parallelism": lambda: KVCacheManager(
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
     }
-    for kind, checks in (("events", event_checks()), ("async", async_checks())):
+    for kind, checks in (
+        ("events", event_checks()),
+        ("async", async_checks()),
+        ("state", state_checks()),
+    ):
         for name, ok, detail in checks:
             failed += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {kind}, {name}" + ("" if ok else f": {detail}"))

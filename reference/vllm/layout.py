@@ -1,10 +1,13 @@
 """vLLM's KV-cache groups as the reference allocator's configuration.
 
 Supported group kinds (vLLM 0.33.0): full attention (`FullAttentionSpec`, `MLAAttentionSpec`),
-sliding window (`SlidingWindowSpec`, `SlidingWindowMLASpec`) and chunked local attention
-(`ChunkedLocalAttentionSpec`), also when wrapped in `UniformTypeKVCacheSpecs`. Every other
-spec (Mamba/GDN state, cross attention, encoder-only, sink, replayed or circular windows,
-HiSparse) is refused by name: serving it would need semantics this integration does not
+sliding window (`SlidingWindowSpec`, `SlidingWindowMLASpec`), chunked local attention
+(`ChunkedLocalAttentionSpec`), also when wrapped in `UniformTypeKVCacheSpecs`, and Mamba/GDN
+state (`MambaSpec`) in vLLM's `align` cache mode, where the worker copies the state from the
+previous step's column into this step's (kvcert mode align: ALLOC-HOLD-1 holds both). Every
+other spec (cross attention, encoder-only, sink, replayed or circular windows, HiSparse) and
+every other state setting (cache modes none and all, speculative or prefill-checkpoint state
+blocks) is refused by name: serving it would need semantics this integration does not
 implement yet, and a silently wrong table would corrupt outputs.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.vllm.settings import Settings
 
@@ -30,7 +33,34 @@ def _kinds() -> dict[type, Kind]:
         specs.SlidingWindowSpec: Kind.SLIDING_WINDOW,
         specs.SlidingWindowMLASpec: Kind.SLIDING_WINDOW,
         specs.ChunkedLocalAttentionSpec: Kind.CHUNKED_LOCAL,
+        specs.MambaSpec: Kind.MAMBA,
     }
+
+
+def _kinds_of_state() -> tuple[type, ...]:
+    return tuple(t for t, kind in _kinds().items() if kind is Kind.MAMBA)
+
+
+def _state_mode(index: int, spec: Any) -> MambaMode:
+    """The reference mode of a vLLM state group, or why it is refused."""
+    mode = getattr(spec, "mamba_cache_mode", "none")
+    if mode != "align":
+        raise UnsupportedConfigError(
+            f"KV-cache group {index} is a state group in mamba_cache_mode={mode!r}; the kvcert "
+            "manager serves mode 'align' only (vLLM's worker keeps a mode-'none' state in "
+            "place in column 0, where kvcert moves it with the running state): enable prefix "
+            "caching with --mamba-cache-mode align, or drop --scheduler-cls"
+        )
+    for field, what in (
+        ("num_speculative_blocks", "speculative state blocks (MTP/EAGLE on a state model)"),
+        ("num_prefill_checkpoint_blocks", "prefill checkpoint state blocks"),
+    ):
+        if getattr(spec, field, 0):
+            raise UnsupportedConfigError(
+                f"KV-cache group {index}: the kvcert manager does not place {what} "
+                f"({field}={getattr(spec, field)}): turn them off or drop --scheduler-cls"
+            )
+    return MambaMode.ALIGN
 
 
 def _members(spec: Any) -> list[Any]:
@@ -49,8 +79,9 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
     if unknown or len(found) != 1:
         raise UnsupportedConfigError(
             f"KV-cache group {index} holds {', '.join(unknown) or 'mixed kinds'}; the kvcert "
-            "manager serves full attention, sliding window and chunked local attention groups "
-            "only: drop --scheduler-cls to use vLLM's own manager for this model"
+            "manager serves full attention, sliding window, chunked local attention and state "
+            "(Mamba/GDN) groups only: drop --scheduler-cls to use vLLM's own manager for this "
+            "model"
         )
     (kind,) = found
     cacheable = bool(getattr(spec, "prefix_cacheable", True))
@@ -69,11 +100,17 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
         for m in members
     ):
         raise UnsupportedConfigError(f"KV-cache group {index} mixes windows or chunk sizes")
+    if kind is Kind.MAMBA and draft:
+        raise UnsupportedConfigError(
+            f"KV-cache group {index} is a state group marked as holding draft layers; kvcert "
+            "keys draft layers in attention groups only: drop --scheduler-cls for this model"
+        )
     return GroupConfig(
         kind,
         spec.block_size,
         window=window or 0,
         chunk=chunk or 0,
+        mode=_state_mode(index, spec) if kind is Kind.MAMBA else None,
         draft=draft,
         name=f"vllm-group-{index}",
     )
@@ -98,16 +135,20 @@ def cache_config(
         or any(getattr(m, "is_draft", False) for m in _members(g.kv_cache_spec))
         for g in groups
     ]
-    if drafting and not any(marked):
-        marked = [True] * len(groups)
+    if drafting and not any(marked):  # draft layers are attention layers: never a state group
+        states = _kinds_of_state()
+        marked = [not isinstance(g.kv_cache_spec, states) for g in groups]
     configs = tuple(
         group_config(i, g, draft) for i, (g, draft) in enumerate(zip(groups, marked, strict=True))
     )
-    return CacheConfig(
-        configs,
-        kv_cache_config.num_blocks,
-        speculative=(settings.speculative or DraftKeying.EXACT) if any(marked) else None,
-        max_model_len=max_model_len,
-        hash_algorithm=settings.hash_algorithm,
-        eviction=settings.eviction,
-    )
+    try:
+        return CacheConfig(
+            configs,
+            kv_cache_config.num_blocks,
+            speculative=(settings.speculative or DraftKeying.EXACT) if any(marked) else None,
+            max_model_len=max_model_len,
+            hash_algorithm=settings.hash_algorithm,
+            eviction=settings.eviction,
+        )
+    except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
+        raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

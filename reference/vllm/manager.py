@@ -10,8 +10,9 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
 so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
-encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups. KV
-events announce what becomes hittable when it does (at `end_step`).
+encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups outside
+vLLM's align cache mode (`kvcert.reference.vllm.layout`). KV events announce what becomes
+hittable when it does (at `end_step`).
 
 Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
 numbers its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's
@@ -171,8 +172,11 @@ class KVCacheManager:
         settings: Settings | None = None,
     ) -> None:
         del scheduler_block_size, max_in_flight_tokens  # vLLM's own sizing
-        del enable_mamba_shared_prefix_checkpoint  # state groups are refused below
         refused = {
+            "shared-prefix state checkpoints": (
+                enable_mamba_shared_prefix_checkpoint,
+                "turn --enable-mamba-shared-prefix-checkpoint off",
+            ),
             "dcp_world_size > 1": (dcp_world_size > 1, "use decode context parallel size 1"),
             "pcp_world_size > 1": (pcp_world_size > 1, "use prefill context parallel size 1"),
             "a KV-cache metrics collector": (
@@ -215,6 +219,7 @@ class KVCacheManager:
         # per request, the table lengths vLLM's worker holds and the slots keeping them whole
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._sizes = [g.block_size for g in self.core.config.groups]
+        self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         # per request scheduled again while its chunk is in flight (asynchronous scheduling),
         # oldest first: vLLM's token count at the end of each such chunk, the slots it holds
@@ -272,12 +277,19 @@ class KVCacheManager:
         self, request: Any, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
         """The request's hit now (HIT-HYB-1), at most `max_cache_hit_length` tokens (default:
-        all but the last token, which must be computed for its logits)."""
+        all but the last token, which must be computed for its logits), and for a model with
+        state groups its junction: where its attention groups' cached prefix ends (BRANCH-1)
+        when that lies past the hit, else 0. vLLM's scheduler ends a prefill chunk there, so
+        the state where this request leaves a shared prefix is checkpointed for the next one
+        (CKPT-BRANCH-1), as it does with vLLM's manager."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
-        hit, tables = self.core.lookup(self._prompt(request), max_hit=max(cap, 0))
-        return (self._wrap(tables) if hit else self.empty_kv_cache_blocks), hit, 0
+        prompt = self._prompt(request)
+        hit, tables = self.core.lookup(prompt, max_hit=max(cap, 0))
+        junction = self.core.branch_point(prompt) if self._has_state else 0
+        blocks = self._wrap(tables) if hit else self.empty_kv_cache_blocks
+        return blocks, hit, junction if junction > hit else 0
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: int | None = None
@@ -416,7 +428,7 @@ class KVCacheManager:
     def _schedule_pending(self, rid: str, end: int, slots: int) -> Any:
         """A chunk of a request whose previous chunk is still in flight: its blocks now, its
         computation once the steps before it have ended (`start_pending`)."""
-        result = self.core.reserve(rid, slots)
+        result = self.core.reserve(rid, slots, chunk_end=end)
         if not isinstance(result, Scheduled):
             return None
         self._pending.setdefault(rid, deque()).append((end, slots, self.core.step))
@@ -704,13 +716,14 @@ class KVCacheManager:
         for table, group in zip(
             self.core.block_tables(request_id), self.core.config.groups, strict=True
         ):
-            self._new_ids.extend(b for b in table[start_token // group.block_size :] if b)
+            if group.kind is not Kind.MAMBA:  # vLLM zeroes attention blocks only
+                self._new_ids.extend(b for b in table[start_token // group.block_size :] if b)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         return [], []  # kvcert never copies a block on write
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}  # no state groups
+        return {}  # state offloads feed KV connectors, which this manager does not serve
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []  # no state groups
+        return []  # no partial-tail state checkpoints (partial hash hits are off)

@@ -180,10 +180,14 @@ def test_without_vllm_the_campaign_says_where_to_run_it(capsys):
 def test_every_broken_twin_says_what_it_breaks_and_ci_plays_it():
     from pathlib import Path
 
-    from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, MUTANTS
+    from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
 
-    assert CAUGHT_AS.keys() == MUTANTS.keys()
+    assert CAUGHT_AS.keys() == MUTANTS.keys() | KVCERT_MUTANTS.keys()
+    assert not MUTANTS.keys() & KVCERT_MUTANTS.keys()
     assert set(CAUGHT_AS.values()) <= {"target", "state", "draft"}
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
     line = next(x for x in ci.splitlines() if x.startswith("for mutant in"))
     assert set(line.split(" in ", 1)[1].split(";")[0].split()) == set(MUTANTS)
+    for name in KVCERT_MUTANTS:  # kvcert's own twins, each with its report for check.py
+        assert f"--kvcert --mutant {name}" in ci
+        assert f".fuzz/kvcert-mutant-{name}.json" in ci

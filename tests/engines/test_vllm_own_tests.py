@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.conformance.campaign.workload import generate
+from kvcert.conformance.campaign.workload import STATE_MODELS, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "engines/vllm/0.33.0"
@@ -50,11 +50,12 @@ def test_the_readme_quotes_the_published_counts() -> None:
     assert numbers.groups() == summary.groups()
     counts = {why: int(n) for n, why in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)}
     vis = sum(n for why, n in counts.items() if why.startswith("ALLOC-VIS-1"))
-    mamba = counts["refused: a MambaSpec group (the integration serves full, sliding-window and "
-                   "chunked local attention groups only)"]  # fmt: skip
+    placed = ("refused: speculative state blocks", "refused: prefill-checkpoint state blocks")
+    state_blocks = sum(n for why, n in counts.items() if why.startswith(placed))
     drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
     quoted = " ".join(quoted.split())  # the README's line breaks are not part of a claim
-    assert f"Mamba groups alone account for {mamba}" in quoted
+    claim = "prefill-checkpoint state blocks, which kvcert does not place yet, alone account"
+    assert f"{claim} for {state_blocks};" in quoted
     assert f"{vis} tests that expect hits on blocks no step has written yet, or KV events" in quoted
     assert (f"and {drafts} where a request finishing" in quoted) == (drafts > 0)
     row = re.search(r"^\| `test_async_scheduler\.py` \| (\d+) \| \d+ \| (\d+) \|$", text, re.M)
@@ -107,20 +108,17 @@ def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
     report = json.loads((RELEASE / "fuzz-kvcert.json").read_text(encoding="utf-8"))
     assert report["kvcert"] is True
     assert report["violations"] == []
-    refused = {why: len(seeds) for why, seeds in report["unreachable"].items()}
-    played = report["runs"] - sum(refused.values())
+    assert report["unreachable"] == {}  # every workload is served, state hybrids included
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     quoted = readme.split("<!-- fuzz-kvcert:")[1].split("CI runs 400 seeds")[0]
-    state = next(n for why, n in refused.items() if "MambaSpec" in why)
-    assert sum(refused.values()) == state  # nothing else is refused
-    skipped = {seed for seeds in report["unreachable"].values() for seed in seeds}
-    workloads = [generate(seed) for seed in range(report["runs"]) if seed not in skipped]
+    workloads = [generate(seed) for seed in range(report["runs"])]
     asynchronous = [w for w in workloads if w.async_scheduling]
     drafting = sum(1 for w in asynchronous if w.spec_tokens)
+    state = sum(1 for w in workloads if w.model in STATE_MODELS)
     assert (
-        f"{played:,} of {report['runs']:,} workloads played ({len(asynchronous)} with "
-        f"asynchronous scheduling, {drafting} of them with speculative decoding; the {state} "
-        f"state hybrids are refused), {report['preemptions']:,} preemptions, "
+        f"all {report['runs']:,} workloads played ({len(asynchronous)} with asynchronous "
+        f"scheduling, {drafting} of them with speculative decoding; {state} state hybrids in "
+        f"Mamba align mode), {report['preemptions']:,} preemptions, "
         f"{report['hit_tokens']:,} hit tokens, {report['accepted']:,} of "
         f"{report['drafts']:,} drafts accepted, **0 findings**"
     ) in quoted

@@ -2,6 +2,7 @@
 
     python engines/vllm/campaign/check.py REPORTS_DIR      # CI, on 0.33.0
     python engines/vllm/campaign/check.py --regressions    # the long tier, on every release
+    python engines/vllm/campaign/check.py --kvcert REPORTS_DIR   # CI: kvcert's manager
 
 REPORTS_DIR holds the `--json` reports of four 400-seed runs of `kvcert fuzz` (`plain.json`,
 `fix.json`, and `mutant-NAME.json` for each broken twin, made with `--fix --mutant NAME`).
@@ -18,6 +19,10 @@ Required, each with its reason:
 - every committed regression of the installed release (`vllm-RELEASE-*.json`) replays as its
   file records (`expect`: whether a finding is expected unfixed and fixed).
 
+With --kvcert, REPORTS_DIR holds `kvcert.json` (`kvcert fuzz --kvcert`) and
+`kvcert-mutant-NAME.json` for each twin of kvcert's manager (`--kvcert --mutant NAME`): the
+manager serves every workload soundly, and every twin is caught on seeds it serves soundly.
+
 Prints one line per requirement; exit 1 when any fails.
 """
 
@@ -31,7 +36,7 @@ from typing import Any
 
 from kvcert.conformance.campaign.command import finding_class, finding_role
 from kvcert.conformance.campaign.vllm_loop import play
-from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, MUTANTS
+from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload
 
 HERE = Path(__file__).resolve().parent
@@ -63,6 +68,21 @@ def requirements(reports: Path) -> list[tuple[str, bool]]:
     return out + regressions()
 
 
+def kvcert_requirements(reports: Path) -> list[tuple[str, bool]]:
+    """kvcert's manager inside vLLM's Scheduler: sound, and each of its twins caught."""
+    served = json.loads((reports / "kvcert.json").read_text(encoding="utf-8"))
+    out = [("kvcert: no finding", not served["violations"])]
+    sound = set(served["seeds"]) - {v["seed"] for v in served["violations"]}
+    for name in KVCERT_MUTANTS:
+        path = reports / f"kvcert-mutant-{name}.json"
+        mutant = json.loads(path.read_text(encoding="utf-8"))
+        caught = [v["seed"] for v in mutant["violations"]
+                  if v["seed"] in sound and finding_role(v) == CAUGHT_AS[name]]  # fmt: skip
+        out.append((f"kvcert twin {name}: caught on {len(caught)} seeds kvcert serves soundly",
+                    bool(caught)))  # fmt: skip
+    return out
+
+
 def regressions() -> list[tuple[str, bool]]:
     """The installed release's committed regressions, each against what its file records."""
     out = []
@@ -77,7 +97,12 @@ def regressions() -> list[tuple[str, bool]]:
 
 
 def main(argv: list[str]) -> int:
-    results = regressions() if argv == ["--regressions"] else requirements(Path(argv[0]))
+    if argv == ["--regressions"]:
+        results = regressions()
+    elif argv[:1] == ["--kvcert"]:
+        results = kvcert_requirements(Path(argv[1]))
+    else:
+        results = requirements(Path(argv[0]))
     for what, ok in results:
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
     return 0 if all(ok for _, ok in results) else 1

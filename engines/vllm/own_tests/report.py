@@ -32,8 +32,31 @@ ROOT = Path(__file__).resolve().parents[3]
 REASONS: list[tuple[str, str]] = [
     (
         r"holds (\w+Spec)",
-        "refused: a {0} group (the integration serves full, sliding-window and chunked local "
-        "attention groups only)",
+        "refused: a {0} group (the integration serves full, sliding-window, chunked local "
+        "attention and align-mode state groups)",
+    ),
+    (
+        r"in mamba_cache_mode='(\w+)'",
+        "refused: a state group in mamba_cache_mode {0} (the integration serves align)",
+    ),
+    (
+        r"does not place speculative state blocks",
+        "refused: speculative state blocks (MTP/EAGLE on a state model, "
+        "num_speculative_blocks > 0)",
+    ),
+    (
+        r"does not place prefill checkpoint state blocks",
+        "refused: prefill-checkpoint state blocks (num_prefill_checkpoint_blocks > 0)",
+    ),
+    (
+        r"does not support shared-prefix state checkpoints",
+        "refused: vLLM's sub-block shared-prefix state checkpoints "
+        "(enable_mamba_shared_prefix_checkpoint; kvcert's block-aligned junction is served)",
+    ),
+    (
+        r"enable_partial_hash_hits",
+        "not served: vLLM's partial (sub-block) hash hits for state groups; kvcert hits whole "
+        "blocks of every group (HIT-GROUP-1) and reports partial hits off",
     ),
     (r"does not support dcp_world_size", "refused: decode context parallelism"),
     (
@@ -52,6 +75,10 @@ REASONS: list[tuple[str, str]] = [
         r"discarded tokens a step in flight computed",
         "refused: a request resumed below tokens a step in flight computed (a streaming-input "
         "session resumed under asynchronous scheduling; computed KV is never taken back)",
+    ),
+    (
+        r"isinstance\(<kvcert\.reference\.vllm\.manager\._Coordinator[^,]*, (\w+)\)",
+        "reads vLLM's manager internals (asserts the coordinator is vLLM's {0})",
     ),
     (
         r"'_(?:Pool|Group|Coordinator)' object has no attribute '(\w+)'",
