@@ -13,7 +13,9 @@ before step N's output is read).
 
 Workload: GPT-OSS-20B as vLLM's planner groups it (full attention + a 128-token sliding
 window), 64 requests sharing a 1,024-token system prompt with a 512-token question each,
-arriving 8 per step, 64 output tokens each, an 8,192-token step budget.
+arriving 8 per step, 64 output tokens each, an 8,192-token step budget. `--model
+qwen3.5-0.8b` plays the same shape on the Gated DeltaNet hybrid (Mamba align mode, 544-token
+blocks): every length scaled by block / 16, so the prompts span the same number of blocks.
 """
 
 from __future__ import annotations
@@ -28,26 +30,34 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvcert.conformance.campaign.vllm_loop import build
-from kvcert.conformance.campaign.workload import Arrival, Workload
+from kvcert.conformance.campaign.workload import (
+    STATE_MODELS,
+    Arrival,
+    Workload,
+    state_block_size,
+)
 from kvcert.conformance.engines import vllm_wiring as wiring
 
 
-def workload(requests: int, output: int, asynchronous: bool = False) -> Workload:
-    system = tuple(range(1, 1025))
+def workload(
+    requests: int, output: int, asynchronous: bool = False, model: str = "gpt-oss-20b"
+) -> Workload:
+    unit = state_block_size(model) // 16 if model in STATE_MODELS else 1
+    system = tuple(1 + i % 1024 for i in range(1024 * unit))
 
     def question(r: int) -> tuple[int, ...]:
-        return tuple(2000 + (r * 512 + i) % 7000 for i in range(512))
+        return tuple(2000 + (r * 512 * unit + i) % 7000 for i in range(512 * unit))
 
     arrivals = tuple(
         Arrival(r // 8, f"r{r}", system + question(r), 0, output) for r in range(requests)
     )
     return Workload(
         seed=0,
-        model="gpt-oss-20b",
+        model=model,
         policy="fcfs",
         async_scheduling=asynchronous,
         usable_blocks=4096,
-        budget=8192,
+        budget=8192 * unit,
         long_prefill=0,
         arrivals=arrivals,
     )
@@ -87,10 +97,12 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small round (CI smoke)")
+    parser.add_argument("--model", default="gpt-oss-20b", help="gpt-oss-20b or qwen3.5-0.8b")
     args = parser.parse_args()
     rounds = 1 if args.quick else 5
     for asynchronous in (False, True):
-        load = workload(16 if args.quick else 64, 8 if args.quick else 64, asynchronous)
+        requests, output = (16, 8) if args.quick else (64, 64)
+        load = workload(requests, output, asynchronous, args.model)
         times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
         seen: dict[str, tuple[int, int]] = {}
         for _ in range(rounds):
@@ -104,7 +116,8 @@ def main() -> int:
         best = {side: min(t) for side, t in times.items()}
         ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
         mode = "asynchronous" if asynchronous else "synchronous"
-        print(f"{mode}: {len(load.arrivals)} requests, {rounds} round(s), hits (tokens, steps): "
+        print(f"{args.model}, {mode}: {len(load.arrivals)} requests, {rounds} round(s), hits "
+              "(tokens, steps): "
               f"{seen}")  # fmt: skip
         print(
             f"{mode}: vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's "
