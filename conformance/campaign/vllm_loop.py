@@ -29,9 +29,17 @@ one running state per request, in one block, as vLLM's runner keeps it (`preproc
                     the same token prefix; writes the state after position end - 1 there
 
 so a cached block holds the checkpoint at its boundary only if a pass ended there, which is
-what vLLM's aligned prefill split is for. The backends played are those that save state at
-pass ends only (Mamba1, e.g. Jamba; GDN on its Triton prefill kernel); 0.33's FlashInfer GDN
-and Mamba2 backends also save checkpoints inside a pass, which the ledger does not model.
+what vLLM's aligned prefill split is for.
+
+The runner's block tables are its own: built from the scheduler's outputs as vLLM's runner
+builds them (a new or resumed request's tables whole, a running one's new blocks appended).
+Before a pass, wherever the manager's table names a block at a position the pass computes
+or reads, the runner's must name the same one; a manager that hands out blocks the runner
+would file in other columns sends KV or state to the wrong block.
+
+The backends played are those that save state at pass ends only (Mamba1, e.g. Jamba; GDN on
+its Triton prefill kernel); 0.33's FlashInfer GDN and Mamba2 backends also save checkpoints
+inside a pass, which the ledger does not model.
 
 With speculative decoding (a model whose file declares a draft layer, served with a real
 EAGLE `SpeculativeConfig`; 0.33 marks that layer `is_draft` as its drafter does) the ledger
@@ -385,6 +393,9 @@ class Ledger:
     proposed: dict[str, list[int]] = field(default_factory=dict)  # the drafter's last drafts
     # the runner's running-state block index per request (vLLM's `mamba_state_idx`)
     state_index: dict[str, int] = field(default_factory=dict)
+    # the runner's block tables per request, as the scheduler's outputs build them: a new
+    # or resumed request's tables whole, a running request's new blocks appended
+    runner_tables: dict[str, list[list[int]]] = field(default_factory=dict)
     drafts: int = 0
     accepted: int = 0
 
@@ -414,6 +425,7 @@ class Ledger:
         ids = list(output.num_scheduled_tokens)
         for rid in _readmitted_ids(output):
             self._readmitted(rid)
+        self._follow_tables(output)
         passes = []
         for rid in ids:
             request = scheduler.requests[rid]
@@ -435,7 +447,7 @@ class Ledger:
         violation = None
         sampled = []
         for one in passes:
-            violation = violation or self._check_reads(one)
+            violation = violation or self._check_table(one) or self._check_reads(one)
             tokens, after = self._sample(one)
             sampled.append(tokens)
             # the target ran on the known tokens and the drafts; the drafter's next token is
@@ -494,6 +506,41 @@ class Ledger:
                 f"runner proposed {len(own)} drafts"
             )
         return own[: len(drafts)]
+
+    def _follow_tables(self, output: Any) -> None:
+        """What the runner's block tables become from this output (vLLM's
+        `_update_states`: new and resumed requests replace theirs, others append)."""
+        for new in output.scheduled_new_reqs:
+            self.runner_tables[new.req_id] = [list(ids) for ids in new.block_ids]
+        cached = output.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+        for rid, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            if ids is None:
+                continue
+            if rid in resumed or rid not in self.runner_tables:
+                self.runner_tables[rid] = [list(more) for more in ids]
+            else:
+                for table, more in zip(self.runner_tables[rid], ids, strict=True):
+                    table.extend(more)
+
+    def _check_table(self, one: _Pass) -> Violation | None:
+        """The runner's table must name the manager's block at every position the pass
+        computes or reads (earlier positions the manager released may hold stale ids, which
+        the runner never reads): a difference sends KV or state to another request's block."""
+        runner = self.runner_tables.get(one.rid)
+        for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            held = runner[g] if runner is not None else []
+            needed = -(-one.end // group.block_size)
+            for j, block in enumerate(table[:needed]):
+                if block and (j >= len(held) or held[j] != block):
+                    return Violation(
+                        f"step {one.step}: {one.rid}'s block table in group {g} "
+                        f"({group.kind}) names block {block} at position {j}; the runner's "
+                        f"table, built from the scheduler's outputs, holds "
+                        f"{held[j] if j < len(held) else 'nothing'} there",
+                        "target",
+                    )
+        return None
 
     def _check_reads(self, one: _Pass) -> Violation | None:
         """The first read of the pass that finds KV no pass wrote for this prefix."""

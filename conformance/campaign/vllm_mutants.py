@@ -22,6 +22,10 @@ through kvcert's Scheduler is seen to fail too:
                          align mode holds only its running state's position, releasing the one
                          vLLM's runner copies the state from (the hit's checkpoint, or the
                          previous step's running state) before that copy runs
+    kvcert-tables-without-nulls
+                         the blocks handed to a running request leave out the null blocks of
+                         skipped positions, so the runner's append-only table shifts them into
+                         the wrong columns (a state group skips every column but its last)
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ def _kvcert_state_source_released(wired: Any) -> None:
     vars(manager)["first_read"] = running_state_only  # this process only
 
 
+def _kvcert_tables_without_nulls(wired: Any) -> None:
+    manager = wired.scheduler.kv_cache_manager
+    handed_out = manager._handed_out
+
+    def compacted(rid: str, result: Any) -> Any:
+        blocks = handed_out(rid, result)
+        if blocks is None:
+            return None
+        groups = tuple([b for b in group if not b.is_null] for group in blocks.blocks)
+        return manager.create_kv_cache_blocks(groups)
+
+    manager._handed_out = compacted
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -73,6 +91,7 @@ MUTANTS: dict[str, Callable[[Any], None]] = {
 }
 KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-state-source-released": _kvcert_state_source_released,
+    "kvcert-tables-without-nulls": _kvcert_tables_without_nulls,
 }
 # what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
 CAUGHT_AS: dict[str, str] = {
@@ -80,4 +99,5 @@ CAUGHT_AS: dict[str, str] = {
     "no-lookahead-hashes": "draft",
     "no-aligned-split": "state",
     "kvcert-state-source-released": "state",
+    "kvcert-tables-without-nulls": "target",
 }

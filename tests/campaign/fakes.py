@@ -18,6 +18,7 @@ class FakeRequest:
 class FakeScheduler:
     tables: dict[str, tuple[list[int], ...]] = field(default_factory=dict)  # per group
     requests: dict[str, FakeRequest] = field(default_factory=dict)
+    sent: dict[str, list[int]] = field(default_factory=dict)  # table lengths the runner holds
 
     def __post_init__(self) -> None:
         self.kv_cache_manager = SimpleNamespace(get_block_ids=lambda rid: self.tables[rid])
@@ -37,12 +38,27 @@ class FakeScheduler:
         the scheduler does), the `new` ones sent whole, with their scheduled drafts."""
         for rid, count in counts.items():
             self.requests[rid].num_computed_tokens += count
+        cached = [rid for rid in counts if rid not in new]
+        for rid in new:
+            self.sent[rid] = [0] * len(self.tables[rid])
+        appended = [self._appended(rid) for rid in cached]
         return SimpleNamespace(
             num_scheduled_tokens=dict(counts),
-            scheduled_new_reqs=[SimpleNamespace(req_id=rid) for rid in new],
-            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+            scheduled_new_reqs=[
+                SimpleNamespace(req_id=rid, block_ids=self._appended(rid)) for rid in new
+            ],
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=cached, resumed_req_ids=set(), new_block_ids=appended
+            ),
             scheduled_spec_decode_tokens={r: list(d) for r, d in (drafts or {}).items() if d},
         )
+
+    def _appended(self, rid: str) -> tuple[list[int], ...]:
+        """The blocks the runner's tables gain this step (vLLM appends new block ids)."""
+        held = self.sent.setdefault(rid, [0] * len(self.tables[rid]))
+        tails = tuple(list(t[n:]) for t, n in zip(self.tables[rid], held, strict=True))
+        self.sent[rid] = [len(t) for t in self.tables[rid]]
+        return tails
 
     def schedule(self, rid: str, count: int, drafts: tuple[int, ...] = (), new: bool = False):
         """One step scheduling one request."""

@@ -72,7 +72,7 @@ def test_state_copies_read_before_any_write():
     """In one step, a's copy reads block 11 and b's copy writes block 11 (freed by a's manager
     and handed to b): on the device all copies read first, so a still gets its state."""
     s, ledger = FakeScheduler(), _ledger()
-    s.add("a", list(range(1, 10)), [10, 11, 0], [20, 21, 22])
+    s.add("a", list(range(1, 10)), [10, 11], [20, 21, 22])
     ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)
     ledger.forward(s, s.step({"a": 2}), 1)  # state@5 in block 11
     s.add("b", [1, 2, 3, 4, 8, 8], [10, 11], [20, 23], hit=4)
@@ -81,6 +81,7 @@ def test_state_copies_read_before_any_write():
 
 
 def test_a_request_sent_whole_again_starts_from_its_hit_not_its_old_state_block():
+    """Resumed after a preemption, the runner's tables are replaced by the ones sent."""
     s, ledger = FakeScheduler(), _ledger()
     s.add("a", [1, 2, 3, 4, 5, 6, 7, 8], [10, 11], [20, 21])
     ledger.forward(s, s.step({"a": 4}, new=("a",)), 0)
@@ -89,5 +90,37 @@ def test_a_request_sent_whole_again_starts_from_its_hit_not_its_old_state_block(
     s.requests["a"].num_computed_tokens = 4
     s.tables["a"] = ([10, 14], [20, 24])
     output = s.step({"a": 4})
-    output.scheduled_cached_reqs = SimpleNamespace(resumed_req_ids={"a"})
+    output.scheduled_cached_reqs = SimpleNamespace(
+        req_ids=["a"], resumed_req_ids={"a"}, new_block_ids=[([10, 14], [20, 24])]
+    )
     assert ledger.forward(s, output, 2)[1] is None
+
+
+def test_a_block_the_runners_table_does_not_name_there_is_a_violation():
+    """The runner appends the blocks each output hands a running request: a manager that
+    leaves out a skipped position's null block shifts the running state's block into the
+    wrong column of the runner's table."""
+    s, ledger = FakeScheduler(), _ledger()
+    s.add("a", list(range(1, 14)), [0, 11], [20, 21])
+    assert ledger.forward(s, s.step({"a": 8}, new=("a",)), 0)[1] is None
+    s.tables["a"] = ([0, 0, 0, 13], [20, 21, 22, 23])
+    output = s.step({"a": 5})
+    output.scheduled_cached_reqs.new_block_ids = [([13], [22, 23])]  # no null for column 2
+    _, violation = ledger.forward(s, output, 1)
+    assert violation is not None
+    assert violation.role == "target"
+    assert "group 0 (mamba) names block 13 at position 3" in violation.text
+    assert "holds nothing there" in violation.text
+
+
+def test_a_stale_id_where_the_manager_released_a_position_is_no_violation():
+    """Released positions hold the null block in the manager's table and whatever block the
+    runner was given before in its own: the runner never reads them."""
+    s, ledger = FakeScheduler(), _ledger()
+    s.add("a", list(range(1, 14)), [0, 11], [20, 21])
+    assert ledger.forward(s, s.step({"a": 8}, new=("a",)), 0)[1] is None
+    s.tables["a"] = ([0, 11, 0, 13], [20, 21, 22, 23])
+    assert ledger.forward(s, s.step({"a": 5}), 1)[1] is None
+    s.tables["a"] = ([0, 0, 0, 13], [20, 21, 22, 23])  # 11 released; the runner still has it
+    s.requests["a"].all_token_ids.append(9)
+    assert ledger.forward(s, s.step({"a": 1}), 2)[1] is None
