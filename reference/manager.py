@@ -22,7 +22,7 @@ import math
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -44,6 +44,7 @@ from kvcert.reference.errors import (
 from kvcert.reference.events import Event, Stored
 from kvcert.reference.groups import first_read, first_release, first_written
 from kvcert.reference.hashing import Chain, DigestMemo, ExtraKey, encode_tokens, hasher
+from kvcert.reference.keyindex import ServedMap
 
 TOKEN_LIMIT = 2**63
 LIST_OR_TUPLE = (list, tuple)
@@ -211,6 +212,9 @@ class KVCacheManager:
         self._requests: dict[str, _Request] = {}
         # running requests with a chunk in flight -> the step it was scheduled in
         self._in_flight: dict[str, int] = {}
+        # the served maps once the steps in flight end, with what they were made for: the
+        # admissions so far and (rid, computed, scheduled) of each chunk in flight
+        self._after_steps: tuple[_ChunksInFlight, list[ServedMap[bytes]] | None] | None = None
         self._step = 0  # the step being scheduled (start_step); 0 until an engine pipelines
         exact = config.speculative is DraftKeying.EXACT
         self._shifted = [exact and g.draft for g in config.groups]
@@ -313,13 +317,86 @@ class KVCacheManager:
             )
         return hit, tables
 
-    def branch_point(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey] = ()) -> int:
+    def lookup_after_steps(
+        self,
+        tokens: Sequence[int] | Prompt,
+        extras: Sequence[ExtraKey] = (),
+        max_hit: int | None = None,
+    ) -> int:
+        """The hit `tokens` would get once every step in flight has ended: the blocks their
+        chunks complete join the cache then (ALLOC-COMMIT-1) and count here already. An
+        engine that would rather hold a request back a step than admit it without them asks
+        this; `lookup` keeps them out until then (ALLOC-VIS-1)."""
+        prompt = self._prepared(tokens, extras)
+        served = self._served_after_steps()
+        if served is None:
+            return self._hit(prompt, max_hit)[0]
+        keys = self._keys(prompt.chains)
+        hit = self.search(self.config, len(prompt), keys, served)[0]
+        if max_hit is not None and hit > max_hit:
+            hit = self.search(self.config, len(prompt), keys, served, limit=max_hit)[0]
+        return hit
+
+    def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
+        """The served maps as they will be once every step in flight has ended (None when
+        those steps complete no block)."""
+        chunks = []
+        for rid in self._in_flight:
+            request = self._requests.get(rid)
+            if request is not None and request.scheduled:
+                chunks.append((rid, request.computed, request.scheduled, request))
+        state = (self._admissions, tuple(chunk[:3] for chunk in chunks))
+        if self._after_steps is not None and self._after_steps[0] == state:
+            return self._after_steps[1]  # a step's admissions ask this once each
+        pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
+        for *_, request in chunks:
+            self._completed_by_chunk(request, pending)
+        served: list[ServedMap[bytes]] | None = None
+        if any(pending):
+            served = [
+                _WithPending(now, extra) if extra else now
+                for now, extra in zip(self.pool.served, pending, strict=True)
+            ]
+        self._after_steps = (state, served)
+        return served
+
+    def _completed_by_chunk(self, request: _Request, pending: list[dict[bytes, int]]) -> None:
+        """Add to `pending` (per group, key -> block) what `request`'s chunk in flight will
+        register when its step ends (what _register_committed will do then)."""
+        for unique in request.unique_chains:
+            unique.extend(request.tokens)  # the digests end_step computes, computed early
+        before = request.computed
+        request.computed = before + request.scheduled
+        try:
+            for g, group in enumerate(self.config.groups):
+                chain, table = request.chains[g], request.tables[g]
+                if chain is None:
+                    continue
+                for j in self._committed(g, group, request, before):
+                    key = chain.key(group.block_size, j)
+                    if table[j] != NULL_BLOCK and key is not None:
+                        pending[g].setdefault(key, table[j])
+        finally:
+            request.computed = before
+
+    def branch_point(
+        self,
+        tokens: Sequence[int] | Prompt,
+        extras: Sequence[ExtraKey] = (),
+        *,
+        after_steps: bool = False,
+    ) -> int:
         """Where the attention groups' cached prefix of `tokens` ends, aligned for every group:
-        the length a `branch` placement checkpoints state at. Implements BRANCH-1."""
+        the length a `branch` placement checkpoints state at. Implements BRANCH-1.
+        `after_steps`: as the cache will be once the steps in flight have ended (a prefix
+        another request is writing now is where this one will leave it too)."""
         prompt = self._prepared(tokens, extras)
         self._probes += 1
         keys = self._keys(prompt.chains)
-        return find_hit(self.config, len(prompt), keys, self.pool.served, ignore_state=True)[0]
+        served = self._served_after_steps() if after_steps else None
+        return find_hit(
+            self.config, len(prompt), keys, served or self.pool.served, ignore_state=True
+        )[0]
 
     # -- allocation -------------------------------------------------------------------------
 
@@ -966,3 +1043,36 @@ class KVCacheManager:
             self._hit_tokens,
             self._probes,
         )
+
+
+_ChunksInFlight = tuple[int, tuple[tuple[str, int, int], ...]]
+
+
+class _WithPending:
+    """One group's served map with the keys steps in flight will register added (the cached
+    block wins a key both hold: it was registered first)."""
+
+    __slots__ = ("_now", "_pending")
+
+    def __init__(self, now: ServedMap[bytes], pending: dict[bytes, int]) -> None:
+        self._now, self._pending = now, pending
+
+    def get(self, key: bytes, default: int, /) -> int:
+        block = self._now.get(key, NULL_BLOCK)
+        return block if block != NULL_BLOCK else self._pending.get(key, default)
+
+    def __getitem__(self, key: bytes, /) -> int:
+        block = self.get(key, NULL_BLOCK)
+        if block == NULL_BLOCK:
+            raise KeyError(key)
+        return block
+
+    def __contains__(self, key: object, /) -> bool:
+        return key in self._now or key in self._pending
+
+    def __len__(self) -> int:
+        return len(self._now) + sum(1 for key in self._pending if key not in self._now)
+
+    def items(self) -> Iterable[tuple[bytes, int]]:
+        yield from self._now.items()
+        yield from ((k, b) for k, b in self._pending.items() if k not in self._now)

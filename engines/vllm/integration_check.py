@@ -40,8 +40,10 @@ from vllm.v1.structured_output import StructuredOutputManager
 from kvcert.conformance.engines.vllm import weightless_model
 from kvcert.reference.vllm import (
     AsyncScheduler,
+    HoldBack,
     KVCacheManager,
     Scheduler,
+    Settings,
     UnsupportedConfigError,
 )
 
@@ -256,12 +258,9 @@ STATE = MambaSpec(
 )
 
 
-def state_checks() -> list[tuple[str, bool, str]]:
-    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, as vLLM's
-    scheduler drives it (its block-aligned prefill split; the junction it ends a chunk at).
-    A (80 tokens) is served; B shares A's first 40 tokens and C those 40 too. Broken twins:
-    returning no junction fails the second and fourth checks (C then hits nothing); the
-    ALLOC-HOLD-1 of before 2026-11-24 (the copy source released) fails the third."""
+def state_scheduler(settings: Settings | None = None) -> Any:
+    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, a
+    128-token step budget (the environment's settings unless `settings`)."""
     vllm_config = VllmConfig(
         model_config=weightless_model(256),
         device_config=DeviceConfig(device="cpu"),
@@ -279,13 +278,64 @@ def state_checks() -> list[tuple[str, bool, str]]:
         ),
     )
     vllm_config.cache_config.num_gpu_blocks = 64
-    scheduler = Scheduler(
+    cls = Scheduler if settings is None else Scheduler.configured(settings)
+    return cls(
         vllm_config=vllm_config,
         kv_cache_config=config(FULL, STATE),
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=BLOCK,
         hash_block_size=BLOCK,
     )
+
+
+def run_step(scheduler: Any, prompts: dict[str, list[int]]) -> Any:
+    """One schedule() and its output (a token sampled where a prompt's last token ran)."""
+    out = scheduler.schedule()
+    ids = list(out.num_scheduled_tokens)
+    done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
+    runner = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] if r in done else [] for r in ids],
+    )
+    scheduler.update_from_output(out, runner)
+    return out
+
+
+def hold_back_checks() -> list[tuple[str, bool, str]]:
+    """A (80 tokens) and B (A's first 64, then 16 others) arrive together. Step 1 prefills A
+    up to its last block boundary (64); B would hit those 64 tokens once step 1 has ended, so
+    kvcert holds it back (KVCERT_HOLD_BACK=state, the default for a state model) and vLLM's
+    scheduler admits it in step 2 from the checkpoint. Under `never` (the twin) B is admitted
+    in step 1 with no hit and computes the 64 tokens again."""
+    out = []
+    for hold, want in ((HoldBack.STATE, ([("a", 0)], [("b", 64)])), (HoldBack.NEVER, None)):
+        scheduler = state_scheduler(Settings(hold_back=hold))
+        first = list(range(100, 180))
+        prompts = {"a": first, "b": first[:64] + list(range(500, 516))}
+        for rid, tokens in prompts.items():
+            scheduler.add_request(request(rid, tokens=tokens))
+        steps = []
+        for _ in range(2):
+            scheduled = run_step(scheduler, prompts).scheduled_new_reqs
+            steps.append([(new.req_id, new.num_computed_tokens) for new in scheduled])
+        got = (steps[0], steps[1])
+        if want is not None:
+            out.append(("B waits a step and resumes from A's checkpoint (64)", got == want,
+                        f"{got}"))  # fmt: skip
+        else:
+            out.append(("twin, never: B admitted at once with no hit",
+                        got == ([("a", 0), ("b", 0)], []), f"{got}"))  # fmt: skip
+    return out
+
+
+def state_checks() -> list[tuple[str, bool, str]]:
+    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, as vLLM's
+    scheduler drives it (its block-aligned prefill split; the junction it ends a chunk at).
+    A (80 tokens) is served; B shares A's first 40 tokens and C those 40 too. Broken twins:
+    returning no junction fails the second and fourth checks (C then hits nothing); the
+    ALLOC-HOLD-1 of before 2026-11-24 (the copy source released) fails the third."""
+    scheduler = state_scheduler()
     manager = scheduler.kv_cache_manager
     first = list(range(100, 180))
     prompts = {"a": first, "b": first[:40] + list(range(500, 540))}
@@ -364,6 +414,7 @@ def main() -> int:
         ("events", event_checks()),
         ("async", async_checks()),
         ("state", state_checks()),
+        ("hold-back", hold_back_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok

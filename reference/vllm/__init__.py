@@ -4,10 +4,10 @@
     vllm serve MODEL --scheduler-cls kvcert.reference.vllm.Scheduler --no-async-scheduling
 
 `KVCacheManager`, `Scheduler` and `AsyncScheduler` need vLLM (importing them without it raises
-ImportError); `Settings` and `UnsupportedConfigError` do not, so configuration can be checked
-anywhere.
+ImportError); `Settings`, `HoldBack` and `UnsupportedConfigError` do not, so configuration can
+be checked anywhere.
 Never imports kvcert.spec. Configuration: `Settings` or the environment (KVCERT_EVICTION,
-KVCERT_HASH, KVCERT_SPECULATIVE; see kvcert.reference.vllm.settings).
+KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK; see kvcert.reference.vllm.settings).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 from kvcert.reference.vllm.layout import UnsupportedConfigError
-from kvcert.reference.vllm.settings import Settings
+from kvcert.reference.vllm.settings import HoldBack, Settings
 
 _NEEDS_VLLM = {
     "AsyncScheduler": "kvcert.reference.vllm.scheduler",
@@ -27,6 +27,7 @@ _NEEDS_VLLM = {
 
 __all__ = [
     "AsyncScheduler",
+    "HoldBack",
     "IntegrationError",
     "KVCacheManager",
     "Scheduler",

@@ -6,6 +6,8 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
   (`kvcert.reference.vllm.Scheduler` does), not at allocation. `cache_blocks` is therefore a
   no-op; vLLM's manager registers blocks before their KV exists.
 - Hits follow the hybrid hit (HIT-HYB-1) and the eviction profile of `Settings`.
+- A waiting request whose hit the steps in flight are extending may wait a step instead of
+  being admitted without those blocks (`Settings.hold_back`; vLLM does so for state groups).
 
 Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
@@ -37,7 +39,7 @@ from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Prompt, Scheduled
 from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config
-from kvcert.reference.vllm.settings import Settings
+from kvcert.reference.vllm.settings import HoldBack, Settings
 
 
 class IntegrationError(KVCacheError):
@@ -220,6 +222,8 @@ class KVCacheManager:
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._sizes = [g.block_size for g in self.core.config.groups]
         self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
+        hold = self.settings.hold_back
+        self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         # per request scheduled again while its chunk is in flight (asynchronous scheduling),
         # oldest first: vLLM's token count at the end of each such chunk, the slots it holds
@@ -278,16 +282,17 @@ class KVCacheManager:
     ) -> tuple[Any, int, int]:
         """The request's hit now (HIT-HYB-1), at most `max_cache_hit_length` tokens (default:
         all but the last token, which must be computed for its logits), and for a model with
-        state groups its junction: where its attention groups' cached prefix ends (BRANCH-1)
-        when that lies past the hit, else 0. vLLM's scheduler ends a prefill chunk there, so
-        the state where this request leaves a shared prefix is checkpointed for the next one
-        (CKPT-BRANCH-1), as it does with vLLM's manager."""
+        state groups its junction: where its attention groups' cached prefix ends (BRANCH-1),
+        counting what the steps in flight are writing, when that lies past the hit, else 0.
+        vLLM's scheduler ends a prefill chunk there, so the state where this request leaves a
+        shared prefix is checkpointed for the next one (CKPT-BRANCH-1), as it does with
+        vLLM's manager."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
         prompt = self._prompt(request)
         hit, tables = self.core.lookup(prompt, max_hit=max(cap, 0))
-        junction = self.core.branch_point(prompt) if self._has_state else 0
+        junction = self.core.branch_point(prompt, after_steps=True) if self._has_state else 0
         blocks = self._wrap(tables) if hit else self.empty_kv_cache_blocks
         return blocks, hit, junction if junction > hit else 0
 
@@ -357,6 +362,8 @@ class KVCacheManager:
         known = len(prompt)
         budget = min(num_new_tokens, known - hit)
         waiting = request.status in (self._api.Status.WAITING, self._api.Status.PREEMPTED)
+        if waiting and self._held_back(request, prompt, hit):
+            return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
         result = self.core.admit(
             rid,
@@ -392,6 +399,17 @@ class KVCacheManager:
         return self._wrap(
             [t[s:] for t, s in zip(tables, start, strict=True)] if any(result.new_blocks) else ()
         )
+
+    def _held_back(self, request: Any, prompt: Prompt, hit: int) -> bool:
+        """Whether the request waits a step (Settings.hold_back): it takes the whole hit the
+        cache serves now, and the steps in flight complete a longer one for it. vLLM's
+        scheduler then stops admitting for this step, as it does when its own manager holds a
+        state group's request back; the request is admitted once those steps have ended."""
+        if not (self._hold_back and self.prefix_cache_lookup_enabled(request)):
+            return False
+        cap = max(request.num_tokens - 1, 0)
+        now = self.core.lookup(prompt, max_hit=cap)[0]
+        return hit == now and self.core.lookup_after_steps(prompt, max_hit=cap) > now
 
     def _extend(self, request: Any, num_new_tokens: int, lookahead: int) -> Any:
         rid = request.request_id

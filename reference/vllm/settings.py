@@ -1,4 +1,4 @@
-"""How the vLLM integration is configured: eviction profile, hash, draft keying.
+"""How the vLLM integration is configured: eviction profile, hash, draft keying, hold-back.
 
 vLLM builds its scheduler (and so the manager) itself, so the choices come from the
 environment when no `Settings` is given:
@@ -6,6 +6,7 @@ environment when no `Settings` is given:
     KVCERT_EVICTION     lru (default) | hybrid | lru-unkeyed-first
     KVCERT_HASH         sha256 (default) | blake2b
     KVCERT_SPECULATIVE  exact (default) | drop    (draft-layer keying; read with a drafter)
+    KVCERT_HOLD_BACK    state (default) | all | never
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ ENVIRONMENT = {
     "eviction": "KVCERT_EVICTION",
     "hash_algorithm": "KVCERT_HASH",
     "speculative": "KVCERT_SPECULATIVE",
+    "hold_back": "KVCERT_HOLD_BACK",
 }
+
+
+class HoldBack(StrEnum):
+    """Which models' waiting requests wait a step when the steps in flight are writing a
+    longer hit for them (they would otherwise be admitted without it: ALLOC-VIS-1)."""
+
+    STATE = "state"  # models with state groups (vLLM holds those back too)
+    ALL = "all"  # every model (vLLM serves attention blocks in the step writing them)
+    NEVER = "never"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +49,18 @@ class Settings:
     # vLLM's lookahead block hashes); drop: keyed like the target's, the last one not served
     # (HIT-SPEC-2, vLLM's EAGLE block drop, which serves stale draft KV: acceptance only)
     speculative: DraftKeying | None = None
+    hold_back: HoldBack = HoldBack.STATE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from KVCERT_EVICTION, KVCERT_HASH and KVCERT_SPECULATIVE."""
+        """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE and
+        KVCERT_HOLD_BACK."""
         env = os.environ if environ is None else environ
         return cls(
             eviction=_choice(env, "eviction", Eviction) or Eviction.LRU,
             hash_algorithm=_choice(env, "hash_algorithm", HashAlgorithm) or HashAlgorithm.SHA256,
             speculative=_choice(env, "speculative", DraftKeying),
+            hold_back=_choice(env, "hold_back", HoldBack) or HoldBack.STATE,
         )
 
 

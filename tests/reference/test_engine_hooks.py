@@ -320,3 +320,44 @@ def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
         fast.lookup([*prompt, *range(500, token), 1])[0]
         == slow.lookup([*prompt, *range(500, token), 1])[0]
     )
+
+
+@settings(max_examples=tiered(40, 400), deadline=None)
+@given(
+    plan=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 3), st.sampled_from([7, 16, 20, 32, 48])),
+        min_size=1,
+        max_size=6,
+    ),
+    probe=st.integers(0, 2),
+    cut=st.integers(8, 96),
+    state=st.booleans(),
+)
+def test_the_hit_after_the_steps_in_flight_is_the_hit_once_they_end(
+    plan: list[tuple[int, int, int]], probe: int, cut: int, state: bool
+) -> None:
+    """Requests sharing prefixes are admitted or extended within one step; before the step
+    ends, lookup_after_steps (and the branch point after the steps) answers what lookup
+    (and the branch point) answer once it has ended, and lookup alone what it did before."""
+    groups = (FULL, GroupConfig(Kind.SLIDING_WINDOW, 16, window=32)) + ((STATE,) if state else ())
+    m = KVCacheManager(CacheConfig(groups, 128))
+    prompts = [PROMPT, PROMPT[:40] + list(range(900, 957)), list(range(300, 397))]
+    m.start_step()
+    for rid_index, _, chunk in plan[:1]:
+        m.admit(f"r{rid_index}", prompts[rid_index], chunk)
+    m.end_step()
+    m.start_step()
+    for rid_index, extra, chunk in plan[1:]:
+        rid = f"r{rid_index}"
+        if not m.is_running(rid):
+            m.admit(rid, prompts[rid_index], chunk * extra)
+        elif m.progress(rid)[0] < len(prompts[rid_index]) and not m.in_flight(rid):
+            m.extend(rid, chunk)
+    query = [*prompts[probe][:cut], 5, 6, 7]
+    before = m.lookup(query)[0]
+    later = m.lookup_after_steps(query)
+    branch_later = m.branch_point(query, after_steps=True)
+    assert m.lookup(query)[0] == before  # nothing registered early
+    m.end_step()
+    assert later == m.lookup(query)[0]
+    assert branch_later == m.branch_point(query)

@@ -6,7 +6,7 @@ import pytest
 
 from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm
 from kvcert.reference.errors import ConfigError
-from kvcert.reference.vllm import Settings, UnsupportedConfigError
+from kvcert.reference.vllm import HoldBack, Settings, UnsupportedConfigError
 
 
 def test_settings_come_from_the_environment() -> None:
@@ -17,11 +17,18 @@ def test_settings_come_from_the_environment() -> None:
         Eviction.HYBRID, HashAlgorithm.BLAKE2B, DraftKeying.EXACT
     )
     assert Settings.from_env({"KVCERT_EVICTION": ""}).eviction is Eviction.LRU
+    assert Settings().hold_back is HoldBack.STATE  # vLLM's rule: state hybrids wait a step
+    assert Settings.from_env({"KVCERT_HOLD_BACK": "ALL"}).hold_back is HoldBack.ALL
 
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("KVCERT_EVICTION", "fifo"), ("KVCERT_HASH", "md5"), ("KVCERT_SPECULATIVE", "maybe")],
+    [
+        ("KVCERT_EVICTION", "fifo"),
+        ("KVCERT_HASH", "md5"),
+        ("KVCERT_SPECULATIVE", "maybe"),
+        ("KVCERT_HOLD_BACK", "sometimes"),
+    ],
 )
 def test_a_bad_setting_names_the_variable_and_the_choices(variable: str, value: str) -> None:
     with pytest.raises(ConfigError, match=rf"{variable}='{value}' is not one of: \w+"):
