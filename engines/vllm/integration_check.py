@@ -288,9 +288,14 @@ def state_scheduler(settings: Settings | None = None) -> Any:
     )
 
 
-def run_step(scheduler: Any, prompts: dict[str, list[int]]) -> Any:
-    """One schedule() and its output (a token sampled where a prompt's last token ran)."""
+def run_step(
+    scheduler: Any, prompts: dict[str, list[int]], seen: Callable[[Any], None] | None = None
+) -> Any:
+    """One schedule() and its output (a token sampled where a prompt's last token ran);
+    `seen` looks at the scheduler output before the output is given back."""
     out = scheduler.schedule()
+    if seen is not None:
+        seen(out)
     ids = list(out.num_scheduled_tokens)
     done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
     runner = ModelRunnerOutput(
@@ -341,22 +346,17 @@ def state_checks() -> list[tuple[str, bool, str]]:
     prompts = {"a": first, "b": first[:40] + list(range(500, 540))}
     prompts["c"] = first[:40] + list(range(700, 740))
     chunks: dict[str, list[tuple[int, int, list[int]]]] = {}
+
+    def record(out: Any) -> None:
+        """Each scheduled chunk's span and its state group's table."""
+        for r, count in out.num_scheduled_tokens.items():
+            start = scheduler.requests[r].num_computed_tokens - count
+            chunks.setdefault(r, []).append((start, start + count, manager.get_block_ids(r)[1]))
+
     for rid, tokens in prompts.items():
         scheduler.add_request(request(rid, tokens=tokens))
         while rid in scheduler.requests:
-            out = scheduler.schedule()
-            ids = list(out.num_scheduled_tokens)
-            for r in ids:
-                start = scheduler.requests[r].num_computed_tokens - out.num_scheduled_tokens[r]
-                end = start + out.num_scheduled_tokens[r]
-                chunks.setdefault(r, []).append((start, end, manager.get_block_ids(r)[1]))
-            done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
-            runner = ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[7] if r in done else [] for r in ids],
-            )
-            scheduler.update_from_output(out, runner)
+            run_step(scheduler, prompts, record)
 
     def copy_sources_held(rid: str) -> bool:
         """Each chunk's table holds the block of the state it starts from (column
