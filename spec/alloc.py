@@ -9,6 +9,7 @@ Operations, in the order a scheduler issues them within one step:
 
     Admit(rid, tokens, budget)      look the prompt up, take the hit, allocate for the chunk
     Extend(rid, budget, appended)   next prefill chunk or decode token of a running request
+                                    (either may name a `checkpoint` inside the chunk: CKPT-INNER-1)
     EndStep()                       the step's KV is written: commit, register full blocks
     Finish(rid) / Preempt(rid)      release the request's blocks
     ResetCache()                    forget every registered key (only when nothing is held)
@@ -106,6 +107,7 @@ class Request:
     lookahead: int  # speculative slots allocated beyond computed + scheduled
     tables: tuple[tuple[int, ...], ...]  # per group, physical ids; NULL_BLOCK where none held
     registered: tuple[int, ...]  # per group, table positions already considered for caching
+    checkpoint: int = 0  # a boundary inside the chunk in flight that saves state too, or 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Admit:
     budget: int  # most tokens to compute in this step
     extras: tuple[Extra, ...] = ()
     lookahead: int = 0  # speculative slots to allocate beyond the chunk
+    checkpoint: int = 0  # a block boundary inside the chunk whose state is saved too (CKPT-INNER-1)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class Extend:
     budget: int
     appended: tuple[int, ...] = ()
     lookahead: int = 0
+    checkpoint: int = 0  # as Admit.checkpoint
 
 
 @dataclass(frozen=True)
@@ -342,6 +346,74 @@ def positions_written(group: Group, computed: int, end: int) -> range:
     return range(computed // group.block_size, last)
 
 
+def checkpoint_positions(group: Group, computed: int, end: int, checkpoint: int) -> range:
+    """CKPT-INNER-1: A chunk may name one block boundary strictly inside it whose state the
+    engine's kernel saves in passing, and a state group in mode align then also writes that
+    boundary's position, holds it for the step and registers it when the step ends, as if a
+    chunk had ended there.
+
+    So the prompt's last chunk need not stop at the re-send boundary (CKPT-ALIGN-1) to leave
+    its checkpoint: one pass fewer. The boundary must lie past the position the chunk reads
+    its state from, and be one for every state group in mode align.
+
+        B=16, chunk [32, 80), checkpoint 64:
+        position     0   1   2   3   4
+        align        .   r   .   c   w    r: reads the state at 32   c: saves the state at 64
+                                          w: the running state (at 80: not a boundary yet)
+        end of step: position 3 registered as the state at 64
+
+    pre: 0 <= computed < end and checkpoint >= 0
+    post: len(__return__) <= 1
+    """
+    if not checkpoint or not isinstance(group, MambaState) or group.mode is not MambaMode.ALIGN:
+        return range(0)
+    position = checkpoint // group.block_size - 1
+    return range(position, position + 1)
+
+
+def checkpoint_problem(layout: Layout, computed: int, end: int, checkpoint: object) -> str | None:
+    """Why `checkpoint` cannot be the inner checkpoint of a chunk [computed, end), or None: it
+    must be 0 or, for every state group in mode align (one at least), a multiple of its block
+    size strictly inside the chunk, at a position after the one the chunk reads its state
+    from (that block is read, not overwritten, by the chunk)."""
+    if checkpoint == 0:
+        return None
+    if not (isinstance(checkpoint, int) and computed < checkpoint < end):
+        return (
+            f"checkpoint {checkpoint!r} is not strictly inside the chunk [{computed}, {end}); "
+            "name a block boundary inside it, or 0 for none"
+        )
+    aligned = [
+        (g, group)
+        for g, group in enumerate(layout.groups)
+        if isinstance(group, MambaState) and group.mode is MambaMode.ALIGN
+    ]
+    if not aligned:
+        return "a checkpoint needs a state group in mode align; pass 0"
+    for g, group in aligned:
+        size = group.block_size
+        low = ((computed - 1) // size + 2) * size if computed else size
+        if checkpoint % size or checkpoint < low:
+            return (
+                f"checkpoint {checkpoint} is not a block boundary of state group {g} "
+                f"(B={size}) at or after {low}, the first one past the position the chunk "
+                f"[{computed}, {end}) reads its state from; name such a boundary, or 0 for none"
+            )
+    return None
+
+
+def allowed_checkpoints(layout: Layout, computed: int, end: int) -> tuple[int, ...]:
+    """Every inner checkpoint a chunk [computed, end) may name (0, none, aside)."""
+    return tuple(  # direct callers only: generators and machines pick checkpoints with it
+        q for q in range(computed + 1, end) if checkpoint_problem(layout, computed, end, q) is None
+    )
+
+
+def _require_checkpoint(layout: Layout, computed: int, end: int, checkpoint: object) -> None:
+    problem = checkpoint_problem(layout, computed, end, checkpoint)
+    _require(problem is None, problem or "")
+
+
 # --- the transition ------------------------------------------------------------------------
 
 
@@ -408,6 +480,7 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
     )
     hit, hit_tables = lookup(state, op.tokens, op.extras)
     scheduled = min(op.budget, len(op.tokens) - hit)
+    _require_checkpoint(layout, hit, hit + scheduled, op.checkpoint)
     request = Request(
         op.tokens,
         op.extras,
@@ -416,6 +489,7 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         op.lookahead,
         hit_tables,
         tuple(len(t) for t in hit_tables),
+        op.checkpoint,
     )
     return admit_with_hit(state, op.rid, request)
 
@@ -470,8 +544,15 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
         f"request {op.rid!r} has no token left to compute; append the sampled token",
     )
     scheduled = min(op.budget, len(tokens) - request.computed)
+    _require_checkpoint(
+        state.config.layout, request.computed, request.computed + scheduled, op.checkpoint
+    )
     grown_request = dataclasses.replace(
-        request, tokens=tokens, scheduled=scheduled, lookahead=op.lookahead
+        request,
+        tokens=tokens,
+        scheduled=scheduled,
+        lookahead=op.lookahead,
+        checkpoint=op.checkpoint,
     )
     released_state, released_request = release_unneeded(state, grown_request)
     grown = _grow(released_state, released_request, reserved=0)
@@ -519,14 +600,18 @@ def release_order(config: PoolConfig, released: list[tuple[int, int, int]]) -> l
 
 
 def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request] | Waiting:
-    """Give every position ALLOC-WRITE-1 asks for a real block; `reserved` free hit blocks
-    were already taken from the free queue and count as needed too."""
+    """Give every position ALLOC-WRITE-1 and CKPT-INNER-1 ask for a real block, in position
+    order; `reserved` free hit blocks were already taken from the free queue and count as
+    needed too."""
     layout = state.config.layout
     wanted = []
     for g, group in enumerate(layout.groups):
         current = request.tables[g]
-        written = positions_written(group, request.computed, _end(group, request))
-        wanted.append([j for j in written if j >= len(current) or current[j] == NULL_BLOCK])
+        end = _end(group, request)
+        written = list(positions_written(group, request.computed, end))
+        if request.checkpoint:
+            written += checkpoint_positions(group, request.computed, end, request.checkpoint)
+        wanted.append(sorted(j for j in written if j >= len(current) or current[j] == NULL_BLOCK))
     count = sum(len(w) for w in wanted)
     if count > len(state.free):
         return Waiting(count + reserved, len(state.free) + reserved)
@@ -661,15 +746,17 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
     return dataclasses.replace(new_state, requests=requests), Released(freed)
 
 
-def committed_positions(layout: Layout, g: int, request: Request, before: int) -> range:
+def committed_positions(layout: Layout, g: int, request: Request, before: int) -> tuple[int, ...]:
     """ALLOC-COMMIT-1: At the end of a step a group registers the table positions whose KV is
     now entirely written; a draft group under exact keying also waits for the next token; a
     state group registers a checkpoint at every boundary (all) or only where the step ended
-    (align), and never in mode none; a position already released holds nothing to register.
+    and at the chunk's inner checkpoint (align, CKPT-INNER-1), and never in mode none; a
+    position already released holds nothing to register.
 
         B=16, computed 40 -> 64 this step:   full registers positions 2, 3
         draft (exact), 64 tokens known:      position 3 waits for token 64
         state align:                         position 3 (the step ended at 64)
+        state align, checkpoint 48:          positions 2, 3
 
     pre: 0 <= before <= request.computed
     post: all(0 <= j < len(request.tables[g]) for j in __return__)
@@ -678,16 +765,22 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     size = 1 if isinstance(group, CrossAttention) else group.block_size
     start, stop = request.registered[g], request.computed // size
     if isinstance(group, CrossAttention):
-        return range(0)
+        return ()
     if key_lookahead(layout, group):
         stop = min(stop, (len(request.tokens) - 1) // size)
     if isinstance(group, MambaState):
         if group.mode is MambaMode.NONE:
-            return range(0)
+            return ()
         if group.mode is MambaMode.ALIGN:
+            inner = (
+                checkpoint_positions(group, before, request.computed, request.checkpoint)
+                if request.checkpoint
+                else range(0)
+            )
             aligned = request.computed % size == 0 and request.computed > before
-            return range(stop - 1, stop) if aligned and stop - 1 >= start else range(0)
-    return range(start, max(start, stop))
+            ended = range(stop - 1, stop) if aligned else range(0)
+            return tuple(j for j in (*inner, *ended) if j >= start)
+    return tuple(range(start, max(start, stop)))
 
 
 def end_step(state: State) -> tuple[State, Observation]:
@@ -732,8 +825,8 @@ def end_step(state: State) -> tuple[State, Observation]:
                 stamp += 1
                 registered += 1
             if positions:
-                marks[g] = positions.stop
-        requests[rid] = dataclasses.replace(request, registered=tuple(marks))
+                marks[g] = positions[-1] + 1
+        requests[rid] = dataclasses.replace(request, registered=tuple(marks), checkpoint=0)
     return (
         dataclasses.replace(state, blocks=tuple(blocks), requests=requests, next_stamp=stamp),
         StepEnded(registered),

@@ -174,6 +174,68 @@ def test_mamba_align_registers_a_checkpoint_only_where_a_step_ends_on_a_boundary
     assert hit.hit == 16
 
 
+def test_an_inner_checkpoint_registers_the_state_at_its_boundary():
+    """CKPT-INNER-1: one chunk [0, 30) naming 24 (B=8) registers the state at 24 as a chunk
+    ending there would; without it nothing (30 is no boundary); attention registers its own."""
+    layout = (FullAttention(8), MambaState(8, MambaMode.ALIGN))
+    state, (admitted, ended) = run(
+        pool(*layout), Admit("a", PROMPT[:30], 30, checkpoint=24), EndStep()
+    )
+    assert admitted.tables[1] == (0, 0, admitted.tables[1][2], admitted.tables[1][3])
+    assert ended.registered == 3 + 1  # attention 0..2, the state at 24
+    _, (hit,) = run(state, Admit("b", PROMPT[:30], 30))
+    assert hit.hit == 24
+    plain, _ = run(pool(*layout), Admit("a", PROMPT[:30], 30), EndStep())
+    _, (miss,) = run(plain, Admit("b", PROMPT[:30], 30))
+    assert miss.hit == 0
+
+
+def test_an_inner_checkpoint_equals_a_chunk_ending_there():
+    """CKPT-INNER-1: chunk [8, 40) with checkpoint 32 registers the same keys as chunks
+    [8, 32) and [32, 40)."""
+    layout = (FullAttention(8), MambaState(8, MambaMode.ALIGN))
+    base = (Admit("a", PROMPT, 8), EndStep())
+    one, _ = run(pool(*layout), *base, Extend("a", 32, checkpoint=32), EndStep())
+    two, _ = run(pool(*layout), *base, Extend("a", 24), EndStep(), Extend("a", 8), EndStep())
+
+    def keys(state):
+        return sorted(b.key for b in state.blocks if b.key is not None)
+
+    assert keys(one) == keys(two)
+
+
+@pytest.mark.parametrize(
+    ("layout", "ops", "fragment"),
+    [
+        (
+            (MambaState(8, MambaMode.ALIGN),),
+            [Admit("a", PROMPT, 16, checkpoint=16)],
+            "strictly inside",
+        ),
+        (
+            (MambaState(8, MambaMode.ALIGN),),
+            [Admit("a", PROMPT, 16, checkpoint=12)],
+            "not a block boundary",
+        ),
+        ((FullAttention(8),), [Admit("a", PROMPT, 16, checkpoint=8)], "mode align"),
+        ((MambaState(8, MambaMode.NONE),), [Admit("a", PROMPT, 16, checkpoint=8)], "mode align"),
+        (  # the state at 12 is read from position 1: 16 would overwrite it
+            (MambaState(8, MambaMode.ALIGN),),
+            [Admit("a", PROMPT, 12), EndStep(), Extend("a", 12, checkpoint=16)],
+            "at or after 24",
+        ),
+        (
+            (MambaState(8, MambaMode.ALIGN), MambaState(16, MambaMode.ALIGN)),
+            [Admit("a", PROMPT, 30, checkpoint=24)],
+            "state group 1",
+        ),
+    ],
+)
+def test_a_misplaced_inner_checkpoint_is_refused(layout, ops, fragment):
+    with pytest.raises(InvalidOp, match=fragment):
+        run(pool(*layout), *ops)
+
+
 def test_mamba_none_never_registers():
     _state, (_, ended) = run(pool(MambaState(8, MambaMode.NONE)), Admit("a", PROMPT, 16), EndStep())
     assert ended.registered == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import re
 from importlib import resources
 
@@ -79,6 +80,7 @@ EXPECTED_TAGS = {
     "CKPT-ALL-1",
     "CKPT-ALIGN-1",
     "CKPT-BRANCH-1",
+    "CKPT-INNER-1",
     "INV-NULL-1",
     "INV-REF-1",
     "INV-FREE-1",
@@ -220,6 +222,7 @@ def test_every_contract_holds_on_every_small_case():
                 hashing.matched_blocks(keys, frozenset(keys[:2]))
         for chosen in small_layouts():
             exercise_allocator(chosen)
+        exercise_allocator(Layout((FullAttention(2), MambaState(2, MambaMode.ALIGN))))
         exercise_pages()
         for placement, computed, budget in itertools.product(
             checkpoints.Placement, range(10), (1, 3, 8)
@@ -300,6 +303,14 @@ def exercise_allocator(chosen: Layout) -> None:
     ]
     for profile in alloc.Eviction:
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12, profile)), ops)
+    aligned = [
+        g.block_size
+        for g in chosen.groups
+        if isinstance(g, MambaState) and g.mode is MambaMode.ALIGN
+    ]
+    if aligned and math.lcm(*aligned) < len(prompt):  # CKPT-INNER-1: one pass, a checkpoint
+        inner = [alloc.Admit("e", prompt, 9, checkpoint=math.lcm(*aligned)), alloc.EndStep()]
+        run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12)), inner)
 
 
 def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:
