@@ -157,6 +157,7 @@ class Prompt:
 class _Request:
     __slots__ = (
         "chains",
+        "checkpoints",
         "commit_at",
         "computed",
         "extras",
@@ -183,6 +184,8 @@ class _Request:
         self.scheduled = 0
         self.lookahead = 0
         self.pipelined = 0  # where chunks scheduled behind the one in flight end (`reserve`)
+        # inner checkpoints (CKPT-INNER-1) of the chunks scheduled and not yet ended
+        self.checkpoints: list[int] = []
         self.tables: list[list[int]] = []
         self.registered: list[int] = []  # per group, positions already considered for caching
         self.held_from: list[int] = []  # per group, every earlier position holds the null block
@@ -368,11 +371,15 @@ class KVCacheManager:
         before = request.computed
         request.computed = before + request.scheduled
         try:
+            inner = [q for q in request.checkpoints if before < q <= request.computed]
             for g, group in enumerate(self.config.groups):
                 chain, table = request.chains[g], request.tables[g]
                 if chain is None:
                     continue
-                for j in self._committed(g, group, request, before):
+                positions = list(self._committed(g, group, request, before))
+                if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
+                    positions += [q // group.block_size - 1 for q in inner]
+                for j in positions:
                     key = chain.key(group.block_size, j)
                     if table[j] != NULL_BLOCK and key is not None:
                         pending[g].setdefault(key, table[j])
@@ -406,7 +413,7 @@ class KVCacheManager:
         positions written that hold no block yet (ALLOC-WRITE-1).
 
         Implements ALLOC-HOLD-1, ALLOC-SKIP-1 and ALLOC-WRITE-1 (with groups.first_read and
-        groups.first_written).
+        groups.first_written), and CKPT-INNER-1 (a chunk's inner checkpoint is written too).
         Only positions that can change are visited: past the new end (a shrunk lookahead),
         from the first position still held up to the first one still read, and the written
         range: a decode step visits one or two positions per group."""
@@ -441,6 +448,11 @@ class KVCacheManager:
             else:
                 gaps = [j for j in range(first, held) if table[j] == NULL_BLOCK]
                 wanted.append(gaps + list(range(held, last)) if held < last else gaps)
+            if request.checkpoints and state and group.mode is MambaMode.ALIGN:
+                inner = [q // block_size - 1 for q in request.checkpoints]
+                new = [j for j in inner if j >= size or table[j] == NULL_BLOCK]
+                if new:
+                    wanted[-1] = sorted({*wanted[-1], *new})
         return released, wanted
 
     def _fill(self, request: _Request, wanted: list[list[int]]) -> tuple[tuple[int, ...], ...]:
@@ -487,6 +499,7 @@ class KVCacheManager:
         keep_free: int = 0,
         fit_tokens: int | None = None,
         fit_keep_free: int = 0,
+        checkpoint: int = 0,
     ) -> Scheduled | Waiting:
         """Look a new request up, take its hit, allocate for its first chunk.
 
@@ -498,7 +511,9 @@ class KVCacheManager:
         the hit is longer); `keep_free` blocks must stay free after this call's allocation;
         `fit_tokens` admits only if, beside `fit_keep_free` blocks, the blocks the request
         holds at once while computing its first `fit_tokens` tokens in chunks of `budget` fit
-        now (vLLM's whole-prompt admission gate; windows recycle their blocks)."""
+        now (vLLM's whole-prompt admission gate; windows recycle their blocks). `checkpoint`:
+        a block boundary inside the first chunk whose state the engine's kernel saves in
+        passing (CKPT-INNER-1), or 0."""
         _request_id(rid)
         prompt = self._prepared(tokens, extras)
         if rid in self._requests:
@@ -532,6 +547,9 @@ class KVCacheManager:
         request.computed = hit
         request.scheduled = min(budget, len(prompt) - hit)
         request.lookahead = lookahead
+        if checkpoint:
+            self._check_checkpoint(hit, hit + request.scheduled, checkpoint)
+            request.checkpoints = [checkpoint]
         request.tables = tables
         request.registered = [len(t) for t in tables]
         request.commit_at = self._commit_at(request)
@@ -610,7 +628,9 @@ class KVCacheManager:
         if rid in self._in_flight:
             self._in_flight[new_rid] = self._in_flight.pop(rid)
 
-    def reserve(self, rid: str, tokens: int, chunk_end: int = 0) -> Scheduled | Waiting:
+    def reserve(
+        self, rid: str, tokens: int, chunk_end: int = 0, checkpoint: int = 0
+    ) -> Scheduled | Waiting:
         """Hold slots for the first `tokens` tokens of running request `rid` while its chunk
         is in flight: lookahead beyond that chunk, allocated now (ALLOC-WRITE-1's positions),
         never shrunk. An engine that schedules the next step before the current one's output
@@ -618,19 +638,36 @@ class KVCacheManager:
         has ended, with the same slots; nothing is computed or registered here. `chunk_end`:
         where the chunk so scheduled will end its computation, so that a state group holds
         the running state's position there too (its table's ALLOC-WRITE-1 position); state
-        groups hold no slots for lookahead."""
+        groups hold no slots for lookahead. `checkpoint`: that chunk's inner checkpoint
+        (CKPT-INNER-1; it starts where the chunks before it end), held from now on."""
         request = self._running(rid)
         for name, value in (("token count", tokens), ("chunk end", chunk_end)):
             if type(value) is not int or value < 0:
                 raise RequestStateError(f"a {name} must be an integer >= 0, got {value!r}")
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
         pipelined = max(request.pipelined, chunk_end)
+        if checkpoint:
+            start = max(request.computed + request.scheduled, request.pipelined)
+            self._check_checkpoint(start, chunk_end, checkpoint)
+            if checkpoint not in request.checkpoints:
+                before_checkpoints = list(request.checkpoints)
+                request.checkpoints.append(checkpoint)
+                result = self._reserve_slow(request, lookahead, pipelined)
+                if isinstance(result, Waiting):
+                    request.checkpoints = before_checkpoints
+                return result
         if lookahead == request.lookahead and pipelined == request.pipelined:
             return Scheduled(0, 0, self._no_blocks)
         if self._holds_slots(request, request.computed + request.scheduled + lookahead, pipelined):
             request.lookahead, request.pipelined = lookahead, pipelined  # releases nothing
             self._plan_quiet(request)
             return Scheduled(0, 0, self._no_blocks)
+        return self._reserve_slow(request, lookahead, pipelined)
+
+    def _reserve_slow(
+        self, request: _Request, lookahead: int, pipelined: int
+    ) -> Scheduled | Waiting:
+        """`reserve`'s allocation: release what the new slots no longer need, fill the rest."""
         before = (request.lookahead, request.pipelined)
         request.lookahead, request.pipelined = lookahead, pipelined
         released, wanted = self._changes(request)
@@ -692,10 +729,13 @@ class KVCacheManager:
         lookahead: int = 0,
         *,
         step: int | None = None,
+        checkpoint: int = 0,
     ) -> Scheduled | Waiting:
         """Schedule the next chunk (prefill) or token (decode, with the sampled `appended`).
         `step`: the step the chunk runs in, when it is not the one being scheduled (a chunk
-        an engine scheduled while the request's previous one ran; see `reserve`)."""
+        an engine scheduled while the request's previous one ran; see `reserve`).
+        `checkpoint`: a block boundary inside the chunk whose state the engine's kernel
+        saves in passing (CKPT-INNER-1), or 0."""
         request = self._requests.get(rid) if type(rid) is str else None
         if (
             request is not None  # the decode fast path: one token that changes no table
@@ -705,6 +745,7 @@ class KVCacheManager:
             and budget > 0
             and not lookahead
             and type(lookahead) is int
+            and not checkpoint
             and type(appended) in LIST_OR_TUPLE
             and len(appended) == 1
             and type(token := appended[0]) is int
@@ -737,14 +778,24 @@ class KVCacheManager:
             raise RequestStateError(
                 f"request {rid!r} has no token left to compute; append the sampled token"
             )
-        before = (request.scheduled, request.lookahead)
+        before = (request.scheduled, request.lookahead, request.checkpoints)
         request.scheduled = min(budget, length - request.computed)
         request.lookahead = lookahead
+        if checkpoint:
+            try:
+                self._check_checkpoint(
+                    request.computed, request.computed + request.scheduled, checkpoint
+                )
+            except RequestStateError:
+                request.scheduled, request.lookahead = before[:2]
+                raise
+            if checkpoint not in request.checkpoints:
+                request.checkpoints = [*request.checkpoints, checkpoint]
         released, wanted = self._changes(request)  # written positions are never released
         count = sum(map(len, wanted))
         freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
-            request.scheduled, request.lookahead = before
+            request.scheduled, request.lookahead, request.checkpoints = before
             return Waiting(count, self.pool.num_free + freed)
         self._drop(request, released)
         added = self._fill(request, wanted)
@@ -753,6 +804,31 @@ class KVCacheManager:
         self._plan_quiet(request)
         self._in_flight[rid] = self._step if step is None else step
         return Scheduled(0, request.scheduled, added)
+
+    def _check_checkpoint(self, computed: int, end: int, checkpoint: object) -> None:
+        """CKPT-INNER-1's placement: a block boundary of every state group in mode align (one
+        at least) strictly inside the chunk [computed, end), past the position the chunk
+        reads its state from."""
+        if type(checkpoint) is not int or not computed < checkpoint < end:
+            raise RequestStateError(
+                f"checkpoint {checkpoint!r} is not strictly inside the chunk "
+                f"[{computed}, {end}); name a block boundary inside it, or 0 for none"
+            )
+        aligned = [
+            (g, group.block_size)
+            for g, group in enumerate(self.config.groups)
+            if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN
+        ]
+        if not aligned:
+            raise RequestStateError("a checkpoint needs a state group in mode align; pass 0")
+        for g, size in aligned:
+            low = ((computed - 1) // size + 2) * size if computed else size
+            if checkpoint % size or checkpoint < low:
+                raise RequestStateError(
+                    f"checkpoint {checkpoint} is not a block boundary of state group {g} "
+                    f"(B={size}) at or after {low}, the first one past the position the chunk "
+                    f"[{computed}, {end}) reads its state from; name such a boundary, or 0"
+                )
 
     def _freed_by(self, released: list[tuple[int, int, int]]) -> int:
         """How many blocks releasing `released` returns to the free queue."""
@@ -896,7 +972,10 @@ class KVCacheManager:
         events = self.pool.events
         for unique in request.unique_chains:
             unique.extend(request.tokens)
+        inner = self._inner_done(request, before) if request.checkpoints else ()
         for g, group in enumerate(self.config.groups):
+            if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
+                registered += self._register_inner(rid, request, g, group, inner)
             positions = self._committed(g, group, request, before)
             if not positions:
                 continue
@@ -923,6 +1002,37 @@ class KVCacheManager:
                 registered += 1
             request.registered[g] = positions.stop
         request.commit_at = self._commit_at(request)
+        return registered
+
+    @staticmethod
+    def _inner_done(request: _Request, before: int) -> tuple[int, ...]:
+        """The inner checkpoints (CKPT-INNER-1) the computation from `before` to `computed`
+        has passed, now taken off the request's list."""
+        done = tuple(q for q in request.checkpoints if before < q <= request.computed)
+        if done:
+            request.checkpoints = [q for q in request.checkpoints if q not in done]
+        return done
+
+    def _register_inner(
+        self, rid: str, request: _Request, g: int, group: GroupConfig, inner: tuple[int, ...]
+    ) -> int:
+        """Register the state group's positions of the inner checkpoints passed: each holds
+        the state at its boundary, as if a chunk had ended there. Implements CKPT-INNER-1."""
+        registered = 0
+        chain, table = request.chains[g], request.tables[g]
+        track, events = self.pool.tracking, self.pool.events
+        for q in inner:
+            j = q // group.block_size - 1
+            if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
+                continue
+            key = chain.key(group.block_size, j) if chain else None
+            if key is None:  # pragma: no cover - committed tokens are always digested
+                raise RuntimeError(f"no digest for committed block {j} of group {g}")
+            needs = self._prerequisites(request, g, j) if track else ()
+            if self.pool.register(table[j], g, key, needs) and events is not None:
+                events.append(self._stored(rid, request, g, j))
+            registered += 1
+            request.registered[g] = j + 1
         return registered
 
     def _stored(self, rid: str, request: _Request, g: int, j: int) -> Stored:

@@ -60,6 +60,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "CKPT-ALL-1": (scheduling.next_chunk,),
     "CKPT-ALIGN-1": (scheduling.next_chunk,),
     "CKPT-BRANCH-1": (scheduling.next_chunk,),
+    "CKPT-INNER-1": (KVCacheManager._changes, KVCacheManager._register_inner),
     "PAGE-BYTES-1": (planner.page_bytes,),
     "PAGE-ANCHOR-1": (planner._anchor,),
     "PAGE-SIZE-1": (planner._anchor,),

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from kvcert.conformance.contract.codec import (
     JSON,
@@ -152,6 +158,7 @@ def machine_for(
         )
     extras = [x for x in EXTRAS if all(f"extras.{e.kind.value}" in allowed for e in x)]
     lookaheads = st.integers(0, 3) if "alloc.lookahead" in allowed else st.just(0)
+    checkpoints = "alloc.state_checkpoint" in allowed
 
     class KVCacheConformanceMachine(RuleBasedStateMachine):
         failing_trace_lengths: list[int] = []  # noqa: RUF012 - shared on purpose, per class
@@ -219,6 +226,13 @@ def machine_for(
                 save_failure(self.case)
                 raise AssertionError(f"engine diverges from the spec at {difference} ({op})")
 
+        def keeps_checkpoints(self) -> bool:
+            """Whether the layout has a state group in mode align (CKPT-INNER-1 applies)."""
+            return self.state is not None and any(
+                isinstance(g, MambaState) and g.mode is MambaMode.ALIGN
+                for g in self.state.config.layout.groups
+            )
+
         def _running(self, index: int) -> str | None:
             names = sorted(self.model().requests)
             return names[index % len(names)] if names else None
@@ -255,6 +269,19 @@ def machine_for(
             request = self.model().requests[rid]
             appended = (token,) if request.computed == len(request.tokens) else ()
             self.apply(spec.Extend(rid, budget, appended, lookahead))
+
+        @precondition(lambda self: checkpoints and self.keeps_checkpoints())
+        @rule(index=st.integers(0, 4), budget=st.integers(2, 24), pick=st.integers(0, 7))
+        def extend_past_a_checkpoint(self, index: int, budget: int, pick: int) -> None:
+            """A prefill chunk whose kernel saves state at a boundary inside it (CKPT-INNER-1)."""
+            rid = self._running(index)
+            if rid is None or self.model().requests[rid].scheduled:
+                return
+            request = self.model().requests[rid]
+            end = min(request.computed + budget, len(request.tokens))
+            allowed = spec.allowed_checkpoints(self.model().config.layout, request.computed, end)
+            if allowed:
+                self.apply(spec.Extend(rid, budget, (), 0, allowed[pick % len(allowed)]))
 
         @rule()
         def end_step(self) -> None:

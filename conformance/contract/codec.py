@@ -244,6 +244,8 @@ def op_to_json(op: spec.Op) -> JSON:
                 out["extras"] = [extra_to_json(e) for e in op.extras]
             if op.lookahead:
                 out["lookahead"] = op.lookahead
+            if op.checkpoint:
+                out["checkpoint"] = op.checkpoint
             return out
         case spec.Extend():
             out = {"op": "extend", "rid": op.rid, "budget": op.budget}
@@ -251,6 +253,8 @@ def op_to_json(op: spec.Op) -> JSON:
                 out["appended"] = list(op.appended)
             if op.lookahead:
                 out["lookahead"] = op.lookahead
+            if op.checkpoint:
+                out["checkpoint"] = op.checkpoint
             return out
         case spec.EndStep():
             return {"op": "end_step"}
@@ -274,10 +278,15 @@ def op_from_json(obj: JSON) -> spec.Op:
                 obj["budget"],
                 tuple(extra_from_json(e) for e in obj.get("extras", ())),
                 obj.get("lookahead", 0),
+                obj.get("checkpoint", 0),
             )
         if kind == "extend":
             return spec.Extend(
-                obj["rid"], obj["budget"], tuple(obj.get("appended", ())), obj.get("lookahead", 0)
+                obj["rid"],
+                obj["budget"],
+                tuple(obj.get("appended", ())),
+                obj.get("lookahead", 0),
+                obj.get("checkpoint", 0),
             )
         if kind == "end_step":
             return spec.EndStep()

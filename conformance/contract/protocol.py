@@ -44,6 +44,7 @@ FEATURES = (
     "extras.multimodal",
     "extras.prompt_embeds",
     "alloc.lookahead",
+    "alloc.state_checkpoint",
     "alloc.preempt",
     "alloc.reset_cache",
     "page.plan",

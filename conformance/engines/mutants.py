@@ -150,10 +150,18 @@ class SaltIgnoredEngine(Mutant):
         return {**op, "extras": [e for e in op["extras"] if e["kind"] != "cache_salt"]}
 
 
+class CheckpointIgnoredEngine(Mutant):
+    """Inner checkpoints dropped: the state a chunk saved in passing is never cached."""
+
+    def rewrite(self, op: JSON) -> JSON:
+        return {k: v for k, v in op.items() if k != "checkpoint"}
+
+
 BROKEN = {
     "per-group speculative drop": (PerGroupDropEngine, "HIT-SPEC-2"),
     "sliding window without -1": (WindowOffByOneEngine, "HIT-SW-1"),
     "allocation before hits": (AllocateBeforeHitsEngine, "ALLOC-TWO-PHASE-1"),
     "visible before written": (VisibleBeforeWrittenEngine, "ALLOC-VIS-1"),
     "salt ignored": (SaltIgnoredEngine, "HASH-EXTRA-1"),
+    "inner checkpoint ignored": (CheckpointIgnoredEngine, "CKPT-INNER-1"),
 }

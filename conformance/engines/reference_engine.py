@@ -103,6 +103,7 @@ class ReferenceSession:
                 _int(op["budget"], "budget"),
                 [extra_from_json(e) for e in op.get("extras", ())],
                 _int(op.get("lookahead", 0), "lookahead"),
+                checkpoint=_int(op.get("checkpoint", 0), "checkpoint"),
             )
             if isinstance(result, Waiting):
                 return {"waiting": {"needed": result.needed, "free": result.free}}
@@ -119,6 +120,7 @@ class ReferenceSession:
                 _int(op["budget"], "budget"),
                 list(op.get("appended", ())),
                 _int(op.get("lookahead", 0), "lookahead"),
+                checkpoint=_int(op.get("checkpoint", 0), "checkpoint"),
             )
             if isinstance(result, Waiting):
                 return {"waiting": {"needed": result.needed, "free": result.free}}

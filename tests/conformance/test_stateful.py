@@ -21,11 +21,20 @@ def test_reference_passes_the_shipped_machine():
 
 
 @pytest.mark.parametrize(
-    "name", ["allocation before hits", "per-group speculative drop", "salt ignored"]
+    "name",
+    [
+        "allocation before hits",
+        "per-group speculative drop",
+        "salt ignored",
+        "inner checkpoint ignored",
+    ],
 )
 def test_broken_engines_fail_the_shipped_machine(name):
     engine_class, _ = BROKEN[name]
-    search = settings(RUN, max_examples=1500, phases=[Phase.generate], print_blob=False)
+    # Allocation before hits needs a re-sent prefix while the pool is nearly full: found
+    # after 1,500 to over 3,000 examples in our runs (Hypothesis seeds its search with
+    # constants from the modules imported so far, so the count depends on test order).
+    search = settings(RUN, max_examples=6000, phases=[Phase.generate], print_blob=False)
     with pytest.raises(AssertionError, match="diverges from the spec"):
         run_state_machine_as_test(machine_for(engine_class), settings=search)
 

@@ -269,6 +269,58 @@ def alloc_scenarios() -> Iterator[JSON]:
             spec.Extend("a", 1, (2,)),
         ],
     )
+    state_hybrid = Layout((FullAttention(8), MambaState(8, MambaMode.ALIGN)))
+    yield alloc_case(
+        "alloc.inner-checkpoint.prompt-tail",
+        state_hybrid,
+        16,
+        [
+            spec.Admit("a", PROMPT[:30], 64, checkpoint=24),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("a2", PROMPT[:30], 64),
+        ],
+        comment="one pass over a 30-token prompt saves the state at 24 (an engine whose "
+        "kernel exports it mid-pass); the re-send hits 24 without the prompt being split there",
+    )
+    yield alloc_case(
+        "alloc.inner-checkpoint.and-chunk-end",
+        Layout((FullAttention(4), SlidingWindow(4, 6), MambaState(8, MambaMode.ALIGN))),
+        24,
+        [
+            spec.Admit("a", PROMPT, 12),
+            spec.EndStep(),
+            spec.Extend("a", 20, checkpoint=24),
+            spec.EndStep(),
+            spec.Admit("b", PROMPT[:28], 64),
+            spec.Admit("c", PROMPT[:36], 64),
+        ],
+        comment="chunk [12, 32) saves the state at 24 and, ending on a boundary, at 32: "
+        "b hits 24, c hits 32; the state at 12 it read from is released",
+    )
+    yield alloc_case(
+        "alloc.inner-checkpoint.misplaced-refused",
+        state_hybrid,
+        16,
+        [
+            spec.Admit("a", PROMPT, 12),
+            spec.EndStep(),
+            spec.Extend("a", 20, checkpoint=16),
+            spec.Extend("a", 20, checkpoint=20),
+            spec.Extend("a", 20, checkpoint=32),
+            spec.Extend("a", 20, checkpoint=24),
+        ],
+        comment="16 would overwrite the state at 12 the chunk reads (position 1), 20 is no "
+        "boundary, 32 is where the chunk ends: refused; 24 is taken",
+    )
+    yield alloc_case(
+        "alloc.inner-checkpoint.without-state-refused",
+        Layout((FullAttention(8), MambaState(8, MambaMode.NONE))),
+        8,
+        [spec.Admit("a", PROMPT, 32, checkpoint=16), spec.Admit("a", PROMPT, 32)],
+        comment="no state group in mode align keeps a checkpoint: refused, then admitted",
+        focus=("INPUT-1",),
+    )
     yield alloc_case(
         "alloc.misuse.refused",
         one,

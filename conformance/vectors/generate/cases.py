@@ -81,6 +81,8 @@ def requires(
             needed.add(f"extras.{extra.kind.value}")
         if getattr(op, "lookahead", 0):
             needed.add("alloc.lookahead")
+        if getattr(op, "checkpoint", 0):
+            needed.add("alloc.state_checkpoint")
         if isinstance(op, spec.Preempt):
             needed.add("alloc.preempt")
         if isinstance(op, spec.ResetCache):
@@ -127,6 +129,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "alloc.decode": ("ALLOC-COMMIT-1",),
     "alloc.capacity": ("ALLOC-TWO-PHASE-1",),
     "alloc.lookahead": ("ALLOC-WRITE-1",),
+    "alloc.inner-checkpoint": ("CKPT-INNER-1",),
     "hit.refuse": ("INPUT-1",),
     "alloc.refuse": ("INPUT-1",),
 }

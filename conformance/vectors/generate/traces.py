@@ -85,3 +85,58 @@ def random_traces(
             ops,
             eviction=eviction,
         )
+
+
+def checkpoint_traces(count: int, first_seed: int) -> Iterator[JSON]:
+    """Seeded random traces over layouts with a state group in mode align whose chunks name
+    inner checkpoints (CKPT-INNER-1) where they have one, half the time."""
+    bases = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
+    for n in range(count):
+        rnd = random.Random(first_seed + n)
+        size = rnd.choice([2, 4])
+        groups: list[Group] = [MambaState(size, MambaMode.ALIGN)]
+        if rnd.random() < 0.3:
+            groups.append(MambaState(size * 2, MambaMode.ALIGN))
+        groups.append(FullAttention(rnd.choice([1, 2, 4])))
+        if rnd.random() < 0.4:
+            groups.append(SlidingWindow(rnd.choice([2, 4]), rnd.randint(2, 9)))
+        rnd.shuffle(groups)
+        layout = Layout(tuple(groups))
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40)))
+        ops: list[spec.Op] = []
+        for _ in range(30):
+            roll = rnd.random()
+            running = sorted(state.requests)
+            if roll < 0.35:
+                rid = next((r for r in "abcd" if r not in state.requests), None)
+                if rid is None:
+                    continue
+                tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
+                budget = rnd.randint(1, 40)
+                hit = spec.lookup(state, tokens, ())[0]
+                chosen = spec.allowed_checkpoints(layout, hit, hit + min(budget, len(tokens) - hit))
+                checkpoint = rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
+                op: spec.Op = spec.Admit(rid, tokens, budget, (), 0, checkpoint)
+            elif roll < 0.55 and running:
+                rid = rnd.choice(running)
+                request = state.requests[rid]
+                if request.scheduled:
+                    continue
+                done = request.computed == len(request.tokens)
+                appended = (rnd.randint(0, 2),) if done else ()
+                budget = rnd.randint(1, 12)
+                known = len(request.tokens) + len(appended)
+                end = request.computed + min(budget, known - request.computed)
+                chosen = spec.allowed_checkpoints(layout, request.computed, end)
+                checkpoint = rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
+                op = spec.Extend(rid, budget, appended, 0, checkpoint)
+            elif roll < 0.85:
+                op = spec.EndStep()
+            elif running:
+                rid = rnd.choice(running)
+                op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
+            else:
+                continue
+            state, _ = spec.step(state, op)
+            ops.append(op)
+        yield alloc_case(f"alloc.random-checkpoints.{n:03d}", layout, state.config.num_blocks, ops)
