@@ -124,9 +124,15 @@ class VisibleBeforeWrittenEngine(Mutant):
         original_admit = manager.KVCacheManager.admit
 
         def admit(
-            self: Any, rid: str, tokens: Any, budget: int, extras: Any = (), lookahead: int = 0
+            self: Any,
+            rid: str,
+            tokens: Any,
+            budget: int,
+            extras: Any = (),
+            lookahead: int = 0,
+            **options: Any,
         ) -> Any:
-            result = original_admit(self, rid, tokens, budget, extras, lookahead)
+            result = original_admit(self, rid, tokens, budget, extras, lookahead, **options)
             request = self._requests.get(rid)
             if request is not None:
                 for g, group in enumerate(self.config.groups):

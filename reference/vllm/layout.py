@@ -4,11 +4,13 @@ Supported group kinds (vLLM 0.33.0): full attention (`FullAttentionSpec`, `MLAAt
 sliding window (`SlidingWindowSpec`, `SlidingWindowMLASpec`), chunked local attention
 (`ChunkedLocalAttentionSpec`), also when wrapped in `UniformTypeKVCacheSpecs`, and Mamba/GDN
 state (`MambaSpec`) in vLLM's `align` cache mode, where the worker copies the state from the
-previous step's column into this step's (kvcert mode align: ALLOC-HOLD-1 holds both). Every
-other spec (cross attention, encoder-only, sink, replayed or circular windows, HiSparse) and
-every other state setting (cache modes none and all, speculative or prefill-checkpoint state
-blocks) is refused by name: serving it would need semantics this integration does not
-implement yet, and a silently wrong table would corrupt outputs.
+previous step's column into this step's (kvcert mode align: ALLOC-HOLD-1 holds both), with
+or without the state the kernel saves inside a prefill chunk (`num_prefill_checkpoint_blocks`,
+CKPT-INNER-1: `kvcert.reference.vllm.checkpoints`). Every other spec (cross attention,
+encoder-only, sink, replayed or circular windows, HiSparse) and every other state setting
+(cache modes none and all, speculative state blocks) is refused by name: serving it would
+need semantics this integration does not implement yet, and a silently wrong table would
+corrupt outputs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _kinds() -> dict[type, Kind]:
     }
 
 
-def _kinds_of_state() -> tuple[type, ...]:
+def state_spec_types() -> tuple[type, ...]:
     return tuple(t for t, kind in _kinds().items() if kind is Kind.MAMBA)
 
 
@@ -51,15 +53,13 @@ def _state_mode(index: int, spec: Any) -> MambaMode:
             "place in column 0, where kvcert moves it with the running state): enable prefix "
             "caching with --mamba-cache-mode align, or drop --scheduler-cls"
         )
-    for field, what in (
-        ("num_speculative_blocks", "speculative state blocks (MTP/EAGLE on a state model)"),
-        ("num_prefill_checkpoint_blocks", "prefill checkpoint state blocks"),
-    ):
-        if getattr(spec, field, 0):
-            raise UnsupportedConfigError(
-                f"KV-cache group {index}: the kvcert manager does not place {what} "
-                f"({field}={getattr(spec, field)}): turn them off or drop --scheduler-cls"
-            )
+    blocks = getattr(spec, "num_speculative_blocks", 0)
+    if blocks:
+        raise UnsupportedConfigError(
+            f"KV-cache group {index}: the kvcert manager does not place speculative state "
+            f"blocks (MTP/EAGLE on a state model; num_speculative_blocks={blocks}): turn "
+            "speculative decoding off or drop --scheduler-cls"
+        )
     return MambaMode.ALIGN
 
 
@@ -136,7 +136,7 @@ def cache_config(
         for g in groups
     ]
     if drafting and not any(marked):  # draft layers are attention layers: never a state group
-        states = _kinds_of_state()
+        states = state_spec_types()
         marked = [not isinstance(g.kv_cache_spec, states) for g in groups]
     configs = tuple(
         group_config(i, g, draft) for i, (g, draft) in enumerate(zip(groups, marked, strict=True))

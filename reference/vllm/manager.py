@@ -38,7 +38,8 @@ from kvcert.reference.events import Removed, Stored
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Prompt, Scheduled
-from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config
+from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
+from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config, state_spec_types
 from kvcert.reference.vllm.settings import HoldBack, Settings
 
 
@@ -173,7 +174,7 @@ class KVCacheManager:
         enable_mamba_shared_prefix_checkpoint: bool = False,
         settings: Settings | None = None,
     ) -> None:
-        del scheduler_block_size, max_in_flight_tokens  # vLLM's own sizing
+        del max_in_flight_tokens  # vLLM's own sizing
         refused = {
             "shared-prefix state checkpoints": (
                 enable_mamba_shared_prefix_checkpoint,
@@ -222,13 +223,21 @@ class KVCacheManager:
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._sizes = [g.block_size for g in self.core.config.groups]
         self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
+        self._runner_checkpoints = RunnerCheckpoints.of(
+            kv_cache_config,
+            hash_block_size=hash_block_size,
+            scheduler_block_size=scheduler_block_size,
+            drop_eagle_block=use_eagle,
+            hash_lookahead_tokens=num_hash_lookahead_tokens,
+            state_types=state_spec_types(),
+        )
         hold = self.settings.hold_back
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         # per request scheduled again while its chunk is in flight (asynchronous scheduling),
-        # oldest first: vLLM's token count at the end of each such chunk, the slots it holds
-        # and the step it runs in
-        self._pending: dict[str, deque[tuple[int, int, int]]] = {}
+        # oldest first: vLLM's token count at the end of each such chunk, the slots it holds,
+        # the step it runs in and its inner checkpoint (or 0)
+        self._pending: dict[str, deque[tuple[int, int, int, int]]] = {}
         # KV events: vLLM's, converted from the allocator's as they happen, and per running
         # request what its BlockStored events name (LoRA id and name, session)
         self._events: list[Any] = []
@@ -365,6 +374,7 @@ class KVCacheManager:
         if waiting and self._held_back(request, prompt, hit):
             return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
+        checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget)
         result = self.core.admit(
             rid,
             prompt,
@@ -374,6 +384,7 @@ class KVCacheManager:
             keep_free=reserved + watermark,
             fit_tokens=min(known, self.max_model_len) if must_fit else None,
             fit_keep_free=watermark,
+            checkpoint=checkpoint,
         )
         if not isinstance(result, Scheduled):
             self._convert_events()  # evictions an admission that did not fit never made
@@ -393,6 +404,7 @@ class KVCacheManager:
                 f"{result.hit} tokens now; look the request up again before allocating"
             )
         tables = result.tables or ()
+        self._check_runner_columns(rid, hit, hit + num_new_tokens, checkpoint)
         self._saw(rid, tables)
         self._note_new(result)
         start = [len(t) - len(n) for t, n in zip(tables, result.new_blocks, strict=True)]
@@ -417,7 +429,7 @@ class KVCacheManager:
         slots = min(max(end + lookahead, self._seen[rid][1]), self.max_model_len)
         self._check_no_rewind(request)
         if self.core.in_flight(rid) or rid in self._pending:
-            return self._schedule_pending(rid, end, slots)
+            return self._schedule_pending(request, end, slots)
         computed, known = self.core.progress(rid)
         real_end = min(end, request.num_tokens)
         # the tokens this step computes that kvcert has not seen (sampled or accepted ones)
@@ -425,8 +437,45 @@ class KVCacheManager:
         budget = real_end - computed
         if budget < 1:  # only draft (or diffusion canvas) positions: slots, nothing computed
             return self._handed_out(rid, self.core.reserve(rid, slots))
-        result = self.core.extend(rid, budget, appended, max(slots - real_end, 0))
+        start = request.num_computed_tokens
+        checkpoint = self._checkpoint(request, start, end, real_end)
+        result = self.core.extend(
+            rid, budget, appended, max(slots - real_end, 0), checkpoint=checkpoint
+        )
+        if isinstance(result, Scheduled):
+            self._check_runner_columns(rid, start, end, checkpoint)
         return self._handed_out(rid, result)
+
+    def _checkpoint(self, request: Any, start: int, end: int, real_end: int) -> int:
+        """The inner checkpoint of vLLM's chunk [start, end) (`kvcert.reference.vllm.
+        checkpoints`), if kvcert computes that position in it (its chunk ends at real_end)."""
+        if self._runner_checkpoints is None:
+            return 0
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        position = self._runner_checkpoints.checkpoint(start, end, prefill_end)
+        return position if start < position < real_end else 0
+
+    def _check_runner_columns(self, rid: str, start: int, end: int, checkpoint: int) -> None:
+        """Where the runner will save state for the chunk [start, end), kvcert's table holds
+        the checkpoint block or the null block (the runner then skips): never a block that
+        holds another position's state. A violation is a bug here, raised, never served."""
+        if self._runner_checkpoints is None or not self.core.is_running(rid):
+            return
+        saved = self._runner_checkpoints.written(start, end)
+        if not any(position for position, _ in saved):
+            return
+        tables = self.core.block_tables(rid)
+        states = [
+            t for g, t in zip(self.core.config.groups, tables, strict=True) if g.kind is Kind.MAMBA
+        ]
+        for table, (position, column) in zip(states, saved, strict=True):
+            block = table[column] if 0 <= column < len(table) else 0
+            if position and block and position != checkpoint:
+                raise IntegrationError(
+                    f"request {rid!r}: vLLM's runner will save the state after {position} "
+                    f"tokens into block {block} (table column {column}), which kvcert holds "
+                    "for another position"
+                )
 
     def _check_no_rewind(self, request: Any) -> None:
         """vLLM must not resume a running request below the tokens the allocator computed or
@@ -443,13 +492,16 @@ class KVCacheManager:
                 "back: run vLLM with --no-async-scheduling"
             )
 
-    def _schedule_pending(self, rid: str, end: int, slots: int) -> Any:
+    def _schedule_pending(self, request: Any, end: int, slots: int) -> Any:
         """A chunk of a request whose previous chunk is still in flight: its blocks now, its
         computation once the steps before it have ended (`start_pending`)."""
-        result = self.core.reserve(rid, slots, chunk_end=end)
+        rid, start = request.request_id, request.num_computed_tokens
+        checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens))
+        result = self.core.reserve(rid, slots, chunk_end=end, checkpoint=checkpoint)
         if not isinstance(result, Scheduled):
             return None
-        self._pending.setdefault(rid, deque()).append((end, slots, self.core.step))
+        self._check_runner_columns(rid, start, end, checkpoint)
+        self._pending.setdefault(rid, deque()).append((end, slots, self.core.step, checkpoint))
         return self._handed_out(rid, result)
 
     def start_pending(self, requests: Mapping[str, Any]) -> None:
@@ -458,7 +510,7 @@ class KVCacheManager:
         when the step it runs in ends. Its tokens are known: the step before it sampled them."""
         for rid in [r for r in self._pending if not self.core.in_flight(r)]:
             chunks = self._pending[rid]
-            end, slots, step = chunks.popleft()
+            end, slots, step, checkpoint = chunks.popleft()
             if chunks:  # keep the slots reserved for the later chunks (they only grow)
                 slots = chunks[-1][1]
             if not chunks:
@@ -472,7 +524,12 @@ class KVCacheManager:
                 continue  # nothing left to compute (vLLM stopped the request); slots stay held
             appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
             result = self.core.extend(
-                rid, real_end - computed, appended, max(slots - real_end, 0), step=step
+                rid,
+                real_end - computed,
+                appended,
+                max(slots - real_end, 0),
+                step=step,
+                checkpoint=checkpoint if computed < checkpoint < real_end else 0,
             )
             if not isinstance(result, Scheduled) or any(result.new_blocks):
                 raise IntegrationError(
