@@ -61,21 +61,27 @@ def campaign(
     shrink_budget: int,
     mutant: str | None = None,
     kvcert: bool = False,
+    *,
+    state_checkpoints: bool = False,
 ) -> dict[str, Any]:
-    """Play every seed's workload; shrink each violation. The report is JSON-ready."""
+    """Play every seed's workload; shrink each violation. The report is JSON-ready.
+    `state_checkpoints` (always with `kvcert`): most Qwen3.5 seeds are served by a backend
+    that saves state inside a prefill (`generate`)."""
+    state_checkpoints = state_checkpoints or kvcert
     from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
 
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
         "mutant": mutant, "kvcert": kvcert,
+        **({"state_checkpoints": True} if state_checkpoints and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
         "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "stalled": [],
         "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
-        workload = generate(seed)
+        workload = generate(seed, state_checkpoints=state_checkpoints)
         outcome = play(workload, fix, mutant, kvcert)
         report["runs"] += 1
         if outcome.unreachable is not None:
@@ -151,6 +157,8 @@ def render(report: dict[str, Any]) -> str:
         fix += f", mutant {report['mutant']} (a broken twin: violations expected)"
     if report.get("kvcert"):
         fix += " served by kvcert.reference.vllm (kvcert's allocator in vLLM's Scheduler)"
+    if report.get("state_checkpoints"):
+        fix += ", state backends saving checkpoints inside a prefill"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
@@ -231,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
             )
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
-        report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert)
+        report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert,
+                          state_checkpoints=args.state_checkpoints)  # fmt: skip
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -300,6 +309,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--kvcert", action="store_true",
                         help="serve with kvcert.reference.vllm's Scheduler or AsyncScheduler "
                         "(kvcert's allocator inside vLLM's scheduling)")  # fmt: skip
+    parser.add_argument("--state-checkpoints", action="store_true",
+                        help="serve most Qwen3.5 seeds with a backend that saves state inside "
+                        "a prefill (0.33's FlashInfer GDN; always on with --kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

@@ -37,9 +37,12 @@ Before a pass, wherever the manager's table names a block at a position the pass
 or reads, the runner's must name the same one; a manager that hands out blocks the runner
 would file in other columns sends KV or state to the wrong block.
 
-The backends played are those that save state at pass ends only (Mamba1, e.g. Jamba; GDN on
-its Triton prefill kernel); 0.33's FlashInfer GDN and Mamba2 backends also save checkpoints
-inside a pass, which the ledger does not model.
+A workload with `state_checkpoints` plays a backend that also saves state inside a prefill
+pass (0.33's FlashInfer GDN and Mamba2 kernels: the state group's spec has
+`num_prefill_checkpoint_blocks=1`): the pass also writes the state after the position vLLM's
+`compute_mamba_prefill_checkpoints` names into the block-table column it names, unless that
+column holds the null block, as the runner does. Without it the backend saves state at pass
+ends only (Mamba1, e.g. Jamba; GDN on its Triton prefill kernel).
 
 With speculative decoding (a model whose file declares a draft layer, served with a real
 EAGLE `SpeculativeConfig`; 0.33 marks that layer `is_draft` as its drafter does) the ledger
@@ -66,7 +69,7 @@ import dataclasses
 import hashlib
 import inspect
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +149,8 @@ class _Group:
     chunk: int = 0
     target: bool = True  # holds layers of the served model
     draft: bool = False  # holds the drafter's layers
+    # a state group whose kernel saves checkpoints inside a pass: their alignment (else 0)
+    checkpoint_alignment: int = 0
 
     def needs(self, start: int) -> range:
         """Positions below `start` that attention at `start` reads (a state group reads its
@@ -180,8 +185,9 @@ def keying_of(workload: Workload) -> str | None:
 
 def build(
     workload: Workload, fix: bool = False, mutant: str | None = None, kvcert: bool = False
-) -> tuple[Any, list[_Group], Any]:
-    """(scheduler, groups, block hasher) for the workload, wired as EngineCore wires them;
+) -> tuple[Any, list[_Group], Any, Callable[[int, int], tuple[int, int]] | None]:
+    """(scheduler, groups, block hasher, the runner's prefill checkpoints) for the workload,
+    wired as EngineCore wires them;
     `fix` swaps in the scheduler subclass of `vllm_fix`, `mutant` applies one of
     `vllm_mutants`, `kvcert` serves it with kvcert.reference.vllm's Scheduler (vLLM's
     scheduling over kvcert's allocator). Unreachable where the release (or the kvcert
@@ -244,7 +250,9 @@ def build(
     page = max(spec.page_size_bytes for spec in specs.values())
     for i, layer in enumerate(layers):
         if isinstance(layer, StateLayer):
-            specs[f"model.layers.{i}.mixer"] = state_spec_of(layer, block_size, page)
+            specs[f"model.layers.{i}.mixer"] = _saving(
+                state_spec_of(layer, block_size, page), workload.state_checkpoints
+            )
     specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
     kv_groups = wiring.plan(config, specs)
     cls = None
@@ -271,9 +279,59 @@ def build(
                 getattr(first, "attention_chunk_size", 0) or 0,
                 target=bool(names - drafter),
                 draft=bool(names & drafter),
+                checkpoint_alignment=(getattr(spec, "prefill_checkpoint_alignment", 0) or 0)
+                if getattr(spec, "num_prefill_checkpoint_blocks", 0)
+                else 0,
             )
         )
-    return wired.scheduler, groups, wired.hasher
+    return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
+
+
+def _runner_checkpoints(
+    config: Any, wired: Any, groups: list[_Group]
+) -> Callable[[int, int], tuple[int, int]] | None:
+    """vLLM's runner rule for the prefill checkpoints of a pass [start, end), its inputs
+    bound as the runner reads them: (the position whose state it saves, the block-table
+    column it saves it in), (0, -1) for none."""
+    saving = {(g.block_size, g.checkpoint_alignment) for g in groups if g.checkpoint_alignment}
+    if not saving:
+        return None
+    from vllm.model_executor.layers.mamba.checkpoint import (  # type: ignore[import-not-found]  # noqa: PLC0415
+        compute_mamba_prefill_checkpoints,
+    )
+
+    ((size, grid),) = saving  # one state spec in a model
+    alignment = wired.scheduler.kv_cache_config.cache_hit_alignment_tokens
+    lookahead = getattr(config, "num_hash_lookahead_tokens", 0) or 0
+    speculative = config.speculative_config
+    drop = speculative is not None and speculative.use_eagle_block_drop() and not lookahead
+
+    def saved(start: int, end: int) -> tuple[int, int]:
+        offsets, columns = compute_mamba_prefill_checkpoints(
+            [end],
+            [end - start],
+            hash_block_size=wired.hash_block,
+            mamba_block_size=size,
+            checkpoint_alignment=grid,
+            drop_eagle_block=drop,
+            cache_hit_alignment_tokens=alignment,
+            num_hash_lookahead_tokens=lookahead,
+        )
+        return (start + offsets[0], columns[0]) if offsets[0] else (0, -1)
+
+    return saved
+
+
+def _saving(spec: Any, checkpoints: bool) -> Any:
+    """The state spec as a backend that saves checkpoints inside a prefill plans it (0.33's
+    FlashInfer GDN: one checkpoint block, offsets on the block grid), when `checkpoints`."""
+    if not checkpoints:
+        return spec
+    if "num_prefill_checkpoint_blocks" not in {f.name for f in dataclasses.fields(spec)}:
+        raise Unreachable("this release's state layers save no checkpoints inside a prefill")
+    return dataclasses.replace(
+        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=spec.block_size
+    )
 
 
 def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
@@ -398,6 +456,8 @@ class Ledger:
     runner_tables: dict[str, list[list[int]]] = field(default_factory=dict)
     drafts: int = 0
     accepted: int = 0
+    # the runner's prefill checkpoints of a pass (`_runner_checkpoints`), None: it saves none
+    checkpoints: Callable[[int, int], tuple[int, int]] | None = None
 
     def tokens(self, request: Any) -> list[int]:
         """The request's tokens as the runner knows them: the scheduler's, then the ones this
@@ -610,6 +670,10 @@ class Ledger:
                 slot = self._state_slot(g, one)
                 if slot[2]:
                     self.slots[slot] = ident[one.end - 1 + shift]
+                if group.checkpoint_alignment and self.checkpoints is not None:
+                    position, column = self.checkpoints(one.start, one.end)
+                    if position and column < len(table) and table[column]:  # null: skipped
+                        self.slots[(g, "s", table[column], 0)] = ident[position - 1 + shift]
                 continue
             for p in range(one.start, one.end):
                 block = table[p // group.block_size]
@@ -685,10 +749,10 @@ def play(
     through kvcert.reference.vllm's Scheduler (see `build`)."""
     v = _vllm()
     try:
-        scheduler, groups, hasher = build(workload, fix, mutant, kvcert)
+        scheduler, groups, hasher, checkpoints = build(workload, fix, mutant, kvcert)
     except Unreachable as why:
         return Outcome(unreachable=str(why))
-    ledger = Ledger(groups, workload.seed, workload.spec_tokens)
+    ledger = Ledger(groups, workload.seed, workload.spec_tokens, checkpoints=checkpoints)
     outcome = Outcome(keying=keying_of(workload))
     pending: list[Any] = []  # (output, runner output) not yet given back: async scheduling
     depth = 2 if workload.async_scheduling else 1

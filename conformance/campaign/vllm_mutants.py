@@ -26,6 +26,10 @@ through kvcert's Scheduler is seen to fail too:
                          the blocks handed to a running request leave out the null blocks of
                          skipped positions, so the runner's append-only table shifts them into
                          the wrong columns (a state group skips every column but its last)
+    kvcert-checkpoint-a-block-early
+                         the inner checkpoint passed to the allocator is one block before
+                         the one vLLM's runner saves (a column index taken for a boundary):
+                         kvcert holds and registers a block the runner never writes
 """
 
 from __future__ import annotations
@@ -83,6 +87,23 @@ def _kvcert_tables_without_nulls(wired: Any) -> None:
     manager._handed_out = compacted
 
 
+def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
+    from kvcert.reference.vllm.checkpoints import RunnerCheckpoints  # noqa: PLC0415
+
+    manager = wired.scheduler.kv_cache_manager
+    runner = manager._runner_checkpoints
+    if runner is None:
+        return
+
+    class Early(RunnerCheckpoints):
+        def checkpoint(self, start: int, end: int, prefill_end: int) -> int:
+            position = super().checkpoint(start, end, prefill_end)
+            block_size = next(group[0] for group in self.state_groups if group is not None)
+            return position - block_size if position - block_size > start else position
+
+    manager._runner_checkpoints = Early(**vars(runner))
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -92,6 +113,7 @@ MUTANTS: dict[str, Callable[[Any], None]] = {
 KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-state-source-released": _kvcert_state_source_released,
     "kvcert-tables-without-nulls": _kvcert_tables_without_nulls,
+    "kvcert-checkpoint-a-block-early": _kvcert_checkpoint_a_block_early,
 }
 # what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
 CAUGHT_AS: dict[str, str] = {
@@ -100,4 +122,5 @@ CAUGHT_AS: dict[str, str] = {
     "no-aligned-split": "state",
     "kvcert-state-source-released": "state",
     "kvcert-tables-without-nulls": "target",
+    "kvcert-checkpoint-a-block-early": "state",
 }

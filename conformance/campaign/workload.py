@@ -27,6 +27,9 @@ DRAFT_MODELS = ("gpt-oss-20b-eagle3", "llama-3.1-8b", "gemma-4-31B", "deepseek-v
 # the attention block until its page holds a state), so their workloads are drawn in units of
 # block / 16 tokens: the same shapes, in blocks, as the attention-only workloads.
 STATE_MODELS = ("qwen3.5-0.8b", "jamba-v0.1")
+# state models whose 0.33 prefill kernel can save checkpoints inside a chunk (GDN on
+# FlashInfer; Jamba's Mamba1 saves state at pass ends only)
+CHECKPOINTING_MODELS = ("qwen3.5-0.8b",)
 SPEC_KEYINGS = ("default", "drop")  # the release's default EAGLE keying, or blocks dropped
 POLICIES = ("fcfs", "priority")
 VOCAB = 900  # token ids stay below the weightless model's vocabulary
@@ -61,9 +64,15 @@ class Workload:
     # "drop" to turn off the release's lookahead block hashes where it has them
     spec_tokens: int = 0
     spec_keying: str = "default"
+    # the state layers' prefill kernel also saves the state at a block boundary inside the
+    # chunk (0.33's FlashInfer GDN: MambaSpec num_prefill_checkpoint_blocks=1 on the block grid)
+    state_checkpoints: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        body = dataclasses.asdict(self)
+        if not self.state_checkpoints:  # every workload before the option reads the same
+            del body["state_checkpoints"]
+        return body
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Workload:
@@ -87,15 +96,20 @@ class Workload:
         tokens = sum(len(a.prompt) + a.max_tokens for a in self.arrivals)
         events = len(self.aborts) + len(self.resets)
         settings = (self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
-                    + 2 * self.spec_tokens + (self.spec_keying != "default"))  # fmt: skip
+                    + 2 * self.spec_tokens + (self.spec_keying != "default")
+                    + self.state_checkpoints)  # fmt: skip
         steps = sum(a.step for a in self.arrivals)
         return (1000 * len(self.arrivals) + tokens + 100 * events + steps + settings
                 + (self.policy != "fcfs"))  # fmt: skip
 
 
-def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
+def generate(
+    seed: int, models: tuple[str, ...] = MODELS, state_checkpoints: bool = False
+) -> Workload:
     """A random workload: requests that share prefixes (so lookups hit), arriving over a few
-    steps, in a pool small enough that the scheduler must preempt, with chunked prefill."""
+    steps, in a pool small enough that the scheduler must preempt, with chunked prefill.
+    `state_checkpoints`: a state model whose layers can save checkpoints inside a prefill
+    chunk is served so on most seeds (their own stream: no other workload changes)."""
     workload = _draw(random.Random(seed), seed, models, 1)
     extra = random.Random(f"kvcert-fuzz-extra:{seed}")
     draw = extra.random()
@@ -110,7 +124,14 @@ def generate(seed: int, models: tuple[str, ...] = MODELS) -> Workload:
     if state.random() < 0.2:
         model = state.choice(STATE_MODELS)
         unit = state_block_size(model) // 16
-        return dataclasses.replace(_draw(random.Random(seed), seed, models, unit), model=model)
+        saves = (
+            state_checkpoints
+            and model in CHECKPOINTING_MODELS
+            and random.Random(f"kvcert-fuzz-checkpoints:{seed}").random() < 0.75
+        )
+        return dataclasses.replace(
+            _draw(random.Random(seed), seed, models, unit), model=model, state_checkpoints=saves
+        )
     return workload
 
 
@@ -194,6 +215,8 @@ def smaller(workload: Workload) -> Iterator[Workload]:
         yield replace(workload, usable_blocks=workload.usable_blocks - 1)
     if workload.async_scheduling:
         yield replace(workload, async_scheduling=False)
+    if workload.state_checkpoints:
+        yield replace(workload, state_checkpoints=False)
     if workload.long_prefill:
         yield replace(workload, long_prefill=0)
     if workload.policy != "fcfs":

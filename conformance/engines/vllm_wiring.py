@@ -271,6 +271,10 @@ def wire(
     else:  # <= 0.19: one block size, cache_config's, for scheduling and hashing
         scheduler_block = hash_block = config.cache_config.block_size
         extra = {}
+    alignment = getattr(v["utils"], "resolve_cache_hit_alignment_tokens", None)
+    if alignment is not None:  # 0.33: where hits land, read by the runner and connectors
+        kv.hash_block_size = hash_block
+        kv.cache_hit_alignment_tokens = alignment(kv, config, scheduler_block, hash_block)
     cls = cls or config.scheduler_config.get_scheduler_cls()
     scheduler = cls(
         vllm_config=config,

@@ -124,3 +124,47 @@ def test_a_stale_id_where_the_manager_released_a_position_is_no_violation():
     s.tables["a"] = ([0, 0, 0, 13], [20, 21, 22, 23])  # 11 released; the runner still has it
     s.requests["a"].all_token_ids.append(9)
     assert ledger.forward(s, s.step({"a": 1}), 2)[1] is None
+
+
+def _saving_ledger() -> Ledger:
+    """The state group's kernel saves the state at the last block boundary inside a pass
+    into column cdiv(end, 4) - 2 (vLLM's rule for blocks of 4, without EAGLE or lookahead)."""
+
+    def saved(start: int, end: int) -> tuple[int, int]:
+        position = (end - 1) // BLOCK * BLOCK
+        column = -(-end // BLOCK) - 2
+        return (
+            (position, column)
+            if column > (start - 1) // BLOCK and position > start
+            else (
+                0,
+                -1,
+            )
+        )
+
+    return Ledger([_Group(BLOCK, "mamba", checkpoint_alignment=1), _Group(BLOCK, "full")],
+                  checkpoints=saved)  # fmt: skip
+
+
+def test_a_checkpoint_saved_inside_a_pass_is_a_sound_hit():
+    """One pass over 10 tokens saves state@7 in column 1 (block 11) in passing: a request
+    sharing the first 8 tokens resumes from it."""
+    s, ledger = FakeScheduler(), _saving_ledger()
+    s.add("a", list(range(1, 11)), [0, 11, 12], [20, 21, 22])
+    assert ledger.forward(s, s.step({"a": 10}, new=("a",)), 0)[1] is None
+    s.add("b", [*range(1, 9), 5, 5], [0, 11, 13], [20, 21, 23], hit=8)
+    assert ledger.forward(s, s.step({"b": 2}, new=("b",)), 1)[1] is None
+
+
+def test_a_checkpoint_no_pass_saved_is_an_unsound_hit():
+    """The same pass with column 1 null (the runner skips it), and the broken twin of the
+    test above, a backend that saves no checkpoint: either way the block a manager serves
+    for the first 8 tokens holds no state."""
+    for ledger, table in ((_saving_ledger(), [0, 0, 12]), (_ledger(), [0, 11, 12])):
+        s = FakeScheduler()
+        s.add("a", list(range(1, 11)), table, [20, 21, 22])
+        ledger.forward(s, s.step({"a": 10}, new=("a",)), 0)
+        s.add("b", [*range(1, 9), 5, 5], [0, 11, 13], [20, 21, 23], hit=8)
+        _, violation = ledger.forward(s, s.step({"b": 2}, new=("b",)), 1)
+        assert violation is not None
+        assert "holds no state any forward pass wrote" in violation.text

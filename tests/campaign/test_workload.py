@@ -10,6 +10,7 @@ import pytest
 
 from kvcert.conformance.campaign import command
 from kvcert.conformance.campaign.workload import (
+    CHECKPOINTING_MODELS,
     DRAFT_MODELS,
     MODELS,
     OTHER_MODELS,
@@ -84,6 +85,26 @@ def test_state_hybrids_are_served_at_vllms_block_size_and_drawn_in_its_units():
         longest = max(len(a.prompt) + a.max_tokens for a in w.arrivals)
         assert w.usable_blocks * block >= longest  # the pool holds the longest request
         assert max(len(a.prompt) for a in w.arrivals) > block  # prompts span whole blocks
+
+
+def test_checkpointing_backends_are_drawn_only_when_asked_and_change_nothing_else():
+    """`kvcert fuzz --kvcert` serves most Qwen3.5 seeds with a backend that saves state
+    inside a prefill; the same seed without the option is the workload it always was, and
+    a workload without checkpoints writes the JSON it wrote before the option existed."""
+    import dataclasses
+
+    drawn = 0
+    for seed in range(tiered(300, 3000)):
+        plain, saving = generate(seed), generate(seed, state_checkpoints=True)
+        assert not plain.state_checkpoints
+        assert "state_checkpoints" not in plain.to_json()
+        assert dataclasses.replace(saving, state_checkpoints=False) == plain
+        if saving.state_checkpoints:
+            drawn += 1
+            assert saving.model in CHECKPOINTING_MODELS
+            assert Workload.from_json(json.loads(json.dumps(saving.to_json()))) == saving
+            assert dataclasses.replace(saving, state_checkpoints=False) in set(smaller(saving))
+    assert drawn >= tiered(15, 150)
 
 
 def test_every_smaller_workload_is_smaller_and_well_formed():
