@@ -432,14 +432,21 @@ class KVCacheManager:
             last = -(-end // block_size)
             table = request.tables[g]
             size, low = len(table), request.held_from[g]
+            # the blocks of inner checkpoints not registered yet (a chunk in flight or
+            # scheduled behind it saves them) stay held until their step ends
+            saving = (
+                {q // block_size - 1 for q in request.checkpoints}
+                if request.checkpoints and state and group.mode is MambaMode.ALIGN
+                else ()
+            )
             if size > last or (low < last and not keeps_all):
                 # a state group reads where the chunk in flight starts, whatever follows it
                 first = first_read(group, computed, in_flight if state else end)
                 for j in range(size - 1, max(last, low) - 1, -1):
-                    if table[j] != NULL_BLOCK:
+                    if table[j] != NULL_BLOCK and j not in saving:
                         released.append((g, j, table[j]))
                 for j in range(min(first, last, size) - 1, low - 1, -1):
-                    if table[j] != NULL_BLOCK:
+                    if table[j] != NULL_BLOCK and j not in saving:
                         released.append((g, j, table[j]))
             first = first_written(group, computed, end)
             held = min(last, size)
@@ -448,9 +455,8 @@ class KVCacheManager:
             else:
                 gaps = [j for j in range(first, held) if table[j] == NULL_BLOCK]
                 wanted.append(gaps + list(range(held, last)) if held < last else gaps)
-            if request.checkpoints and state and group.mode is MambaMode.ALIGN:
-                inner = [q // block_size - 1 for q in request.checkpoints]
-                new = [j for j in inner if j >= size or table[j] == NULL_BLOCK]
+            if saving:
+                new = [j for j in saving if j >= size or table[j] == NULL_BLOCK]
                 if new:
                     wanted[-1] = sorted({*wanted[-1], *new})
         return released, wanted

@@ -361,3 +361,75 @@ def test_the_hit_after_the_steps_in_flight_is_the_hit_once_they_end(
     m.end_step()
     assert later == m.lookup(query)[0]
     assert branch_later == m.branch_point(query)
+
+
+def _last_boundary(start: int, end: int) -> int:
+    """The inner checkpoint an engine like vLLM's runner saves in a chunk: the last block
+    boundary strictly inside it past the state it starts from (CKPT-INNER-1), or 0."""
+    position = (end - 1) // 16 * 16
+    low = 16 if start == 0 else ((start - 1) // 16 + 2) * 16
+    return position if position >= low and start < position < end else 0
+
+
+@settings(max_examples=tiered(40, 400), deadline=None)
+@given(chunks=st.lists(st.integers(1, 60), min_size=1, max_size=6))
+def test_a_pipelined_prefill_with_checkpoints_registers_what_a_synchronous_one_does(
+    chunks: list[int],
+) -> None:
+    """Each chunk's inner checkpoint given with its blocks one step early (`reserve`) or at
+    its extension: the same blocks become hittable at the same steps, the checkpoints'
+    included, and more of the prompt than without them whenever a chunk had one."""
+    groups = (FULL, STATE)
+    sync, piped, plain = (KVCacheManager(CacheConfig(groups, 64)) for _ in range(3))
+    ends, done = [], 0
+    for chunk in chunks:
+        if done >= len(PROMPT):
+            break
+        done = min(done + chunk, len(PROMPT))
+        ends.append(done)
+    first = _last_boundary(0, ends[0])
+    sync.admit("r", PROMPT, ends[0], checkpoint=first)
+    piped.admit("r", PROMPT, ends[0], checkpoint=first)
+    plain.admit("r", PROMPT, ends[0])
+    saved = bool(first)
+    for i, end in enumerate(ends):
+        nxt = ends[i + 1] if i + 1 < len(ends) else 0
+        point = _last_boundary(end, nxt) if nxt else 0
+        if nxt:  # the next step is scheduled while this one runs
+            assert isinstance(piped.reserve("r", nxt, nxt, checkpoint=point), Scheduled)
+        for m in (sync, piped, plain):
+            m.end_step()
+        hit = sync.lookup(PROMPT)[0]
+        assert piped.lookup(PROMPT)[0] == hit <= end
+        assert hit >= plain.lookup(PROMPT)[0]
+        if nxt:
+            sync.extend("r", nxt - end, checkpoint=point)
+            assert piped.extend("r", nxt - end, checkpoint=point).new_blocks == ((), ())
+            plain.extend("r", nxt - end)
+            saved = saved or bool(point)
+    for m in (sync, piped, plain):
+        m.end_step()
+    assert piped.stats().registered_blocks == sync.stats().registered_blocks
+    if saved:  # a checkpoint adds a state block no chunk end registers
+        assert sync.stats().registered_blocks > plain.stats().registered_blocks
+
+
+def test_a_misplaced_checkpoint_is_refused_and_changes_nothing() -> None:
+    """A checkpoint must be a state block boundary strictly inside the chunk, past the block
+    its state is copied from: anything else is a RequestStateError saying so, and the
+    request keeps its tables and slots."""
+    m = KVCacheManager(CacheConfig((FULL, STATE), 64))
+    m.admit("r", PROMPT, 32, checkpoint=16)
+    tables = m.block_tables("r")
+    for checkpoint, said in ((40, "block boundary of state"), (32, "strictly inside"), (64, "str")):
+        with pytest.raises(RequestStateError, match=said):
+            m.reserve("r", 64, chunk_end=64, checkpoint=checkpoint)
+        assert m.block_tables("r") == tables
+    m.end_step()
+    with pytest.raises(RequestStateError, match="block boundary"):
+        m.extend("r", 32, checkpoint=40)
+    assert m.block_tables("r") == tables
+    plain = KVCacheManager(CacheConfig((FULL,), 64))
+    with pytest.raises(RequestStateError, match="state group in mode align"):
+        plain.admit("r", PROMPT, 40, checkpoint=16)
+    assert not plain.is_running("r")
