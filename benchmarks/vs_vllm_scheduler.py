@@ -15,7 +15,10 @@ Workload: GPT-OSS-20B as vLLM's planner groups it (full attention + a 128-token 
 window), 64 requests sharing a 1,024-token system prompt with a 512-token question each,
 arriving 8 per step, 64 output tokens each, an 8,192-token step budget. `--model
 qwen3.5-0.8b` plays the same shape on the Gated DeltaNet hybrid (Mamba align mode, 544-token
-blocks): every length scaled by block / 16, so the prompts span the same number of blocks.
+blocks): every length scaled by block / 16, so the prompts span the same number of blocks;
+with `--state-checkpoints` its GDN layers save state inside a prefill chunk as 0.33's
+FlashInfer kernel does (`num_prefill_checkpoint_blocks=1`), so vLLM's scheduler sends each
+prompt in one chunk and each manager reserves the state block the runner saves.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ from kvcert.conformance.engines import vllm_wiring as wiring
 
 
 def workload(
-    requests: int, output: int, asynchronous: bool = False, model: str = "gpt-oss-20b"
+    requests: int,
+    output: int,
+    asynchronous: bool = False,
+    model: str = "gpt-oss-20b",
+    checkpoints: bool = False,
 ) -> Workload:
     unit = state_block_size(model) // 16 if model in STATE_MODELS else 1
     system = tuple(1 + i % 1024 for i in range(1024 * unit))
@@ -60,6 +67,7 @@ def workload(
         budget=8192 * unit,
         long_prefill=0,
         arrivals=arrivals,
+        state_checkpoints=checkpoints,
     )
 
 
@@ -98,16 +106,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small round (CI smoke)")
     parser.add_argument("--model", default="gpt-oss-20b", help="gpt-oss-20b or qwen3.5-0.8b")
+    parser.add_argument("--state-checkpoints", action="store_true",
+                        help="the state layers save checkpoints inside a prefill")  # fmt: skip
     args = parser.parse_args()
+    if args.state_checkpoints and args.model not in STATE_MODELS:
+        parser.error(f"--state-checkpoints needs a state model ({', '.join(STATE_MODELS)})")
     rounds = 1 if args.quick else 5
     for asynchronous in (False, True):
         requests, output = (16, 8) if args.quick else (64, 64)
-        load = workload(requests, output, asynchronous, args.model)
+        load = workload(requests, output, asynchronous, args.model, args.state_checkpoints)
         times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
         seen: dict[str, tuple[int, int]] = {}
         for _ in range(rounds):
             for side, taken in times.items():
-                scheduler, _, hasher = build(load, kvcert=side == "kvcert")
+                scheduler, _, hasher, _ = build(load, kvcert=side == "kvcert")
                 seconds, hits, steps = serve(scheduler, hasher, load)
                 taken.append(seconds)
                 seen.setdefault(side, (hits, steps))
@@ -116,9 +128,9 @@ def main() -> int:
         best = {side: min(t) for side, t in times.items()}
         ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
         mode = "asynchronous" if asynchronous else "synchronous"
-        print(f"{args.model}, {mode}: {len(load.arrivals)} requests, {rounds} round(s), hits "
-              "(tokens, steps): "
-              f"{seen}")  # fmt: skip
+        saving = ", checkpoints inside prefills" if args.state_checkpoints else ""
+        print(f"{args.model}{saving}, {mode}: {len(load.arrivals)} requests, {rounds} "
+              f"round(s), hits (tokens, steps): {seen}")  # fmt: skip
         print(
             f"{mode}: vLLM's manager {best['vLLM'] * 1e3:.1f} ms, kvcert's "
             f"{best['kvcert'] * 1e3:.1f} ms; ratio (vLLM / kvcert, median of rounds) "

@@ -63,6 +63,7 @@ class RunnerCheckpoints:
             )
         if not any(groups):
             return None
+        _runner()  # imported now, not in the first step that needs it (torch, triton)
         alignment = getattr(kv_cache_config, "cache_hit_alignment_tokens", None)
         return cls(
             hash_block_size,

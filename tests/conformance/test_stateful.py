@@ -60,5 +60,5 @@ def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "REGRESSIONS", tmp_path)
     (case,) = gen.regression_cases()
     assert run_case(ReferenceEngine(), case, 10).status == "passed"
-    assert run_case(engine_class(), case, 10).status in {"failed", "errored"}
+    assert run_case(engine_class(), case, 10).status == "failed"  # not a crash
     assert len(saved["ops"]) <= 12  # shrunk
