@@ -453,6 +453,54 @@ def checkpoint_checks() -> list[tuple[str, bool, str]]:
     return out
 
 
+def async_checkpoint_checks() -> list[tuple[str, bool, str]]:
+    """kvcert's AsyncScheduler, the Mamba group saving checkpoints: step 1 prefills A (80
+    tokens, its checkpoint at 64) and step 2, scheduled before step 1's output, decodes A
+    (kvcert reserves its blocks while step 1 runs). Once step 1's output is read a probe of
+    A's first 64 tokens hits 64: the reservation for step 2 kept the checkpoint's block
+    (before 2026-11-25 it released it, and the probe hit nothing)."""
+    vllm_config = VllmConfig(
+        model_config=weightless_model(256),
+        device_config=DeviceConfig(device="cpu"),
+        cache_config=CacheConfig(
+            block_size=BLOCK,
+            enable_prefix_caching=True,
+            mamba_cache_mode="align",
+            mamba_block_size=BLOCK,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_model_len=256,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=128,
+            async_scheduling=True,
+        ),
+    )
+    vllm_config.cache_config.num_gpu_blocks = 64
+    scheduler = AsyncScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(FULL, CHECKPOINTING_STATE),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=BLOCK,
+    )
+    first = list(range(100, 180))
+    scheduler.add_request(Request("a", first, SamplingParams(max_tokens=4, ignore_eos=True), None))
+    one = scheduler.schedule()
+    two = scheduler.schedule()  # before step 1's output is read
+    scheduled = (dict(one.num_scheduled_tokens), dict(two.num_scheduled_tokens))
+    ids = ["a"]
+    scheduler.update_from_output(
+        one, ModelRunnerOutput(req_ids=ids, req_id_to_index={"a": 0}, sampled_token_ids=[[7]])
+    )
+    probe = request("probe", tokens=[*first[:64], *range(500, 516)])
+    hit = int(scheduler.kv_cache_manager.get_computed_blocks(probe)[1])
+    return [
+        ("step 1 prefills A whole, step 2 decodes it", scheduled == ({"a": 80}, {"a": 1}),
+         f"{scheduled}"),
+        ("after step 1's output, A's checkpoint (64) is hit", hit == 64, f"hit {hit}"),
+    ]  # fmt: skip
+
+
 def checkpoint_grid_checks() -> list[tuple[str, bool, str]]:
     """The property of vLLM's own test_checkpoint_reservation_matches_worker, on kvcert's
     manager driven chunk by chunk as that test drives vLLM's (its cases without speculative
@@ -544,6 +592,7 @@ def main() -> int:
         ("hold-back", hold_back_checks()),
         ("checkpoint", checkpoint_checks()),
         ("checkpoint", checkpoint_grid_checks()),
+        ("checkpoint, async", async_checkpoint_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok
