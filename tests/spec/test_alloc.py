@@ -35,6 +35,7 @@ from kvcert.spec.alloc import (
     ResetCache,
     StepEnded,
     Waiting,
+    allowed_checkpoints,
     initial_state,
     step,
 )
@@ -234,6 +235,20 @@ def test_an_inner_checkpoint_equals_a_chunk_ending_there():
 def test_a_misplaced_inner_checkpoint_is_refused(layout, ops, fragment):
     with pytest.raises(InvalidOp, match=fragment):
         run(pool(*layout), *ops)
+
+
+def test_allowed_checkpoints_are_every_boundary_the_rule_accepts():
+    """CKPT-INNER-1's placements as a list (what generators draw from): boundaries of every
+    align group strictly inside the chunk, past the block the chunk's state is read from."""
+    from kvcert.spec.layout import Layout
+
+    one = Layout((MambaState(8, MambaMode.ALIGN),))
+    assert allowed_checkpoints(one, 0, 30) == (8, 16, 24)
+    assert allowed_checkpoints(one, 12, 40) == (24, 32)  # the state at 12 is read from 1
+    assert allowed_checkpoints(one, 16, 24) == ()
+    two = Layout((MambaState(8, MambaMode.ALIGN), MambaState(16, MambaMode.ALIGN)))
+    assert allowed_checkpoints(two, 0, 40) == (16, 32)
+    assert allowed_checkpoints(Layout((FullAttention(8),)), 0, 40) == ()
 
 
 def test_mamba_none_never_registers():
