@@ -265,9 +265,9 @@ CHECKPOINTING_STATE = dataclasses.replace(
 )  # what vLLM 0.33.0's Mamba2 layers plan: the kernel saves state inside a prefill chunk
 
 
-def state_scheduler(settings: Settings | None = None, state: MambaSpec = STATE) -> Any:
-    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, a
-    128-token step budget (the environment's settings unless `settings`)."""
+def state_config(asynchronous: bool = False) -> VllmConfig:
+    """A full-attention + Mamba (align) model's engine config: blocks of 16, a 128-token
+    step budget, 64 blocks."""
     vllm_config = VllmConfig(
         model_config=weightless_model(256),
         device_config=DeviceConfig(device="cpu"),
@@ -281,10 +281,17 @@ def state_scheduler(settings: Settings | None = None, state: MambaSpec = STATE) 
             max_model_len=256,
             is_encoder_decoder=False,
             max_num_batched_tokens=128,
-            async_scheduling=False,
+            async_scheduling=asynchronous,
         ),
     )
     vllm_config.cache_config.num_gpu_blocks = 64
+    return vllm_config
+
+
+def state_scheduler(settings: Settings | None = None, state: MambaSpec = STATE) -> Any:
+    """kvcert's Scheduler over a full-attention + Mamba (align) model, blocks of 16, a
+    128-token step budget (the environment's settings unless `settings`)."""
+    vllm_config = state_config()
     cls = Scheduler if settings is None else Scheduler.configured(settings)
     return cls(
         vllm_config=vllm_config,
@@ -459,23 +466,7 @@ def async_checkpoint_checks() -> list[tuple[str, bool, str]]:
     (kvcert reserves its blocks while step 1 runs). Once step 1's output is read a probe of
     A's first 64 tokens hits 64: the reservation for step 2 kept the checkpoint's block
     (before 2026-11-25 it released it, and the probe hit nothing)."""
-    vllm_config = VllmConfig(
-        model_config=weightless_model(256),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(
-            block_size=BLOCK,
-            enable_prefix_caching=True,
-            mamba_cache_mode="align",
-            mamba_block_size=BLOCK,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_model_len=256,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=128,
-            async_scheduling=True,
-        ),
-    )
-    vllm_config.cache_config.num_gpu_blocks = 64
+    vllm_config = state_config(asynchronous=True)
     scheduler = AsyncScheduler(
         vllm_config=vllm_config,
         kv_cache_config=config(FULL, CHECKPOINTING_STATE),

@@ -22,6 +22,42 @@ from kvcert.spec import (
 from kvcert.spec import alloc as spec
 
 
+def _play(
+    rnd: random.Random,
+    state: spec.State,
+    admit: Callable[[spec.State, str], spec.Op],
+    extend: Callable[[str, spec.Request], spec.Op],
+) -> tuple[spec.State, list[spec.Op]]:
+    """Thirty draws of the stateful machine's op mix from `state`: admissions (`admit` builds
+    the op for a free request id), extensions of a request with no chunk in flight
+    (`extend`), step ends, finishes and preemptions. Returns the final state and the ops."""
+    ops: list[spec.Op] = []
+    for _ in range(30):
+        roll = rnd.random()
+        running = sorted(state.requests)
+        if roll < 0.35:
+            rid = next((r for r in "abcd" if r not in state.requests), None)
+            if rid is None:
+                continue
+            op = admit(state, rid)
+        elif roll < 0.55 and running:
+            rid = rnd.choice(running)
+            request = state.requests[rid]
+            if request.scheduled:
+                continue
+            op = extend(rid, request)
+        elif roll < 0.85:
+            op = spec.EndStep()
+        elif running:
+            rid = rnd.choice(running)
+            op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
+        else:
+            continue
+        state, _ = spec.step(state, op)
+        ops.append(op)
+    return state, ops
+
+
 def random_traces(
     count: int, eviction: spec.Eviction = spec.Eviction.LRU, first_seed: int = 0
 ) -> Iterator[JSON]:
@@ -45,38 +81,18 @@ def random_traces(
         if profile is not None:
             groups.append(FullAttention(rnd.choice([2, 4]), draft=True))
         layout = Layout(tuple(groups), profile)
-        ops: list[spec.Op] = []
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40), eviction))
-        for _ in range(30):
-            roll = rnd.random()
-            running = sorted(state.requests)
-            if roll < 0.35:
-                rid = next((r for r in "abcd" if r not in state.requests), None)
-                if rid is None:
-                    continue
-                op: spec.Op = spec.Admit(
-                    rid,
-                    rnd.choice(bases)[: rnd.randint(1, 24)],
-                    rnd.randint(1, 24),
-                    (),
-                    rnd.choice([0, 0, 1]),
-                )
-            elif roll < 0.55 and running:
-                rid = rnd.choice(running)
-                request = state.requests[rid]
-                if request.scheduled:
-                    continue
-                done = request.computed == len(request.tokens)
-                op = spec.Extend(rid, rnd.randint(1, 8), (rnd.randint(0, 2),) if done else ())
-            elif roll < 0.85:
-                op = spec.EndStep()
-            elif running:
-                rid = rnd.choice(running)
-                op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
-            else:
-                continue
-            state, _ = spec.step(state, op)
-            ops.append(op)
+
+        def admit(_: spec.State, rid: str, rnd: random.Random = rnd) -> spec.Op:
+            tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
+            return spec.Admit(rid, tokens, rnd.randint(1, 24), (), rnd.choice([0, 0, 1]))
+
+        def extend(rid: str, request: spec.Request, rnd: random.Random = rnd) -> spec.Op:
+            done = request.computed == len(request.tokens)
+            budget = rnd.randint(1, 8)
+            return spec.Extend(rid, budget, (rnd.randint(0, 2),) if done else ())
+
+        state, ops = _play(rnd, state, admit, extend)
         label = "random" if eviction is spec.Eviction.LRU else f"random-{eviction.value}"
         yield alloc_case(
             f"alloc.{label}.{n:03d}",
@@ -103,40 +119,32 @@ def checkpoint_traces(count: int, first_seed: int) -> Iterator[JSON]:
         rnd.shuffle(groups)
         layout = Layout(tuple(groups))
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40)))
-        ops: list[spec.Op] = []
-        for _ in range(30):
-            roll = rnd.random()
-            running = sorted(state.requests)
-            if roll < 0.35:
-                rid = next((r for r in "abcd" if r not in state.requests), None)
-                if rid is None:
-                    continue
-                tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
-                budget = rnd.randint(1, 40)
-                hit = spec.lookup(state, tokens, ())[0]
-                chosen = spec.allowed_checkpoints(layout, hit, hit + min(budget, len(tokens) - hit))
-                checkpoint = rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
-                op: spec.Op = spec.Admit(rid, tokens, budget, (), 0, checkpoint)
-            elif roll < 0.55 and running:
-                rid = rnd.choice(running)
-                request = state.requests[rid]
-                if request.scheduled:
-                    continue
-                done = request.computed == len(request.tokens)
-                appended = (rnd.randint(0, 2),) if done else ()
-                budget = rnd.randint(1, 12)
-                known = len(request.tokens) + len(appended)
-                end = request.computed + min(budget, known - request.computed)
-                chosen = spec.allowed_checkpoints(layout, request.computed, end)
-                checkpoint = rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
-                op = spec.Extend(rid, budget, appended, 0, checkpoint)
-            elif roll < 0.85:
-                op = spec.EndStep()
-            elif running:
-                rid = rnd.choice(running)
-                op = spec.Preempt(rid) if rnd.random() < 0.3 else spec.Finish(rid)
-            else:
-                continue
-            state, _ = spec.step(state, op)
-            ops.append(op)
+
+        def admit(
+            state: spec.State, rid: str, rnd: random.Random = rnd, layout: Layout = layout
+        ) -> spec.Op:
+            tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
+            budget = rnd.randint(1, 40)
+            hit = spec.lookup(state, tokens, ())[0]
+            end = hit + min(budget, len(tokens) - hit)
+            return spec.Admit(rid, tokens, budget, (), 0, _pick(rnd, layout, hit, end))
+
+        def extend(
+            rid: str, request: spec.Request, rnd: random.Random = rnd, layout: Layout = layout
+        ) -> spec.Op:
+            done = request.computed == len(request.tokens)
+            appended = (rnd.randint(0, 2),) if done else ()
+            budget = rnd.randint(1, 12)
+            known = len(request.tokens) + len(appended)
+            end = request.computed + min(budget, known - request.computed)
+            checkpoint = _pick(rnd, layout, request.computed, end)
+            return spec.Extend(rid, budget, appended, 0, checkpoint)
+
+        state, ops = _play(rnd, state, admit, extend)
         yield alloc_case(f"alloc.random-checkpoints.{n:03d}", layout, state.config.num_blocks, ops)
+
+
+def _pick(rnd: random.Random, layout: Layout, computed: int, end: int) -> int:
+    """One of the chunk's allowed inner checkpoints half the time it has any, else 0."""
+    chosen = spec.allowed_checkpoints(layout, computed, end)
+    return rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
