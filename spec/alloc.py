@@ -609,7 +609,7 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
         current = request.tables[g]
         end = _end(group, request)
         written = list(positions_written(group, request.computed, end))
-        if request.checkpoint:
+        if request.checkpoint:  # called only then: a case cites the rules its ops reach
             written += checkpoint_positions(group, request.computed, end, request.checkpoint)
         wanted.append(sorted(j for j in written if j >= len(current) or current[j] == NULL_BLOCK))
     count = sum(len(w) for w in wanted)

@@ -171,6 +171,17 @@ def test_reserve_holds_a_state_group_where_the_next_chunk_leaves_its_running_sta
         m.reserve("r", 80, chunk_end=-1)
 
 
+def _chunk_ends(chunks: list[int]) -> list[int]:
+    """Where PROMPT's prefill chunks of these sizes end (the last one capped by the prompt)."""
+    ends, done = [], 0
+    for chunk in chunks:
+        if done >= len(PROMPT):
+            break
+        done = min(done + chunk, len(PROMPT))
+        ends.append(done)
+    return ends
+
+
 @settings(max_examples=tiered(40, 400), deadline=None)
 @given(
     chunks=st.lists(st.integers(1, 40), min_size=1, max_size=8),
@@ -187,12 +198,7 @@ def test_a_pipelined_prefill_registers_what_a_synchronous_one_does(
     groups = (FULL, GroupConfig(Kind.SLIDING_WINDOW, 16, window=window))
     groups += (STATE,) if state else ()
     sync, piped = (KVCacheManager(CacheConfig(groups, 64)) for _ in range(2))
-    ends, done = [], 0
-    for chunk in chunks:
-        if done >= len(PROMPT):
-            break
-        done = min(done + chunk, len(PROMPT))
-        ends.append(done)
+    ends = _chunk_ends(chunks)
     sync.admit("r", PROMPT, ends[0])
     piped.admit("r", PROMPT, ends[0])
     for i, end in enumerate(ends):
@@ -381,12 +387,7 @@ def test_a_pipelined_prefill_with_checkpoints_registers_what_a_synchronous_one_d
     included, and more of the prompt than without them whenever a chunk had one."""
     groups = (FULL, STATE)
     sync, piped, plain = (KVCacheManager(CacheConfig(groups, 64)) for _ in range(3))
-    ends, done = [], 0
-    for chunk in chunks:
-        if done >= len(PROMPT):
-            break
-        done = min(done + chunk, len(PROMPT))
-        ends.append(done)
+    ends = _chunk_ends(chunks)
     first = _last_boundary(0, ends[0])
     sync.admit("r", PROMPT, ends[0], checkpoint=first)
     piped.admit("r", PROMPT, ends[0], checkpoint=first)
