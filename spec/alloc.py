@@ -40,6 +40,7 @@ from kvcert.spec.hashing import (
 )
 from kvcert.spec.hybrid import hybrid_hit
 from kvcert.spec.layout import (
+    AttentionGroup,
     ChunkedLocal,
     CrossAttention,
     Group,
@@ -297,8 +298,9 @@ def _end(group: Group, request: Request) -> int:
 def positions_read(group: Group, computed: int, end: int) -> range:
     """ALLOC-HOLD-1: While computing tokens [computed, end) a group keeps the table positions
     its kind can still read (a state group in mode align or none: the state after `computed`
-    tokens, at position (computed - 1) // B, and its running state, at the last position);
-    every earlier position may hold the null block.
+    tokens, at position (computed - 1) // B, and its running state, at the position `end`
+    falls in, or with speculative blocks every position up to ALLOC-SPEC-1's last); every
+    earlier position may hold the null block.
 
         B=16, tokens [64, 80):
         full, state all     positions 0..4
@@ -310,19 +312,19 @@ def positions_read(group: Group, computed: int, end: int) -> range:
         cross               nothing
 
     pre: 0 <= computed < end
-    post: isinstance(group, CrossAttention) or __return__.stop == -(-end // group.block_size)
+    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     size = group.block_size
-    last = -(-end // size)
+    last = table_end(group, end)
     match group:
         case SlidingWindow():
             first = max(0, computed - (group.window - 1)) // size
         case ChunkedLocal():
             first = (computed // group.chunk) * group.chunk // size
         case MambaState() if group.mode is not MambaMode.ALL:
-            first = (computed - 1) // size if computed else last - 1
+            first = (computed - 1) // size if computed else -(-end // size) - 1
         case _:
             first = 0
     return range(first, last)
@@ -331,19 +333,50 @@ def positions_read(group: Group, computed: int, end: int) -> range:
 def positions_written(group: Group, computed: int, end: int) -> range:
     """ALLOC-WRITE-1: Computing tokens [computed, end) writes the positions those tokens fall
     in, each of which needs a real block; a state group in mode align or none writes only
-    its running state, at the last position.
+    its running state, at the position `end` falls in (and ALLOC-SPEC-1's positions after it).
 
         B=16, tokens [40, 80):   attention, state all: positions 2..4;  align/none: 4
 
     pre: 0 <= computed < end
-    post: isinstance(group, CrossAttention) or __return__.stop == -(-end // group.block_size)
+    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     last = -(-end // group.block_size)
     if isinstance(group, MambaState) and group.mode is not MambaMode.ALL:
-        return range(last - 1, last)
+        return range(last - 1, table_end(group, end))
     return range(computed // group.block_size, last)
+
+
+def table_end(group: AttentionGroup | MambaState, end: int) -> int:
+    """How many table positions a chunk ending at `end` spans: those its tokens fall in, and
+    for a state group with speculative blocks ALLOC-SPEC-1's too."""
+    if isinstance(group, MambaState) and group.speculative_blocks:
+        return speculative_end(group, end)  # called only then: a case cites the rules it reaches
+    return -(-end // group.block_size)
+
+
+def speculative_end(group: MambaState, end: int) -> int:
+    """ALLOC-SPEC-1: A state group with S speculative blocks also writes, for a chunk ending at
+    `end`, every position a step verifying up to S draft tokens may put its running state
+    or a draft's state in: the running position of a chunk ending anywhere in [end, end + S]
+    and the S positions after it; none is registered, and the next chunk, which reads the
+    accepted draft's state from them, still holds them (ALLOC-HOLD-1 reads up to here).
+
+        B=16, S=2, chunk [32, 40):  running position 2 (ends 40..42), states after drafts 3, 4
+        B=16, S=2, chunk [32, 47):  running position 2 or 3 (ends 47..49), drafts up to 5
+        position   0   1   2   3   4   5
+        [32, 40)   .   r   w   s   s        r: reads the state at 32   w: the running state
+        [32, 47)   .   r   w   s   s   s    s: a draft's state (or the running state at 49)
+
+    The engine copies the accepted state to the boundary it reached itself, so only
+    ALLOC-COMMIT-1's positions are ever registered, each once its step has ended.
+
+    pre: end >= 1 and group.speculative_blocks >= 1
+    post: __return__ >= -(-end // group.block_size) + group.speculative_blocks
+    """
+    reach = group.speculative_blocks
+    return -(-(end + reach) // group.block_size) + reach
 
 
 def checkpoint_positions(group: Group, computed: int, end: int, checkpoint: int) -> range:

@@ -96,6 +96,9 @@ class MambaState:
     block_size: int  # tokens between two possible checkpoint positions
     mode: MambaMode = MambaMode.ALL  # where checkpoints are written
     name: str = "mamba"  # display name only
+    # blocks the engine's kernel writes the states after draft tokens into while a step
+    # verifies up to this many drafts (MTP/EAGLE on a state model; ALLOC-SPEC-1); mode align
+    speculative_blocks: int = 0
 
     def __post_init__(self) -> None:
         _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
@@ -104,6 +107,14 @@ class MambaState:
             refuse(
                 InvalidLayout,
                 f"group {self.name!r}: mode must be one of {choices}, got {self.mode!r}",
+            )
+        _require_int(self.speculative_blocks, f"group {self.name!r}: speculative_blocks", 0)
+        if self.speculative_blocks and self.mode is not MambaMode.ALIGN:
+            refuse(
+                InvalidLayout,
+                f"group {self.name!r}: speculative_blocks={self.speculative_blocks} needs mode "
+                f"align (the running state moves with the chunk), not {self.mode.value}; "
+                "set mode to align or speculative_blocks to 0",
             )
 
 

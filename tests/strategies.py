@@ -40,6 +40,12 @@ def groups() -> st.SearchStrategy[Group]:
     return st.one_of(
         attention_groups(),
         st.builds(MambaState, block_size=BLOCK_SIZES, mode=st.sampled_from(list(MambaMode))),
+        st.builds(
+            MambaState,
+            block_size=BLOCK_SIZES,
+            mode=st.just(MambaMode.ALIGN),
+            speculative_blocks=st.integers(1, 3),
+        ),
         st.builds(CrossAttention, block_size=BLOCK_SIZES),
     )
 

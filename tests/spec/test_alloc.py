@@ -251,6 +251,76 @@ def test_allowed_checkpoints_are_every_boundary_the_rule_accepts():
     assert allowed_checkpoints(Layout((FullAttention(8),)), 0, 40) == ()
 
 
+def test_speculative_state_blocks_follow_the_running_position():
+    """ALLOC-SPEC-1: B=16, S=2: a chunk [0, 40) writes positions 2..4 (the running state at
+    40..42 lies in 2, drafts after it in 3 and 4); decoding on to 47 adds position 5 (a
+    step ending at 49 runs in 3); the next chunk reads 2 and keeps everything after it."""
+    state, (admitted,) = run(
+        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=2)), Admit("a", PROMPT, 40)
+    )
+    table = admitted.tables[0]
+    assert len(table) == 5
+    assert table[:2] == (NULL_BLOCK, NULL_BLOCK)
+    assert NULL_BLOCK not in table[2:]
+    state, (_, extended) = run(state, EndStep(), Extend("a", 7, appended=(7,) * 7))
+    assert extended.tables[0][:5] == table
+    assert len(extended.tables[0]) == 6
+    assert NULL_BLOCK not in extended.tables[0][2:]
+
+
+def test_speculative_state_blocks_change_no_hit():
+    """ALLOC-SPEC-1: the blocks kept for drafts' states are never registered: the same steps
+    with and without them register the same keys and serve the same hit."""
+
+    def played(spare):
+        group = MambaState(8, MambaMode.ALIGN, speculative_blocks=spare)
+        state, (_, ended, _, ended2) = run(
+            pool(FullAttention(8), group),
+            Admit("a", PROMPT, 16),
+            EndStep(),
+            Extend("a", 24),
+            EndStep(),
+        )
+        keys = sorted(b.key for b in state.blocks if b.key is not None)
+        _, (hit,) = run(state, Admit("b", (*PROMPT, 1), 41))
+        return keys, ended.registered + ended2.registered, hit.hit
+
+    plain = played(0)
+    assert plain[1:] == (2 + 1 + 3 + 1, 40)
+    assert played(1) == played(3) == plain
+
+
+def test_speculative_state_blocks_count_against_capacity():
+    """ALLOC-SPEC-1's positions need real blocks: 3 free blocks hold a chunk [0, 40) with S=2
+    (positions 2..4), not with S=3 (positions 2..5): the request waits."""
+    _, (ok,) = run(
+        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=2), blocks=4),
+        Admit("a", PROMPT, 40),
+    )
+    assert isinstance(ok, Admitted)
+    _, (waiting,) = run(
+        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=3), blocks=4),
+        Admit("a", PROMPT, 40),
+    )
+    assert waiting == Waiting(4, 3)
+
+
+@pytest.mark.parametrize(
+    ("group", "fragment"),
+    [
+        (lambda: MambaState(8, MambaMode.NONE, speculative_blocks=1), "needs mode align"),
+        (lambda: MambaState(8, MambaMode.ALL, speculative_blocks=2), "needs mode align"),
+        (lambda: MambaState(8, MambaMode.ALIGN, speculative_blocks=-1), ">= 0"),
+        (lambda: MambaState(8, MambaMode.ALIGN, speculative_blocks=True), "an integer"),
+    ],
+)
+def test_speculative_blocks_are_validated(group, fragment):
+    from kvcert.spec import InvalidLayout
+
+    with pytest.raises(InvalidLayout, match=fragment):
+        group()
+
+
 def test_mamba_none_never_registers():
     _state, (_, ended) = run(pool(MambaState(8, MambaMode.NONE)), Admit("a", PROMPT, 16), EndStep())
     assert ended.registered == 0

@@ -81,6 +81,7 @@ EXPECTED_TAGS = {
     "CKPT-ALIGN-1",
     "CKPT-BRANCH-1",
     "CKPT-INNER-1",
+    "ALLOC-SPEC-1",
     "INV-NULL-1",
     "INV-REF-1",
     "INV-FREE-1",
@@ -223,6 +224,7 @@ def test_every_contract_holds_on_every_small_case():
         for chosen in small_layouts():
             exercise_allocator(chosen)
         exercise_allocator(Layout((FullAttention(2), MambaState(2, MambaMode.ALIGN))))
+        exercise_allocator(Layout((MambaState(2, MambaMode.ALIGN, speculative_blocks=2),)))
         exercise_pages()
         for placement, computed, budget in itertools.product(
             checkpoints.Placement, range(10), (1, 3, 8)
