@@ -66,6 +66,9 @@ class GroupConfig:
     mode: MambaMode | None = None  # state groups only (default all)
     draft: bool = False  # holds speculative-decoding draft layers
     name: str = ""
+    # state groups in mode align only: the blocks a step verifying up to this many draft
+    # tokens writes the drafts' states into (MTP/EAGLE on a state model; ALLOC-SPEC-1)
+    speculative_blocks: int = 0
 
     def __post_init__(self) -> None:
         label = self.name or str(self.kind)
@@ -109,6 +112,17 @@ class GroupConfig:
             raise ConfigError(f"group {label!r}: a sliding window needs window >= 1")
         if self.kind is Kind.CHUNKED_LOCAL and self.chunk < 1:
             raise ConfigError(f"group {label!r}: chunked local attention needs chunk >= 1")
+        spare = self.speculative_blocks
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise ConfigError(
+                f"group {label!r}: speculative_blocks must be an integer >= 0, got {spare!r}"
+            )
+        if spare and self.mode is not MambaMode.ALIGN:
+            raise ConfigError(
+                f"group {label!r}: speculative_blocks={spare} needs a state group in mode "
+                "align (the running state moves with the chunk); set mode to align or "
+                "speculative_blocks to 0"
+            )
         if not isinstance(self.draft, bool):
             raise ConfigError(f"group {label!r}: draft must be True or False, got {self.draft!r}")
         if self.draft and self.kind in (Kind.MAMBA, Kind.CROSS):

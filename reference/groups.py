@@ -63,6 +63,18 @@ def first_release(group: GroupConfig, low: int) -> int | None:
     return None
 
 
+def table_end(group: GroupConfig, end: int, limit: int | None = None) -> int:
+    """How many positions a chunk ending at `end` spans: the one `end` falls in, and for a
+    state group with speculative blocks every position a verifying step ending up to S
+    tokens later (never past `limit`, max_model_len) puts its running state in, plus the S
+    after it. Implements ALLOC-SPEC-1."""
+    spare = group.speculative_blocks
+    if spare:
+        reach = end + spare if limit is None else max(end, min(end + spare, limit))
+        return cdiv(reach, group.block_size) + spare
+    return cdiv(end, group.block_size)
+
+
 def first_written(group: GroupConfig, computed: int, end: int) -> int:
     """First position written while computing [computed, end). Implements ALLOC-WRITE-1."""
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:

@@ -42,7 +42,7 @@ from kvcert.reference.errors import (
     UnknownRequestError,
 )
 from kvcert.reference.events import Event, Stored
-from kvcert.reference.groups import first_read, first_release, first_written
+from kvcert.reference.groups import first_read, first_release, first_written, table_end
 from kvcert.reference.hashing import Chain, DigestMemo, ExtraKey, encode_tokens, hasher
 from kvcert.reference.keyindex import ServedMap
 
@@ -244,9 +244,16 @@ class KVCacheManager:
             )
             for g, group in enumerate(config.groups)
         ]
-        # _plan_quiet's view of the groups: (index, group, block size, whether it releases)
+        # _plan_quiet's view of the groups: (index, group, block size, whether it releases,
+        # speculative blocks)
         self._quiet_groups = [
-            (g, group, group.block_size, first_release(group, 0) is not None)
+            (
+                g,
+                group,
+                group.block_size,
+                first_release(group, 0) is not None,
+                group.speculative_blocks,
+            )
             for g, group in enumerate(config.groups)
             if group.kind is not Kind.CROSS
         ]
@@ -424,12 +431,13 @@ class KVCacheManager:
         attention_end = in_flight + request.lookahead
         # a chunk scheduled behind the one in flight moves the running state further
         state_end = max(in_flight, request.pipelined)
+        limit = self.config.max_model_len
         for g, group, block_size, state, keeps_all in self._change_groups:
             if group is None:  # cross attention
                 wanted.append(NO_POSITIONS)
                 continue
             end = state_end if state else attention_end
-            last = -(-end // block_size)
+            last = table_end(group, end, limit) if state else -(-end // block_size)
             table = request.tables[g]
             size, low = len(table), request.held_from[g]
             # the blocks of inner checkpoints not registered yet (a chunk in flight or
@@ -599,11 +607,12 @@ class KVCacheManager:
             raise RequestStateError(f"a token count must be an integer >= 0, got {tokens!r}")
         start = max(request.computed, tokens - max(request.scheduled, 1))
         count = 0
-        for g, group, size, _, _ in self._change_groups:
+        limit = self.config.max_model_len
+        for g, group, _, _, _ in self._change_groups:
             if group is None:  # cross attention
                 continue
             table = request.tables[g]
-            low, high = first_read(group, start, tokens), -(-tokens // size)
+            low, high = first_read(group, start, tokens), table_end(group, tokens, limit)
             held = min(high, len(table))
             count += max(0, high - max(low, held)) + table[low:held].count(NULL_BLOCK)
         return count
@@ -694,11 +703,12 @@ class KVCacheManager:
         shrunk lookahead a suffix, and allocation fills gaps), so the last needed position
         holding a block is enough."""
         in_flight = request.computed + request.scheduled
-        for g, group, size, state, _ in self._change_groups:
+        limit = self.config.max_model_len
+        for g, group, _, state, _ in self._change_groups:
             if group is None or (state and pipelined <= in_flight):  # cross attention
                 continue
             table = request.tables[g]
-            last = -(-(pipelined if state else end) // size) - 1
+            last = table_end(group, pipelined if state else end, limit) - 1
             if last >= len(table) or table[last] == NULL_BLOCK:
                 return False
         return True
@@ -863,20 +873,22 @@ class KVCacheManager:
         write there needs one) and below the first position whose computation moves the
         kept range past the first held block (a release); and below max_model_len (a longer
         request is refused). A lookahead of more than one slot closes the path until a step
-        without one; a single slot is the position the next one-token step computes."""
+        without one; a single slot is the position the next one-token step computes. A state
+        group with speculative blocks needs them S tokens ahead (ALLOC-SPEC-1)."""
         if request.lookahead > 1:
             request.quiet_end = 0
             return
         end = self.config.max_model_len or TOKEN_LIMIT
         computed = request.computed + request.scheduled
         tables, lows = request.tables, request.held_from
-        for g, group, size, releases in self._quiet_groups:
+        for g, group, size, releases, spare in self._quiet_groups:
             table = tables[g]
             held = len(table)
             p = computed // size
             while p < held and table[p] != NULL_BLOCK:
                 p += 1
-            end = min(end, p * size)
+            # a step ending at e + 1 writes up to table_end(e + 1) (ALLOC-SPEC-1's positions)
+            end = min(end, (p - spare) * size - spare if spare else p * size)
             if releases and lows[g] < held:
                 release = first_release(group, lows[g])
                 if release is not None:

@@ -295,7 +295,7 @@ def _end(group: Group, request: Request) -> int:
     return end if isinstance(group, MambaState) else end + request.lookahead
 
 
-def positions_read(group: Group, computed: int, end: int) -> range:
+def positions_read(group: Group, computed: int, end: int, limit: int | None = None) -> range:
     """ALLOC-HOLD-1: While computing tokens [computed, end) a group keeps the table positions
     its kind can still read (a state group in mode align or none: the state after `computed`
     tokens, at position (computed - 1) // B, and its running state, at the position `end`
@@ -311,13 +311,13 @@ def positions_read(group: Group, computed: int, end: int) -> range:
         state align/none    position 4       (the state at 70 is the running state)
         cross               nothing
 
-    pre: 0 <= computed < end
-    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end)
+    pre: 0 <= computed < end and (limit is None or end <= limit)
+    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end, limit)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     size = group.block_size
-    last = table_end(group, end)
+    last = table_end(group, end, limit)
     match group:
         case SlidingWindow():
             first = max(0, computed - (group.window - 1)) // size
@@ -330,53 +330,57 @@ def positions_read(group: Group, computed: int, end: int) -> range:
     return range(first, last)
 
 
-def positions_written(group: Group, computed: int, end: int) -> range:
+def positions_written(group: Group, computed: int, end: int, limit: int | None = None) -> range:
     """ALLOC-WRITE-1: Computing tokens [computed, end) writes the positions those tokens fall
     in, each of which needs a real block; a state group in mode align or none writes only
     its running state, at the position `end` falls in (and ALLOC-SPEC-1's positions after it).
 
         B=16, tokens [40, 80):   attention, state all: positions 2..4;  align/none: 4
 
-    pre: 0 <= computed < end
-    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end)
+    pre: 0 <= computed < end and (limit is None or end <= limit)
+    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end, limit)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     last = -(-end // group.block_size)
     if isinstance(group, MambaState) and group.mode is not MambaMode.ALL:
-        return range(last - 1, table_end(group, end))
+        return range(last - 1, table_end(group, end, limit))
     return range(computed // group.block_size, last)
 
 
-def table_end(group: AttentionGroup | MambaState, end: int) -> int:
+def table_end(group: AttentionGroup | MambaState, end: int, limit: int | None = None) -> int:
     """How many table positions a chunk ending at `end` spans: those its tokens fall in, and
-    for a state group with speculative blocks ALLOC-SPEC-1's too."""
+    for a state group with speculative blocks ALLOC-SPEC-1's too (`limit`: max_model_len)."""
     if isinstance(group, MambaState) and group.speculative_blocks:
-        return speculative_end(group, end)  # called only then: a case cites the rules it reaches
+        # called only then: a case cites the rules it reaches
+        return speculative_end(group, end, limit)
     return -(-end // group.block_size)
 
 
-def speculative_end(group: MambaState, end: int) -> int:
+def speculative_end(group: MambaState, end: int, limit: int | None = None) -> int:
     """ALLOC-SPEC-1: A state group with S speculative blocks also writes, for a chunk ending at
     `end`, every position a step verifying up to S draft tokens may put its running state
     or a draft's state in: the running position of a chunk ending anywhere in [end, end + S]
-    and the S positions after it; none is registered, and the next chunk, which reads the
-    accepted draft's state from them, still holds them (ALLOC-HOLD-1 reads up to here).
+    (never past max_model_len) and the S positions after it; none is registered, and the
+    next chunk, which reads the accepted draft's state from them, still holds them.
 
         B=16, S=2, chunk [32, 40):  running position 2 (ends 40..42), states after drafts 3, 4
         B=16, S=2, chunk [32, 47):  running position 2 or 3 (ends 47..49), drafts up to 5
         position   0   1   2   3   4   5
         [32, 40)   .   r   w   s   s        r: reads the state at 32   w: the running state
         [32, 47)   .   r   w   s   s   s    s: a draft's state (or the running state at 49)
+        [32, 47), max_model_len 48:  positions 2..4 (no step ends past 48)
 
-    The engine copies the accepted state to the boundary it reached itself, so only
-    ALLOC-COMMIT-1's positions are ever registered, each once its step has ended.
+    ALLOC-HOLD-1 reads up to the last of them. The engine copies the accepted state to the
+    boundary it reached itself, so only ALLOC-COMMIT-1's positions are ever registered,
+    each once its step has ended.
 
-    pre: end >= 1 and group.speculative_blocks >= 1
+    pre: end >= 1 and group.speculative_blocks >= 1 and (limit is None or end <= limit)
     post: __return__ >= -(-end // group.block_size) + group.speculative_blocks
     """
-    reach = group.speculative_blocks
-    return -(-(end + reach) // group.block_size) + reach
+    spare = group.speculative_blocks
+    reach = end + spare if limit is None else min(end + spare, limit)
+    return -(-reach // group.block_size) + spare
 
 
 def checkpoint_positions(group: Group, computed: int, end: int, checkpoint: int) -> range:
@@ -613,7 +617,7 @@ def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
     released: list[tuple[int, int, int]] = []
     tables = []
     for g, group in enumerate(layout.groups):
-        held = positions_read(group, request.computed, _end(group, request))
+        held = positions_read(group, request.computed, _end(group, request), layout.max_model_len)
         table = list(request.tables[g])
         for j in reversed(range(len(table))):
             if table[j] != NULL_BLOCK and j not in held:
@@ -641,7 +645,7 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
     for g, group in enumerate(layout.groups):
         current = request.tables[g]
         end = _end(group, request)
-        written = list(positions_written(group, request.computed, end))
+        written = list(positions_written(group, request.computed, end, layout.max_model_len))
         if request.checkpoint:  # called only then: a case cites the rules its ops reach
             written += checkpoint_positions(group, request.computed, end, request.checkpoint)
         wanted.append(sorted(j for j in written if j >= len(current) or current[j] == NULL_BLOCK))
@@ -652,7 +656,8 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
     supply = iter(fresh)
     tables = []
     for g, group in enumerate(layout.groups):
-        last = positions_read(group, request.computed, _end(group, request)).stop
+        limit = layout.max_model_len
+        last = positions_read(group, request.computed, _end(group, request), limit).stop
         table = list(request.tables[g]) + [NULL_BLOCK] * max(0, last - len(request.tables[g]))
         for j in wanted[g]:
             table[j] = next(supply)

@@ -91,6 +91,11 @@ def _kinds(features: frozenset[str]) -> list[st.SearchStrategy[Group]]:
     modes = [m for m in MambaMode if f"kind.mamba.{m.value}" in features]
     if modes:
         kinds.append(st.builds(MambaState, SIZES, st.sampled_from(modes)))
+    if "kind.mamba.align" in features and "alloc.speculative_state" in features:
+        spare = st.integers(1, 3)
+        kinds.append(
+            st.builds(MambaState, SIZES, st.just(MambaMode.ALIGN), speculative_blocks=spare)
+        )
     if "kind.cross" in features:
         kinds.append(st.builds(CrossAttention, SIZES))
     return kinds

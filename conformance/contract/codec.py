@@ -9,7 +9,8 @@ naming the JSON path and what to write instead, so a typo cannot pass.
                 {"kind": "sliding_window", "block_size": 16, "window": 128,
                  "draft": true, "name": "sw"}],          kinds: full, sliding_window (window),
      "speculative": "drop",                               chunked_local (chunk), mamba
-     "max_model_len": 131072}                             (mode), cross; draft optional
+     "max_model_len": 131072}                             (mode, speculative_blocks), cross;
+                                                          draft optional
 
 Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
 layers' heads and dtype, for engines that plan their own groups from layers.
@@ -105,7 +106,7 @@ _GROUP_FIELDS: Mapping[str, tuple[Callable[..., Group], tuple[str, ...], tuple[s
     "full": (FullAttention, (), ("draft", "shape")),
     "sliding_window": (SlidingWindow, ("window",), ("draft", "shape")),
     "chunked_local": (ChunkedLocal, ("chunk",), ("draft", "shape")),
-    "mamba": (MambaState, (), ("mode",)),
+    "mamba": (MambaState, (), ("mode", "speculative_blocks")),
     "cross": (CrossAttention, (), ("shape",)),
 }
 SHAPE_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "dtype")
@@ -186,6 +187,8 @@ def group_to_json(group: Group) -> JSON:
             out = {"kind": "chunked_local", "block_size": group.block_size, "chunk": group.chunk}
         case MambaState():
             out = {"kind": "mamba", "block_size": group.block_size, "mode": group.mode.value}
+            if group.speculative_blocks:
+                out["speculative_blocks"] = group.speculative_blocks
         case CrossAttention():
             out = {"kind": "cross", "block_size": group.block_size}
     if getattr(group, "draft", False):

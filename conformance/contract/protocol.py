@@ -45,6 +45,7 @@ FEATURES = (
     "extras.prompt_embeds",
     "alloc.lookahead",
     "alloc.state_checkpoint",
+    "alloc.speculative_state",
     "alloc.preempt",
     "alloc.reset_cache",
     "page.plan",

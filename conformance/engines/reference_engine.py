@@ -42,6 +42,7 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
         mode=mode,
         draft=draft,
         name=str(obj.get("name", "")),
+        speculative_blocks=_int(obj.get("speculative_blocks", 0), "speculative_blocks"),
     )
 
 

@@ -40,6 +40,7 @@ def config(layout: JSON, num_blocks: int) -> CacheConfig:
             chunk=g.get("chunk", 0),
             mode=MambaMode(g["mode"]) if "mode" in g else None,
             draft=g.get("draft", False),
+            speculative_blocks=g.get("speculative_blocks", 0),
         )
         for g in layout["groups"]
     )

@@ -266,6 +266,11 @@ def test_speculative_state_blocks_follow_the_running_position():
     assert extended.tables[0][:5] == table
     assert len(extended.tables[0]) == 6
     assert NULL_BLOCK not in extended.tables[0][2:]
+    capped = initial_state(
+        PoolConfig(Layout((MambaState(16, MambaMode.ALIGN, speculative_blocks=2),), None, 48), 64)
+    )
+    _, (_, _, at_limit) = run(capped, Admit("a", PROMPT, 40), EndStep(), Extend("a", 7, (7,) * 7))
+    assert len(at_limit.tables[0]) == 5  # no step ends past 48: the running state stays in 2
 
 
 def test_speculative_state_blocks_change_no_hit():

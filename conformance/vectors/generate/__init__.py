@@ -36,7 +36,11 @@ from kvcert.conformance.vectors.generate.hit import (
 )
 from kvcert.conformance.vectors.generate.page import page_refusals, page_scenarios, random_plans
 from kvcert.conformance.vectors.generate.refusals import refusals
-from kvcert.conformance.vectors.generate.traces import checkpoint_traces, random_traces
+from kvcert.conformance.vectors.generate.traces import (
+    checkpoint_traces,
+    random_traces,
+    speculative_state_traces,
+)
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
@@ -61,6 +65,7 @@ def suites() -> dict[str, list[JSON]]:
             random_traces(40, spec.Eviction.LRU_UNKEYED_FIRST, 2000)
         ),
         "alloc/random-checkpoints.json": list(checkpoint_traces(40, 3000)),
+        "alloc/random-speculative-state.json": list(speculative_state_traces(30, 4000)),
         "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
         "page/scenarios.json": list(page_scenarios()),

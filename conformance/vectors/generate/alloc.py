@@ -283,6 +283,39 @@ def alloc_scenarios() -> Iterator[JSON]:
         comment="one pass over a 30-token prompt saves the state at 24 (an engine whose "
         "kernel exports it mid-pass); the re-send hits 24 without the prompt being split there",
     )
+    drafting = Layout((FullAttention(4), MambaState(4, MambaMode.ALIGN, speculative_blocks=2)))
+    yield alloc_case(
+        "alloc.speculative-state.decode-across-a-boundary",
+        drafting,
+        16,
+        [
+            spec.Admit("a", PROMPT[:6], 6, (), 2),
+            spec.EndStep(),
+            spec.Extend("a", 2, (1, 2), 2),
+            spec.EndStep(),
+            spec.Extend("a", 1, (3,), 2),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", (*PROMPT[:6], 1, 2, 3), 16),
+        ],
+        comment="B=4, two drafts: [0, 6) writes positions 1..3 (a step ending at 6..8 runs in "
+        "1, the drafts' states follow); [6, 8) adds 4 and registers 1 as the state at 8; "
+        "[8, 9) reads 1 and runs in 2, which held a draft's state: no new block; b hits 8",
+    )
+    yield alloc_case(
+        "alloc.speculative-state.capacity",
+        drafting,
+        6,
+        [
+            spec.Admit("a", PROMPT[:6], 6),
+            spec.Admit("b", OTHER[:6], 6),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", OTHER[:6], 6),
+        ],
+        comment="5 free blocks: a holds 2 attention and 3 state blocks (its running state "
+        "and the two draft states'), so b waits until a finishes",
+    )
     yield alloc_case(
         "alloc.inner-checkpoint.and-chunk-end",
         Layout((FullAttention(4), SlidingWindow(4, 6), MambaState(8, MambaMode.ALIGN))),

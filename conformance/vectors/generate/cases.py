@@ -72,6 +72,8 @@ def requires(
                 needed.add("kind.chunked_local")
             case MambaState():
                 needed.add(f"kind.mamba.{group.mode.value}")
+                if group.speculative_blocks:
+                    needed.add("alloc.speculative_state")
             case CrossAttention():
                 needed.add("kind.cross")
     if layout.speculative is not None:
@@ -130,6 +132,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "alloc.capacity": ("ALLOC-TWO-PHASE-1",),
     "alloc.lookahead": ("ALLOC-WRITE-1",),
     "alloc.inner-checkpoint": ("CKPT-INNER-1",),
+    "alloc.speculative-state": ("ALLOC-SPEC-1",),
     "hit.refuse": ("INPUT-1",),
     "alloc.refuse": ("INPUT-1",),
 }

@@ -93,6 +93,21 @@ def refusals() -> Iterator[JSON]:
             },
             why,
         )
+    yield raw_case(
+        "hit.refuse.layout-speculative-blocks-outside-align",
+        {
+            "suite": "hit",
+            "layout": {
+                "groups": [
+                    full,
+                    {"kind": "mamba", "block_size": 16, "mode": "none", "speculative_blocks": 2},
+                ]
+            },
+            "num_tokens": 40,
+            "cached": [[], []],
+        },
+        "speculative blocks need a state group in mode align (ALLOC-SPEC-1)",
+    )
     ok = {
         "groups": [
             full,

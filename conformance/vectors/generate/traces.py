@@ -148,3 +148,49 @@ def _pick(rnd: random.Random, layout: Layout, computed: int, end: int) -> int:
     """One of the chunk's allowed inner checkpoints half the time it has any, else 0."""
     chosen = spec.allowed_checkpoints(layout, computed, end)
     return rnd.choice(chosen) if chosen and rnd.random() < 0.5 else 0
+
+
+def speculative_state_traces(count: int, first_seed: int) -> Iterator[JSON]:
+    """Seeded random traces over layouts whose state groups keep blocks for the states after
+    draft tokens (ALLOC-SPEC-1), decoding with as many speculative slots as they keep (or
+    fewer), and naming inner checkpoints (CKPT-INNER-1) a third of the time they can."""
+    bases = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
+    for n in range(count):
+        rnd = random.Random(first_seed + n)
+        size = rnd.choice([2, 4])
+        spare = rnd.randint(1, 3)
+        groups: list[Group] = [MambaState(size, MambaMode.ALIGN, speculative_blocks=spare)]
+        if rnd.random() < 0.3:
+            groups.append(MambaState(size * 2, MambaMode.ALIGN, speculative_blocks=spare))
+        groups.append(FullAttention(rnd.choice([1, 2, 4])))
+        if rnd.random() < 0.4:
+            groups.append(SlidingWindow(rnd.choice([2, 4]), rnd.randint(2, 9)))
+        rnd.shuffle(groups)
+        layout = Layout(tuple(groups))
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(10, 48)))
+
+        def admit(
+            state: spec.State, rid: str, rnd: random.Random = rnd, layout: Layout = layout
+        ) -> spec.Op:
+            tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
+            budget = rnd.randint(1, 40)
+            hit = spec.lookup(state, tokens, ())[0]
+            end = hit + min(budget, len(tokens) - hit)
+            checkpoint = _pick(rnd, layout, hit, end) if rnd.random() < 0.66 else 0
+            return spec.Admit(rid, tokens, budget, (), 0, checkpoint)
+
+        def extend(
+            rid: str,
+            request: spec.Request,
+            rnd: random.Random = rnd,
+            spare: int = spare,
+        ) -> spec.Op:
+            if request.computed == len(request.tokens):  # decoding: drafts ride as lookahead
+                appended = tuple(rnd.randint(0, 2) for _ in range(rnd.randint(1, spare + 1)))
+                return spec.Extend(rid, len(appended), appended, rnd.randint(0, spare))
+            return spec.Extend(rid, rnd.randint(1, 12))
+
+        state, ops = _play(rnd, state, admit, extend)
+        yield alloc_case(
+            f"alloc.random-speculative-state.{n:03d}", layout, state.config.num_blocks, ops
+        )
