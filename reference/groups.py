@@ -63,13 +63,13 @@ def first_release(group: GroupConfig, low: int) -> int | None:
     return None
 
 
-def table_end(group: GroupConfig, end: int, limit: int | None = None) -> int:
+def table_end(group: GroupConfig, end: int, decoding: bool, limit: int | None = None) -> int:
     """How many positions a chunk ending at `end` spans: the one `end` falls in, and for a
-    state group with speculative blocks every position a verifying step ending up to S
-    tokens later (never past `limit`, max_model_len) puts its running state in, plus the S
-    after it. Implements ALLOC-SPEC-1."""
+    decode chunk of a state group with speculative blocks every position a verifying step
+    ending up to S tokens later (never past `limit`, max_model_len) puts its running state
+    in, plus the S after it. Implements ALLOC-SPEC-1."""
     spare = group.speculative_blocks
-    if spare:
+    if spare and decoding:
         reach = end + spare if limit is None else max(end, min(end + spare, limit))
         return cdiv(reach, group.block_size) + spare
     return cdiv(end, group.block_size)

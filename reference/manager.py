@@ -160,6 +160,7 @@ class _Request:
         "checkpoints",
         "commit_at",
         "computed",
+        "decoding",
         "extras",
         "held_from",
         "lookahead",
@@ -191,6 +192,7 @@ class _Request:
         self.held_from: list[int] = []  # per group, every earlier position holds the null block
         self.quiet_end = 0  # a decode step computing a position below this changes no table
         self.commit_at = 0  # no block is committed before `computed` reaches this
+        self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
 
 
 class KVCacheManager:
@@ -229,6 +231,8 @@ class KVCacheManager:
         self._base_size = math.gcd(*base) if base else 0
         self._admissions = self._admitted_tokens = self._hit_tokens = self._probes = 0
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
+        # state groups that hold ALLOC-SPEC-1's positions for decode chunks
+        self._drafting_states = any(g.speculative_blocks for g in config.groups)
         self._sizes = [g.block_size for g in config.groups]
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
@@ -437,7 +441,9 @@ class KVCacheManager:
                 wanted.append(NO_POSITIONS)
                 continue
             end = state_end if state else attention_end
-            last = table_end(group, end, limit) if state else -(-end // block_size)
+            last = (
+                table_end(group, end, request.decoding, limit) if state else -(-end // block_size)
+            )
             table = request.tables[g]
             size, low = len(table), request.held_from[g]
             # the blocks of inner checkpoints not registered yet (a chunk in flight or
@@ -612,7 +618,8 @@ class KVCacheManager:
             if group is None:  # cross attention
                 continue
             table = request.tables[g]
-            low, high = first_read(group, start, tokens), table_end(group, tokens, limit)
+            low = first_read(group, start, tokens)
+            high = table_end(group, tokens, request.decoding, limit)
             held = min(high, len(table))
             count += max(0, high - max(low, held)) + table[low:held].count(NULL_BLOCK)
         return count
@@ -661,16 +668,24 @@ class KVCacheManager:
                 raise RequestStateError(f"a {name} must be an integer >= 0, got {value!r}")
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
         pipelined = max(request.pipelined, chunk_end)
+        start = max(request.computed + request.scheduled, request.pipelined)
         if checkpoint:
-            start = max(request.computed + request.scheduled, request.pipelined)
             self._check_checkpoint(start, chunk_end, checkpoint)
-            if checkpoint not in request.checkpoints:
-                before_checkpoints = list(request.checkpoints)
+        # a chunk that starts past every known token appends sampled ones: a decode chunk,
+        # whose state groups hold ALLOC-SPEC-1's positions from now on
+        decoding = request.decoding or (
+            self._drafting_states and chunk_end > start >= len(request.tokens)
+        )
+        adding = bool(checkpoint) and checkpoint not in request.checkpoints
+        if decoding != request.decoding or adding:
+            before = (request.decoding, list(request.checkpoints))
+            request.decoding = decoding
+            if adding:
                 request.checkpoints.append(checkpoint)
-                result = self._reserve_slow(request, lookahead, pipelined)
-                if isinstance(result, Waiting):
-                    request.checkpoints = before_checkpoints
-                return result
+            result = self._reserve_slow(request, lookahead, pipelined)
+            if isinstance(result, Waiting):
+                request.decoding, request.checkpoints = before
+            return result
         if lookahead == request.lookahead and pipelined == request.pipelined:
             return Scheduled(0, 0, self._no_blocks)
         if self._holds_slots(request, request.computed + request.scheduled + lookahead, pipelined):
@@ -708,7 +723,7 @@ class KVCacheManager:
             if group is None or (state and pipelined <= in_flight):  # cross attention
                 continue
             table = request.tables[g]
-            last = table_end(group, pipelined if state else end, limit) - 1
+            last = table_end(group, pipelined if state else end, request.decoding, limit) - 1
             if last >= len(table) or table[last] == NULL_BLOCK:
                 return False
         return True
@@ -794,16 +809,17 @@ class KVCacheManager:
             raise RequestStateError(
                 f"request {rid!r} has no token left to compute; append the sampled token"
             )
-        before = (request.scheduled, request.lookahead, request.checkpoints)
+        before = (request.scheduled, request.lookahead, request.checkpoints, request.decoding)
         request.scheduled = min(budget, length - request.computed)
         request.lookahead = lookahead
+        request.decoding = request.decoding or bool(appended)
         if checkpoint:
             try:
                 self._check_checkpoint(
                     request.computed, request.computed + request.scheduled, checkpoint
                 )
             except RequestStateError:
-                request.scheduled, request.lookahead = before[:2]
+                request.scheduled, request.lookahead, _, request.decoding = before
                 raise
             if checkpoint not in request.checkpoints:
                 request.checkpoints = [*request.checkpoints, checkpoint]
@@ -811,7 +827,7 @@ class KVCacheManager:
         count = sum(map(len, wanted))
         freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
-            request.scheduled, request.lookahead, request.checkpoints = before
+            request.scheduled, request.lookahead, request.checkpoints, request.decoding = before
             return Waiting(count, self.pool.num_free + freed)
         self._drop(request, released)
         added = self._fill(request, wanted)

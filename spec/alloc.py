@@ -109,6 +109,7 @@ class Request:
     tables: tuple[tuple[int, ...], ...]  # per group, physical ids; NULL_BLOCK where none held
     registered: tuple[int, ...]  # per group, table positions already considered for caching
     checkpoint: int = 0  # a boundary inside the chunk in flight that saves state too, or 0
+    decoding: bool = False  # it appends sampled tokens: its chunks may verify drafts
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,9 @@ def _end(group: Group, request: Request) -> int:
     return end if isinstance(group, MambaState) else end + request.lookahead
 
 
-def positions_read(group: Group, computed: int, end: int, limit: int | None = None) -> range:
+def positions_read(
+    group: Group, computed: int, end: int, decoding: bool = False, limit: int | None = None
+) -> range:
     """ALLOC-HOLD-1: While computing tokens [computed, end) a group keeps the table positions
     its kind can still read (a state group in mode align or none: the state after `computed`
     tokens, at position (computed - 1) // B, and its running state, at the position `end`
@@ -312,12 +315,12 @@ def positions_read(group: Group, computed: int, end: int, limit: int | None = No
         cross               nothing
 
     pre: 0 <= computed < end and (limit is None or end <= limit)
-    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end, limit)
+    post: isinstance(group, CrossAttention) or __return__.stop == span(group, end, decoding, limit)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     size = group.block_size
-    last = table_end(group, end, limit)
+    last = span(group, end, decoding, limit)
     match group:
         case SlidingWindow():
             first = max(0, computed - (group.window - 1)) // size
@@ -330,7 +333,9 @@ def positions_read(group: Group, computed: int, end: int, limit: int | None = No
     return range(first, last)
 
 
-def positions_written(group: Group, computed: int, end: int, limit: int | None = None) -> range:
+def positions_written(
+    group: Group, computed: int, end: int, decoding: bool = False, limit: int | None = None
+) -> range:
     """ALLOC-WRITE-1: Computing tokens [computed, end) writes the positions those tokens fall
     in, each of which needs a real block; a state group in mode align or none writes only
     its running state, at the position `end` falls in (and ALLOC-SPEC-1's positions after it).
@@ -338,38 +343,44 @@ def positions_written(group: Group, computed: int, end: int, limit: int | None =
         B=16, tokens [40, 80):   attention, state all: positions 2..4;  align/none: 4
 
     pre: 0 <= computed < end and (limit is None or end <= limit)
-    post: isinstance(group, CrossAttention) or __return__.stop == table_end(group, end, limit)
+    post: isinstance(group, CrossAttention) or __return__.stop == span(group, end, decoding, limit)
     """
     if isinstance(group, CrossAttention):
         return range(0)
     last = -(-end // group.block_size)
     if isinstance(group, MambaState) and group.mode is not MambaMode.ALL:
-        return range(last - 1, table_end(group, end, limit))
+        return range(last - 1, span(group, end, decoding, limit))
     return range(computed // group.block_size, last)
 
 
-def table_end(group: AttentionGroup | MambaState, end: int, limit: int | None = None) -> int:
+def span(
+    group: AttentionGroup | MambaState, end: int, decoding: bool = False, limit: int | None = None
+) -> int:
     """How many table positions a chunk ending at `end` spans: those its tokens fall in, and
-    for a state group with speculative blocks ALLOC-SPEC-1's too (`limit`: max_model_len)."""
-    if isinstance(group, MambaState) and group.speculative_blocks:
+    for a decode chunk of a state group with speculative blocks ALLOC-SPEC-1's too (`limit`:
+    max_model_len)."""
+    if decoding and isinstance(group, MambaState) and group.speculative_blocks:
         # called only then: a case cites the rules it reaches
         return speculative_end(group, end, limit)
     return -(-end // group.block_size)
 
 
 def speculative_end(group: MambaState, end: int, limit: int | None = None) -> int:
-    """ALLOC-SPEC-1: A state group with S speculative blocks also writes, for a chunk ending at
-    `end`, every position a step verifying up to S draft tokens may put its running state
-    or a draft's state in: the running position of a chunk ending anywhere in [end, end + S]
-    (never past max_model_len) and the S positions after it; none is registered, and the
-    next chunk, which reads the accepted draft's state from them, still holds them.
+    """ALLOC-SPEC-1: A state group with S speculative blocks also writes, for a decode chunk
+    (one appending sampled tokens, as every chunk after a request's first sampled token does)
+    ending at `end`, every position a step verifying up to S draft tokens may put its running
+    state or a draft's state in: the running position of a chunk ending anywhere in
+    [end, end + S] (never past max_model_len) and the S positions after it; none is
+    registered, and the next chunk, which reads the accepted draft's state from them, still
+    holds them.
 
-        B=16, S=2, chunk [32, 40):  running position 2 (ends 40..42), states after drafts 3, 4
-        B=16, S=2, chunk [32, 47):  running position 2 or 3 (ends 47..49), drafts up to 5
+        B=16, S=2, decode chunk [39, 40):  running position 2 (ends 40..42), drafts' 3, 4
+        B=16, S=2, decode chunk [46, 47):  running position 2 or 3 (ends 47..49), up to 5
         position   0   1   2   3   4   5
-        [32, 40)   .   r   w   s   s        r: reads the state at 32   w: the running state
-        [32, 47)   .   r   w   s   s   s    s: a draft's state (or the running state at 49)
-        [32, 47), max_model_len 48:  positions 2..4 (no step ends past 48)
+        [39, 40)   .   .   w   s   s        w: reads and writes the running state
+        [46, 47)   .   .   w   s   s   s    s: a draft's state (or the running state at 49)
+        [46, 47), max_model_len 48:  positions 2..4 (no step ends past 48)
+        a prefill chunk verifies no drafts: [32, 47) writes position 2 only
 
     ALLOC-HOLD-1 reads up to the last of them. The engine copies the accepted state to the
     boundary it reached itself, so only ALLOC-COMMIT-1's positions are ever registered,
@@ -590,6 +601,7 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
         scheduled=scheduled,
         lookahead=op.lookahead,
         checkpoint=op.checkpoint,
+        decoding=request.decoding or bool(op.appended),
     )
     released_state, released_request = release_unneeded(state, grown_request)
     grown = _grow(released_state, released_request, reserved=0)
@@ -617,7 +629,8 @@ def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
     released: list[tuple[int, int, int]] = []
     tables = []
     for g, group in enumerate(layout.groups):
-        held = positions_read(group, request.computed, _end(group, request), layout.max_model_len)
+        end = _end(group, request)
+        held = positions_read(group, request.computed, end, request.decoding, layout.max_model_len)
         table = list(request.tables[g])
         for j in reversed(range(len(table))):
             if table[j] != NULL_BLOCK and j not in held:
@@ -645,7 +658,9 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
     for g, group in enumerate(layout.groups):
         current = request.tables[g]
         end = _end(group, request)
-        written = list(positions_written(group, request.computed, end, layout.max_model_len))
+        written = list(
+            positions_written(group, request.computed, end, request.decoding, layout.max_model_len)
+        )
         if request.checkpoint:  # called only then: a case cites the rules its ops reach
             written += checkpoint_positions(group, request.computed, end, request.checkpoint)
         wanted.append(sorted(j for j in written if j >= len(current) or current[j] == NULL_BLOCK))
@@ -656,8 +671,10 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
     supply = iter(fresh)
     tables = []
     for g, group in enumerate(layout.groups):
-        limit = layout.max_model_len
-        last = positions_read(group, request.computed, _end(group, request), limit).stop
+        end = _end(group, request)
+        last = positions_read(
+            group, request.computed, end, request.decoding, layout.max_model_len
+        ).stop
         table = list(request.tables[g]) + [NULL_BLOCK] * max(0, last - len(request.tables[g]))
         for j in wanted[g]:
             table[j] = next(supply)

@@ -290,18 +290,20 @@ class _SlowPaths(KVCacheManager):
     steps=st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=40),
     window=st.sampled_from([8, 16, 24]),
     size=st.sampled_from([4, 8]),
+    spare=st.integers(0, 3),
 )
 def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
-    steps: list[tuple[int, bool]], window: int, size: int
+    steps: list[tuple[int, bool]], window: int, size: int, spare: int
 ) -> None:
     """Decoding as an asynchronous engine does (the next token's slots reserved while the
     current one runs, `extend(step=)` once it ended), with extra reserved slots drawn at
-    random: the reserve shortcut and the one-token fast path leave every table, hit and
+    random and the state group keeping `spare` blocks for drafts' states (ALLOC-SPEC-1):
+    the reserve shortcut and the one-token fast path leave every table, hit and
     registration as the slow paths do."""
     groups = (
         GroupConfig(Kind.FULL, size),
         GroupConfig(Kind.SLIDING_WINDOW, size, window=window),
-        GroupConfig(Kind.MAMBA, size, mode=MambaMode.ALIGN),
+        GroupConfig(Kind.MAMBA, size, mode=MambaMode.ALIGN, speculative_blocks=spare),
     )
     fast, slow = KVCacheManager(CacheConfig(groups, 64)), _SlowPaths(CacheConfig(groups, 64))
     prompt = PROMPT[:13]

@@ -252,25 +252,26 @@ def test_allowed_checkpoints_are_every_boundary_the_rule_accepts():
 
 
 def test_speculative_state_blocks_follow_the_running_position():
-    """ALLOC-SPEC-1: B=16, S=2: a chunk [0, 40) writes positions 2..4 (the running state at
-    40..42 lies in 2, drafts after it in 3 and 4); decoding on to 47 adds position 5 (a
-    step ending at 49 runs in 3); the next chunk reads 2 and keeps everything after it."""
-    state, (admitted,) = run(
-        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=2)), Admit("a", PROMPT, 40)
+    """ALLOC-SPEC-1: B=16, S=2: the prefill chunk [0, 40) writes its running state in
+    position 2 alone; the decode chunk [40, 41) also writes the drafts' states, in 3 and 4;
+    decoding on to 47 adds position 5 (a step ending at 49 runs in 3); max_model_len 48
+    stops that (no step ends past 48)."""
+    group = MambaState(16, MambaMode.ALIGN, speculative_blocks=2)
+    state, (admitted, _, decoded) = run(
+        pool(group), Admit("a", PROMPT, 40), EndStep(), Extend("a", 1, appended=(7,))
     )
-    table = admitted.tables[0]
-    assert len(table) == 5
-    assert table[:2] == (NULL_BLOCK, NULL_BLOCK)
+    assert admitted.tables[0] == (NULL_BLOCK, NULL_BLOCK, admitted.tables[0][2])
+    assert admitted.tables[0][2] != NULL_BLOCK
+    table = decoded.tables[0]
+    assert (len(table), table[2]) == (5, admitted.tables[0][2])
     assert NULL_BLOCK not in table[2:]
-    state, (_, extended) = run(state, EndStep(), Extend("a", 7, appended=(7,) * 7))
+    state, (_, extended) = run(state, EndStep(), Extend("a", 6, appended=(7,) * 6))
     assert extended.tables[0][:5] == table
     assert len(extended.tables[0]) == 6
     assert NULL_BLOCK not in extended.tables[0][2:]
-    capped = initial_state(
-        PoolConfig(Layout((MambaState(16, MambaMode.ALIGN, speculative_blocks=2),), None, 48), 64)
-    )
-    _, (_, _, at_limit) = run(capped, Admit("a", PROMPT, 40), EndStep(), Extend("a", 7, (7,) * 7))
-    assert len(at_limit.tables[0]) == 5  # no step ends past 48: the running state stays in 2
+    capped = initial_state(PoolConfig(Layout((group,), None, 48), 64))
+    _, (*_, at_limit) = run(capped, Admit("a", PROMPT, 40), EndStep(), Extend("a", 7, (7,) * 7))
+    assert len(at_limit.tables[0]) == 5
 
 
 def test_speculative_state_blocks_change_no_hit():
@@ -279,35 +280,38 @@ def test_speculative_state_blocks_change_no_hit():
 
     def played(spare):
         group = MambaState(8, MambaMode.ALIGN, speculative_blocks=spare)
-        state, (_, ended, _, ended2) = run(
+        decode = [op for t in range(9) for op in (Extend("a", 1, (t,)), EndStep())]
+        state, observations = run(
             pool(FullAttention(8), group),
             Admit("a", PROMPT, 16),
             EndStep(),
             Extend("a", 24),
             EndStep(),
+            *decode,
         )
         keys = sorted(b.key for b in state.blocks if b.key is not None)
-        _, (hit,) = run(state, Admit("b", (*PROMPT, 1), 41))
-        return keys, ended.registered + ended2.registered, hit.hit
+        registered = sum(o.registered for o in observations if isinstance(o, StepEnded))
+        _, (hit,) = run(state, Admit("b", (*PROMPT, *range(9)), 49))
+        return keys, registered, hit.hit
 
     plain = played(0)
-    assert plain[1:] == (2 + 1 + 3 + 1, 40)
+    assert plain[1:] == (2 + 1 + 3 + 1 + 1 + 1, 48)  # decoding registers 48 in both groups
     assert played(1) == played(3) == plain
 
 
 def test_speculative_state_blocks_count_against_capacity():
-    """ALLOC-SPEC-1's positions need real blocks: 3 free blocks hold a chunk [0, 40) with S=2
-    (positions 2..4), not with S=3 (positions 2..5): the request waits."""
-    _, (ok,) = run(
-        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=2), blocks=4),
-        Admit("a", PROMPT, 40),
-    )
-    assert isinstance(ok, Admitted)
-    _, (waiting,) = run(
-        pool(MambaState(16, MambaMode.ALIGN, speculative_blocks=3), blocks=4),
-        Admit("a", PROMPT, 40),
-    )
-    assert waiting == Waiting(4, 3)
+    """ALLOC-SPEC-1's positions need real blocks: after a prefill [0, 40) holding one, 2 free
+    blocks hold the decode chunk [40, 41) with S=2 (positions 2..4), not with S=3 (2..5)."""
+
+    def decode(spare):
+        group = MambaState(16, MambaMode.ALIGN, speculative_blocks=spare)
+        _, (_, _, decoded) = run(
+            pool(group, blocks=4), Admit("a", PROMPT, 40), EndStep(), Extend("a", 1, (7,))
+        )
+        return decoded
+
+    assert isinstance(decode(2), Extended)
+    assert decode(3) == Waiting(3, 2)
 
 
 @pytest.mark.parametrize(

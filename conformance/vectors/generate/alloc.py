@@ -298,23 +298,25 @@ def alloc_scenarios() -> Iterator[JSON]:
             spec.Finish("a"),
             spec.Admit("b", (*PROMPT[:6], 1, 2, 3), 16),
         ],
-        comment="B=4, two drafts: [0, 6) writes positions 1..3 (a step ending at 6..8 runs in "
-        "1, the drafts' states follow); [6, 8) adds 4 and registers 1 as the state at 8; "
-        "[8, 9) reads 1 and runs in 2, which held a draft's state: no new block; b hits 8",
+        comment="B=4, two drafts: the prefill [0, 6) writes position 1; the decode chunk [6, 8) "
+        "adds 2..4 (a step ending at 8..10 runs in 1 or 2, the drafts' states follow) and "
+        "registers 1 as the state at 8; [8, 9) reads 1 and runs in 2, which held a draft's "
+        "state: no new block; b hits 8",
     )
     yield alloc_case(
         "alloc.speculative-state.capacity",
         drafting,
         6,
         [
-            spec.Admit("a", PROMPT[:6], 6),
-            spec.Admit("b", OTHER[:6], 6),
+            spec.Admit("a", PROMPT[:6], 6, (), 2),
             spec.EndStep(),
+            spec.Extend("a", 1, (1,), 2),
             spec.Finish("a"),
-            spec.Admit("b", OTHER[:6], 6),
+            spec.Admit("a", PROMPT[:6], 6, (), 2),
         ],
-        comment="5 free blocks: a holds 2 attention and 3 state blocks (its running state "
-        "and the two draft states'), so b waits until a finishes",
+        comment="5 free blocks: the prefill holds 2 attention blocks and the running state's; "
+        "the first decode step needs a third attention block and 3 state blocks (the two "
+        "drafts' states and the running state's at 8) but only 2 are free: it waits",
     )
     yield alloc_case(
         "alloc.inner-checkpoint.and-chunk-end",
