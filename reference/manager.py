@@ -669,13 +669,13 @@ class KVCacheManager:
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
         pipelined = max(request.pipelined, chunk_end)
         start = max(request.computed + request.scheduled, request.pipelined)
-        if checkpoint:
-            self._check_checkpoint(start, chunk_end, checkpoint)
         # a chunk that starts past every known token appends sampled ones: a decode chunk,
         # whose state groups hold ALLOC-SPEC-1's positions from now on
         decoding = request.decoding or (
             self._drafting_states and chunk_end > start >= len(request.tokens)
         )
+        if checkpoint:
+            self._check_checkpoint(start, chunk_end, checkpoint, decoding)
         adding = bool(checkpoint) and checkpoint not in request.checkpoints
         if decoding != request.decoding or adding:
             before = (request.decoding, list(request.checkpoints))
@@ -816,7 +816,10 @@ class KVCacheManager:
         if checkpoint:
             try:
                 self._check_checkpoint(
-                    request.computed, request.computed + request.scheduled, checkpoint
+                    request.computed,
+                    request.computed + request.scheduled,
+                    checkpoint,
+                    request.decoding,
                 )
             except RequestStateError:
                 request.scheduled, request.lookahead, _, request.decoding = before
@@ -837,24 +840,30 @@ class KVCacheManager:
         self._in_flight[rid] = self._step if step is None else step
         return Scheduled(0, request.scheduled, added)
 
-    def _check_checkpoint(self, computed: int, end: int, checkpoint: object) -> None:
+    def _check_checkpoint(
+        self, computed: int, end: int, checkpoint: object, decoding: bool = False
+    ) -> None:
         """CKPT-INNER-1's placement: a block boundary of every state group in mode align (one
         at least) strictly inside the chunk [computed, end), past the position the chunk
-        reads its state from."""
+        reads its state from, or in a decode chunk of a group with speculative blocks at
+        that position too (ALLOC-SPEC-2: the drafts' verification copied the state there)."""
         if type(checkpoint) is not int or not computed < checkpoint < end:
             raise RequestStateError(
                 f"checkpoint {checkpoint!r} is not strictly inside the chunk "
                 f"[{computed}, {end}); name a block boundary inside it, or 0 for none"
             )
         aligned = [
-            (g, group.block_size)
+            (g, group.block_size, decoding and group.speculative_blocks > 0)
             for g, group in enumerate(self.config.groups)
             if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN
         ]
         if not aligned:
             raise RequestStateError("a checkpoint needs a state group in mode align; pass 0")
-        for g, size in aligned:
-            low = ((computed - 1) // size + 2) * size if computed else size
+        for g, size, copied in aligned:
+            if copied:
+                low = ((computed - 1) // size + 1) * size
+            else:
+                low = ((computed - 1) // size + 2) * size if computed else size
             if checkpoint % size or checkpoint < low:
                 raise RequestStateError(
                     f"checkpoint {checkpoint} is not a block boundary of state group {g} "

@@ -45,6 +45,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     ),
     "ALLOC-WRITE-1": (groups.first_written, KVCacheManager._changes),
     "ALLOC-SPEC-1": (groups.table_end, KVCacheManager._plan_quiet),
+    "ALLOC-SPEC-2": (KVCacheManager._check_checkpoint,),
     "ALLOC-TWO-PHASE-1": (KVCacheManager.admit,),
     "ALLOC-SKIP-1": (KVCacheManager._changes, groups.first_release),
     "ALLOC-EVICT-1": (FreeQueue.pop,),

@@ -419,11 +419,34 @@ def checkpoint_positions(group: Group, computed: int, end: int, checkpoint: int)
     return range(position, position + 1)
 
 
-def checkpoint_problem(layout: Layout, computed: int, end: int, checkpoint: object) -> str | None:
+def draft_checkpoint_floor(group: MambaState, computed: int) -> int:
+    """ALLOC-SPEC-2: In a decode chunk of a state group with speculative blocks the inner
+    checkpoint (CKPT-INNER-1) may also be the boundary that ends the block the chunk reads
+    its state from, because the step that verified the drafts the chunk appends has copied
+    the state at that boundary there, and the chunk takes the accepted state from the block
+    of its last accepted draft, never from that one.
+
+        B=16, S=2, decode chunk [46, 50): two accepted drafts and the bonus token after 46
+        position    0   1   2   3   4   5
+                    .   .   c   w   s   s    c: the state at 48, copied there when the drafts
+                                                were verified; registered when this step ends
+        lowest checkpoint: 48 (64 without speculative blocks, or in a prefill chunk)
+
+    pre: computed >= 1 and group.speculative_blocks >= 1
+    post: __return__ % group.block_size == 0 and 0 < __return__ - computed <= group.block_size
+    """
+    size = group.block_size
+    return ((computed - 1) // size + 1) * size
+
+
+def checkpoint_problem(
+    layout: Layout, computed: int, end: int, checkpoint: object, decoding: bool = False
+) -> str | None:
     """Why `checkpoint` cannot be the inner checkpoint of a chunk [computed, end), or None: it
     must be 0 or, for every state group in mode align (one at least), a multiple of its block
     size strictly inside the chunk, at a position after the one the chunk reads its state
-    from (that block is read, not overwritten, by the chunk)."""
+    from (that block is read, not overwritten, by the chunk), or in a decode chunk of a group
+    with speculative blocks at that position too (ALLOC-SPEC-2)."""
     if checkpoint == 0:
         return None
     if not (isinstance(checkpoint, int) and computed < checkpoint < end):
@@ -440,7 +463,10 @@ def checkpoint_problem(layout: Layout, computed: int, end: int, checkpoint: obje
         return "a checkpoint needs a state group in mode align; pass 0"
     for g, group in aligned:
         size = group.block_size
-        low = ((computed - 1) // size + 2) * size if computed else size
+        if decoding and group.speculative_blocks:  # called only then: vectors cite its rule
+            low = draft_checkpoint_floor(group, computed)
+        else:
+            low = ((computed - 1) // size + 2) * size if computed else size
         if checkpoint % size or checkpoint < low:
             return (
                 f"checkpoint {checkpoint} is not a block boundary of state group {g} "
@@ -450,15 +476,21 @@ def checkpoint_problem(layout: Layout, computed: int, end: int, checkpoint: obje
     return None
 
 
-def allowed_checkpoints(layout: Layout, computed: int, end: int) -> tuple[int, ...]:
+def allowed_checkpoints(
+    layout: Layout, computed: int, end: int, decoding: bool = False
+) -> tuple[int, ...]:
     """Every inner checkpoint a chunk [computed, end) may name (0, none, aside)."""
     return tuple(  # direct callers only: generators and machines pick checkpoints with it
-        q for q in range(computed + 1, end) if checkpoint_problem(layout, computed, end, q) is None
+        q
+        for q in range(computed + 1, end)
+        if checkpoint_problem(layout, computed, end, q, decoding) is None
     )
 
 
-def _require_checkpoint(layout: Layout, computed: int, end: int, checkpoint: object) -> None:
-    problem = checkpoint_problem(layout, computed, end, checkpoint)
+def _require_checkpoint(
+    layout: Layout, computed: int, end: int, checkpoint: object, decoding: bool = False
+) -> None:
+    problem = checkpoint_problem(layout, computed, end, checkpoint, decoding)
     _require(problem is None, problem or "")
 
 
@@ -592,8 +624,13 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
         f"request {op.rid!r} has no token left to compute; append the sampled token",
     )
     scheduled = min(op.budget, len(tokens) - request.computed)
+    decoding = request.decoding or bool(op.appended)
     _require_checkpoint(
-        state.config.layout, request.computed, request.computed + scheduled, op.checkpoint
+        state.config.layout,
+        request.computed,
+        request.computed + scheduled,
+        op.checkpoint,
+        decoding,
     )
     grown_request = dataclasses.replace(
         request,
@@ -601,7 +638,7 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
         scheduled=scheduled,
         lookahead=op.lookahead,
         checkpoint=op.checkpoint,
-        decoding=request.decoding or bool(op.appended),
+        decoding=decoding,
     )
     released_state, released_request = release_unneeded(state, grown_request)
     grown = _grow(released_state, released_request, reserved=0)

@@ -314,6 +314,27 @@ def test_speculative_state_blocks_count_against_capacity():
     assert decode(3) == Waiting(3, 2)
 
 
+def test_a_decode_chunk_checkpoints_the_boundary_its_accepted_drafts_crossed():
+    """ALLOC-SPEC-2: B=16, S=2: the decode chunk [46, 50) (two accepted drafts and the bonus
+    token) may name 48, in the block it reads from; the step registers it there, and a
+    re-send hits 48. Without speculative blocks, or in a prefill chunk, 48 is refused."""
+    group = MambaState(16, MambaMode.ALIGN, speculative_blocks=2)
+    prompt = tuple(range(100, 146))
+    base = (Admit("a", prompt, 46), EndStep())
+    state, (*_, decoded, ended) = run(
+        pool(group), *base, Extend("a", 4, (1, 2, 3, 4), checkpoint=48), EndStep()
+    )
+    assert ended.registered == 1
+    assert state.blocks[decoded.tables[0][2]].key is not None
+    _, (hit,) = run(state, Admit("b", (*prompt, 1, 2, 9), 49))
+    assert hit.hit == 48
+    assert allowed_checkpoints(Layout((group,)), 46, 50, decoding=True) == (48,)
+    assert allowed_checkpoints(Layout((group,)), 46, 50) == ()
+    plain = MambaState(16, MambaMode.ALIGN)
+    with pytest.raises(InvalidOp, match="at or after 64"):
+        run(pool(plain), *base, Extend("a", 4, (1, 2, 3, 4), checkpoint=48))
+
+
 @pytest.mark.parametrize(
     ("group", "fragment"),
     [

@@ -82,6 +82,7 @@ EXPECTED_TAGS = {
     "CKPT-BRANCH-1",
     "CKPT-INNER-1",
     "ALLOC-SPEC-1",
+    "ALLOC-SPEC-2",
     "INV-NULL-1",
     "INV-REF-1",
     "INV-FREE-1",
@@ -313,6 +314,15 @@ def exercise_allocator(chosen: Layout) -> None:
     if aligned and math.lcm(*aligned) < len(prompt):  # CKPT-INNER-1: one pass, a checkpoint
         inner = [alloc.Admit("e", prompt, 9, checkpoint=math.lcm(*aligned)), alloc.EndStep()]
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12)), inner)
+    if any(isinstance(g, MambaState) and g.speculative_blocks for g in chosen.groups):
+        # ALLOC-SPEC-2: accepted drafts cross 4 (B=2): the decode chunk [3, 6) checkpoints it
+        drafts = [
+            alloc.Admit("f", prompt[:3], 3),
+            alloc.EndStep(),
+            alloc.Extend("f", 3, appended=(5, 6, 7), checkpoint=4),
+            alloc.EndStep(),
+        ]
+        run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12)), drafts)
 
 
 def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:

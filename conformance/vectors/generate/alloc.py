@@ -304,6 +304,24 @@ def alloc_scenarios() -> Iterator[JSON]:
         "state: no new block; b hits 8",
     )
     yield alloc_case(
+        "alloc.speculative-state.crossed-boundary",
+        Layout((FullAttention(4), MambaState(4, MambaMode.ALIGN, speculative_blocks=3))),
+        24,
+        [
+            spec.Admit("a", PROMPT[:6], 6, (), 3),
+            spec.EndStep(),
+            spec.Extend("a", 1, (1,), 3),
+            spec.EndStep(),
+            spec.Extend("a", 3, (2, 3, 4), 3, checkpoint=8),
+            spec.EndStep(),
+            spec.Finish("a"),
+            spec.Admit("b", (*PROMPT[:6], 1, 2, 3, 4, 5), 16),
+        ],
+        comment="B=4, three drafts: the step verifying [6, 7) accepted two drafts, crossing 8; "
+        "the decode chunk [7, 10) names 8, in the block it reads from (ALLOC-SPEC-2: the "
+        "verification copied the state there), so b hits 8 though no chunk ended there",
+    )
+    yield alloc_case(
         "alloc.speculative-state.capacity",
         drafting,
         6,

@@ -133,6 +133,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "alloc.lookahead": ("ALLOC-WRITE-1",),
     "alloc.inner-checkpoint": ("CKPT-INNER-1",),
     "alloc.speculative-state": ("ALLOC-SPEC-1",),
+    "alloc.speculative-state.crossed-boundary": ("ALLOC-SPEC-2",),
     "hit.refuse": ("INPUT-1",),
     "alloc.refuse": ("INPUT-1",),
 }

@@ -153,7 +153,8 @@ def _pick(rnd: random.Random, layout: Layout, computed: int, end: int) -> int:
 def speculative_state_traces(count: int, first_seed: int) -> Iterator[JSON]:
     """Seeded random traces over layouts whose state groups keep blocks for the states after
     draft tokens (ALLOC-SPEC-1), decoding with as many speculative slots as they keep (or
-    fewer), and naming inner checkpoints (CKPT-INNER-1) a third of the time they can."""
+    fewer), naming inner checkpoints (CKPT-INNER-1) a third of the time a prefill chunk can
+    and half the time a decode chunk crosses a boundary (ALLOC-SPEC-2)."""
     bases = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
     for n in range(count):
         rnd = random.Random(first_seed + n)
@@ -184,10 +185,15 @@ def speculative_state_traces(count: int, first_seed: int) -> Iterator[JSON]:
             request: spec.Request,
             rnd: random.Random = rnd,
             spare: int = spare,
+            layout: Layout = layout,
         ) -> spec.Op:
             if request.computed == len(request.tokens):  # decoding: drafts ride as lookahead
                 appended = tuple(rnd.randint(0, 2) for _ in range(rnd.randint(1, spare + 1)))
-                return spec.Extend(rid, len(appended), appended, rnd.randint(0, spare))
+                end = request.computed + len(appended)
+                # the boundary accepted drafts crossed, saved when they were verified
+                crossed = spec.allowed_checkpoints(layout, request.computed, end, decoding=True)
+                checkpoint = rnd.choice(crossed) if crossed and rnd.random() < 0.5 else 0
+                return spec.Extend(rid, len(appended), appended, rnd.randint(0, spare), checkpoint)
             return spec.Extend(rid, rnd.randint(1, 12))
 
         state, ops = _play(rnd, state, admit, extend)
