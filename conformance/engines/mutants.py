@@ -163,6 +163,18 @@ class CheckpointIgnoredEngine(Mutant):
         return {k: v for k, v in op.items() if k != "checkpoint"}
 
 
+class SpeculativeBlocksIgnoredEngine(Mutant):
+    """MTP/EAGLE on a state model without the drafts' state blocks (ALLOC-SPEC-1): a decode
+    chunk holds its running state's block alone, so a verifying step's drafts' states land
+    in blocks the request does not hold."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        def running_state_only(group: Any, end: int, decoding: bool, limit: Any = None) -> int:
+            return int(-(-end // group.block_size))
+
+        return patched(manager, "table_end", running_state_only)
+
+
 BROKEN = {
     "per-group speculative drop": (PerGroupDropEngine, "HIT-SPEC-2"),
     "sliding window without -1": (WindowOffByOneEngine, "HIT-SW-1"),
@@ -170,4 +182,5 @@ BROKEN = {
     "visible before written": (VisibleBeforeWrittenEngine, "ALLOC-VIS-1"),
     "salt ignored": (SaltIgnoredEngine, "HASH-EXTRA-1"),
     "inner checkpoint ignored": (CheckpointIgnoredEngine, "CKPT-INNER-1"),
+    "speculative state blocks ignored": (SpeculativeBlocksIgnoredEngine, "ALLOC-SPEC-1"),
 }
