@@ -63,11 +63,14 @@ def campaign(
     kvcert: bool = False,
     *,
     state_checkpoints: bool = False,
+    state_drafts: bool = False,
 ) -> dict[str, Any]:
     """Play every seed's workload; shrink each violation. The report is JSON-ready.
     `state_checkpoints` (always with `kvcert`): most Qwen3.5 seeds are served by a backend
-    that saves state inside a prefill (`generate`)."""
+    that saves state inside a prefill; `state_drafts` (always with `kvcert`): half the state
+    hybrids' seeds decode with drafts (`generate`)."""
     state_checkpoints = state_checkpoints or kvcert
+    state_drafts = state_drafts or kvcert
     from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
 
     start = time.perf_counter()
@@ -75,13 +78,14 @@ def campaign(
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
         "mutant": mutant, "kvcert": kvcert,
         **({"state_checkpoints": True} if state_checkpoints and not kvcert else {}),
+        **({"state_drafts": True} if state_drafts and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
         "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "stalled": [],
         "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
-        workload = generate(seed, state_checkpoints=state_checkpoints)
+        workload = generate(seed, state_checkpoints=state_checkpoints, state_drafts=state_drafts)
         outcome = play(workload, fix, mutant, kvcert)
         report["runs"] += 1
         if outcome.unreachable is not None:
@@ -159,6 +163,8 @@ def render(report: dict[str, Any]) -> str:
         fix += " served by kvcert.reference.vllm (kvcert's allocator in vLLM's Scheduler)"
     if report.get("state_checkpoints"):
         fix += ", state backends saving checkpoints inside a prefill"
+    if report.get("state_drafts"):
+        fix += ", state hybrids decoding with drafts"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
@@ -240,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
         k, n = args.shard
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
         report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert,
-                          state_checkpoints=args.state_checkpoints)  # fmt: skip
+                          state_checkpoints=args.state_checkpoints,
+                          state_drafts=args.state_drafts)  # fmt: skip
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -312,6 +319,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--state-checkpoints", action="store_true",
                         help="serve most Qwen3.5 seeds with a backend that saves state inside "
                         "a prefill (0.33's FlashInfer GDN; always on with --kvcert)")  # fmt: skip
+    parser.add_argument("--state-drafts", action="store_true",
+                        help="decode half the state hybrids' seeds with MTP/EAGLE drafts "
+                        "(num_speculative_blocks; always on with --kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

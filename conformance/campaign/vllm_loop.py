@@ -44,6 +44,14 @@ pass (0.33's FlashInfer GDN and Mamba2 kernels: the state group's spec has
 column holds the null block, as the runner does. Without it the backend saves state at pass
 ends only (Mamba1, e.g. Jamba; GDN on its Triton prefill kernel).
 
+A state hybrid decoding with drafts (`num_speculative_blocks` = the drafts per step, as vLLM's
+Mamba layers plan it) follows 0.33's align-mode runner for drafts: a pass that verifies d
+drafts writes the state after its last known token into block cdiv(end, B) - 1 and the state
+after draft i into the block i further on; the next pass starts from the accepted one (the
+last accepted draft's, copied to its running block when that moved, else read in place); and
+after sampling, the state at the last boundary the accepted tokens reached, when past the
+running state's, is copied into that boundary's block (`postprocess_mamba`).
+
 With speculative decoding (a model whose file declares a draft layer, served with a real
 EAGLE `SpeculativeConfig`; 0.33 marks that layer `is_draft` as its drafter does) the ledger
 is the drafter and the rejection sampler too, and keeps two identities per position:
@@ -151,6 +159,9 @@ class _Group:
     draft: bool = False  # holds the drafter's layers
     # a state group whose kernel saves checkpoints inside a pass: their alignment (else 0)
     checkpoint_alignment: int = 0
+    # a state group with MTP/EAGLE drafts: the blocks after the running state's that hold
+    # the states after each draft (vLLM's num_speculative_blocks)
+    speculative_blocks: int = 0
 
     def needs(self, start: int) -> range:
         """Positions below `start` that attention at `start` reads (a state group reads its
@@ -250,8 +261,9 @@ def build(
     page = max(spec.page_size_bytes for spec in specs.values())
     for i, layer in enumerate(layers):
         if isinstance(layer, StateLayer):
-            specs[f"model.layers.{i}.mixer"] = _saving(
-                state_spec_of(layer, block_size, page), workload.state_checkpoints
+            specs[f"model.layers.{i}.mixer"] = _drafting(
+                _saving(state_spec_of(layer, block_size, page), workload.state_checkpoints),
+                workload.spec_tokens,
             )
     specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
     kv_groups = wiring.plan(config, specs)
@@ -282,6 +294,7 @@ def build(
                 checkpoint_alignment=(getattr(spec, "prefill_checkpoint_alignment", 0) or 0)
                 if getattr(spec, "num_prefill_checkpoint_blocks", 0)
                 else 0,
+                speculative_blocks=getattr(spec, "num_speculative_blocks", 0) or 0,
             )
         )
     return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
@@ -332,6 +345,14 @@ def _saving(spec: Any, checkpoints: bool) -> Any:
     return dataclasses.replace(
         spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=spec.block_size
     )
+
+
+def _drafting(spec: Any, spec_tokens: int) -> Any:
+    """The state spec as vLLM's Mamba layers plan it under speculative decoding: one block
+    per draft token for the states after them (`num_speculative_blocks`)."""
+    if not spec_tokens:
+        return spec
+    return dataclasses.replace(spec, num_speculative_blocks=spec_tokens)
 
 
 def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
@@ -451,6 +472,11 @@ class Ledger:
     proposed: dict[str, list[int]] = field(default_factory=dict)  # the drafter's last drafts
     # the runner's running-state block index per request (vLLM's `mamba_state_idx`)
     state_index: dict[str, int] = field(default_factory=dict)
+    # with drafts on a state model: tokens the last pass accepted, bonus included (vLLM's
+    # `num_accepted_tokens`, 1 once a copy moved the accepted state), and the block index
+    # each pass reads its state from
+    state_accepted: dict[str, int] = field(default_factory=dict)
+    state_read: dict[str, int] = field(default_factory=dict)
     # the runner's block tables per request, as the scheduler's outputs build them: a new
     # or resumed request's tables whole, a running request's new blocks appended
     runner_tables: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -475,6 +501,7 @@ class Ledger:
             pending.live = False
         self.proposed.pop(rid, None)
         self.state_index.pop(rid, None)
+        self.state_accepted.pop(rid, None)
 
     def forward(
         self, scheduler: Any, output: Any, step: int
@@ -515,6 +542,7 @@ class Ledger:
             ran = one.known + one.drafts
             ran += [UNKNOWN] * (one.end - len(ran))  # positions no token is known for: garbage
             self._write(one, "t", identities(ran, one.end), 0)
+            self._settle_state(one, len(tokens) if tokens else 1)
             nexts = after + [UNKNOWN] * (one.end + 1 - len(after))
             self._write(one, "d", identities(nexts, one.end + 1), 1)
             if tokens and self.spec_tokens:
@@ -526,7 +554,9 @@ class Ledger:
         request's running state into the block of its pass's last token: from the block it
         left it in last pass, or for a request (re)sent to it, from the block of its last
         computed token (its prefix-cache hit's checkpoint). All copies read before any write,
-        as one batched copy on the device does."""
+        as one batched copy on the device does. With drafts the state left behind is the
+        accepted one: `a - 1` blocks after the last pass's running state (a: the tokens it
+        accepted, bonus included); a pass that stays in the same block reads it there."""
         states = [g for g, group in enumerate(self.groups) if group.kind == "mamba"]
         if not states:
             return
@@ -536,18 +566,52 @@ class Ledger:
             current = _state_block(one.end, size)
             previous = self.state_index.get(one.rid, (one.start - 1) // size)
             self.state_index[one.rid] = current
+            accepted = self.state_accepted.pop(one.rid, 1)
             if previous in (-1, current):
+                self.state_read[one.rid] = current + accepted - 1
                 continue
+            self.state_read[one.rid] = current
+            source = previous + accepted - 1
             for g in states:
                 table = one.tables[g]
-                held = table[previous] if previous < len(table) else -1  # no such block
-                if table[current]:  # a null block holds no state (its reads fail)
+                held = table[source] if source < len(table) else -1  # no such block
+                # a null block (or none: the runner's row is zero-padded) holds no state
+                if current < len(table) and table[current]:
                     copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
         for slot, state in copies:
             if state is None:
                 self.slots.pop(slot, None)
             else:
                 self.slots[slot] = state
+
+    def _settle_state(self, one: _Pass, accepted: int) -> None:
+        """After sampling, with drafts on a state model (vLLM's `postprocess_mamba`, align
+        mode): where the accepted tokens reached a block boundary at or past the running
+        state's, the state there is copied from the block holding it (the running state's or
+        a draft's) into the boundary's own block, the one the prefix cache keys; a pass that
+        copied within its running block leaves the accepted state there (`a` back to 1)."""
+        for g, group in enumerate(self.groups):
+            if group.kind != "mamba" or not group.speculative_blocks:
+                continue
+            size, table = group.block_size, one.tables[g]
+            current = _state_block(one.end, size)
+            running = one.end - len(one.drafts)  # tokens whose state the running block holds
+            aligned = (running + accepted - 1) // size * size
+            self.state_accepted[one.rid] = accepted
+            if aligned < running:
+                continue
+            bias, dest = aligned - running, aligned // size - 1
+            if dest == current:
+                self.state_accepted[one.rid] = 1
+                if not bias:
+                    continue
+            source = table[current + bias] if current + bias < len(table) else -1
+            if dest < len(table) and table[dest]:
+                state = self.slots.get((g, "s", source, 0))
+                if state is None:
+                    self.slots.pop((g, "s", table[dest], 0), None)
+                else:
+                    self.slots[(g, "s", table[dest], 0)] = state
 
     def _drafts(self, rid: str, scheduled: Any) -> list[int]:
         """The drafts the pass verifies: the scheduler's (sync), this runner's own where the
@@ -590,7 +654,7 @@ class Ledger:
         runner = self.runner_tables.get(one.rid)
         for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
             held = runner[g] if runner is not None else []
-            needed = -(-one.end // group.block_size)
+            needed = -(-one.end // group.block_size) + group.speculative_blocks
             for j, block in enumerate(table[:needed]):
                 if block and (j >= len(held) or held[j] != block):
                     return Violation(
@@ -609,11 +673,11 @@ class Ledger:
         ident = identities(one.known + [UNKNOWN] * (start + 1 - len(one.known)), start + 1)
         for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
             if group.kind == "mamba":
-                held = self.slots.get(self._state_slot(g, one))
+                held = self.slots.get(self._read_slot(g, one))
                 if start and held != ident[start - 1]:
                     return Violation(
                         f"step {one.step}: {one.rid} computes [{start}, {one.end}) from the "
-                        f"state in group {g} (mamba, block {self._state_slot(g, one)[2]}), "
+                        f"state in group {g} (mamba, block {self._read_slot(g, one)[2]}), "
                         f"which should be the state after position {start - 1} of this "
                         f"prefix but {_state_found(held, ident[:start])}",
                         "state",
@@ -634,9 +698,16 @@ class Ledger:
                         )
         return None
 
-    def _state_slot(self, g: int, one: _Pass) -> tuple[int, str, int, int]:
+    def _state_slot(self, g: int, one: _Pass, offset: int = 0) -> tuple[int, str, int, int]:
+        """The slot of the running state's block (`offset` blocks on: a draft's state)."""
         table = one.tables[g]
-        index = _state_block(one.end, self.groups[g].block_size)
+        index = _state_block(one.end, self.groups[g].block_size) + offset
+        return (g, "s", table[index] if index < len(table) else -1, 0)
+
+    def _read_slot(self, g: int, one: _Pass) -> tuple[int, str, int, int]:
+        """The slot the pass reads its state from (`_carry_states`)."""
+        table = one.tables[g]
+        index = self.state_read.get(one.rid, _state_block(one.end, self.groups[g].block_size))
         return (g, "s", table[index] if index < len(table) else -1, 0)
 
     def _sample(self, one: _Pass) -> tuple[list[int], list[int]]:
@@ -667,9 +738,12 @@ class Ledger:
             if not (group.target if role == "t" else group.draft):
                 continue
             if group.kind == "mamba":  # the state after the pass's last token
-                slot = self._state_slot(g, one)
-                if slot[2]:
-                    self.slots[slot] = ident[one.end - 1 + shift]
+                # with drafts: after the last known token, then each draft's a block further
+                drafts = len(one.drafts) if group.speculative_blocks else 0
+                for offset in range(drafts + 1):
+                    slot = self._state_slot(g, one, offset)
+                    if slot[2] > 0:
+                        self.slots[slot] = ident[one.end - 1 - drafts + offset + shift]
                 if group.checkpoint_alignment and self.checkpoints is not None:
                     position, column = self.checkpoints(one.start, one.end)
                     if position and column < len(table) and table[column]:  # null: skipped

@@ -104,6 +104,21 @@ def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
     manager._runner_checkpoints = Early(**vars(runner))
 
 
+def _kvcert_no_draft_state_blocks(wired: Any) -> None:
+    """ALLOC-SPEC-1 forgotten: a decode chunk holds its running state's block only, and the
+    integration's own check of the runner's columns is off, so the oracle must catch it."""
+    from kvcert.reference import manager as core  # noqa: PLC0415
+    from kvcert.reference.config import GroupConfig  # noqa: PLC0415
+
+    def running_state_only(
+        group: GroupConfig, end: int, decoding: bool, limit: int | None = None
+    ) -> int:
+        return -(-end // group.block_size)
+
+    vars(core)["table_end"] = running_state_only  # this process only
+    vars(wired.scheduler.kv_cache_manager)["_check_runner_columns"] = lambda *_: None
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -114,6 +129,7 @@ KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-state-source-released": _kvcert_state_source_released,
     "kvcert-tables-without-nulls": _kvcert_tables_without_nulls,
     "kvcert-checkpoint-a-block-early": _kvcert_checkpoint_a_block_early,
+    "kvcert-no-draft-state-blocks": _kvcert_no_draft_state_blocks,
 }
 # what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
 CAUGHT_AS: dict[str, str] = {
@@ -123,4 +139,5 @@ CAUGHT_AS: dict[str, str] = {
     "kvcert-state-source-released": "state",
     "kvcert-tables-without-nulls": "target",
     "kvcert-checkpoint-a-block-early": "state",
+    "kvcert-no-draft-state-blocks": "state",
 }

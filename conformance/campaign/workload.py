@@ -104,12 +104,16 @@ class Workload:
 
 
 def generate(
-    seed: int, models: tuple[str, ...] = MODELS, state_checkpoints: bool = False
+    seed: int,
+    models: tuple[str, ...] = MODELS,
+    state_checkpoints: bool = False,
+    state_drafts: bool = False,
 ) -> Workload:
     """A random workload: requests that share prefixes (so lookups hit), arriving over a few
     steps, in a pool small enough that the scheduler must preempt, with chunked prefill.
     `state_checkpoints`: a state model whose layers can save checkpoints inside a prefill
-    chunk is served so on most seeds (their own stream: no other workload changes)."""
+    chunk is served so on most seeds; `state_drafts`: half the state models' seeds decode
+    with MTP/EAGLE drafts (each from its own stream: no other workload changes)."""
     workload = _draw(random.Random(seed), seed, models, 1)
     extra = random.Random(f"kvcert-fuzz-extra:{seed}")
     draw = extra.random()
@@ -129,9 +133,16 @@ def generate(
             and model in CHECKPOINTING_MODELS
             and random.Random(f"kvcert-fuzz-checkpoints:{seed}").random() < 0.75
         )
-        return dataclasses.replace(
+        workload = dataclasses.replace(
             _draw(random.Random(seed), seed, models, unit), model=model, state_checkpoints=saves
         )
+        drafts = random.Random(f"kvcert-fuzz-state-drafts:{seed}")
+        if state_drafts and drafts.random() < 0.5:
+            spec_tokens, spec_keying = drafts.randint(1, 3), drafts.choice(SPEC_KEYINGS)
+            workload = dataclasses.replace(
+                workload, spec_tokens=spec_tokens, spec_keying=spec_keying
+            )
+        return workload
     return workload
 
 

@@ -6,9 +6,10 @@ sliding window (`SlidingWindowSpec`, `SlidingWindowMLASpec`), chunked local atte
 state (`MambaSpec`) in vLLM's `align` cache mode, where the worker copies the state from the
 previous step's column into this step's (kvcert mode align: ALLOC-HOLD-1 holds both), with
 or without the state the kernel saves inside a prefill chunk (`num_prefill_checkpoint_blocks`,
-CKPT-INNER-1: `kvcert.reference.vllm.checkpoints`). Every other spec (cross attention,
-encoder-only, sink, replayed or circular windows, HiSparse) and every other state setting
-(cache modes none and all, speculative state blocks) is refused by name: serving it would
+CKPT-INNER-1: `kvcert.reference.vllm.checkpoints`), and with the blocks MTP/EAGLE drafts'
+states are written into (`num_speculative_blocks`, ALLOC-SPEC-1). Every other spec (cross
+attention, encoder-only, sink, replayed or circular windows, HiSparse) and every other state
+setting (cache modes none and all) is refused by name: serving it would
 need semantics this integration does not implement yet, and a silently wrong table would
 corrupt outputs.
 """
@@ -52,13 +53,6 @@ def _state_mode(index: int, spec: Any) -> MambaMode:
             "manager serves mode 'align' only (vLLM's worker keeps a mode-'none' state in "
             "place in column 0, where kvcert moves it with the running state): enable prefix "
             "caching with --mamba-cache-mode align, or drop --scheduler-cls"
-        )
-    blocks = getattr(spec, "num_speculative_blocks", 0)
-    if blocks:
-        raise UnsupportedConfigError(
-            f"KV-cache group {index}: the kvcert manager does not place speculative state "
-            f"blocks (MTP/EAGLE on a state model; num_speculative_blocks={blocks}): turn "
-            "speculative decoding off or drop --scheduler-cls"
         )
     return MambaMode.ALIGN
 
@@ -113,6 +107,11 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
         mode=_state_mode(index, spec) if kind is Kind.MAMBA else None,
         draft=draft,
         name=f"vllm-group-{index}",
+        # MTP/EAGLE on a state model: the runner writes each draft's state into a block of
+        # its own after the running state's (ALLOC-SPEC-1)
+        speculative_blocks=int(getattr(first, "num_speculative_blocks", 0) or 0)
+        if kind is Kind.MAMBA
+        else 0,
     )
 
 

@@ -223,6 +223,12 @@ class KVCacheManager:
         self._seen: dict[str, tuple[list[int], int]] = {}
         self._sizes = [g.block_size for g in self.core.config.groups]
         self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
+        # the block size of the state groups when each keeps blocks for drafts' states (the
+        # runner then copies the state at a boundary accepted drafts cross), else 0
+        states = [g for g in self.core.config.groups if g.kind is Kind.MAMBA]
+        sizes = {g.block_size for g in states}
+        spare = bool(states) and all(g.speculative_blocks for g in states)
+        self._draft_state_block = sizes.pop() if spare and len(sizes) == 1 else 0
         self._runner_checkpoints = RunnerCheckpoints.of(
             kv_cache_config,
             hash_block_size=hash_block_size,
@@ -404,7 +410,7 @@ class KVCacheManager:
                 f"{result.hit} tokens now; look the request up again before allocating"
             )
         tables = result.tables or ()
-        self._check_runner_columns(rid, hit, hit + num_new_tokens, checkpoint)
+        self._check_runner_columns(request, hit, hit + num_new_tokens, checkpoint)
         self._saw(rid, tables)
         self._note_new(result)
         start = [len(t) - len(n) for t, n in zip(tables, result.new_blocks, strict=True)]
@@ -438,13 +444,26 @@ class KVCacheManager:
         if budget < 1:  # only draft (or diffusion canvas) positions: slots, nothing computed
             return self._handed_out(rid, self.core.reserve(rid, slots))
         start = request.num_computed_tokens
-        checkpoint = self._checkpoint(request, start, end, real_end)
+        checkpoint = self._checkpoint(request, start, end, real_end) or self._crossed(
+            computed, real_end, appended
+        )
         result = self.core.extend(
             rid, budget, appended, max(slots - real_end, 0), checkpoint=checkpoint
         )
         if isinstance(result, Scheduled):
-            self._check_runner_columns(rid, start, end, checkpoint)
+            self._check_runner_columns(request, start, end, checkpoint)
         return self._handed_out(rid, result)
+
+    def _crossed(self, computed: int, end: int, appended: Sequence[int]) -> int:
+        """ALLOC-SPEC-2: for a decode chunk [computed, end) holding drafts the last step
+        accepted, the block boundary they crossed, whose state vLLM's runner copied into that
+        boundary's block when it verified them (`postprocess_mamba`), as the reference's
+        `checkpoint=`; 0 when they crossed none (or the state groups keep no draft blocks)."""
+        size = self._draft_state_block
+        if not (size and appended) or end - computed < 2:
+            return 0
+        boundary = (end - 1) // size * size
+        return boundary if boundary > computed else 0
 
     def _checkpoint(self, request: Any, start: int, end: int, real_end: int) -> int:
         """The inner checkpoint of vLLM's chunk [start, end) (`kvcert.reference.vllm.
@@ -455,22 +474,41 @@ class KVCacheManager:
         position = self._runner_checkpoints.checkpoint(start, end, prefill_end)
         return position if start < position < real_end else 0
 
-    def _check_runner_columns(self, rid: str, start: int, end: int, checkpoint: int) -> None:
-        """Where the runner will save state for the chunk [start, end), kvcert's table holds
-        the checkpoint block or the null block (the runner then skips): never a block that
-        holds another position's state. A violation is a bug here, raised, never served."""
-        if self._runner_checkpoints is None or not self.core.is_running(rid):
+    def _check_runner_columns(self, request: Any, start: int, end: int, checkpoint: int) -> None:
+        """Where the runner will put state for the chunk [start, end) (vLLM's count, drafts
+        included), kvcert's table holds a block of the request's own: the running state's
+        and each scheduled draft's (ALLOC-SPEC-1), and at a prefill checkpoint's column the
+        checkpoint block, the null block (the runner then skips) or a draft's scratch block
+        (rewritten before it is ever registered); never a block that holds another
+        position's state. A violation is a bug here, raised, never served."""
+        rid = request.request_id
+        if not self._has_state or not self.core.is_running(rid):
+            return
+        groups = self.core.config.groups
+        states = [
+            (g, t) for g, t in zip(groups, self.core.block_tables(rid), strict=True)
+            if g.kind is Kind.MAMBA
+        ]  # fmt: skip
+        # the drafts vLLM schedules: what the chunk holds past the known and in-flight tokens
+        placeholders = getattr(request, "num_output_placeholders", 0) or 0
+        drafts = max(0, end - request.num_tokens - placeholders)
+        for group, table in states:
+            running = -(-end // group.block_size) - 1
+            kept = min(drafts, group.speculative_blocks)  # the runner keeps this many drafts'
+            columns = table[running : running + kept + 1]
+            if len(columns) <= kept or not all(columns):
+                raise IntegrationError(
+                    f"request {rid!r}: vLLM's runner puts the state of the chunk [{start}, "
+                    f"{end}) and of {kept} of its drafts in table columns {running}.."
+                    f"{running + kept}, where kvcert's table holds the null block"
+                )
+        if self._runner_checkpoints is None:
             return
         saved = self._runner_checkpoints.written(start, end)
-        if not any(position for position, _ in saved):
-            return
-        tables = self.core.block_tables(rid)
-        states = [
-            t for g, t in zip(self.core.config.groups, tables, strict=True) if g.kind is Kind.MAMBA
-        ]
-        for table, (position, column) in zip(states, saved, strict=True):
+        for (group, table), (position, column) in zip(states, saved, strict=True):
             block = table[column] if 0 <= column < len(table) else 0
-            if position and block and position != checkpoint:
+            scratch = group.speculative_blocks and self.core.pool.key_of(block) is None
+            if position and block and position != checkpoint and not scratch:
                 raise IntegrationError(
                     f"request {rid!r}: vLLM's runner will save the state after {position} "
                     f"tokens into block {block} (table column {column}), which kvcert holds "
@@ -500,7 +538,7 @@ class KVCacheManager:
         result = self.core.reserve(rid, slots, chunk_end=end, checkpoint=checkpoint)
         if not isinstance(result, Scheduled):
             return None
-        self._check_runner_columns(rid, start, end, checkpoint)
+        self._check_runner_columns(request, start, end, checkpoint)
         self._pending.setdefault(rid, deque()).append((end, slots, self.core.step, checkpoint))
         return self._handed_out(rid, result)
 
@@ -529,7 +567,8 @@ class KVCacheManager:
                 appended,
                 max(slots - real_end, 0),
                 step=step,
-                checkpoint=checkpoint if computed < checkpoint < real_end else 0,
+                checkpoint=(checkpoint if computed < checkpoint < real_end else 0)
+                or self._crossed(computed, real_end, appended),
             )
             if not isinstance(result, Scheduled) or any(result.new_blocks):
                 raise IntegrationError(
@@ -621,8 +660,11 @@ class KVCacheManager:
     def _accept_verified(self, request: Any) -> None:
         """Draft tokens the last step verified and accepted count as computed (the allocator
         counted only the tokens known when the step was scheduled), so a request released
-        now leaves the blocks they complete hittable."""
+        now leaves the blocks they complete hittable. Not for a state hybrid: its state
+        groups checkpoint only where a chunk ends, and no chunk ended after those drafts."""
         rid = request.request_id
+        if self._has_state:  # a state group keeps no state for them (the reference refuses)
+            return
         if not self.core.is_running(rid) or self.core.in_flight(rid) or rid in self._pending:
             return  # a step still runs for it: its output decides
         computed, known = self.core.progress(rid)

@@ -168,3 +168,49 @@ def test_a_checkpoint_no_pass_saved_is_an_unsound_hit():
         _, violation = ledger.forward(s, s.step({"b": 2}, new=("b",)), 1)
         assert violation is not None
         assert "holds no state any forward pass wrote" in violation.text
+
+
+def _drafting_pass(rid: str, start: int, known: list[int], drafts: list[int], table: list[int]):
+    from kvcert.conformance.campaign.vllm_loop import _Pass
+
+    return _Pass(rid, 0, start, 1 + len(drafts), known, drafts, (table,))
+
+
+def test_drafts_states_follow_the_running_state_and_the_accepted_one_is_read():
+    """vLLM's align-mode runner with drafts (S=2, B=4): a pass verifying drafts 6 and 7 after
+    token 5 writes the states after positions 4, 5 and 6 into blocks 1, 2 and 3; one draft
+    accepted, the next pass runs in block 2 and starts from the state after position 5 there
+    (the accepted one), not from block 1's."""
+    from kvcert.conformance.campaign.vllm_loop import identities
+
+    ledger = Ledger([_Group(BLOCK, "mamba", speculative_blocks=2)])
+    table = [10, 11, 12, 13, 14]
+    first = _drafting_pass("a", 4, [1, 2, 3, 4, 5], [6, 7], table)
+    ledger._carry_states([first])
+    ledger._write(first, "t", identities([1, 2, 3, 4, 5, 6, 7], 7), 0)
+    ran = identities([1, 2, 3, 4, 5, 6, 7], 7)
+    assert [ledger.slots.get((0, "s", b, 0)) for b in (11, 12, 13)] == ran[4:7]
+    ledger._settle_state(first, 2)  # draft 6 and the bonus token: reaches no boundary
+    second = _drafting_pass("a", 6, [1, 2, 3, 4, 5, 6, 9], [8, 8], table)
+    ledger._carry_states([second])
+    assert ledger.state_read["a"] == 2
+    assert ledger._check_reads(second) is None
+
+
+def test_the_state_at_a_boundary_accepted_drafts_cross_is_copied_to_its_block():
+    """postprocess_mamba (S=2, B=4): a pass verifying drafts 8 and 9 after token 7 runs in
+    block 2; with draft 8 accepted the tokens reach 8, so the state after position 7 (block
+    3, the first draft's) is copied into block 1, the boundary's, where a hit of 8 reads it."""
+    from kvcert.conformance.campaign.vllm_loop import identities
+
+    ledger = Ledger([_Group(BLOCK, "mamba", speculative_blocks=2)])
+    tokens = [1, 2, 3, 4, 5, 6, 7]
+    one = _drafting_pass("a", 6, tokens, [8, 9], [10, 11, 12, 13, 14])
+    ledger._carry_states([one])
+    ledger._write(one, "t", identities([*tokens, 8, 9], 9), 0)
+    ledger._settle_state(one, 2)
+    assert ledger.slots[(0, "s", 11, 0)] == identities([*tokens, 8], 8)[7]
+    assert ledger.state_accepted["a"] == 2  # the copy went to another block: read in place
+    hit = _drafting_pass("b", 8, [*tokens, 8, 5], [], [0, 11, 20])
+    ledger._carry_states([hit])
+    assert ledger._check_reads(hit) is None

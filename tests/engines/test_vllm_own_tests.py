@@ -50,13 +50,12 @@ def test_the_readme_quotes_the_published_counts() -> None:
     assert numbers.groups() == summary.groups()
     counts = {why: int(n) for n, why in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)}
     vis = sum(n for why, n in counts.items() if why.startswith("ALLOC-VIS-1"))
-    state_blocks = sum(
-        n for why, n in counts.items() if why.startswith("refused: speculative state blocks")
+    internals = sum(
+        n for why, n in counts.items() if why.startswith("reads vLLM's manager internals")
     )
     drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
     quoted = " ".join(quoted.split())  # the README's line breaks are not part of a claim
-    claim = "speculative state blocks, which kvcert does not place yet, alone account"
-    assert f"{claim} for {state_blocks};" in quoted
+    assert f"under its reason: {internals} tests reading vLLM's manager internals" in quoted
     assert f"{vis} tests that expect hits on blocks no step has written yet, or KV events" in quoted
     assert (f"and {drafts} where a request finishing" in quoted) == (drafts > 0)
     row = re.search(r"^\| `test_async_scheduler\.py` \| (\d+) \| \d+ \| (\d+) \|$", text, re.M)
@@ -112,16 +111,20 @@ def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
     assert report["unreachable"] == {}  # every workload is served, state hybrids included
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     quoted = readme.split("<!-- fuzz-kvcert:")[1].split("CI runs 400 seeds")[0]
-    workloads = [generate(seed, state_checkpoints=True) for seed in range(report["runs"])]
+    workloads = [
+        generate(seed, state_checkpoints=True, state_drafts=True) for seed in range(report["runs"])
+    ]
     asynchronous = [w for w in workloads if w.async_scheduling]
     drafting = sum(1 for w in asynchronous if w.spec_tokens)
-    state = sum(1 for w in workloads if w.model in STATE_MODELS)
+    state = [w for w in workloads if w.model in STATE_MODELS]
     saving = sum(1 for w in workloads if w.state_checkpoints)
+    state_drafting = sum(1 for w in state if w.spec_tokens)
     assert (
         f"all {report['runs']:,} workloads played ({len(asynchronous)} with asynchronous "
-        f"scheduling, {drafting} of them with speculative decoding; {state} state hybrids in "
-        f"Mamba align mode, {saving} of them on a backend that saves checkpoints inside a "
-        f"prefill), {report['preemptions']:,} preemptions, "
+        f"scheduling, {drafting} of them with speculative decoding; {len(state)} state hybrids "
+        f"in Mamba align mode, {saving} of them on a backend that saves checkpoints inside a "
+        f"prefill, {state_drafting} decoding with MTP/EAGLE drafts), "
+        f"{report['preemptions']:,} preemptions, "
         f"{report['hit_tokens']:,} hit tokens, {report['accepted']:,} of "
         f"{report['drafts']:,} drafts accepted, **0 findings**"
     ) in quoted

@@ -232,9 +232,8 @@ REASONS: list[tuple[str, str, str]] = [
         "Mamba align-mode partial-tail and shared-prefix (junction) checkpoints, internal "
         "prefill checkpoint blocks, speculative relocation and reachability masks: the vectors' "
         "state cases and the campaign's state hybrids (pass-end checkpoints, no drafter) do "
-        "not reach them; speculative decoding on state hybrids is open in the campaign's "
-        "ledger, and in-pass checkpoints are played only with --state-checkpoints (not in "
-        "this measurement)",
+        "not reach them; in-pass checkpoints and drafts on state hybrids are played only "
+        "with --state-checkpoints and --state-drafts (not in this measurement)",
     ),
     (
         r"resolve_|capacity|concurrency|device_name|dcp|partial_hash_hits_enabled|"

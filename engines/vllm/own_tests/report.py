@@ -40,15 +40,6 @@ REASONS: list[tuple[str, str]] = [
         "refused: a state group in mamba_cache_mode {0} (the integration serves align)",
     ),
     (
-        r"does not place speculative state blocks",
-        "refused: speculative state blocks (MTP/EAGLE on a state model, "
-        "num_speculative_blocks > 0)",
-    ),
-    (
-        r"does not place prefill checkpoint state blocks",
-        "refused: prefill-checkpoint state blocks (num_prefill_checkpoint_blocks > 0)",
-    ),
-    (
         r"does not support shared-prefix state checkpoints",
         "refused: vLLM's sub-block shared-prefix state checkpoints "
         "(enable_mamba_shared_prefix_checkpoint; kvcert's block-aligned junction is served)",
