@@ -103,31 +103,47 @@ def random_traces(
         )
 
 
+BASES = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
+
+
+def _align_layout(rnd: random.Random, spare: int = 0) -> Layout:
+    """A random layout with a state group in mode align (its blocks `spare` speculative
+    ones), sometimes a second one, full attention and sometimes a sliding window."""
+    size = rnd.choice([2, 4])
+    groups: list[Group] = [MambaState(size, MambaMode.ALIGN, speculative_blocks=spare)]
+    if rnd.random() < 0.3:
+        groups.append(MambaState(size * 2, MambaMode.ALIGN, speculative_blocks=spare))
+    groups.append(FullAttention(rnd.choice([1, 2, 4])))
+    if rnd.random() < 0.4:
+        groups.append(SlidingWindow(rnd.choice([2, 4]), rnd.randint(2, 9)))
+    rnd.shuffle(groups)
+    return Layout(tuple(groups))
+
+
+def _admitting(
+    rnd: random.Random, layout: Layout, chance: float | None = None
+) -> Callable[[spec.State, str], spec.Op]:
+    """Admissions of a random prefix of BASES whose first chunk names an inner checkpoint
+    (`_pick`), only `chance` of the time when given."""
+
+    def admit(state: spec.State, rid: str) -> spec.Op:
+        tokens = rnd.choice(BASES)[: rnd.randint(1, 40)]
+        budget = rnd.randint(1, 40)
+        hit = spec.lookup(state, tokens, ())[0]
+        end = hit + min(budget, len(tokens) - hit)
+        picked = chance is None or rnd.random() < chance
+        return spec.Admit(rid, tokens, budget, (), 0, _pick(rnd, layout, hit, end) if picked else 0)
+
+    return admit
+
+
 def checkpoint_traces(count: int, first_seed: int) -> Iterator[JSON]:
     """Seeded random traces over layouts with a state group in mode align whose chunks name
     inner checkpoints (CKPT-INNER-1) where they have one, half the time."""
-    bases = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
     for n in range(count):
         rnd = random.Random(first_seed + n)
-        size = rnd.choice([2, 4])
-        groups: list[Group] = [MambaState(size, MambaMode.ALIGN)]
-        if rnd.random() < 0.3:
-            groups.append(MambaState(size * 2, MambaMode.ALIGN))
-        groups.append(FullAttention(rnd.choice([1, 2, 4])))
-        if rnd.random() < 0.4:
-            groups.append(SlidingWindow(rnd.choice([2, 4]), rnd.randint(2, 9)))
-        rnd.shuffle(groups)
-        layout = Layout(tuple(groups))
+        layout = _align_layout(rnd)
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40)))
-
-        def admit(
-            state: spec.State, rid: str, rnd: random.Random = rnd, layout: Layout = layout
-        ) -> spec.Op:
-            tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
-            budget = rnd.randint(1, 40)
-            hit = spec.lookup(state, tokens, ())[0]
-            end = hit + min(budget, len(tokens) - hit)
-            return spec.Admit(rid, tokens, budget, (), 0, _pick(rnd, layout, hit, end))
 
         def extend(
             rid: str, request: spec.Request, rnd: random.Random = rnd, layout: Layout = layout
@@ -140,7 +156,7 @@ def checkpoint_traces(count: int, first_seed: int) -> Iterator[JSON]:
             checkpoint = _pick(rnd, layout, request.computed, end)
             return spec.Extend(rid, budget, appended, 0, checkpoint)
 
-        state, ops = _play(rnd, state, admit, extend)
+        state, ops = _play(rnd, state, _admitting(rnd, layout), extend)
         yield alloc_case(f"alloc.random-checkpoints.{n:03d}", layout, state.config.num_blocks, ops)
 
 
@@ -154,31 +170,12 @@ def speculative_state_traces(count: int, first_seed: int) -> Iterator[JSON]:
     """Seeded random traces over layouts whose state groups keep blocks for the states after
     draft tokens (ALLOC-SPEC-1), decoding with as many speculative slots as they keep (or
     fewer), naming inner checkpoints (CKPT-INNER-1) a third of the time a prefill chunk can
-    and half the time a decode chunk crosses a boundary (ALLOC-SPEC-2)."""
-    bases = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
+    and most times a decode chunk crosses a boundary (ALLOC-SPEC-2)."""
     for n in range(count):
         rnd = random.Random(first_seed + n)
-        size = rnd.choice([2, 4])
         spare = rnd.randint(1, 3)
-        groups: list[Group] = [MambaState(size, MambaMode.ALIGN, speculative_blocks=spare)]
-        if rnd.random() < 0.3:
-            groups.append(MambaState(size * 2, MambaMode.ALIGN, speculative_blocks=spare))
-        groups.append(FullAttention(rnd.choice([1, 2, 4])))
-        if rnd.random() < 0.4:
-            groups.append(SlidingWindow(rnd.choice([2, 4]), rnd.randint(2, 9)))
-        rnd.shuffle(groups)
-        layout = Layout(tuple(groups))
+        layout = _align_layout(rnd, spare)
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(10, 48)))
-
-        def admit(
-            state: spec.State, rid: str, rnd: random.Random = rnd, layout: Layout = layout
-        ) -> spec.Op:
-            tokens = rnd.choice(bases)[: rnd.randint(1, 40)]
-            budget = rnd.randint(1, 40)
-            hit = spec.lookup(state, tokens, ())[0]
-            end = hit + min(budget, len(tokens) - hit)
-            checkpoint = _pick(rnd, layout, hit, end) if rnd.random() < 0.66 else 0
-            return spec.Admit(rid, tokens, budget, (), 0, checkpoint)
 
         def extend(
             rid: str,
@@ -192,11 +189,11 @@ def speculative_state_traces(count: int, first_seed: int) -> Iterator[JSON]:
                 end = request.computed + len(appended)
                 # the boundary accepted drafts crossed, saved when they were verified
                 crossed = spec.allowed_checkpoints(layout, request.computed, end, decoding=True)
-                checkpoint = rnd.choice(crossed) if crossed and rnd.random() < 0.5 else 0
+                checkpoint = rnd.choice(crossed) if crossed and rnd.random() < 0.8 else 0
                 return spec.Extend(rid, len(appended), appended, rnd.randint(0, spare), checkpoint)
             return spec.Extend(rid, rnd.randint(1, 12))
 
-        state, ops = _play(rnd, state, admit, extend)
+        state, ops = _play(rnd, state, _admitting(rnd, layout, 0.66), extend)
         yield alloc_case(
             f"alloc.random-speculative-state.{n:03d}", layout, state.config.num_blocks, ops
         )
