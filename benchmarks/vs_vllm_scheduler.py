@@ -18,7 +18,9 @@ qwen3.5-0.8b` plays the same shape on the Gated DeltaNet hybrid (Mamba align mod
 blocks): every length scaled by block / 16, so the prompts span the same number of blocks;
 with `--state-checkpoints` its GDN layers save state inside a prefill chunk as 0.33's
 FlashInfer kernel does (`num_prefill_checkpoint_blocks=1`), so vLLM's scheduler sends each
-prompt in one chunk and each manager reserves the state block the runner saves.
+prompt in one chunk and each manager reserves the state block the runner saves. `--drafts N`
+decodes with N EAGLE/MTP drafts per step, every one accepted (on a state model its GDN layers
+then keep N blocks for the drafts' states, `num_speculative_blocks`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def workload(
     output: int,
     asynchronous: bool = False,
     model: str = "gpt-oss-20b",
+    *,
     checkpoints: bool = False,
+    drafts: int = 0,
 ) -> Workload:
     unit = state_block_size(model) // 16 if model in STATE_MODELS else 1
     system = tuple(1 + i % 1024 for i in range(1024 * unit))
@@ -68,11 +72,14 @@ def workload(
         long_prefill=0,
         arrivals=arrivals,
         state_checkpoints=checkpoints,
+        spec_tokens=drafts,
     )
 
 
 def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
     """(seconds, hit tokens, steps) for the whole workload."""
+    from vllm.v1.outputs import DraftTokenIds  # type: ignore[import-not-found]  # noqa: PLC0415
+
     v = wiring.modules()
     pending = list(load.arrivals)
     hits = steps = 0
@@ -89,7 +96,13 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
         hits += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
         ids = list(output.num_scheduled_tokens)
         done = [scheduler.requests[r] for r in ids]
-        sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in done]
+        verified = output.scheduled_spec_decode_tokens  # every draft accepted, then token 7
+        sampled = [
+            [11] * len(verified.get(r.request_id, ())) + [7]
+            if r.num_computed_tokens >= r.num_tokens
+            else []
+            for r in done
+        ]
         index = {r: i for i, r in enumerate(ids)}
         runner = v["ModelRunnerOutput"](
             req_ids=ids, sampled_token_ids=sampled, req_id_to_index=index
@@ -98,6 +111,10 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
             unread.append((output, runner))
         if unread and (len(unread) > load.async_scheduling or not ids):
             scheduler.update_from_output(*unread.pop(0))
+            if load.spec_tokens and not load.async_scheduling:  # the drafter's next drafts
+                running = [r for r in ids if r in scheduler.requests]
+                drafts = [[11] * load.spec_tokens for _ in running]
+                scheduler.update_draft_token_ids(DraftTokenIds(running, drafts))
         steps += 1
     return time.perf_counter() - start, hits, steps
 
@@ -108,13 +125,22 @@ def main() -> int:
     parser.add_argument("--model", default="gpt-oss-20b", help="gpt-oss-20b or qwen3.5-0.8b")
     parser.add_argument("--state-checkpoints", action="store_true",
                         help="the state layers save checkpoints inside a prefill")  # fmt: skip
+    parser.add_argument("--drafts", type=int, default=0,
+                        help="EAGLE/MTP drafts per decode step, all accepted")  # fmt: skip
     args = parser.parse_args()
     if args.state_checkpoints and args.model not in STATE_MODELS:
         parser.error(f"--state-checkpoints needs a state model ({', '.join(STATE_MODELS)})")
     rounds = 1 if args.quick else 5
     for asynchronous in (False, True):
         requests, output = (16, 8) if args.quick else (64, 64)
-        load = workload(requests, output, asynchronous, args.model, args.state_checkpoints)
+        load = workload(
+            requests,
+            output,
+            asynchronous,
+            args.model,
+            checkpoints=args.state_checkpoints,
+            drafts=args.drafts,
+        )
         times: dict[str, list[float]] = {"vLLM": [], "kvcert": []}
         seen: dict[str, tuple[int, int]] = {}
         for _ in range(rounds):
@@ -129,6 +155,7 @@ def main() -> int:
         ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
         mode = "asynchronous" if asynchronous else "synchronous"
         saving = ", checkpoints inside prefills" if args.state_checkpoints else ""
+        saving += f", {args.drafts} drafts per step" if args.drafts else ""
         print(f"{args.model}{saving}, {mode}: {len(load.arrivals)} requests, {rounds} "
               f"round(s), hits (tokens, steps): {seen}")  # fmt: skip
         print(

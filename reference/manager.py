@@ -49,6 +49,7 @@ from kvcert.reference.keyindex import ServedMap
 TOKEN_LIMIT = 2**63
 LIST_OR_TUPLE = (list, tuple)
 SIGN_BYTE = 7 if sys.byteorder == "little" else 0  # of an int64 in native order
+SHORT = 16  # token lists this short are checked id by id (packing costs more)
 NO_POSITIONS: list[int] = []  # shared, never mutated: a group that needs no new block
 
 
@@ -92,6 +93,12 @@ def token_ids(tokens: object, what: str) -> array[int]:
     """`tokens` as an int64 array of ids in [0, 2**63); RequestStateError naming the first bad
     one. Packing checks types and the upper bound in C; a negative id is one whose most
     significant byte has its top bit set (not ASCII), also checked in C."""
+    if (  # a step's sampled tokens: checked one by one, packing costs more
+        type(tokens) is list
+        and len(tokens) <= SHORT
+        and all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in tokens)
+    ):
+        return array("q", tokens)
     if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | array):
         raise RequestStateError(
             f"{what} must be a sequence of token ids (integers), got {type(tokens).__name__}"
@@ -1183,6 +1190,18 @@ class KVCacheManager:
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
         return tuple(tuple(t) for t in self._running(rid).tables)
+
+    def block_at(self, rid: str, group: int, position: int) -> int:
+        """The block running request `rid` holds at `position` of group `group`'s table
+        (NULL_BLOCK where it holds none, or past the table's end)."""
+        table = self._running(rid).tables[group]
+        return table[position] if 0 <= position < len(table) else NULL_BLOCK
+
+    def holds(self, rid: str, group: int, start: int, stop: int) -> bool:
+        """Whether running request `rid` holds a block at every position in [start, stop) of
+        group `group`'s table."""
+        table = self._running(rid).tables[group]
+        return start >= 0 and stop <= len(table) and NULL_BLOCK not in table[start:stop]
 
     def stats(self) -> Stats:
         """Pool and hit counters."""

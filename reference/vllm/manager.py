@@ -225,9 +225,13 @@ class KVCacheManager:
         self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
         # the block size of the state groups when each keeps blocks for drafts' states (the
         # runner then copies the state at a boundary accepted drafts cross), else 0
-        states = [g for g in self.core.config.groups if g.kind is Kind.MAMBA]
-        sizes = {g.block_size for g in states}
-        spare = bool(states) and all(g.speculative_blocks for g in states)
+        self._state_groups = [
+            (g, group)
+            for g, group in enumerate(self.core.config.groups)
+            if group.kind is Kind.MAMBA
+        ]
+        sizes = {group.block_size for _, group in self._state_groups}
+        spare = all(group.speculative_blocks for _, group in self._state_groups)
         self._draft_state_block = sizes.pop() if spare and len(sizes) == 1 else 0
         self._runner_checkpoints = RunnerCheckpoints.of(
             kv_cache_config,
@@ -484,19 +488,13 @@ class KVCacheManager:
         rid = request.request_id
         if not self._has_state or not self.core.is_running(rid):
             return
-        groups = self.core.config.groups
-        states = [
-            (g, t) for g, t in zip(groups, self.core.block_tables(rid), strict=True)
-            if g.kind is Kind.MAMBA
-        ]  # fmt: skip
         # the drafts vLLM schedules: what the chunk holds past the known and in-flight tokens
         placeholders = getattr(request, "num_output_placeholders", 0) or 0
         drafts = max(0, end - request.num_tokens - placeholders)
-        for group, table in states:
+        for g, group in self._state_groups:
             running = -(-end // group.block_size) - 1
             kept = min(drafts, group.speculative_blocks)  # the runner keeps this many drafts'
-            columns = table[running : running + kept + 1]
-            if len(columns) <= kept or not all(columns):
+            if not self.core.holds(rid, g, running, running + kept + 1):
                 raise IntegrationError(
                     f"request {rid!r}: vLLM's runner puts the state of the chunk [{start}, "
                     f"{end}) and of {kept} of its drafts in table columns {running}.."
@@ -505,8 +503,8 @@ class KVCacheManager:
         if self._runner_checkpoints is None:
             return
         saved = self._runner_checkpoints.written(start, end)
-        for (group, table), (position, column) in zip(states, saved, strict=True):
-            block = table[column] if 0 <= column < len(table) else 0
+        for (g, group), (position, column) in zip(self._state_groups, saved, strict=True):
+            block = self.core.block_at(rid, g, column)
             scratch = group.speculative_blocks and self.core.pool.key_of(block) is None
             if position and block and position != checkpoint and not scratch:
                 raise IntegrationError(
