@@ -314,7 +314,7 @@ def positions_read(
         state align/none    position 4       (the state at 70 is the running state)
         cross               nothing
 
-    pre: 0 <= computed < end and (limit is None or end <= limit)
+    pre: 0 <= computed < end
     post: isinstance(group, CrossAttention) or __return__.stop == span(group, end, decoding, limit)
     """
     if isinstance(group, CrossAttention):
@@ -342,7 +342,7 @@ def positions_written(
 
         B=16, tokens [40, 80):   attention, state all: positions 2..4;  align/none: 4
 
-    pre: 0 <= computed < end and (limit is None or end <= limit)
+    pre: 0 <= computed < end
     post: isinstance(group, CrossAttention) or __return__.stop == span(group, end, decoding, limit)
     """
     if isinstance(group, CrossAttention):
