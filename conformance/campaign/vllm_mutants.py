@@ -109,11 +109,12 @@ def _kvcert_no_draft_state_blocks(wired: Any) -> None:
     integration's own check of the runner's columns is off, so the oracle must catch it."""
     from kvcert.reference import manager as core  # noqa: PLC0415
     from kvcert.reference.config import GroupConfig  # noqa: PLC0415
+    from kvcert.reference.groups import table_end  # noqa: PLC0415
 
     def running_state_only(
         group: GroupConfig, end: int, decoding: bool, limit: int | None = None
     ) -> int:
-        return -(-end // group.block_size)
+        return table_end(group, end, False, limit)  # every chunk as a prefill one
 
     vars(core)["table_end"] = running_state_only  # this process only
     vars(wired.scheduler.kv_cache_manager)["_check_runner_columns"] = lambda *_: None

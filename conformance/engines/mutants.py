@@ -170,7 +170,7 @@ class SpeculativeBlocksIgnoredEngine(Mutant):
 
     def injected(self) -> AbstractContextManager[None]:
         def running_state_only(group: Any, end: int, decoding: bool, limit: Any = None) -> int:
-            return int(-(-end // group.block_size))
+            return groups.table_end(group, end, False, limit)  # every chunk as a prefill one
 
         return patched(manager, "table_end", running_state_only)
 
