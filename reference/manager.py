@@ -173,6 +173,9 @@ class _Request:
         "lookahead",
         "pipelined",
         "quiet_end",
+        "quiet_slots",
+        "quiet_slots_floor",
+        "quiet_state",
         "registered",
         "scheduled",
         "tables",
@@ -197,7 +200,10 @@ class _Request:
         self.tables: list[list[int]] = []
         self.registered: list[int] = []  # per group, positions already considered for caching
         self.held_from: list[int] = []  # per group, every earlier position holds the null block
-        self.quiet_end = 0  # a decode step computing a position below this changes no table
+        # a decode step [c, e) holding slots up to e + L changes no table while
+        # e <= quiet_end, pipelined <= quiet_state and quiet_slots_floor <= e + L <= quiet_slots
+        self.quiet_end = self.quiet_state = 0
+        self.quiet_slots = self.quiet_slots_floor = 0
         self.commit_at = 0  # no block is committed before `computed` reaches this
         self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
 
@@ -256,18 +262,20 @@ class KVCacheManager:
             for g, group in enumerate(config.groups)
         ]
         # _plan_quiet's view of the groups: (index, group, block size, whether it releases,
-        # speculative blocks)
+        # whether it holds state, speculative blocks)
         self._quiet_groups = [
             (
                 g,
                 group,
                 group.block_size,
                 first_release(group, 0) is not None,
+                group.kind is Kind.MAMBA,
                 group.speculative_blocks,
             )
             for g, group in enumerate(config.groups)
             if group.kind is not Kind.CROSS
         ]
+        self._quiet_steps = {1: self._decode_step}  # what a quiet step of n tokens returns
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -696,8 +704,8 @@ class KVCacheManager:
         if lookahead == request.lookahead and pipelined == request.pipelined:
             return Scheduled(0, 0, self._no_blocks)
         if self._holds_slots(request, request.computed + request.scheduled + lookahead, pipelined):
-            request.lookahead, request.pipelined = lookahead, pipelined  # releases nothing
-            self._plan_quiet(request)
+            # releases nothing, changes no table: the quiet bounds stand
+            request.lookahead, request.pipelined = lookahead, pipelined
             return Scheduled(0, 0, self._no_blocks)
         return self._reserve_slow(request, lookahead, pipelined)
 
@@ -776,24 +784,37 @@ class KVCacheManager:
         saves in passing (CKPT-INNER-1), or 0."""
         request = self._requests.get(rid) if type(rid) is str else None
         if (
-            request is not None  # the decode fast path: one token that changes no table
-            and request.computed == len(request.tokens) < request.quiet_end  # nothing in flight
-            and (step is None or (type(step) is int and 0 <= step <= self._step))
-            and type(budget) is int
-            and budget > 0
-            and not lookahead
-            and type(lookahead) is int
-            and not checkpoint
+            request is not None  # the decode fast path: sampled tokens that change no table
+            and (computed := request.computed) == len(request.tokens)  # nothing in flight
             and type(appended) in LIST_OR_TUPLE
-            and len(appended) == 1
-            and type(token := appended[0]) is int
-            and 0 <= token < TOKEN_LIMIT
+            and (end := computed + (count := len(appended))) <= request.quiet_end
+            and request.pipelined <= request.quiet_state  # a chunk reserved may end later
+            and type(budget) is int
+            and 0 < count <= budget
+            and type(lookahead) is int
+            and (
+                request.quiet_slots_floor <= end  # quiet_end bounds end + 0 from above
+                if not lookahead
+                else lookahead > 0
+                and request.quiet_slots_floor <= end + lookahead <= request.quiet_slots
+            )
+            and (step is None or (type(step) is int and 0 <= step <= self._step))
+            and not checkpoint
+            and (
+                (type(token := appended[0]) is int and 0 <= token < TOKEN_LIMIT)
+                if count == 1
+                else all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in appended)
+            )
         ):
-            request.tokens.append(token)
-            request.scheduled = 1
-            request.lookahead = 0  # a reserved slot (at most one) is the position computed
+            if count == 1:
+                request.tokens.append(token)
+            else:
+                request.tokens.extend(appended)
+            request.scheduled = count
+            request.lookahead = lookahead
+            request.decoding = True  # as the general path sets it; the bounds assumed it
             self._in_flight[rid] = self._step if step is None else step
-            return self._decode_step
+            return self._decode_step if count == 1 else self._quiet_step(count)
         request = self._running(rid)
         if appended and not _one_token(appended):  # one sampled token: checked just there
             appended = token_ids(appended, "appended tokens")
@@ -899,33 +920,51 @@ class KVCacheManager:
         self._give_back(released, cold=True)
 
     def _plan_quiet(self, request: _Request) -> None:
-        """Set `quiet_end`: while a one-token step (no lookahead) computes a position below
-        it, ALLOC-HOLD-1/WRITE-1/SKIP-1 change nothing in the tables, so `extend` only
-        appends the token. Per group that is below the first position holding no block (a
-        write there needs one) and below the first position whose computation moves the
-        kept range past the first held block (a release); and below max_model_len (a longer
-        request is refused). A lookahead of more than one slot closes the path until a step
-        without one; a single slot is the position the next one-token step computes. A state
-        group with speculative blocks needs them S tokens ahead (ALLOC-SPEC-1)."""
-        if request.lookahead > 1:
-            request.quiet_end = 0
-            return
-        end = self.config.max_model_len or TOKEN_LIMIT
+        """Set the bounds within which a decode step changes no table, so that `extend` only
+        appends its tokens. A step computing [c, e) with slots up to e + L (lookahead) keeps
+        the tables as they are when, per group: every position ALLOC-WRITE-1 asks for holds a
+        block already, below the first position from c on that holds none (an attention
+        group's up to e + L; a state group's up to its chunk's end, the later of e and where a
+        chunk reserved earlier ends, `pipelined`, taken as decoding for ALLOC-SPEC-1, whose
+        max_model_len cap only lowers it); an attention group holds no position past them (a
+        shrunk lookahead would release it; a state group's positions only grow with its end);
+        and c is below the first `computed` whose step no longer reads the first held position
+        (ALLOC-HOLD-1, ALLOC-SKIP-1; asked of e > c, so that one bound covers it). And e stays
+        within max_model_len. The bounds depend on neither the lookahead nor `pipelined`, so a
+        `reserve` that changes no table keeps them. An open inner checkpoint's block is held
+        already and neither path drops it."""
+        slots = state_end = TOKEN_LIMIT
+        end, slots_floor = self.config.max_model_len or TOKEN_LIMIT, 0
         computed = request.computed + request.scheduled
         tables, lows = request.tables, request.held_from
-        for g, group, size, releases, spare in self._quiet_groups:
+        for g, group, size, releases, state, spare in self._quiet_groups:
             table = tables[g]
             held = len(table)
-            p = computed // size
+            p = computed // size  # the first position from c on that holds no block
             while p < held and table[p] != NULL_BLOCK:
                 p += 1
-            # a step ending at e + 1 writes up to table_end(e + 1) (ALLOC-SPEC-1's positions)
-            end = min(end, (p - spare) * size - spare if spare else p * size)
+            if not state:  # an attention group holds up to cdiv(e + L, B) positions
+                top = held
+                while top and table[top - 1] == NULL_BLOCK:  # past the last one held
+                    top -= 1
+                slots = min(slots, p * size)
+                slots_floor = max(slots_floor, (top - 1) * size + 1)
+            else:  # cdiv(e + S, B) + S positions, or cdiv(e, B) without speculative blocks
+                state_end = min(state_end, (p - spare) * size - spare if spare else p * size)
             if releases and lows[g] < held:
                 release = first_release(group, lows[g])
                 if release is not None:
                     end = min(end, release)
-        request.quiet_end = end
+        request.quiet_end = min(end, slots, state_end)  # e is at most its slots' end
+        request.quiet_state = state_end
+        request.quiet_slots, request.quiet_slots_floor = slots, slots_floor
+
+    def _quiet_step(self, count: int) -> Scheduled:
+        """What a decode step of `count` tokens that changes no table returns (shared)."""
+        scheduled = self._quiet_steps.get(count)
+        if scheduled is None:
+            scheduled = self._quiet_steps[count] = Scheduled(0, count, self._no_blocks)
+        return scheduled
 
     # -- commit and release -----------------------------------------------------------------
 

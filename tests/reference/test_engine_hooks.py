@@ -298,7 +298,7 @@ def test_the_pipelined_decode_shortcuts_equal_the_slow_paths(
     """Decoding as an asynchronous engine does (the next token's slots reserved while the
     current one runs, `extend(step=)` once it ended), with extra reserved slots drawn at
     random and the state group keeping `spare` blocks for drafts' states (ALLOC-SPEC-1):
-    the reserve shortcut and the one-token fast path leave every table, hit and
+    the reserve shortcut and the decode fast path leave every table, hit and
     registration as the slow paths do."""
     groups = (
         GroupConfig(Kind.FULL, size),
