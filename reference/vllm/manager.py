@@ -286,7 +286,8 @@ class KVCacheManager:
         cached = self._prompts.get(rid)
         if cached is not None and cached[0] == length:
             return cached[1]
-        prompt = self.core.prompt(list(request.all_token_ids), request_extras(request))
+        # digested from vLLM's view of the tokens: `prompt` packs its own copy
+        prompt = self.core.prompt(request.all_token_ids, request_extras(request))
         self._prompts[rid] = (length, prompt)
         return prompt
 
