@@ -1,6 +1,6 @@
 """vLLM 0.33.0's whole Scheduler step with its own KVCacheManager vs kvcert's drop-in.
 
-    .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm_scheduler.py [--quick]
+    .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm_scheduler.py [--quick] [--by-call]
 
 What a deployment pays per step for swapping the manager (`--scheduler-cls
 kvcert.reference.vllm.Scheduler` or `.AsyncScheduler`): the same workload through vLLM's real
@@ -119,6 +119,34 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
     return time.perf_counter() - start, hits, steps
 
 
+def time_by_call(load: Workload) -> dict[str, dict[str, tuple[int, float]]]:
+    """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
+    calls, inclusive of what it calls, from one extra round played after the timed ones
+    (the wrappers would slow those)."""
+    spent: dict[str, dict[str, tuple[int, float]]] = {}
+    for side in ("vLLM", "kvcert"):
+        scheduler, _, hasher, _ = build(load, kvcert=side == "kvcert")
+        manager, counts = scheduler.kv_cache_manager, spent.setdefault(side, {})
+
+        def timed(name: str, method: Any, counts: dict[str, tuple[int, float]] = counts) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    calls, seconds = counts.get(name, (0, 0.0))
+                    counts[name] = (calls + 1, seconds + time.perf_counter() - start)
+
+            return call
+
+        for name in dir(manager):
+            method = getattr(manager, name, None)
+            if not name.startswith("_") and callable(method) and not isinstance(method, type):
+                setattr(manager, name, timed(name, method))
+        serve(scheduler, hasher, load)
+    return spent
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small round (CI smoke)")
@@ -127,6 +155,8 @@ def main() -> int:
                         help="the state layers save checkpoints inside a prefill")  # fmt: skip
     parser.add_argument("--drafts", type=int, default=0,
                         help="EAGLE/MTP drafts per decode step, all accepted")  # fmt: skip
+    parser.add_argument("--by-call", action="store_true",
+                        help="also time each manager method over one extra round")  # fmt: skip
     args = parser.parse_args()
     if args.state_checkpoints and args.model not in STATE_MODELS:
         parser.error(f"--state-checkpoints needs a state model ({', '.join(STATE_MODELS)})")
@@ -163,6 +193,13 @@ def main() -> int:
             f"{best['kvcert'] * 1e3:.1f} ms; ratio (vLLM / kvcert, median of rounds) "
             f"{statistics.median(ratios):.2f}x"
         )
+        if args.by_call:
+            for side, counts in time_by_call(load).items():
+                ranked = sorted(counts.items(), key=lambda item: -item[1][1])
+                print(f"  {side}, ms in each manager method (calls), one round: " + ", ".join(
+                    f"{name} {seconds * 1e3:.1f} ({calls})"
+                    for name, (calls, seconds) in ranked if seconds >= 5e-4
+                ))  # fmt: skip
     return 0
 
 
