@@ -589,6 +589,55 @@ def checkpoint_grid_checks() -> list[tuple[str, bool, str]]:
     ]  # fmt: skip
 
 
+def draft_checks() -> list[tuple[str, bool, str]]:
+    """MTP on a full-attention + Mamba (align) model whose state group keeps 3 blocks for
+    the drafts' states (num_speculative_blocks=3): kvcert's manager and vLLM's own get the
+    same calls as vLLM's scheduler makes (a 40-token prefill, then decode steps of the
+    sampled token and 3 drafts, every draft accepted, 3 lookahead slots). The attention
+    table never holds more blocks than vLLM's (the twin of before 2026-11-25 sized the
+    attention slots by the state table's speculative positions: two blocks more), while
+    every allocation passes the manager's own check that the state table holds the running
+    state's and the drafts' columns (ALLOC-SPEC-1)."""
+    from vllm.v1.core.kv_cache_manager import (  # noqa: PLC0415
+        KVCacheManager as VllmManager,
+    )
+
+    spare = 3
+    state = dataclasses.replace(STATE, num_speculative_blocks=spare)
+    managers = {
+        "kvcert": KVCacheManager(config(FULL, state), 256, BLOCK, BLOCK),
+        "vLLM": VllmManager(config(FULL, state), 256, BLOCK, BLOCK),
+    }
+    lengths: dict[str, list[tuple[int, int]]] = {side: [] for side in managers}
+    for side, manager in managers.items():
+        req = request("r", tokens=list(range(100, 140)))
+        new = 40
+        for _ in range(12):
+            if manager.allocate_slots(req, new, num_lookahead_tokens=spare) is None:
+                break
+            full, states = manager.get_block_ids("r")
+            lengths[side].append((len(full), sum(b != 0 for b in states)))
+            # the prefill samples one token; a decode step accepts the drafts, then one more
+            sampled = 1 if new == 40 else spare + 1
+            req.num_computed_tokens += new
+            req.append_output_token_ids(list(range(900, 900 + sampled)))
+            getattr(manager, "end_step", lambda: None)()
+            new = 1 + spare  # the last sampled token and the drafts for it
+    ours, theirs = lengths["kvcert"], lengths["vLLM"]
+    return [
+        (
+            "12 steps of 3 drafts served by both managers",
+            len(ours) == len(theirs) == 12,
+            f"kvcert {ours}, vLLM {theirs}",
+        ),
+        (
+            "kvcert's attention table never holds more blocks than vLLM's",
+            all(a[0] <= b[0] for a, b in zip(ours, theirs, strict=False)),
+            f"(attention blocks, state blocks) kvcert {ours}, vLLM {theirs}",
+        ),
+    ]
+
+
 def refused(build: Callable[[], Any]) -> str | None:
     try:
         build()
@@ -620,6 +669,7 @@ def main() -> int:
         ("checkpoint", checkpoint_checks()),
         ("checkpoint", checkpoint_grid_checks()),
         ("checkpoint, async", async_checkpoint_checks()),
+        ("drafts", draft_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok

@@ -221,7 +221,11 @@ class KVCacheManager:
         self._prompts: dict[str, tuple[int, Prompt]] = {}  # a lookup's digests, for admission
         # per request, the table lengths vLLM's worker holds and the slots keeping them whole
         self._seen: dict[str, tuple[list[int], int]] = {}
-        self._sizes = [g.block_size for g in self.core.config.groups]
+        # per group, the block size of an attention group (whose table the slots bound),
+        # else 0: a state group's table follows its chunks' ends, never the slots
+        self._slot_sizes = [
+            0 if g.kind is Kind.MAMBA else g.block_size for g in self.core.config.groups
+        ]
         self._has_state = any(g.kind is Kind.MAMBA for g in self.core.config.groups)
         # the block size of the state groups when each keeps blocks for drafts' states (the
         # runner then copies the state at a boundary accepted drafts cross), else 0
@@ -595,14 +599,15 @@ class KVCacheManager:
 
     def _saw(self, rid: str, tables: Sequence[Sequence[int]]) -> None:
         """Record the table lengths vLLM's worker now holds, and the slots that keep every
-        table's last block. Never releasing one matters: the worker only appends to a block
-        table, so a released tail position could not be handed a block again; group g keeps
-        its last block while the slots reach past (len - 1) * block_size."""
+        attention table's last block. Never releasing one matters: the worker only appends
+        to a block table, so a released tail position could not be handed a block again; an
+        attention group keeps its last block while the slots reach past (len - 1) *
+        block_size. A state group's table only grows with its chunks' ends (ALLOC-SPEC-1's
+        positions included), whatever the slots: counting it would hold attention blocks for
+        slots no draft reaches."""
         lengths = [len(t) for t in tables]
-        keep = max(
-            ((n - 1) * size + 1 for n, size in zip(lengths, self._sizes, strict=True) if n),
-            default=0,
-        )
+        sizes = zip(lengths, self._slot_sizes, strict=True)
+        keep = max(((n - 1) * size + 1 for n, size in sizes if n and size), default=0)
         self._seen[rid] = (lengths, keep)
 
     def _note_new(self, result: Scheduled) -> None:
