@@ -32,7 +32,8 @@ from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
 
 REPORT_FORMAT = "kvcert-fuzz/1"
-COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted")  # summed over workloads
+# summed over workloads
+COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted", "state_copies")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -80,7 +81,8 @@ def campaign(
         **({"state_checkpoints": True} if state_checkpoints and not kvcert else {}),
         **({"state_drafts": True} if state_drafts and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
-        "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "stalled": [],
+        "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "state_copies": 0,
+        "stalled": [],
         "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
@@ -171,6 +173,11 @@ def render(report: dict[str, Any]) -> str:
         f"hit tokens, {report.get('accepted', 0):,} of {report.get('drafts', 0):,} drafts "
         f"accepted; {len(report['violations'])} finding(s)"
     ]
+    if report.get("state_copies"):
+        lines.append(
+            f"  {report['state_copies']:,} passes verifying drafts crossed a state block "
+            "boundary (the runner copied the state there, ALLOC-SPEC-2)"
+        )
     classes = sorted({finding_class(v) for v in report["violations"]})
     for name in classes:
         which = [v["seed"] for v in report["violations"] if finding_class(v) == name]

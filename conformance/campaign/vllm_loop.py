@@ -104,6 +104,7 @@ class Outcome:
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
     drafts: int = 0  # draft tokens the scheduler sent for verification
     accepted: int = 0  # of which the runner accepted
+    state_copies: int = 0  # passes whose accepted drafts crossed a state block boundary
     unreachable: str | None = None  # the release refuses this configuration: not played
     crash: str | None = None  # the engine raised while serving the workload (a finding)
 
@@ -482,6 +483,9 @@ class Ledger:
     runner_tables: dict[str, list[list[int]]] = field(default_factory=dict)
     drafts: int = 0
     accepted: int = 0
+    # passes verifying drafts on a state model whose accepted tokens crossed a block
+    # boundary, the runner then copying the state there into the boundary's block
+    state_copies: int = 0
     # the runner's prefill checkpoints of a pass (`_runner_checkpoints`), None: it saves none
     checkpoints: Callable[[int, int], tuple[int, int]] | None = None
 
@@ -590,6 +594,7 @@ class Ledger:
         state's, the state there is copied from the block holding it (the running state's or
         a draft's) into the boundary's own block, the one the prefix cache keys; a pass that
         copied within its running block leaves the accepted state there (`a` back to 1)."""
+        copied = False
         for g, group in enumerate(self.groups):
             if group.kind != "mamba" or not group.speculative_blocks:
                 continue
@@ -607,11 +612,13 @@ class Ledger:
                     continue
             source = table[current + bias] if current + bias < len(table) else -1
             if dest < len(table) and table[dest]:
+                copied = True
                 state = self.slots.get((g, "s", source, 0))
                 if state is None:
                     self.slots.pop((g, "s", table[dest], 0), None)
                 else:
                     self.slots[(g, "s", table[dest], 0)] = state
+        self.state_copies += copied
 
     def _drafts(self, rid: str, scheduled: Any) -> list[int]:
         """The drafts the pass verifies: the scheduler's (sync), this runner's own where the
@@ -876,4 +883,8 @@ def play(
         outcome.crash = str(crash)
         return outcome
     finally:
-        outcome.drafts, outcome.accepted = ledger.drafts, ledger.accepted
+        outcome.drafts, outcome.accepted, outcome.state_copies = (
+            ledger.drafts,
+            ledger.accepted,
+            ledger.state_copies,
+        )

@@ -142,6 +142,7 @@ def generate(
             workload = dataclasses.replace(
                 workload, spec_tokens=spec_tokens, spec_keying=spec_keying
             )
+            workload = _decoding_across_boundaries(workload, unit * 16, drafts)
         return workload
     return workload
 
@@ -199,6 +200,28 @@ def _draw(rng: random.Random, seed: int, models: tuple[str, ...], unit: int) -> 
         aborts=aborts,
         resets=resets,
     )
+
+
+def _decoding_across_boundaries(workload: Workload, block: int, rng: random.Random) -> Workload:
+    """About half the requests whose prompt ends at most half a state block before a
+    boundary decode a few tokens past it, so that a step verifying drafts crosses it and the
+    runner copies the state there (ALLOC-SPEC-2); drawn outputs alone rarely reach a
+    544-token boundary. The pool grows by the blocks they add, keeping the drawn margin."""
+
+    def longest(arrivals: tuple[Arrival, ...]) -> int:
+        return max(len(a.prompt) + a.max_tokens for a in arrivals)
+
+    margin = workload.usable_blocks - -(-longest(workload.arrivals) // block)
+    arrivals = []
+    for drawn in workload.arrivals:
+        ahead = -len(drawn.prompt) % block  # tokens to the next boundary
+        longer = drawn
+        if 0 < ahead <= block // 2 and rng.random() < 0.5:
+            past = ahead + rng.randint(1, 8)
+            longer = dataclasses.replace(drawn, max_tokens=max(drawn.max_tokens, past))
+        arrivals.append(longer)
+    usable = -(-longest(tuple(arrivals)) // block) + margin
+    return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
 
 
 def smaller(workload: Workload) -> Iterator[Workload]:

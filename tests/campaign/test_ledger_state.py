@@ -191,6 +191,7 @@ def test_drafts_states_follow_the_running_state_and_the_accepted_one_is_read():
     ran = identities([1, 2, 3, 4, 5, 6, 7], 7)
     assert [ledger.slots.get((0, "s", b, 0)) for b in (11, 12, 13)] == ran[4:7]
     ledger._settle_state(first, 2)  # draft 6 and the bonus token: reaches no boundary
+    assert ledger.state_copies == 0
     second = _drafting_pass("a", 6, [1, 2, 3, 4, 5, 6, 9], [8, 8], table)
     ledger._carry_states([second])
     assert ledger.state_read["a"] == 2
@@ -209,6 +210,7 @@ def test_the_state_at_a_boundary_accepted_drafts_cross_is_copied_to_its_block():
     ledger._carry_states([one])
     ledger._write(one, "t", identities([*tokens, 8, 9], 9), 0)
     ledger._settle_state(one, 2)
+    assert ledger.state_copies == 1  # counted in the campaign's report
     assert ledger.slots[(0, "s", 11, 0)] == identities([*tokens, 8], 8)[7]
     assert ledger.state_accepted["a"] == 2  # the copy went to another block: read in place
     hit = _drafting_pass("b", 8, [*tokens, 8, 5], [], [0, 11, 20])

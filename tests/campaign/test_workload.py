@@ -107,6 +107,47 @@ def test_checkpointing_backends_are_drawn_only_when_asked_and_change_nothing_els
     assert drawn >= tiered(15, 150)
 
 
+def test_drafting_state_workloads_decode_across_state_block_boundaries():
+    """With drafts on a state hybrid (`--state-drafts`, always on with `--kvcert`) some
+    requests decode a few tokens past the state block boundary after their prompt, where a
+    step verifying drafts crosses it (ALLOC-SPEC-2; drawn outputs alone rarely reach a
+    544-token boundary). Prompts are the drawn ones, outputs only grow, the pool keeps its drawn
+    margin beyond the longest request, and every other seed is the workload it always was."""
+    import dataclasses
+
+    drafting = crossing = 0
+    for seed in range(tiered(300, 3000)):
+        plain, drafted = generate(seed), generate(seed, state_drafts=True)
+        if not drafted.spec_tokens or drafted.model not in STATE_MODELS:
+            assert drafted == plain
+            continue
+        drafting += 1
+        block = state_block_size(drafted.model)
+        pairs = list(zip(plain.arrivals, drafted.arrivals, strict=True))
+        assert all(p.prompt == d.prompt and p.max_tokens <= d.max_tokens for p, d in pairs)
+        spans = [
+            -(-max(len(a.prompt) + a.max_tokens for a in w.arrivals) // block)
+            for w in (plain, drafted)
+        ]  # blocks the longest request spans: the pool keeps its drawn margin beyond it
+        assert drafted.usable_blocks - spans[1] == plain.usable_blocks - spans[0] >= 1
+        assert (
+            dataclasses.replace(
+                drafted,
+                arrivals=plain.arrivals,
+                usable_blocks=plain.usable_blocks,
+                spec_tokens=0,
+                spec_keying=plain.spec_keying,
+            )
+            == plain
+        )
+        crossing += any(
+            (len(a.prompt) // block + 1) * block < len(a.prompt) + a.max_tokens
+            for a in drafted.arrivals
+        )
+    assert drafting >= tiered(5, 50)
+    assert crossing >= drafting // 4, (crossing, drafting)
+
+
 def test_every_smaller_workload_is_smaller_and_well_formed():
     for seed in range(tiered(20, 200)):
         workload = generate(seed)

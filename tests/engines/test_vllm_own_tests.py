@@ -126,5 +126,6 @@ def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
         f"prefill, {state_drafting} decoding with MTP/EAGLE drafts), "
         f"{report['preemptions']:,} preemptions, "
         f"{report['hit_tokens']:,} hit tokens, {report['accepted']:,} of "
-        f"{report['drafts']:,} drafts accepted, **0 findings**"
+        f"{report['drafts']:,} drafts accepted, **0 findings**, {report['state_copies']:,} "
+        "passes verifying drafts that crossed a state block boundary (ALLOC-SPEC-2)"
     ) in quoted
