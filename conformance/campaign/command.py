@@ -328,7 +328,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "a prefill (0.33's FlashInfer GDN; always on with --kvcert)")  # fmt: skip
     parser.add_argument("--state-drafts", action="store_true",
                         help="decode half the state hybrids' seeds with MTP/EAGLE drafts "
-                        "(num_speculative_blocks; always on with --kvcert)")  # fmt: skip
+                        "(num_speculative_blocks), some requests past a state block "
+                        "boundary (always on with --kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

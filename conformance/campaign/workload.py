@@ -113,7 +113,8 @@ def generate(
     steps, in a pool small enough that the scheduler must preempt, with chunked prefill.
     `state_checkpoints`: a state model whose layers can save checkpoints inside a prefill
     chunk is served so on most seeds; `state_drafts`: half the state models' seeds decode
-    with MTP/EAGLE drafts (each from its own stream: no other workload changes)."""
+    with MTP/EAGLE drafts, some requests past a state block boundary (each from its own
+    stream: no other workload changes)."""
     workload = _draw(random.Random(seed), seed, models, 1)
     extra = random.Random(f"kvcert-fuzz-extra:{seed}")
     draw = extra.random()
