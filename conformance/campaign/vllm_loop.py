@@ -226,9 +226,8 @@ def build(
     layers = _served_layers(plan_input.layers, workload.spec_tokens > 0)
     stateful = any(isinstance(x, StateLayer) for x in layers)
     block_size = state_block_size(workload.model) if stateful else 16
-    longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
     settings = wiring.Settings(
-        max_len=max(256, -(-longest // 256) * 256),
+        max_len=workload.max_model_len,
         budget=workload.budget,
         block_size=block_size,
         policy=workload.policy,

@@ -89,6 +89,14 @@ class Workload:
         )
 
     @property
+    def max_model_len(self) -> int:
+        """The max_model_len the campaign serves the workload with: its longest request (prompt
+        and output) rounded up to 256 tokens, 256 at least, and never below the long-prefill
+        threshold (vLLM refuses a threshold above max_model_len)."""
+        longest = max(len(a.prompt) + a.max_tokens for a in self.arrivals)
+        return max(256, -(-max(longest, self.long_prefill) // 256) * 256)
+
+    @property
     def size(self) -> int:
         """What shrinking minimises: requests first, then tokens, events, arrival steps, pool
         and the simpler settings. Every `smaller` candidate has a smaller size, so shrinking

@@ -148,6 +148,19 @@ def test_drafting_state_workloads_decode_across_state_block_boundaries():
     assert crossing >= drafting // 4, (crossing, drafting)
 
 
+def test_every_workload_is_served_with_a_max_model_len_vllm_accepts():
+    """max_model_len holds the longest request and is never below the long-prefill threshold:
+    vLLM refuses a threshold above it, which left seed 2723 (a 450-token Qwen3.5 workload,
+    threshold 544) unplayed before 2026-11-25."""
+    assert generate(2723).max_model_len == 768
+    for seed in range(tiered(300, 3000)):
+        for workload in (generate(seed), generate(seed, state_drafts=True)):
+            longest = max(len(a.prompt) + a.max_tokens for a in workload.arrivals)
+            assert workload.max_model_len % 256 == 0
+            assert workload.max_model_len >= max(longest, workload.long_prefill, 256)
+            assert workload.max_model_len < max(longest, workload.long_prefill, 256) + 256
+
+
 def test_every_smaller_workload_is_smaller_and_well_formed():
     for seed in range(tiered(20, 200)):
         workload = generate(seed)
