@@ -48,6 +48,7 @@ from kvcert.spec.layout import (
     MambaMode,
     MambaState,
     SlidingWindow,
+    is_draft,
 )
 from kvcert.spec.view import CacheView
 
@@ -840,13 +841,16 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
 
 def committed_positions(layout: Layout, g: int, request: Request, before: int) -> tuple[int, ...]:
     """ALLOC-COMMIT-1: At the end of a step a group registers the table positions whose KV is
-    now entirely written; a draft group under exact keying also waits for the next token; a
-    state group registers a checkpoint at every boundary (all) or only where the step ended
-    and at the chunk's inner checkpoint (align, CKPT-INNER-1), and never in mode none; a
-    position already released holds nothing to register.
+    now entirely written; a draft group waits until the draft_reach - 1 tokens after the
+    block are computed too (its last positions are drafted again until then) and, under
+    exact keying, until its key's tokens are known; a state group registers a checkpoint at
+    every boundary (all) or only where the step ended and at the chunk's inner checkpoint
+    (align, CKPT-INNER-1), and never in mode none; a position already released holds nothing
+    to register.
 
         B=16, computed 40 -> 64 this step:   full registers positions 2, 3
         draft (exact), 64 tokens known:      position 3 waits for token 64
+        draft, reach 3, computed 40 -> 64:   position 2 only (3 waits for computed 66)
         state align:                         position 3 (the step ended at 64)
         state align, checkpoint 48:          positions 2, 3
 
@@ -858,8 +862,10 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     start, stop = request.registered[g], request.computed // size
     if isinstance(group, CrossAttention):
         return ()
+    if is_draft(group):
+        stop = min(stop, (request.computed - (layout.draft_reach - 1)) // size)
     if key_lookahead(layout, group):
-        stop = min(stop, (len(request.tokens) - 1) // size)
+        stop = min(stop, (len(request.tokens) - key_lookahead(layout, group)) // size)
     if isinstance(group, MambaState):
         if group.mode is MambaMode.NONE:
             return ()

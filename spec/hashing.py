@@ -122,24 +122,28 @@ def block_keys(
     return tuple(keys)
 
 
-def draft_lookahead(is_draft_group: bool, exact: bool) -> int:
+def draft_lookahead(is_draft_group: bool, exact: bool, reach: int = 1) -> int:
     """HASH-DRAFT-1: Under the exact speculative profile a draft group's block key also covers
-    the one token after the block, on which the block's last draft position depends.
+    the `reach` tokens after the block (the layout's draft_reach), on which the block's last
+    draft position depends.
 
-        B=4, tokens 7 8 9 1 | 2 3 4 5 | 6
+        B=4, reach 1 (EAGLE), tokens 7 8 9 1 | 2 3 4 5 | 6
         draft key(0) = (ROOT, ((7,8,9,1,2), ()))     target: (ROOT, ((7,8,9,1), ()))
         draft key(1) = draft key(0) + (((2,3,4,5,6), ()),)
+        reach 2 (two MTP modules): draft key(0) = (ROOT, ((7,8,9,1,2,3), ())), no key(1)
 
-    pre: True
-    post: __return__ in (0, 1)
+    pre: reach >= 1
+    post: __return__ == (reach if is_draft_group and exact else 0)
     """
-    return 1 if is_draft_group and exact else 0
+    return reach if is_draft_group and exact else 0
 
 
 def key_lookahead(layout: Layout, group: Group) -> int:
-    """Tokens past a block that `group`'s keys cover in `layout` (HASH-DRAFT-1): 1 for a
-    draft group under exact keying, else 0."""
-    return draft_lookahead(is_draft(group), layout.speculative is Speculative.EXACT)
+    """Tokens past a block that `group`'s keys cover in `layout` (HASH-DRAFT-1): the draft
+    reach for a draft group under exact keying, else 0 (the rule is not consulted then, so
+    only vectors it applies to cite it)."""
+    exact = layout.speculative is Speculative.EXACT
+    return draft_lookahead(True, exact, layout.draft_reach) if is_draft(group) else 0
 
 
 def matched_blocks(keys: Sequence[BlockKey], cached_keys: frozenset[BlockKey]) -> frozenset[int]:

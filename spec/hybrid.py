@@ -15,14 +15,17 @@ Speculative decoding, defined once
 A draft layer (EAGLE, MTP, DFlash) computes its KV at position i from the target's hidden
 state at i and the embedding of token i+1. So draft KV at i depends on one token *after* i,
 and a cached draft block j (tokens [jB, (j+1)B)) is valid for a request only if the request's
-token (j+1)B equals the one its writer saw. Hidden states are never needed from the cache:
-the positions from the hit onwards are recomputed, and that is all the draft reads.
+token (j+1)B equals the one its writer saw. A drafter of k MTP modules reads further: module
+m's KV at i reads token i+m, so the layout's `draft_reach` r = k tokens after i. Hidden
+states are never needed from the cache: the positions from the hit onwards are recomputed,
+and that is all the draft reads.
 
-* `exact` (HIT-SPEC-1): draft groups key block j on tokens [0, (j+1)B] (HASH-DRAFT-1). A key
-  match then certifies every dependency, and the hit is the plain hybrid hit: nothing drops.
+* `exact` (HIT-SPEC-1): draft groups key block j on tokens [0, (j+1)B + r) (HASH-DRAFT-1). A
+  key match then certifies every dependency, and the hit is the plain hybrid hit.
 * `drop` (HIT-SPEC-2): for engines whose draft groups reuse the target's keys. No key of a hit
-  of length L covers token L, on which the draft KV at L-1 depends. The hit therefore steps
-  down once in the common set, to a length whose next token lies inside the matched prefix.
+  of length L covers tokens [L, L+r), on which the draft KV at L-1 depends. The hit therefore
+  steps down once in the common set, to a length whose next r tokens lie inside the matched
+  prefix (a layout is refused when r exceeds the hit alignment, the smallest step).
   That certifies the dependency when the matched blocks were written by one request (a
   re-sent or extended prompt); only `exact` certifies it always. Two writers are enough to
   break it: two requests that prefill a shared prefix side by side each write a copy, the
@@ -87,7 +90,8 @@ def plain_hit(common: tuple[int, ...]) -> int:
 
 def exact_draft_hit(common: tuple[int, ...]) -> int:
     """HIT-SPEC-1: Under the exact speculative profile the hit is the plain hybrid hit: draft
-    keys cover the token after each block (HASH-DRAFT-1), so no cached block is dropped.
+    keys cover the draft_reach tokens after each block (HASH-DRAFT-1), so no cached block is
+    dropped.
 
         full B=16 + draft full B=16, request 71:  draft block 3 is keyed on tokens 0..64
         common {0, 16, 32, 48, 64}                -> hit 64

@@ -157,6 +157,9 @@ class Layout:
     groups: tuple[Group, ...]  # in the engine's order; order does not change any hit
     speculative: Speculative | None = None  # None: no speculative decoding
     max_model_len: int | None = None  # longest request the engine admits, if known
+    # tokens after a position that the position's draft KV reads: 1 for EAGLE and one-module
+    # MTP (draft KV at i reads token i+1), k for k-module MTP (module m reads token i+m)
+    draft_reach: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple) or not self.groups:  # type guard: Python callers only
@@ -185,6 +188,21 @@ class Layout:
                 InvalidLayout,
                 f"speculative={self.speculative.value!r} but no group holds draft layers; "
                 "mark the group(s) holding the draft layers with draft=true",
+            )
+        _require_int(self.draft_reach, "draft_reach", 1)
+        if self.draft_reach > 1 and self.speculative is None:
+            refuse(
+                InvalidLayout,
+                f"draft_reach={self.draft_reach} describes draft layers but the layout has "
+                "none; drop draft_reach or mark the draft groups and set speculative",
+            )
+        if self.speculative is Speculative.DROP and self.draft_reach > hit_alignment(self):
+            refuse(
+                InvalidLayout,
+                f"speculative='drop' steps a hit down by at least {hit_alignment(self)} tokens "
+                f"(the hit alignment), fewer than the draft_reach={self.draft_reach} tokens a "
+                "draft position reads, so a dropped hit could still serve draft KV computed "
+                "from other tokens (HIT-SPEC-2); use speculative='exact' or larger blocks",
             )
         if self.max_model_len is not None:
             _require_int(self.max_model_len, "max_model_len", 1)

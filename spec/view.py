@@ -14,25 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcert.spec.errors import InvalidRequest, refuse
-from kvcert.spec.layout import (
-    CrossAttention,
-    Layout,
-    MambaMode,
-    MambaState,
-    Speculative,
-    is_draft,
-)
+from kvcert.spec.hashing import key_lookahead
+from kvcert.spec.layout import CrossAttention, Layout, MambaMode, MambaState
 
 
 def keyable_blocks(layout: Layout, group_index: int, num_tokens: int) -> int:
     """How many of the request's blocks can have a key in this group.
 
     Only full blocks are keyed; under the exact speculative profile a draft block's key also
-    covers the token after it (HASH-DRAFT-1), so that token must exist.
+    covers the draft_reach tokens after it (HASH-DRAFT-1), so those tokens must exist.
     """
     group = layout.groups[group_index]
-    lookahead = 1 if layout.speculative is Speculative.EXACT and is_draft(group) else 0
-    return max(0, (num_tokens - lookahead) // group.block_size)
+    return max(0, (num_tokens - key_lookahead(layout, group)) // group.block_size)
 
 
 @dataclass(frozen=True)

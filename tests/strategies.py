@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import strategies as st
 
 from kvcert.spec import (
@@ -62,7 +64,14 @@ def layouts(draw: st.DrawFn, max_groups: int = 4, speculative: bool = True) -> L
     if not any(is_cacheable(g) for g in body):
         body.append(draw(st.builds(FullAttention, block_size=BLOCK_SIZES)))
     order = draw(st.permutations(range(len(body))))
-    return Layout(tuple(body[i] for i in order), speculative=profile)
+    chosen = tuple(body[i] for i in order)
+    # draft reach: 1 (EAGLE) mostly, up to 3 (MTP modules); drop only within the alignment
+    reach = 1
+    if profile is not None and draw(st.integers(0, 3)) == 0:
+        alignment = math.lcm(*(g.block_size for g in chosen if is_cacheable(g)))
+        top = 3 if profile is Speculative.EXACT else min(3, alignment)
+        reach = draw(st.integers(1, top))
+    return Layout(chosen, speculative=profile, draft_reach=reach)
 
 
 def _serves(group: Group) -> bool:

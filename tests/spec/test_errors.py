@@ -42,6 +42,15 @@ from kvcert.spec import (
         (lambda: Layout((FullAttention(16, draft=True),)), "set speculative to 'exact' or 'drop'"),
         (lambda: Layout((FullAttention(16),), Speculative.DROP), "mark the group"),
         (lambda: Layout((FullAttention(16),), max_model_len=0), "max_model_len must be >= 1"),
+        (
+            lambda: Layout((FullAttention(4, draft=True),), Speculative.EXACT, draft_reach=0),
+            "draft_reach must be >= 1",
+        ),
+        (lambda: Layout((FullAttention(4),), draft_reach=2), "the layout has none"),
+        (
+            lambda: Layout((FullAttention(2, draft=True),), Speculative.DROP, draft_reach=3),
+            "fewer than the draft_reach=3 tokens",
+        ),
     ],
 )
 def test_invalid_layouts(build, fragment):

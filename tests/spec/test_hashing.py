@@ -6,8 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcert.spec import Extra, ExtraKind, InvalidRequest, block_keys, matched_blocks
-from kvcert.spec.hashing import ROOT, block_extras, draft_lookahead
+from kvcert.spec import (
+    Extra,
+    ExtraKind,
+    FullAttention,
+    InvalidRequest,
+    Layout,
+    Speculative,
+    block_keys,
+    matched_blocks,
+)
+from kvcert.spec.hashing import ROOT, block_extras, draft_lookahead, key_lookahead
 
 TOKENS = st.lists(st.integers(0, 3), max_size=40)  # a tiny vocabulary: prefixes really repeat
 
@@ -105,6 +114,18 @@ def test_draft_keys_cover_the_next_token_under_exact_only():
     assert keys[0] == (ROOT, ((7, 8, 9, 1, 2), ()))
     assert len(keys) == 2  # block 1's next token (6) exists; a block 2 would need token 12
     assert len(block_keys([7, 8, 9, 1, 2, 3, 4, 5], 4, (), lookahead=1)) == 1
+
+
+def test_draft_keys_cover_the_draft_reach():
+    """HASH-DRAFT-1 for a drafter of k MTP modules: the key spans the k tokens after a block."""
+    assert draft_lookahead(True, True, 3) == 3
+    assert draft_lookahead(True, False, 3) == draft_lookahead(False, True, 3) == 0
+    keys = block_keys([7, 8, 9, 1, 2, 3, 4, 5, 6], 4, (), lookahead=3)
+    assert keys == ((ROOT, ((7, 8, 9, 1, 2, 3, 4), ())),)  # block 1 would need token 10
+    layout = Layout((FullAttention(4), FullAttention(4, draft=True)), Speculative.EXACT, None, 3)
+    assert [key_lookahead(layout, g) for g in layout.groups] == [0, 3]
+    dropped = Layout((FullAttention(4), FullAttention(4, draft=True)), Speculative.DROP, None, 3)
+    assert [key_lookahead(dropped, g) for g in dropped.groups] == [0, 0]
 
 
 @pytest.mark.parametrize(
