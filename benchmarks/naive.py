@@ -157,9 +157,9 @@ class NaiveManager(KVCacheManager):
     def _chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         """One chain per group at its own block size: no digest is shared."""
         chains: list[Chain | None] = []
-        for group, shifted in zip(self.config.groups, self._shifted, strict=True):
+        for group, lookahead in zip(self.config.groups, self._lookahead, strict=True):
             if group.kind is Kind.CROSS:
                 chains.append(None)
                 continue
-            chains.append(Chain(group.block_size, 1 if shifted else 0, extras, self._digest))
+            chains.append(Chain(group.block_size, lookahead, extras, self._digest))
         return chains

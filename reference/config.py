@@ -137,6 +137,9 @@ class CacheConfig:
     num_blocks: int  # physical blocks, the null block (id 0) included
     speculative: DraftKeying | None = None
     max_model_len: int | None = None
+    # tokens after a position that its draft KV reads: 1 (EAGLE, one MTP module) or k (k MTP
+    # modules, each reading one token further)
+    draft_reach: int = 1
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
     eviction: Eviction = Eviction.LRU
     count_dead_evictions: bool = False  # track EVICT-DEAD-1 under lru too (hybrid always does)
@@ -164,6 +167,24 @@ class CacheConfig:
             raise ConfigError(
                 "draft groups and a speculative keying go together: mark the "
                 "draft groups with draft=True and set speculative, or neither"
+            )
+        reach = self.draft_reach
+        if isinstance(reach, bool) or not isinstance(reach, int) or not 1 <= reach <= 255:
+            raise ConfigError(
+                f"draft_reach must be an integer in [1, 255] (a key records it in one byte; "
+                f"drafters read 1 to a few tokens ahead), got {reach!r}"
+            )
+        if reach > 1 and not drafts:
+            raise ConfigError(
+                f"draft_reach={reach} describes draft layers but no group holds any; drop "
+                "draft_reach or mark the draft groups and set speculative"
+            )
+        if self.speculative is DraftKeying.DROP and reach > self.alignment:
+            raise ConfigError(
+                f"speculative=drop steps a hit down by at least {self.alignment} tokens (the "
+                f"lcm of the block sizes), fewer than the draft_reach={reach} tokens a draft "
+                "position reads: a dropped hit could still serve draft KV computed from "
+                "other tokens; use exact keying or larger blocks"
             )
         if not isinstance(self.eviction, Eviction):
             choices = ", ".join(e.value for e in Eviction)

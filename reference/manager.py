@@ -235,10 +235,13 @@ class KVCacheManager:
         self._after_steps: tuple[_ChunksInFlight, list[ServedMap[bytes]] | None] | None = None
         self._step = 0  # the step being scheduled (start_step); 0 until an engine pipelines
         exact = config.speculative is DraftKeying.EXACT
-        self._shifted = [exact and g.draft for g in config.groups]
+        # per group, the tokens past a block its keys cover (HASH-DRAFT-1) and the computed
+        # tokens past a block it waits for before registering it (ALLOC-COMMIT-1)
+        self._lookahead = [config.draft_reach if exact and g.draft else 0 for g in config.groups]
+        self._commit_delay = [config.draft_reach - 1 if g.draft else 0 for g in config.groups]
         base = [
             g.block_size
-            for g, s in zip(config.groups, self._shifted, strict=True)
+            for g, s in zip(config.groups, self._lookahead, strict=True)
             if not s and g.kind is not Kind.CROSS
         ]
         self._base_size = math.gcd(*base) if base else 0
@@ -300,15 +303,15 @@ class KVCacheManager:
 
     def _chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         """Per group, the digest chain keying its blocks. Implements HASH-DRAFT-1: a draft
-        group under exact keying gets its own chain covering one token past each block; every
-        other group shares one chain at the gcd of their block sizes."""
+        group under exact keying gets its own chain covering draft_reach tokens past each block;
+        every other group shares one chain at the gcd of their block sizes."""
         base = Chain(self._base_size, 0, extras, self._digest) if self._base_size else None
         chains: list[Chain | None] = []
-        for group, shifted in zip(self.config.groups, self._shifted, strict=True):
+        for group, lookahead in zip(self.config.groups, self._lookahead, strict=True):
             if group.kind is Kind.CROSS:
                 chains.append(None)
-            elif shifted:
-                chains.append(Chain(group.block_size, 1, extras, self._digest))
+            elif lookahead:
+                chains.append(Chain(group.block_size, lookahead, extras, self._digest))
             else:
                 chains.append(base)
         return chains
@@ -1149,11 +1152,11 @@ class KVCacheManager:
         key excluded)."""
         sizes = self._sizes
         span = (j + 1) * sizes[g]
-        covered = span + self._shifted[g]
+        covered = span + self._lookahead[g]
         needs = []
         for f in self._full_groups:
             size = sizes[f]
-            last = min((covered - self._shifted[f]) // size, span // size) - 1
+            last = min((covered - self._lookahead[f]) // size, span // size) - 1
             if f == g and last == j:
                 last -= 1
             chain = request.chains[f]
@@ -1177,14 +1180,15 @@ class KVCacheManager:
 
     def _committed(self, g: int, group: GroupConfig, request: _Request, before: int) -> range:
         """The table positions of group g whose KV is now entirely written. Implements
-        ALLOC-COMMIT-1: exact draft keys wait for the next token, state groups checkpoint at
-        every boundary (all) or where the step ended (align), never in mode none."""
+        ALLOC-COMMIT-1: draft blocks wait for draft_reach - 1 more computed tokens and exact
+        draft keys for their tokens, state groups checkpoint at every boundary (all) or where
+        the step ended (align), never in mode none."""
         if group.kind is Kind.CROSS:
             return range(0)
         size = group.block_size
-        start, stop = request.registered[g], request.computed // size
-        if self._shifted[g]:
-            stop = min(stop, (len(request.tokens) - 1) // size)
+        start, stop = request.registered[g], (request.computed - self._commit_delay[g]) // size
+        if self._lookahead[g]:
+            stop = min(stop, (len(request.tokens) - self._lookahead[g]) // size)
         if group.kind is Kind.MAMBA:
             if group.mode is MambaMode.NONE:
                 return range(0)

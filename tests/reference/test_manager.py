@@ -215,6 +215,15 @@ def test_configuration_errors():
         GroupConfig("full", 16)
     with pytest.raises(ConfigError, match="max_model_len"):
         CacheConfig((FULL,), 8, max_model_len=0)
+    draft = GroupConfig(Kind.FULL, 4, draft=True)
+    for reach in (0, 256, True, 2.0):
+        with pytest.raises(ConfigError, match=r"draft_reach must be an integer in \[1, 255\]"):
+            CacheConfig((draft,), 8, speculative=DraftKeying.EXACT, draft_reach=reach)
+    with pytest.raises(ConfigError, match="no group holds any"):
+        CacheConfig((FULL,), 8, draft_reach=2)
+    with pytest.raises(ConfigError, match="fewer than the draft_reach=5 tokens"):
+        CacheConfig((draft,), 8, speculative=DraftKeying.DROP, draft_reach=5)
+    assert CacheConfig((draft,), 8, speculative=DraftKeying.DROP, draft_reach=4).draft_reach == 4
     with pytest.raises(ConfigError, match="cross attention"):
         KVCacheManager(CacheConfig((GroupConfig(Kind.CROSS, 16),), 8))
 
