@@ -22,6 +22,7 @@ KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the te
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -111,7 +112,11 @@ def layouts(draw: st.DrawFn, features: frozenset[str], max_groups: int = 3) -> L
         groups.append(FullAttention(draw(SIZES), draft=True))
     if not any(is_cacheable(g) for g in groups):
         groups.append(FullAttention(draw(SIZES)))
-    return Layout(tuple(groups), profile)
+    reach = 1
+    if profile is not None and "speculative.reach" in features:  # several MTP modules
+        alignment = math.lcm(*(g.block_size for g in groups if is_cacheable(g)))
+        reach = draw(st.integers(1, 3 if profile is Speculative.EXACT else min(3, alignment)))
+    return Layout(tuple(groups), profile, draft_reach=reach)
 
 
 def save_failure(case: JSON) -> None:

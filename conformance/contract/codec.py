@@ -10,7 +10,9 @@ naming the JSON path and what to write instead, so a typo cannot pass.
                  "draft": true, "name": "sw"}],          kinds: full, sliding_window (window),
      "speculative": "drop",                               chunked_local (chunk), mamba
      "max_model_len": 131072}                             (mode, speculative_blocks), cross;
-                                                          draft optional
+                                                          draft optional; draft_reach
+                                                          (tokens a draft position reads
+                                                          past itself, default 1)
 
 Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
 layers' heads and dtype, for engines that plan their own groups from layers.
@@ -157,7 +159,7 @@ def group_from_json(obj: object, where: str, index: int) -> Group:
 def layout_from_json(obj: object, where: str = "layout") -> Layout:
     """A layout object -> the spec's Layout."""
     fields = expect_object(obj, where)
-    check_fields(fields, where, ("groups",), ("speculative", "max_model_len"))
+    check_fields(fields, where, ("groups",), ("speculative", "max_model_len", "draft_reach"))
     groups_json = fields["groups"]
     if not isinstance(groups_json, list) or not groups_json:
         raise InputError(f"{where}.groups: expected a non-empty list of groups")
@@ -172,7 +174,12 @@ def layout_from_json(obj: object, where: str = "layout") -> Layout:
         speculative = Speculative(speculative)
     return spec_call(
         where,
-        lambda: Layout(groups, speculative=speculative, max_model_len=fields.get("max_model_len")),
+        lambda: Layout(
+            groups,
+            speculative=speculative,
+            max_model_len=fields.get("max_model_len"),
+            draft_reach=fields.get("draft_reach", 1),
+        ),
     )
 
 
@@ -204,6 +211,8 @@ def layout_to_json(layout: Layout) -> JSON:
         out["speculative"] = layout.speculative.value
     if layout.max_model_len is not None:
         out["max_model_len"] = layout.max_model_len
+    if layout.draft_reach != 1:  # 1 (EAGLE, one MTP module) is the default: older vectors
+        out["draft_reach"] = layout.draft_reach
     return out
 
 

@@ -38,6 +38,7 @@ FEATURES = (
     "kind.cross",
     "speculative.exact",
     "speculative.drop",
+    "speculative.reach",  # draft_reach > 1: drafters of several MTP modules
     "extras.cache_salt",
     "extras.lora",
     "extras.encoder_input",

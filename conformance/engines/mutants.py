@@ -49,7 +49,8 @@ class Mutant(ReferenceEngine):
             return super().run(case)
 
     def open(self, case: JSON) -> MutantSession:
-        return MutantSession(self, super().open(case))
+        with self.injected():  # a bug in how the engine is built shows from the start
+            return MutantSession(self, super().open(case))
 
 
 class MutantSession:
@@ -175,6 +176,19 @@ class SpeculativeBlocksIgnoredEngine(Mutant):
         return patched(manager, "table_end", running_state_only)
 
 
+class DraftReachIgnoredEngine(Mutant):
+    """A drafter of several MTP modules keyed and committed as an EAGLE head that reads one
+    token ahead: draft KV computed from tokens a key never saw is served."""
+
+    def injected(self) -> AbstractContextManager[None]:
+        original = reference_engine.config_from_json
+
+        def one_token(layout: JSON, num_blocks: int, eviction: object = "lru") -> Any:
+            return original({**layout, "draft_reach": 1}, num_blocks, eviction)
+
+        return patched(reference_engine, "config_from_json", one_token)
+
+
 BROKEN = {
     "per-group speculative drop": (PerGroupDropEngine, "HIT-SPEC-2"),
     "sliding window without -1": (WindowOffByOneEngine, "HIT-SW-1"),
@@ -183,4 +197,5 @@ BROKEN = {
     "salt ignored": (SaltIgnoredEngine, "HASH-EXTRA-1"),
     "inner checkpoint ignored": (CheckpointIgnoredEngine, "CKPT-INNER-1"),
     "speculative state blocks ignored": (SpeculativeBlocksIgnoredEngine, "ALLOC-SPEC-1"),
+    "draft reach ignored": (DraftReachIgnoredEngine, "HASH-DRAFT-1"),
 }

@@ -66,6 +66,7 @@ def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") ->
         num_blocks,
         speculative=keying,
         max_model_len=None if limit is None else _int(limit, "max_model_len"),
+        draft_reach=_int(layout.get("draft_reach", 1), "draft_reach"),
         eviction=profile,
     )
 
@@ -151,7 +152,7 @@ def check_view(config: ref.CacheConfig, num_tokens: object, cached: list[frozens
         )
         if blocks and never:
             raise RequestStateError(f"group {group.name!r} never holds cached blocks")
-        keyed = (tokens - (1 if exact and group.draft else 0)) // group.block_size
+        keyed = (tokens - (config.draft_reach if exact and group.draft else 0)) // group.block_size
         if any(not 0 <= j < keyed for j in blocks):
             raise RequestStateError(f"group {group.name!r}: cached block outside the request")
     return tokens
@@ -291,7 +292,8 @@ def block_index_cache(
     the cached ones served as block id index + 1 (0 stays the null block)."""
     exact = config.speculative is ref.DraftKeying.EXACT
     keys = [
-        range((num_tokens - (1 if exact and g.draft else 0)) // g.block_size) for g in config.groups
+        range((num_tokens - (config.draft_reach if exact and g.draft else 0)) // g.block_size)
+        for g in config.groups
     ]
     return keys, [{j: j + 1 for j in blocks} for blocks in cached]
 

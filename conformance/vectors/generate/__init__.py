@@ -27,6 +27,7 @@ from kvcert.conformance.vectors.generate.alloc import (
     unkeyed_first_twins,
 )
 from kvcert.conformance.vectors.generate.hit import (
+    draft_reach_hits,
     enumerated_hits,
     hit_scenarios,
     sampled_layouts,
@@ -38,6 +39,7 @@ from kvcert.conformance.vectors.generate.page import page_refusals, page_scenari
 from kvcert.conformance.vectors.generate.refusals import refusals
 from kvcert.conformance.vectors.generate.traces import (
     checkpoint_traces,
+    draft_reach_traces,
     random_traces,
     speculative_state_traces,
 )
@@ -57,6 +59,7 @@ def suites() -> dict[str, list[JSON]]:
         "hit/three-groups.json": list(single_miss_hits("hit.g3", three_group_layouts(), (7, 11))),
         "hit/sampled-groups.json": list(single_miss_hits("hit.g45", sampled_layouts(60), (9,))),
         "hit/shaped-groups.json": list(shaped_hits()),
+        "hit/draft-reach.json": list(draft_reach_hits(200)),
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),
@@ -66,6 +69,7 @@ def suites() -> dict[str, list[JSON]]:
         ),
         "alloc/random-checkpoints.json": list(checkpoint_traces(40, 3000)),
         "alloc/random-speculative-state.json": list(speculative_state_traces(30, 4000)),
+        "alloc/random-draft-reach.json": list(draft_reach_traces(30, 5000)),
         "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
         "page/scenarios.json": list(page_scenarios()),

@@ -187,6 +187,27 @@ def alloc_scenarios() -> Iterator[JSON]:
             spec.EndStep(),
         ],
     )
+    for profile in Speculative:
+        yield alloc_case(
+            f"alloc.draft-reach-{profile.value}.waits-for-computed-tokens",
+            Layout((FullAttention(8), FullAttention(8, draft=True)), profile, draft_reach=3),
+            16,
+            [
+                spec.Admit("a", PROMPT[:16], 16),
+                spec.EndStep(),
+                spec.Extend("a", 1, (7,)),
+                spec.EndStep(),
+                spec.Extend("a", 1, (8,)),
+                spec.EndStep(),
+                spec.Extend("a", 1, (9,)),
+                spec.EndStep(),
+                spec.Admit("b", (*PROMPT[:16], 7, 8, 9, 5), 20),
+            ],
+            comment="three MTP modules: draft block 1 is registered once tokens 16 and 17 are "
+            "computed too (drop) and token 18 is known (exact, its key covers it); the hit "
+            "then reaches 16 (exact) or steps down to 8 (drop)",
+            focus=("HASH-DRAFT-1", "ALLOC-COMMIT-1"),
+        )
     salt = (Extra(ExtraKind.CACHE_SALT, "x"),)
     lora = (Extra(ExtraKind.LORA, "x"),)
     yield alloc_case(

@@ -78,6 +78,8 @@ def requires(
                 needed.add("kind.cross")
     if layout.speculative is not None:
         needed.add(f"speculative.{layout.speculative.value}")
+    if layout.draft_reach > 1:
+        needed.add("speculative.reach")
     for op in ops:
         for extra in getattr(op, "extras", ()):
             needed.add(f"extras.{extra.kind.value}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from collections.abc import Iterator
 
@@ -181,10 +182,38 @@ def enumerated_hits(limit: int) -> Iterator[JSON]:
         if any(not isinstance(g, CrossAttention) for g in c)
     ]
     layouts += [Layout((g, d), p) for g in groups for d in drafts for p in Speculative]
+    yield from _distinct_hits("hit.enum", layouts, (5, 7, 9), limit)
+
+
+def draft_reach_hits(limit: int) -> Iterator[JSON]:
+    """The enumerated pairs (one group beside a draft group) with drafters reading 2 and 3
+    tokens ahead: exact keys span them (HASH-DRAFT-1), drop hits step down over them."""
+    groups: list[Group] = [
+        FullAttention(2),
+        FullAttention(4),
+        SlidingWindow(2, 3),
+        MambaState(2, MambaMode.ALIGN),
+    ]
+    drafts: list[Group] = [FullAttention(2, draft=True), SlidingWindow(3, 4, draft=True)]
+    layouts = [
+        Layout((g, d), p, draft_reach=reach)
+        for g in groups
+        for d in drafts
+        for p in Speculative
+        for reach in (2, 3)
+        if p is Speculative.EXACT or reach <= math.lcm(g.block_size, d.block_size)
+    ]
+    yield from _distinct_hits("hit.reach", layouts, (5, 8, 11), limit)
+
+
+def _distinct_hits(
+    prefix: str, layouts: list[Layout], lengths: tuple[int, ...], limit: int
+) -> Iterator[JSON]:
+    """Layouts x lengths x cached subsets, one case per new (layout, outcome) shape."""
     seen: set[tuple[object, ...]] = set()
     emitted = 0
     for index, layout in enumerate(layouts):
-        for num_tokens in (5, 7, 9):
+        for num_tokens in lengths:
             options = []
             for g, group in enumerate(layout.groups):
                 count = keyable_blocks(layout, g, num_tokens)
@@ -199,7 +228,7 @@ def enumerated_hits(limit: int) -> Iterator[JSON]:
                 )
             for cached in itertools.product(*options):
                 case = hit_case(
-                    f"hit.enum.{index:03d}.{num_tokens}.{emitted:05d}",
+                    f"{prefix}.{index:03d}.{num_tokens}.{emitted:05d}",
                     layout,
                     num_tokens,
                     list(cached),

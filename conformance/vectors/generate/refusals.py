@@ -70,6 +70,25 @@ def refusals() -> Iterator[JSON]:
             },
             "state groups hold no draft layers",
         ),
+        "draft-reach-zero": (
+            {"groups": [full, {**full, "draft": True}], "speculative": "exact", "draft_reach": 0},
+            "draft_reach < 1",
+        ),
+        "draft-reach-without-drafts": (
+            {"groups": [full], "draft_reach": 2},
+            "draft_reach > 1 but no draft layers",
+        ),
+        "drop-beyond-alignment": (
+            {
+                "groups": [
+                    {"kind": "full", "block_size": 2},
+                    {"kind": "full", "block_size": 2, "draft": True},
+                ],
+                "speculative": "drop",
+                "draft_reach": 3,
+            },
+            "a drop steps down 2 tokens, fewer than the 3 a draft position reads (HIT-SPEC-2)",
+        ),
         "max-model-len-zero": ({"groups": [full], "max_model_len": 0}, "max_model_len < 1"),
         "alignment-impossible": (
             {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 
@@ -101,6 +102,45 @@ def random_traces(
             ops,
             eviction=eviction,
         )
+
+
+def draft_reach_traces(count: int, first_seed: int) -> Iterator[JSON]:
+    """Seeded random traces over layouts whose drafter reads 2 or 3 tokens ahead (several MTP
+    modules, `draft_reach`): exact keys spanning them (HASH-DRAFT-1), draft blocks registered
+    only once the tokens after them are computed (ALLOC-COMMIT-1), and drop hits stepping
+    down over them (HIT-SPEC-2). Shared prefixes and one-token decode steps, so that blocks
+    wait, commit late and are hit."""
+    kinds: list[Callable[[random.Random], Group]] = [
+        lambda r: FullAttention(r.choice([2, 4])),
+        lambda r: SlidingWindow(r.choice([2, 4]), r.randint(2, 9)),
+        lambda r: MambaState(4, r.choice([MambaMode.ALIGN, MambaMode.ALL])),
+    ]
+    drafts: list[Callable[[random.Random], Group]] = [
+        lambda r: FullAttention(r.choice([2, 4]), draft=True),
+        lambda r: SlidingWindow(r.choice([2, 4]), r.randint(3, 9), draft=True),
+    ]
+    bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
+    for n in range(count):
+        rnd = random.Random(first_seed + n)
+        groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(0, 2))]
+        groups.append(rnd.choice(drafts)(rnd))
+        alignment = math.lcm(*(g.block_size for g in groups))
+        profile = rnd.choice([Speculative.EXACT, Speculative.DROP])
+        top = 3 if profile is Speculative.EXACT else min(3, alignment)
+        layout = Layout(tuple(groups), profile, draft_reach=rnd.randint(2, max(2, top)))
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40)))
+
+        def admit(_: spec.State, rid: str, rnd: random.Random = rnd) -> spec.Op:
+            tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
+            return spec.Admit(rid, tokens, rnd.randint(1, 24), (), rnd.choice([0, 1, 2]))
+
+        def extend(rid: str, request: spec.Request, rnd: random.Random = rnd) -> spec.Op:
+            done = request.computed == len(request.tokens)
+            budget = rnd.choice([1, 1, 2, 8])
+            return spec.Extend(rid, budget, (rnd.randint(0, 2),) if done else ())
+
+        state, ops = _play(rnd, state, admit, extend)
+        yield alloc_case(f"alloc.draft-reach.{n:03d}", layout, state.config.num_blocks, ops)
 
 
 BASES = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
