@@ -111,6 +111,8 @@ def refusals() -> Iterator[JSON]:
                 "cached": [[] for _ in layout["groups"]],  # type: ignore[index]
             },
             why,
+            # only an engine that reads draft_reach can be asked to refuse a bad one
+            ("speculative.reach",) if "draft_reach" in layout else (),
         )
     yield raw_case(
         "hit.refuse.layout-speculative-blocks-outside-align",
