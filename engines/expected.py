@@ -106,6 +106,10 @@ CAUSES = {
     "resolve_kv_cache_block_sizes) does not divide every group's block size, and its "
     "HybridKVCacheCoordinator refuses to start. A model with these layers and flags does not "
     "start; the spec serves it",
+    "reprefill-all-groups": "draft_reach k > 1 (multi-module MTP): vLLM caches only "
+    "num_computed - (k - 1) tokens in every group (num_reprefillable_tokens), the target's "
+    "included; the spec waits in draft groups only, whose last positions are drafted again "
+    "(ALLOC-COMMIT-1). Only the registered count differs: a hit needs the draft groups' blocks",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
 # Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
@@ -119,6 +123,7 @@ VALIDATION = {
     "hit.refuse.layout-alignment-impossible",
     "hit.refuse.layout-unknown-mamba-mode",
     "hit.refuse.layout-draft-on-state-group",
+    "hit.refuse.layout-draft-reach-without-drafts",
 }
 
 
@@ -240,6 +245,12 @@ def cause(
         needs = re.search(r"'needed': (\d+).*'needed': (\d+)", detail)
         if needs and int(needs.group(1)) > int(needs.group(2)):
             return "eagle-drop"  # a smaller hit leaves more blocks to allocate
+        if needs and int(needs.group(1)) < int(needs.group(2)) and len(layout["groups"]) >= 2:
+            return "eagle-drop-past-hit"  # a larger hit leaves fewer blocks to allocate
+        counts = re.match(r"step \d+: \{'step_ended': \{'registered': (\d+)\}\} != "
+                          r"expected \{'step_ended': \{'registered': (\d+)", detail)  # fmt: skip
+        if layout.get("draft_reach", 1) > 1 and counts and int(counts[1]) < int(counts[2]):
+            return "reprefill-all-groups"
     if trace is not None and any(g.get("kind") == "chunked_local" for g in layout["groups"]):
         return "chunked-as-full"
     if "'hit'" in detail and not any(

@@ -10,6 +10,8 @@ Mapping (one line per concept; engines/README.md has the full table):
     layout group          FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec /
                           MambaSpec(mamba_cache_mode=align|all), one KVCacheGroupSpec each
     speculative "drop"    KVCacheManager(use_eagle=True); draft groups is_eagle_group=True
+    draft_reach k > 1     num_prefill_lookahead=k (0.33: the drafter's prefill lookahead of
+                          k-module MTP, as VllmConfig.num_prefill_lookahead_tokens sets it)
     admit                 Request(...) -> get_computed_blocks -> allocate_slots(hit, chunk)
     extend                append_output_token_ids -> allocate_slots(chunk)
     end_step              num_computed_tokens += chunk (the scheduler's update), then
@@ -176,6 +178,12 @@ class Session:
         )
         init = api.KVCacheManager.__init__
         kwargs: JSON = {"enable_caching": True, "use_eagle": eagle}
+        reach = self.layout.get("draft_reach", 1)
+        if reach != 1:
+            if not _accepts(init, "num_prefill_lookahead"):
+                raise Unsupported("this release has no multi-module MTP (a drafter reading "
+                                  "more than one token ahead)")  # fmt: skip
+            kwargs["num_prefill_lookahead"] = reach
         if _accepts(init, "enable_kv_cache_events"):
             kwargs["enable_kv_cache_events"] = self.kv_events
         if _accepts(init, "scheduler_block_size"):
@@ -493,6 +501,14 @@ def probe_features(mode: str = "hand") -> list[str]:
         except Exception:
             continue
         features.append(f"speculative.{profile}")
+    if "speculative.drop" in features:
+        draft = [{"kind": "full", "block_size": 4, "draft": True}]
+        try:
+            Session({"groups": draft, "speculative": "drop", "draft_reach": 2}, 16, mode=mode)
+        except Exception:
+            pass
+        else:
+            features.append("speculative.reach")
     return sorted(features)
 
 

@@ -143,6 +143,8 @@ def planned(
     `num_blocks` blocks (null block included); NotReachable where vLLM's groups are not the
     layout's."""
     groups = layout["groups"]
+    if layout.get("draft_reach", 1) != 1:  # the weightless drafter is an EAGLE head
+        raise NotReachable("a multi-module MTP drafter is not planned by this adapter")
     attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
     settings = wiring.Settings(
         max_len=layout.get("max_model_len") or 1 << 20,

@@ -90,6 +90,22 @@ def test_causes_fall_back_to_uninvestigated():
     assert expected.cause(refused, {"input": {"layout": chunky}}) == "chunk-alignment"
 
 
+def test_multi_module_mtp_registration_and_larger_drop_hits_have_causes():
+    groups = [{"kind": "full", "block_size": 2}, {"kind": "full", "block_size": 2, "draft": True}]
+    reach = {"input": {"layout": {"groups": groups, "speculative": "drop", "draft_reach": 2},
+                       "ops": [{"op": "end_step"}]}}  # fmt: skip
+    fewer = (
+        "step 0: {'step_ended': {'registered': 9}} != expected {'step_ended': {'registered': 10}}"
+    )
+    assert expected.cause({"id": "alloc.x", "detail": fewer}, reach) == "reprefill-all-groups"
+    more = fewer.replace("': 9}", "': 11}")  # more registered than the spec: not this cause
+    assert expected.cause({"id": "alloc.x", "detail": more}, reach) == "uninvestigated"
+    eagle = {"input": {"layout": {"groups": groups, "speculative": "drop"}, "ops": [{}]}}
+    assert expected.cause({"id": "alloc.x", "detail": fewer}, eagle) == "uninvestigated"
+    larger_hit = "step 0: {'waiting': {'needed': 2, 'free': 1}} != expected {'needed': 4}"
+    assert expected.cause({"id": "alloc.x", "detail": larger_hit}, eagle) == "eagle-drop-past-hit"
+
+
 def test_a_traced_flag_names_the_cause_only_when_it_explains_the_difference():
     layout = {"groups": [{"kind": "sliding_window", "block_size": 2, "window": 3}]}
     case = {"input": {"layout": layout}}

@@ -70,6 +70,9 @@ def suites() -> dict[str, list[JSON]]:
         "alloc/random-checkpoints.json": list(checkpoint_traces(40, 3000)),
         "alloc/random-speculative-state.json": list(speculative_state_traces(30, 4000)),
         "alloc/random-draft-reach.json": list(draft_reach_traces(30, 5000)),
+        "alloc/random-draft-reach-lru-unkeyed-first.json": list(
+            draft_reach_traces(30, 6000, spec.Eviction.LRU_UNKEYED_FIRST)
+        ),
         "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
         "page/scenarios.json": list(page_scenarios()),

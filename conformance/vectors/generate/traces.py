@@ -104,7 +104,9 @@ def random_traces(
         )
 
 
-def draft_reach_traces(count: int, first_seed: int) -> Iterator[JSON]:
+def draft_reach_traces(
+    count: int, first_seed: int, eviction: spec.Eviction = spec.Eviction.LRU
+) -> Iterator[JSON]:
     """Seeded random traces over layouts whose drafter reads 2 or 3 tokens ahead (several MTP
     modules, `draft_reach`): exact keys spanning them (HASH-DRAFT-1), draft blocks registered
     only once the tokens after them are computed (ALLOC-COMMIT-1), and drop hits stepping
@@ -128,7 +130,7 @@ def draft_reach_traces(count: int, first_seed: int) -> Iterator[JSON]:
         profile = rnd.choice([Speculative.EXACT, Speculative.DROP])
         top = 3 if profile is Speculative.EXACT else min(3, alignment)
         layout = Layout(tuple(groups), profile, draft_reach=rnd.randint(2, max(2, top)))
-        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40)))
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40), eviction))
 
         def admit(_: spec.State, rid: str, rnd: random.Random = rnd) -> spec.Op:
             tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
@@ -140,7 +142,14 @@ def draft_reach_traces(count: int, first_seed: int) -> Iterator[JSON]:
             return spec.Extend(rid, budget, (rnd.randint(0, 2),) if done else ())
 
         state, ops = _play(rnd, state, admit, extend)
-        yield alloc_case(f"alloc.draft-reach.{n:03d}", layout, state.config.num_blocks, ops)
+        label = "" if eviction is spec.Eviction.LRU else f"-{eviction.value}"
+        yield alloc_case(
+            f"alloc.draft-reach{label}.{n:03d}",
+            layout,
+            state.config.num_blocks,
+            ops,
+            eviction=eviction,
+        )
 
 
 BASES = [tuple(range(1, 41)), tuple(range(1, 13)) + tuple(range(60, 88))]
