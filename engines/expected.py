@@ -249,7 +249,9 @@ def cause(
             return "eagle-drop-past-hit"  # a larger hit leaves fewer blocks to allocate
         counts = re.match(r"step \d+: \{'step_ended': \{'registered': (\d+)\}\} != "
                           r"expected \{'step_ended': \{'registered': (\d+)", detail)  # fmt: skip
-        if layout.get("draft_reach", 1) > 1 and counts and int(counts[1]) < int(counts[2]):
+        one_size = len({g["block_size"] for g in layout["groups"]}) == 1  # else registration-unit
+        fewer = counts is not None and int(counts[1]) < int(counts[2])
+        if layout.get("draft_reach", 1) > 1 and fewer and one_size:
             return "reprefill-all-groups"
     if trace is not None and any(g.get("kind") == "chunked_local" for g in layout["groups"]):
         return "chunked-as-full"
