@@ -240,6 +240,26 @@ def per_group_drop_twin() -> tuple[list[Any], Any]:
     return domain, current == spec_drop(groups, num_tokens, PR, hit)
 
 
+def drop_covers_reach(beyond: int = 0) -> Any:
+    """HIT-SPEC-2 with a drafter reading r tokens ahead (HASH-DRAFT-1's draft_reach): where
+    the drop serves a positive length d below the plain hit h, the r tokens the draft KV at
+    d - 1 reads lie inside the matched prefix (d + r <= h), for every r up to the hit
+    alignment, which Layout allows under drop. `beyond` > 0: a reach past the alignment."""
+
+    def build() -> tuple[list[Any], Any]:
+        groups, num_tokens, domain = _layout(PR)
+        reach = z3.Int("reach")
+        alignment = _alignment(groups)
+        domain += [reach >= 1, reach <= alignment + beyond]
+        if beyond:
+            domain.append(reach > alignment)
+        hit = spec_hit(groups, num_tokens, PR)
+        drop = spec_drop(groups, num_tokens, PR, hit)
+        return domain, z3.Implies(drop > 0, drop + reach <= hit)
+
+    return build
+
+
 def downward_closed(kind: int) -> Any:
     """Accepting L implies accepting every shorter length aligned to the block size."""
 
@@ -403,6 +423,14 @@ OBLIGATIONS = (
     Obligation("TWIN-SPEC-PER-GROUP-DROP", ("HIT-SPEC-2",), "as THM-HYB-SEARCH", COUNTEREXAMPLE,
                "pr", per_group_drop_twin, twin_of="THM-SPEC-DROP-ONCE", rlimit=200_000_000,
                about="vLLM #32802: the drop inside the fixed-point loop spirals"),
+    Obligation("THM-SPEC-DROP-REACH", ("HIT-SPEC-2", "HASH-DRAFT-1"),
+               "as THM-HYB-SEARCH; draft reach 1 .. the hit alignment", PROVED, "pr",
+               drop_covers_reach(), rlimit=200_000_000,
+               about="a drop hit leaves the draft_reach tokens its last draft KV reads matched"),
+    Obligation("TWIN-SPEC-DROP-PAST-ALIGNMENT", ("HIT-SPEC-2",), "as THM-SPEC-DROP-REACH",
+               COUNTEREXAMPLE, "pr", drop_covers_reach(beyond=1),
+               twin_of="THM-SPEC-DROP-REACH", rlimit=200_000_000,
+               about="a reach past the alignment (refused by Layout) is not covered"),
     Obligation("DRIFT-HIT", ("HIT-GROUP-1", "HIT-HYB-1"), "120 random concrete views", AGREES,
                "pr", drift, about="the hit encodings equal kvcert.spec.hybrid"),
 )  # fmt: skip
