@@ -112,7 +112,7 @@ def refusals() -> Iterator[JSON]:
             },
             why,
             # only an engine that reads draft_reach can be asked to refuse a bad one
-            ("speculative.reach",) if "draft_reach" in layout else (),
+            ("speculative.reach",) if "draft_reach" in layout else (),  # type: ignore[operator]
         )
     yield raw_case(
         "hit.refuse.layout-speculative-blocks-outside-align",
