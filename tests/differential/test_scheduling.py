@@ -45,7 +45,7 @@ BASES = [tuple(range(1, 41)), tuple(range(1, 17)) + tuple(range(60, 84))]
 
 @settings(max_examples=tiered(150, 3000))
 @given(
-    layout=layouts(max_groups=3),
+    layout=layouts(max_groups=3, reach=True),
     served=st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(1, 40)), max_size=4),
     probe=st.tuples(st.sampled_from([0, 1]), st.integers(1, 40)),
 )

@@ -534,7 +534,7 @@ class SpecSelfCheck(RuleBasedStateMachine):
         super().__init__()
         self.state = None
 
-    @initialize(layout=layouts(max_groups=3), blocks=st.integers(2, 40))
+    @initialize(layout=layouts(max_groups=3, reach=True), blocks=st.integers(2, 40))
     def start(self, layout, blocks):
         self.state = initial_state(PoolConfig(layout, blocks))
 
