@@ -59,6 +59,30 @@ def _play(
     return state, ops
 
 
+SHORT = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]  # prompts to cut
+
+
+def _mixed_play(
+    rnd: random.Random,
+    state: spec.State,
+    bases: list[tuple[int, ...]],
+    lookaheads: list[int],
+    budget: Callable[[random.Random], int],
+) -> tuple[spec.State, list[spec.Op]]:
+    """`_play` with prompts cut from `bases`, admissions reserving one of `lookaheads` and
+    extensions of `budget` tokens (one sampled token appended once the prompt is computed)."""
+
+    def admit(_: spec.State, rid: str) -> spec.Op:
+        tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
+        return spec.Admit(rid, tokens, rnd.randint(1, 24), (), rnd.choice(lookaheads))
+
+    def extend(rid: str, request: spec.Request) -> spec.Op:
+        done = request.computed == len(request.tokens)
+        return spec.Extend(rid, budget(rnd), (rnd.randint(0, 2),) if done else ())
+
+    return _play(rnd, state, admit, extend)
+
+
 def random_traces(
     count: int, eviction: spec.Eviction = spec.Eviction.LRU, first_seed: int = 0
 ) -> Iterator[JSON]:
@@ -69,7 +93,6 @@ def random_traces(
         lambda r: ChunkedLocal(r.choice([2, 4]), r.randint(2, 9)),
         lambda r: MambaState(r.choice([2, 4]), r.choice(list(MambaMode))),
     ]
-    bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
     for n in range(count):
         rnd = random.Random(first_seed + n)
         groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(1, 3))]
@@ -83,17 +106,7 @@ def random_traces(
             groups.append(FullAttention(rnd.choice([2, 4]), draft=True))
         layout = Layout(tuple(groups), profile)
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(6, 40), eviction))
-
-        def admit(_: spec.State, rid: str, rnd: random.Random = rnd) -> spec.Op:
-            tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
-            return spec.Admit(rid, tokens, rnd.randint(1, 24), (), rnd.choice([0, 0, 1]))
-
-        def extend(rid: str, request: spec.Request, rnd: random.Random = rnd) -> spec.Op:
-            done = request.computed == len(request.tokens)
-            budget = rnd.randint(1, 8)
-            return spec.Extend(rid, budget, (rnd.randint(0, 2),) if done else ())
-
-        state, ops = _play(rnd, state, admit, extend)
+        state, ops = _mixed_play(rnd, state, SHORT, [0, 0, 1], lambda r: r.randint(1, 8))
         label = "random" if eviction is spec.Eviction.LRU else f"random-{eviction.value}"
         yield alloc_case(
             f"alloc.{label}.{n:03d}",
@@ -121,7 +134,6 @@ def draft_reach_traces(
         lambda r: FullAttention(r.choice([2, 4]), draft=True),
         lambda r: SlidingWindow(r.choice([2, 4]), r.randint(3, 9), draft=True),
     ]
-    bases = [tuple(range(1, 25)), tuple(range(1, 9)) + tuple(range(60, 76))]
     for n in range(count):
         rnd = random.Random(first_seed + n)
         groups = [rnd.choice(kinds)(rnd) for _ in range(rnd.randint(0, 2))]
@@ -131,17 +143,8 @@ def draft_reach_traces(
         top = 3 if profile is Speculative.EXACT else min(3, alignment)
         layout = Layout(tuple(groups), profile, draft_reach=rnd.randint(2, max(2, top)))
         state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40), eviction))
-
-        def admit(_: spec.State, rid: str, rnd: random.Random = rnd) -> spec.Op:
-            tokens = rnd.choice(bases)[: rnd.randint(1, 24)]
-            return spec.Admit(rid, tokens, rnd.randint(1, 24), (), rnd.choice([0, 1, 2]))
-
-        def extend(rid: str, request: spec.Request, rnd: random.Random = rnd) -> spec.Op:
-            done = request.computed == len(request.tokens)
-            budget = rnd.choice([1, 1, 2, 8])
-            return spec.Extend(rid, budget, (rnd.randint(0, 2),) if done else ())
-
-        state, ops = _play(rnd, state, admit, extend)
+        # one-token decode steps mostly: draft blocks wait, then commit
+        state, ops = _mixed_play(rnd, state, SHORT, [0, 1, 2], lambda r: r.choice([1, 1, 2, 8]))
         label = "" if eviction is spec.Eviction.LRU else f"-{eviction.value}"
         yield alloc_case(
             f"alloc.draft-reach{label}.{n:03d}",
