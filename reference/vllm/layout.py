@@ -116,7 +116,11 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
 
 
 def cache_config(
-    kv_cache_config: Any, max_model_len: int, drafting: bool, settings: Settings
+    kv_cache_config: Any,
+    max_model_len: int,
+    drafting: bool,
+    settings: Settings,
+    draft_reach: int = 1,
 ) -> CacheConfig:
     """The reference configuration for vLLM's planned groups: the same groups in the same
     order (group i's table is vLLM's group i), the same `num_blocks` (block 0 is the null
@@ -125,7 +129,9 @@ def cache_config(
     draft layers, as vLLM's EAGLE block drop does (`drafting`: a drafter runs). kvcert
     keys their blocks exactly (HIT-SPEC-1) whatever vLLM's flags
     say, unless `settings.speculative` asks for the drop: exact keys are sound for the
-    drafter's KV, vLLM's drop is not (kvcert fuzz finds stale draft KV under it)."""
+    drafter's KV, vLLM's drop is not (kvcert fuzz finds stale draft KV under it).
+    `draft_reach`: the tokens after a position its draft KV reads (vLLM's
+    `num_prefill_lookahead_tokens`: k for k MTP modules)."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
@@ -145,6 +151,7 @@ def cache_config(
             configs,
             kv_cache_config.num_blocks,
             speculative=(settings.speculative or DraftKeying.EXACT) if any(marked) else None,
+            draft_reach=draft_reach if any(marked) else 1,
             max_model_len=max_model_len,
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,

@@ -186,10 +186,6 @@ class KVCacheManager:
                 metrics_collector is not None,
                 "turn KV-cache residency metrics off",
             ),
-            "re-prefilled draft tokens (multi-module MTP)": (
-                num_prefill_lookahead > 1,
-                "use a drafter that reads one token ahead (EAGLE, one MTP module)",
-            ),
         }
         for what, (on, fix) in refused.items():
             if on:
@@ -204,7 +200,9 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.mamba_shared_prefix_checkpoint = False
         drafting = use_eagle or num_hash_lookahead_tokens > 0  # vLLM runs a drafter
-        config = cache_config(kv_cache_config, max_model_len, drafting, self.settings)
+        # a multi-module MTP drafter's KV at a position reads this many tokens ahead
+        reach = max(1, num_prefill_lookahead)
+        config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
         self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
