@@ -65,13 +65,16 @@ def campaign(
     *,
     state_checkpoints: bool = False,
     state_drafts: bool = False,
+    mtp: bool = False,
 ) -> dict[str, Any]:
     """Play every seed's workload; shrink each violation. The report is JSON-ready.
     `state_checkpoints` (always with `kvcert`): most Qwen3.5 seeds are served by a backend
     that saves state inside a prefill; `state_drafts` (always with `kvcert`): half the state
-    hybrids' seeds decode with drafts (`generate`)."""
+    hybrids' seeds decode with drafts (`generate`); `mtp` (always with `kvcert`): half the
+    drafted attention-only seeds run a multi-module MTP drafter."""
     state_checkpoints = state_checkpoints or kvcert
     state_drafts = state_drafts or kvcert
+    mtp = mtp or kvcert
     from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
 
     start = time.perf_counter()
@@ -80,6 +83,7 @@ def campaign(
         "mutant": mutant, "kvcert": kvcert,
         **({"state_checkpoints": True} if state_checkpoints and not kvcert else {}),
         **({"state_drafts": True} if state_drafts and not kvcert else {}),
+        **({"mtp": True} if mtp and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
         "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "state_copies": 0,
         "stalled": [],
@@ -87,7 +91,9 @@ def campaign(
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
-        workload = generate(seed, state_checkpoints=state_checkpoints, state_drafts=state_drafts)
+        workload = generate(
+            seed, state_checkpoints=state_checkpoints, state_drafts=state_drafts, mtp=mtp
+        )
         outcome = play(workload, fix, mutant, kvcert)
         report["runs"] += 1
         if outcome.unreachable is not None:
@@ -167,6 +173,8 @@ def render(report: dict[str, Any]) -> str:
         fix += ", state backends saving checkpoints inside a prefill"
     if report.get("state_drafts"):
         fix += ", state hybrids decoding with drafts"
+    if report.get("mtp"):
+        fix += ", multi-module MTP drafters"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
@@ -254,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
         report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert,
                           state_checkpoints=args.state_checkpoints,
-                          state_drafts=args.state_drafts)  # fmt: skip
+                          state_drafts=args.state_drafts, mtp=args.mtp)  # fmt: skip
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -330,6 +338,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="decode half the state hybrids' seeds with MTP/EAGLE drafts "
                         "(num_speculative_blocks), some requests past a state block "
                         "boundary (always on with --kvcert)")  # fmt: skip
+    parser.add_argument("--mtp", action="store_true",
+                        help="serve half the drafted attention-only seeds with a multi-module "
+                        "MTP drafter of 2-3 modules (always on with --kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

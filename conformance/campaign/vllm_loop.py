@@ -69,6 +69,21 @@ token from them. Under async scheduling the scheduler schedules placeholders and
 as accepted until the output returns; the runner, like vLLM's GPU runner, substitutes its own
 drafts and computes from its own count: the scheduler's start less the drafts rejected in
 outputs the scheduler has not taken yet.
+
+A multi-module MTP drafter (`--speculative-config '{"method": "mtp", ...}'` on a model file
+declaring k > 1 modules, k drafts per step: 0.33's `MultiModuleMTPSpeculator`, with
+`num_prefill_lookahead_tokens` = k) has a layer per module, and the ledger one identity per
+module and position:
+
+    module s's KV at p   a digest of tokens[0..p+1+s]   module s reads the token s after the
+                                                        one EAGLE reads: the next prompt tokens
+                                                        mid-prefill, past the known tokens the
+                                                        drafts modules 0..s-1 just sampled
+
+After a pass that rejected r drafts, the drafter runs every module over the pass's positions
+less the rejected ones plus the r - 1 positions before them (re-prefilled from the inputs it
+cached last pass: the later modules' KV there was computed from a rejected draft), and first
+checks that each module's KV below them is what it computes for the tokens now known.
 """
 
 from __future__ import annotations
@@ -223,7 +238,8 @@ def build(
     plan_input = plan_input_from_json(
         {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
     )
-    layers = _served_layers(plan_input.layers, workload.spec_tokens > 0)
+    modules = _modules(workload)
+    layers = _served_layers(plan_input.layers, workload.spec_tokens > 0, modules)
     stateful = any(isinstance(x, StateLayer) for x in layers)
     block_size = state_block_size(workload.model) if stateful else 16
     settings = wiring.Settings(
@@ -235,6 +251,7 @@ def build(
         long_prefill=workload.long_prefill,
         speculative=keying_of(workload),
         spec_tokens=max(workload.spec_tokens, 1),
+        drafter=workload.drafter,
         attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
         # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
         # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
@@ -373,17 +390,27 @@ def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) 
         raise Unreachable(f"the kvcert manager refuses it: {why}") from None
 
 
-def _served_layers(layers: tuple[Any, ...], drafter: bool) -> list[Any]:
+def _served_layers(layers: tuple[Any, ...], drafter: bool, modules: int = 1) -> list[Any]:
     """The layers vLLM loads: without speculative decoding, none of the drafter's; with it,
     the model file's draft layer, or where the file declares none an EAGLE head of the
     target's own attention shape (as EAGLE drafters for Llama-style targets are built): one
-    layer copying the first full-attention layer."""
+    layer copying the first full-attention layer; a multi-module MTP drafter has one such
+    layer per module."""
     if not drafter:
         return [x for x in layers if not _is_draft(x)]
     if any(_is_draft(x) for x in layers):
+        if modules > 1:
+            raise ValueError("a model file's own draft layer is not a multi-module MTP drafter")
         return list(layers)
     head = next(x for x in layers if getattr(x, "kind", None) is AttentionKind.FULL)
-    return [*layers, dataclasses.replace(head, draft=True)]
+    return [*layers, *[dataclasses.replace(head, draft=True)] * modules]
+
+
+def _modules(workload: Workload) -> int:
+    """The drafter's modules: one per draft token for a multi-module MTP drafter (vLLM's
+    `use_multi_module_mtp`: an MTP model file with more than one module and more than one
+    draft token), else one head run once per draft."""
+    return workload.spec_tokens if workload.drafter == "mtp" and workload.spec_tokens > 1 else 1
 
 
 def _is_draft(layer: object) -> bool:
@@ -487,6 +514,12 @@ class Ledger:
     state_copies: int = 0
     # the runner's prefill checkpoints of a pass (`_runner_checkpoints`), None: it saves none
     checkpoints: Callable[[int, int], tuple[int, int]] | None = None
+    # the drafter's modules: 1 (EAGLE: one head, role "d"), else a multi-module MTP drafter
+    # (roles "d0", "d1", ...: module s's KV at p reads the tokens up to p + 1 + s)
+    modules: int = 1
+    # requests whose row of the MTP drafter's input cache holds their own last inputs (what
+    # it re-prefills from); a request (re)sent to the runner has not run the drafter yet
+    mtp_cached: set[str] = field(default_factory=set)
 
     def tokens(self, request: Any) -> list[int]:
         """The request's tokens as the runner knows them: the scheduler's, then the ones this
@@ -503,6 +536,7 @@ class Ledger:
         for pending in self.unapplied.get(rid, ()):
             pending.live = False
         self.proposed.pop(rid, None)
+        self.mtp_cached.discard(rid)
         self.state_index.pop(rid, None)
         self.state_accepted.pop(rid, None)
 
@@ -546,11 +580,60 @@ class Ledger:
             ran += [UNKNOWN] * (one.end - len(ran))  # positions no token is known for: garbage
             self._write(one, "t", identities(ran, one.end), 0)
             self._settle_state(one, len(tokens) if tokens else 1)
+            drafts = self._propose(one, after) if tokens and self.spec_tokens else []
+            if self.modules > 1:
+                violation = violation or self._run_modules(one, tokens, after, drafts)
+                continue
             nexts = after + [UNKNOWN] * (one.end + 1 - len(after))
             self._write(one, "d", identities(nexts, one.end + 1), 1)
-            if tokens and self.spec_tokens:
-                self._propose(one, after)
+            if drafts:
+                self._write_draft_passes(one, after, drafts)
         return sampled, violation
+
+    def _run_modules(
+        self, one: _Pass, tokens: list[int], after: list[int], drafts: list[int]
+    ) -> Violation | None:
+        """A multi-module MTP drafter after the pass (0.33's `MultiModuleMTPSpeculator`): every
+        module runs over the pass's positions less the rejected drafts, plus the last
+        `rejected - 1` positions before them, whose KV in the later modules was computed from
+        drafts now rejected (re-prefilled from the inputs it cached last pass; a request new to
+        the runner has none of its own there). Module s at position p reads token p + 1 + s:
+        the known tokens, then the drafts the modules before it sampled. Trailing slots of
+        rejected drafts are padded (`pad_trailing_draft_slots`): not written. Before writing,
+        each module's attention reads its own KV below the first position it computes, which
+        must be what it computes for the tokens now known."""
+        rejected = len(one.drafts) - (len(tokens) - 1) if tokens else 0
+        reprefilled = max(0, rejected - 1)
+        first, stop = max(0, one.start - reprefilled), one.end - rejected
+        chain = [*after, *drafts]
+        if reprefilled and one.rid not in self.mtp_cached:  # another request's cached inputs
+            chain[first + 1 : one.start + 1] = [UNKNOWN] * reprefilled
+        self.mtp_cached.add(one.rid)
+        reach = max(stop, first + 1) + self.modules
+        written = identities(chain + [UNKNOWN] * (reach - len(chain)), reach)
+        known = identities(after + [UNKNOWN] * (reach - len(after)), reach)
+        violation = None
+        for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
+            if not group.draft:
+                continue
+            for module in range(self.modules):
+                role = f"d{module}"
+                for p in group.needs(first) if violation is None else ():
+                    slot = (g, role, table[p // group.block_size], p % group.block_size)
+                    if violation is None and self.slots.get(slot) != known[p + 1 + module]:
+                        violation = Violation(
+                            f"step {one.step}: {one.rid}'s MTP module {module} computes "
+                            f"[{first}, {stop}) but position {p} of group {g} (draft layers, "
+                            f"block {slot[2]}) holds KV that no forward pass wrote for this "
+                            "prefix",
+                            "draft",
+                        )
+                for p in range(first, stop):
+                    block = table[p // group.block_size]
+                    if block:
+                        ident = written[p + 1 + module]
+                        self.slots[(g, role, block, p % group.block_size)] = ident
+        return violation
 
     def _carry_states(self, passes: list[_Pass]) -> None:
         """Before the forward pass, vLLM's runner (`preprocess_mamba`, align mode) moves each
@@ -689,7 +772,10 @@ class Ledger:
                         "state",
                     )
                 continue
-            for role, shift, present in (("t", 0, group.target), ("d", 1, group.draft)):
+            # an EAGLE head reads its KV as the pass starts; MTP modules after it
+            # (`_run_modules`)
+            eagle = group.draft and self.modules == 1
+            for role, shift, present in (("t", 0, group.target), ("d", 1, eagle)):
                 if not present:
                     continue
                 for p in group.needs(start):
@@ -760,12 +846,16 @@ class Ledger:
                 if block:  # a null block (outside a window) is never written
                     self.slots[(g, role, block, p % group.block_size)] = ident[p + shift]
 
-    def _propose(self, one: _Pass, after: list[int]) -> None:
-        """The drafter's next drafts, and the draft KV its extra passes write after the bonus
-        token (pass j reads draft j - 1), where the block table already reaches."""
+    def _propose(self, one: _Pass, after: list[int]) -> list[int]:
+        """The drafter's next drafts."""
         rng = random.Random(f"{self.seed}:{one.step}:{one.rid}:drafts")
         drafts = [rng.randrange(VOCAB) for _ in range(self.spec_tokens)]
         self.proposed[one.rid] = drafts
+        return drafts
+
+    def _write_draft_passes(self, one: _Pass, after: list[int], drafts: list[int]) -> None:
+        """The draft KV an EAGLE drafter's extra passes write after the bonus token (pass j
+        reads draft j - 1), where the block table already reaches."""
         bonus = len(after) - 1
         ident = identities(after + drafts, len(after) + len(drafts))
         for g, (group, table) in enumerate(zip(self.groups, one.tables, strict=True)):
@@ -832,7 +922,10 @@ def play(
         scheduler, groups, hasher, checkpoints = build(workload, fix, mutant, kvcert)
     except Unreachable as why:
         return Outcome(unreachable=str(why))
-    ledger = Ledger(groups, workload.seed, workload.spec_tokens, checkpoints=checkpoints)
+    ledger = Ledger(
+        groups, workload.seed, workload.spec_tokens, checkpoints=checkpoints,
+        modules=_modules(workload),
+    )  # fmt: skip
     outcome = Outcome(keying=keying_of(workload))
     pending: list[Any] = []  # (output, runner output) not yet given back: async scheduling
     depth = 2 if workload.async_scheduling else 1

@@ -14,7 +14,7 @@ after EngineCore's wiring; CI requires each to be caught (engines/vllm/campaign/
                          alignment, so a full block can be cached holding the running state of
                          a position inside it, not the state at its boundary
 
-One twin of kvcert's own manager (`kvcert fuzz --kvcert --mutant NAME`), so the campaign
+Twins of kvcert's own manager (`kvcert fuzz --kvcert --mutant NAME`), so the campaign
 through kvcert's Scheduler is seen to fail too:
 
     kvcert-state-source-released
@@ -30,10 +30,19 @@ through kvcert's Scheduler is seen to fail too:
                          the inner checkpoint passed to the allocator is one block before
                          the one vLLM's runner saves (a column index taken for a boundary):
                          kvcert holds and registers a block the runner never writes
+    kvcert-no-draft-state-blocks
+                         ALLOC-SPEC-1 forgotten: a decode chunk of a state hybrid with drafts
+                         holds its running state's block only
+    kvcert-draft-reach-ignored
+                         a multi-module MTP drafter (module s reads s + 1 tokens ahead) keyed
+                         and registered as an EAGLE head: blocks hit and cached before the
+                         tokens their later modules read are known (HASH-DRAFT-1,
+                         ALLOC-COMMIT-1)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -120,6 +129,16 @@ def _kvcert_no_draft_state_blocks(wired: Any) -> None:
     vars(wired.scheduler.kv_cache_manager)["_check_runner_columns"] = lambda *_: None
 
 
+def _kvcert_draft_reach_ignored(wired: Any) -> None:
+    """HASH-DRAFT-1 and ALLOC-COMMIT-1 with the drafter's reach forgotten: a multi-module MTP
+    drafter's blocks keyed and registered as an EAGLE head's (one token ahead), which is
+    what lifting the integration's old refusal without passing the reach would do."""
+    manager = wired.scheduler.kv_cache_manager
+    config = manager.core.config
+    if config.draft_reach > 1:  # before any request: the allocator starts afresh
+        manager.core = type(manager.core)(dataclasses.replace(config, draft_reach=1))
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -131,6 +150,7 @@ KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-tables-without-nulls": _kvcert_tables_without_nulls,
     "kvcert-checkpoint-a-block-early": _kvcert_checkpoint_a_block_early,
     "kvcert-no-draft-state-blocks": _kvcert_no_draft_state_blocks,
+    "kvcert-draft-reach-ignored": _kvcert_draft_reach_ignored,
 }
 # what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
 CAUGHT_AS: dict[str, str] = {
@@ -141,4 +161,5 @@ CAUGHT_AS: dict[str, str] = {
     "kvcert-tables-without-nulls": "target",
     "kvcert-checkpoint-a-block-early": "state",
     "kvcert-no-draft-state-blocks": "state",
+    "kvcert-draft-reach-ignored": "draft",
 }

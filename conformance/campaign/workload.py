@@ -22,6 +22,9 @@ MODELS = ("llama-3.1-8b", "gpt-oss-20b", "gemma-4-31B")
 # target's attention shape).
 OTHER_MODELS = ("deepseek-v3", "llama-4-scout")
 DRAFT_MODELS = ("gpt-oss-20b-eagle3", "llama-3.1-8b", "gemma-4-31B", "deepseek-v3")
+# Models whose file declares no drafter, served with a multi-module MTP drafter (`--mtp`): one
+# module per draft token, each a layer of the target's attention shape.
+MTP_MODELS = ("llama-3.1-8b", "gemma-4-31B", "deepseek-v3")
 # Hybrids of attention and recurrent state (Mamba align mode), drawn by a third stream among
 # the seeds the second leaves on MODELS. Their blocks are hundreds of tokens (vLLM enlarges
 # the attention block until its page holds a state), so their workloads are drawn in units of
@@ -67,11 +70,16 @@ class Workload:
     # the state layers' prefill kernel also saves the state at a block boundary inside the
     # chunk (0.33's FlashInfer GDN: MambaSpec num_prefill_checkpoint_blocks=1 on the block grid)
     state_checkpoints: bool = False
+    # the drafter with spec_tokens: "eagle" (one head, run once per draft), or "mtp" (one MTP
+    # module per draft token, module i reading i tokens ahead: vLLM re-prefills its KV)
+    drafter: str = "eagle"
 
     def to_json(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
         if not self.state_checkpoints:  # every workload before the option reads the same
             del body["state_checkpoints"]
+        if self.drafter == "eagle":
+            del body["drafter"]
         return body
 
     @classmethod
@@ -105,7 +113,7 @@ class Workload:
         events = len(self.aborts) + len(self.resets)
         settings = (self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
                     + 2 * self.spec_tokens + (self.spec_keying != "default")
-                    + self.state_checkpoints)  # fmt: skip
+                    + self.state_checkpoints + (self.drafter != "eagle"))  # fmt: skip
         steps = sum(a.step for a in self.arrivals)
         return (1000 * len(self.arrivals) + tokens + 100 * events + steps + settings
                 + (self.policy != "fcfs"))  # fmt: skip
@@ -116,21 +124,33 @@ def generate(
     models: tuple[str, ...] = MODELS,
     state_checkpoints: bool = False,
     state_drafts: bool = False,
+    mtp: bool = False,
 ) -> Workload:
     """A random workload: requests that share prefixes (so lookups hit), arriving over a few
     steps, in a pool small enough that the scheduler must preempt, with chunked prefill.
     `state_checkpoints`: a state model whose layers can save checkpoints inside a prefill
     chunk is served so on most seeds; `state_drafts`: half the state models' seeds decode
     with MTP/EAGLE drafts, some requests past a state block boundary (each from its own
-    stream: no other workload changes)."""
+    stream: no other workload changes); `mtp`: half the drafted attention-only seeds are
+    served with a multi-module MTP drafter of 2 or 3 modules (its own stream too)."""
     workload = _draw(random.Random(seed), seed, models, 1)
     extra = random.Random(f"kvcert-fuzz-extra:{seed}")
     draw = extra.random()
     if draw < 0.3:
         model = extra.choice(DRAFT_MODELS)
         spec_tokens, spec_keying = extra.randint(1, 3), extra.choice(SPEC_KEYINGS)
-        return dataclasses.replace(workload, model=model, spec_tokens=spec_tokens,
-                                   spec_keying=spec_keying)  # fmt: skip
+        workload = dataclasses.replace(workload, model=model, spec_tokens=spec_tokens,
+                                       spec_keying=spec_keying)  # fmt: skip
+        modules = random.Random(f"kvcert-fuzz-mtp:{seed}")
+        if mtp and modules.random() < 0.5:
+            workload = dataclasses.replace(
+                workload,
+                model=modules.choice(MTP_MODELS),
+                spec_tokens=modules.randint(2, 3),
+                drafter="mtp",
+            )
+            workload = _near_misses(workload, modules)
+        return workload
     if draw < 0.4:
         return dataclasses.replace(workload, model=extra.choice(OTHER_MODELS))
     state = random.Random(f"kvcert-fuzz-state:{seed}")
@@ -230,6 +250,32 @@ def _decoding_across_boundaries(workload: Workload, block: int, rng: random.Rand
             longer = dataclasses.replace(drawn, max_tokens=max(drawn.max_tokens, past))
         arrivals.append(longer)
     usable = -(-longest(tuple(arrivals)) // block) + margin
+    return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
+
+
+def _near_misses(workload: Workload, rng: random.Random) -> Workload:
+    """About half the requests after the first are rewritten to share an earlier request's
+    prompt up to a block boundary and the `spec_tokens - 1` tokens after it, then differ:
+    two blocks an EAGLE head's keys (one token ahead) cannot tell apart and the last MTP
+    module's can. Random prompts almost never do this by chance. The pool grows by the blocks
+    they add, keeping the drawn margin."""
+
+    def longest(arrivals: tuple[Arrival, ...]) -> int:
+        return max(len(a.prompt) + a.max_tokens for a in arrivals)
+
+    margin = workload.usable_blocks - -(-longest(workload.arrivals) // 16)
+    shared = workload.spec_tokens - 1
+    arrivals = list(workload.arrivals)
+    for i in range(1, len(arrivals)):
+        source = arrivals[rng.randrange(i)].prompt
+        boundaries = (len(source) - shared - 1) // 16
+        if boundaries < 1 or rng.random() >= 0.5:
+            continue
+        cut = 16 * rng.randint(1, boundaries) + shared
+        differing = (source[cut] + 1) % VOCAB
+        prompt = (*source[:cut], differing, *arrivals[i].prompt)
+        arrivals[i] = dataclasses.replace(arrivals[i], prompt=prompt)
+    usable = -(-longest(tuple(arrivals)) // 16) + margin
     return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
 
 

@@ -580,3 +580,28 @@ def weightless_model(max_model_len: int, attention_chunk_size: int | None = None
     return ModelConfig(
         model=str(path), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
     )
+
+
+def weightless_mtp_drafter(max_model_len: int, modules: int) -> str:
+    """The path of a weightless model whose file declares `modules` MTP modules (a MiMo-style
+    Qwen2 config, one of the architectures vLLM's SpeculativeConfig gives a multi-module MTP
+    drafter), for `--speculative-config '{"method": "mtp", "model": PATH, ...}'`."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    shape = {
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 1000,
+        "max_position_embeddings": max_model_len,
+        "num_nextn_predict_layers": modules,
+    }
+    path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-mtp-"))
+    (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
+    return str(path)

@@ -124,19 +124,23 @@ def speculative_config(settings: Settings) -> Any:
     return _speculative_config(
         settings.max_len, settings.attention_chunk_size, settings.speculative,
         settings.spec_tokens, tuple(sorted(settings.flags_for("speculative").items())),
+        settings.drafter,
     )  # fmt: skip
 
 
 @cache
-def _speculative_config(
+def _speculative_config(  # noqa: PLR0917 - one cache key per argument
     max_len: int,
     attention_chunk_size: int | None,
     profile: str | None,
     spec_tokens: int,
     flags: tuple[tuple[str, Any], ...],
+    drafter: str = "eagle",
 ) -> Any:
     """An EAGLE drafter as a user configures one (`--speculative-config '{"method": "eagle",
-    "model": ..., "num_speculative_tokens": N}'`), the weightless model as its draft.
+    "model": ..., "num_speculative_tokens": N}'`), the weightless model as its draft; with
+    `drafter` "mtp", a multi-module MTP drafter (method "mtp", a weightless draft model file
+    declaring one module per draft token, so module i drafts token i).
     `drop`: the last matched block is dropped (0.33: `disable_lookahead_block_hashes`, the
     release's documented fallback; before 0.33 the only behaviour). `exact`: the drafter's
     tokens after each block are in the block's hash (0.33's default), else NoSuchFlag."""
@@ -147,9 +151,14 @@ def _speculative_config(
         options["disable_lookahead_block_hashes"] = profile == "drop"
     elif profile == "exact":
         raise NoSuchFlag("this release has no lookahead block hashes (exact draft keying)")
+    draft = model.model
+    if drafter == "mtp":
+        from kvcert.conformance.engines.vllm import weightless_mtp_drafter  # noqa: PLC0415
+
+        draft = weightless_mtp_drafter(max_len, spec_tokens)
     return v["SpeculativeConfig"](
-        method="eagle",
-        model=model.model,
+        method=drafter,
+        model=draft,
         num_speculative_tokens=spec_tokens,
         target_model_config=model,
         target_parallel_config=v["ParallelConfig"](),
@@ -169,6 +178,7 @@ class Settings:
     long_prefill: int = 0
     speculative: str | None = None  # None | drop | exact (a kvcert profile)
     spec_tokens: int = 1  # num_speculative_tokens, with `speculative`
+    drafter: str = "eagle"  # the method: eagle, or mtp (one MTP module per draft token)
     max_num_seqs: int = 8
     attention_chunk_size: int | None = None  # the model's, when it has chunked local layers
     # other engine arguments by config ("cache", "scheduler", "speculative", or "env" for a

@@ -104,3 +104,81 @@ def test_async_drafts_in_flight_move_the_runners_start_back():
         assert ledger.forward(s, output, 2)[1] is None
         rejections.add(rejected)
     assert len(rejections) > 1
+
+
+def _mtp(modules: int = 3, seed: int = 3) -> Ledger:
+    """A multi-module MTP drafter: one module per draft token."""
+    return Ledger([_Group(BLOCK, "full", target=True, draft=True)], seed, modules, modules=modules)
+
+
+def test_mtp_module_s_keys_the_s_plus_one_tokens_after_a_position():
+    """Module s's KV at position p reads token p + 1 + s: a hit whose token three after the
+    block differs is sound for an EAGLE head and one module, not for three."""
+    for modules, sound in ((1, True), (2, True), (3, False)):
+        s = FakeScheduler()
+        ledger = _mtp(modules) if modules > 1 else _ledger(spec_tokens=1)
+        s.add("a", [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3])
+        assert ledger.forward(s, s.schedule("a", 9, new=True), 0)[1] is None
+        s.add("b", [1, 2, 3, 4, 5, 6, 99, 8, 9], [1, 4, 5], hit=4)  # token 6 differs
+        _, violation = ledger.forward(s, s.schedule("b", 5, new=True), 1)
+        assert (violation is None) == sound, modules
+        if not sound:
+            assert violation is not None
+            assert violation.role == "draft"
+            assert "MTP module 2" in violation.text
+            assert "position 3 of group 0 (draft layers, block 1)" in violation.text
+
+
+def _draft_kv_is_final(ledger: Ledger, s: FakeScheduler, rid: str, upto: int) -> bool:
+    """Every module's KV at every position p < upto holds what it computes from the known
+    tokens (module s at p reads tokens up to p + 1 + s)."""
+    from kvcert.conformance.campaign.vllm_loop import identities
+
+    known = ledger.tokens(s.requests[rid])
+    ident = identities(known, len(known))
+    table = s.tables[rid][0]
+    return all(
+        ledger.slots.get((0, f"d{m}", table[p // BLOCK], p % BLOCK)) == ident[p + 1 + m]
+        for m in range(ledger.modules)
+        for p in range(upto)
+    )
+
+
+def test_mtp_positions_drafted_past_a_rejection_are_re_prefilled():
+    """After a pass rejecting r drafts, the last module's KV at the r - 1 positions before
+    the pass was computed from a rejected draft; the drafter re-prefills them, so every
+    module's KV below the new count - modules + 1 is final."""
+    rejections = set()
+    for seed in range(16):
+        s, ledger = FakeScheduler(), _mtp(seed=seed)
+        s.add("a", [1, 2, 3, 4, 5], [1, 2, 3, 4])
+        sampled, _ = ledger.forward(s, s.schedule("a", 5, new=True), 0)
+        s.requests["a"].all_token_ids += sampled[0]
+        ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=sampled))
+        drafts = ledger.proposed["a"]
+        sampled, violation = ledger.forward(s, s.schedule("a", 4, tuple(drafts)), 1)
+        assert violation is None
+        rejected = 3 - (len(sampled[0]) - 1)
+        s.requests["a"].all_token_ids += sampled[0]
+        s.requests["a"].num_computed_tokens -= rejected
+        ledger.applied(SimpleNamespace(req_ids=["a"], sampled_token_ids=sampled))
+        computed = s.requests["a"].num_computed_tokens
+        assert _draft_kv_is_final(ledger, s, "a", computed - 3 + 1)
+        rejections.add(rejected)
+    assert {0, 2, 3} <= rejections  # no re-prefill, and re-prefills of 1 and 2 positions
+
+
+def test_mtp_re_prefill_without_the_requests_own_inputs_writes_garbage_below_its_start():
+    """A request new to the runner whose first pass rejects drafts (padding rows) re-prefills
+    from a row of cached inputs it never wrote: a later hit on those blocks is unsound."""
+    s, ledger = FakeScheduler(), _mtp()
+    s.add("a", [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3])
+    ledger.forward(s, s.schedule("a", 9, new=True), 0)
+    s.add("b", [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 4], hit=8)
+    _, violation = ledger.forward(s, s.schedule("b", 4, (-1, -1, -1), new=True), 1)
+    assert violation is None  # b's modules read positions 0..5, then rewrite 6 and 7
+    s.add("c", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13], [1, 2, 5], hit=8)
+    _, violation = ledger.forward(s, s.schedule("c", 3, new=True), 2)
+    assert violation is not None
+    assert violation.role == "draft"
+    assert "position 6 of group 0 (draft layers, block 2)" in violation.text

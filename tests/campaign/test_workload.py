@@ -13,6 +13,7 @@ from kvcert.conformance.campaign.workload import (
     CHECKPOINTING_MODELS,
     DRAFT_MODELS,
     MODELS,
+    MTP_MODELS,
     OTHER_MODELS,
     SPEC_KEYINGS,
     STATE_MODELS,
@@ -146,6 +147,57 @@ def test_drafting_state_workloads_decode_across_state_block_boundaries():
         )
     assert drafting >= tiered(5, 50)
     assert crossing >= drafting // 4, (crossing, drafting)
+
+
+def test_mtp_drafters_are_drawn_only_when_asked_and_change_only_drafted_seeds():
+    """`--mtp` (always on with `--kvcert`) serves half the drafted attention-only seeds with a
+    multi-module MTP drafter of 2-3 modules on a model that declares no drafter of its own,
+    some requests a near miss of an earlier one (the same tokens up to a block boundary and
+    the modules - 1 after it, then another: only the last module tells the blocks apart).
+    Every other seed is the workload it always was, and an EAGLE workload writes the JSON it
+    wrote before the option existed."""
+    import dataclasses
+
+    drawn = near = 0
+    for seed in range(tiered(300, 3000)):
+        plain, mtp = generate(seed), generate(seed, mtp=True)
+        assert plain.drafter == "eagle"
+        assert "drafter" not in plain.to_json()
+        if mtp.drafter == "eagle":
+            assert mtp == plain
+            continue
+        drawn += 1
+        assert plain.spec_tokens
+        assert mtp.model in MTP_MODELS
+        assert 2 <= mtp.spec_tokens <= 3
+        pairs = list(zip(plain.arrivals, mtp.arrivals, strict=True))
+        assert all(m.prompt[-len(p.prompt) :] == p.prompt for p, m in pairs)  # only a prefix
+        back = dataclasses.replace(
+            mtp,
+            model=plain.model,
+            spec_tokens=plain.spec_tokens,
+            drafter="eagle",
+            arrivals=plain.arrivals,
+            usable_blocks=plain.usable_blocks,
+        )
+        assert back == plain
+        assert Workload.from_json(json.loads(json.dumps(mtp.to_json()))) == mtp
+        assert all(w.size < mtp.size for w in smaller(mtp))
+        shared = mtp.spec_tokens - 1
+        for i, arrival in enumerate(mtp.arrivals):
+            if arrival == pairs[i][0]:
+                continue
+            near += 1
+            cut = len(arrival.prompt) - len(pairs[i][0].prompt) - 1  # where it differs
+            assert cut % 16 == shared
+            assert any(
+                len(other.prompt) > cut
+                and other.prompt[:cut] == arrival.prompt[:cut]
+                and other.prompt[cut] != arrival.prompt[cut]
+                for other in mtp.arrivals[:i]
+            )
+    assert drawn >= tiered(20, 200)
+    assert near >= drawn // 2, (near, drawn)
 
 
 def test_every_workload_is_served_with_a_max_model_len_vllm_accepts():
