@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 from kvcert.conformance.contract.codec import (
@@ -30,7 +31,10 @@ from kvcert.spec import alloc as spec
 from kvcert.spec.rules import all_rules
 
 
+@cache
 def _rule_codes() -> dict[object, str]:
+    """Each rule function's code object -> its tag (the rule index parses every spec module's
+    docstrings: built once, not per case)."""
     return {
         getattr(importlib.import_module(r.module), r.function).__code__: r.tag for r in all_rules()
     }
