@@ -638,6 +638,32 @@ def draft_checks() -> list[tuple[str, bool, str]]:
     ]
 
 
+def mtp_checks() -> list[tuple[str, bool, str]]:
+    """A model with a drafter's group (its layers marked `is_draft`, as 0.33's drafters mark
+    them) served with 3 MTP modules (vLLM's scheduler passes num_prefill_lookahead=3): after
+    A's 64 tokens, B shares them up to token 48 and differs at token 49. The drafter's KV at
+    position 47 read tokens up to 50, so B may not take block 2 (HASH-DRAFT-1 with reach 3);
+    one module (an EAGLE head, reach 1) reads token 48 only and may."""
+    draft = dataclasses.replace(FULL, is_draft=True)
+    b_tokens = [*TOKENS[:49], 7, *TOKENS[50:]]
+    hits = {}
+    for modules in (1, 3):
+        manager = KVCacheManager(
+            config(FULL, draft), 256, BLOCK, BLOCK, use_eagle=True,
+            num_hash_lookahead_tokens=modules, num_prefill_lookahead=modules,
+        )  # fmt: skip
+        a = request("a")
+        manager.allocate_slots(a, a.num_tokens)
+        manager.end_step()
+        manager.free(a)
+        hits[modules] = manager.get_computed_blocks(request("b", tokens=b_tokens))[1]
+    return [
+        ("3 modules: no hit on a block whose third token after it differs", hits[3] == 32,
+         f"hit {hits[3]} (want 32)"),
+        ("1 module: the same block hits", hits[1] == 48, f"hit {hits[1]} (want 48)"),
+    ]  # fmt: skip
+
+
 def refused(build: Callable[[], Any]) -> str | None:
     try:
         build()
@@ -670,6 +696,7 @@ def main() -> int:
         ("checkpoint", checkpoint_grid_checks()),
         ("checkpoint, async", async_checkpoint_checks()),
         ("drafts", draft_checks()),
+        ("multi-module MTP", mtp_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok

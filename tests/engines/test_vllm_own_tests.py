@@ -112,16 +112,19 @@ def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     quoted = readme.split("<!-- fuzz-kvcert:")[1].split("CI runs 400 seeds")[0]
     workloads = [
-        generate(seed, state_checkpoints=True, state_drafts=True) for seed in range(report["runs"])
+        generate(seed, state_checkpoints=True, state_drafts=True, mtp=True)
+        for seed in range(report["runs"])
     ]
     asynchronous = [w for w in workloads if w.async_scheduling]
     drafting = sum(1 for w in asynchronous if w.spec_tokens)
     state = [w for w in workloads if w.model in STATE_MODELS]
     saving = sum(1 for w in workloads if w.state_checkpoints)
     state_drafting = sum(1 for w in state if w.spec_tokens)
+    mtp = sum(1 for w in workloads if w.drafter == "mtp")
     assert (
         f"all {report['runs']:,} workloads played ({len(asynchronous)} with asynchronous "
-        f"scheduling, {drafting} of them with speculative decoding; {len(state)} state hybrids "
+        f"scheduling, {drafting} of them with speculative decoding; {mtp} with a multi-module "
+        f"MTP drafter; {len(state)} state hybrids "
         f"in Mamba align mode, {saving} of them on a backend that saves checkpoints inside a "
         f"prefill, {state_drafting} decoding with MTP/EAGLE drafts), "
         f"{report['preemptions']:,} preemptions, "

@@ -162,7 +162,8 @@ TRACED: dict[str, tuple[str, str]] = {
     "request_block_hasher": (
         "not mapped: inputs",
         "multimodal features, and more than one lookahead token per block hash (multi-module "
-        "MTP; the campaign's drafters are EAGLE, one token)",
+        "MTP; the measured `kvcert fuzz` runs without `--mtp`: its drafters are EAGLE, one "
+        "token)",
     ),
     "SingleTypeKVCacheManager.has_positionally_stable_blocks": (
         "out of scope: connectors",
