@@ -145,15 +145,13 @@ def check_view(config: ref.CacheConfig, num_tokens: object, cached: list[frozens
         raise RequestStateError(f"num_tokens={tokens} is not a valid request length")
     if len(cached) != len(config.groups):
         raise RequestStateError("one cached entry per group is required")
-    exact = config.speculative is ref.DraftKeying.EXACT
     for group, blocks in zip(config.groups, cached, strict=True):
         never = group.kind is ref.Kind.CROSS or (
             group.kind is ref.Kind.MAMBA and group.mode is ref.MambaMode.NONE
         )
         if blocks and never:
             raise RequestStateError(f"group {group.name!r} never holds cached blocks")
-        keyed = (tokens - (config.draft_reach if exact and group.draft else 0)) // group.block_size
-        if any(not 0 <= j < keyed for j in blocks):
+        if any(not 0 <= j < keyable_blocks(config, group, tokens) for j in blocks):
             raise RequestStateError(f"group {group.name!r}: cached block outside the request")
     return tokens
 
@@ -290,12 +288,16 @@ def block_index_cache(
 ) -> tuple[list[range], list[dict[int, int]]]:
     """A hit case's cache as the search reads it: each group's blocks keyed by their index,
     the cached ones served as block id index + 1 (0 stays the null block)."""
-    exact = config.speculative is ref.DraftKeying.EXACT
-    keys = [
-        range((num_tokens - (config.draft_reach if exact and g.draft else 0)) // g.block_size)
-        for g in config.groups
-    ]
+    keys = [range(keyable_blocks(config, g, num_tokens)) for g in config.groups]
     return keys, [{j: j + 1 for j in blocks} for blocks in cached]
+
+
+def keyable_blocks(config: ref.CacheConfig, group: ref.GroupConfig, num_tokens: int) -> int:
+    """The group's blocks a request of `num_tokens` can key: under exact draft keying a draft
+    group's block also needs the `draft_reach` tokens after it."""
+    exact = config.speculative is ref.DraftKeying.EXACT
+    reach = config.draft_reach if exact and group.draft else 0
+    return (num_tokens - reach) // group.block_size
 
 
 def make_reference() -> ReferenceEngine:
