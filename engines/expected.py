@@ -110,6 +110,17 @@ CAUSES = {
     "num_computed - (k - 1) tokens in every group (num_reprefillable_tokens), the target's "
     "included; the spec waits in draft groups only, whose last positions are drafted again "
     "(ALLOC-COMMIT-1). Only the registered count differs: a hit needs the draft groups' blocks",
+    "mtp-block-size": "vLLM 0.33 refuses to start multi-module MTP with prefix caching when "
+    "the scheduler block is shorter than the modules (num_speculative_tokens); the spec keys "
+    "a draft block on the reach tokens after it whatever the block size (HASH-DRAFT-1) and "
+    "refuses only the drop beyond the hit alignment (HIT-SPEC-2). A model with these layers "
+    "does not start; the spec serves it",
+    "swa-lookahead-index": "vLLM 0.33 raises IndexError in "
+    "SlidingWindowManager.find_longest_cache_hit (an engine crash) when no full-attention "
+    "group bounds the hit and its lookahead hashes cover k > 1 tokens: a request's last "
+    "blocks stay unhashed until k tokens follow them, but the finder reads a hash for every "
+    "block below num_tokens - 1. Only all-sliding-window attention (with multi-module MTP) "
+    "reaches it; no vLLM issue found (2026-11-25)",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
 # Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
@@ -234,6 +245,16 @@ def cause(
         ]
         if apart and len({g["block_size"] for g in groups}) > 1:
             return "mamba-hash-block"
+    reach = layout.get("draft_reach", 1)
+    blocks = [g["block_size"] for g in layout.get("groups", []) if g.get("kind") != "mamba"]
+    if detail == "the engine refused valid input" and reach > min(blocks, default=reach):
+        return "mtp-block-size"
+    if (
+        "IndexError" in detail
+        and reach > 1
+        and "full" not in {g.get("kind") for g in layout.get("groups", [])}
+    ):
+        return "swa-lookahead-index"
     if detail == "the engine refused valid input" and _equal_groups(layout):
         return "equal-specs"
     if layout.get("speculative") == "drop":
@@ -247,12 +268,12 @@ def cause(
             return "eagle-drop"  # a smaller hit leaves more blocks to allocate
         if needs and int(needs.group(1)) < int(needs.group(2)) and len(layout["groups"]) >= 2:
             return "eagle-drop-past-hit"  # a larger hit leaves fewer blocks to allocate
-        counts = re.match(r"step \d+: \{'step_ended': \{'registered': (\d+)\}\} != "
-                          r"expected \{'step_ended': \{'registered': (\d+)", detail)  # fmt: skip
-        one_size = len({g["block_size"] for g in layout["groups"]}) == 1  # else registration-unit
-        fewer = counts is not None and int(counts[1]) < int(counts[2])
-        if layout.get("draft_reach", 1) > 1 and fewer and one_size:
-            return "reprefill-all-groups"
+    counts = re.match(r"step \d+: \{'step_ended': \{'registered': (\d+)\}\} != "
+                      r"expected \{'step_ended': \{'registered': (\d+)", detail)  # fmt: skip
+    one_size = len({g["block_size"] for g in layout.get("groups", [])}) == 1  # else
+    # registration-unit; under either keying (the wait is the runner's re-prefill)
+    if reach > 1 and one_size and counts is not None and int(counts[1]) < int(counts[2]):
+        return "reprefill-all-groups"
     if trace is not None and any(g.get("kind") == "chunked_local" for g in layout["groups"]):
         return "chunked-as-full"
     if "'hit'" in detail and not any(

@@ -17,6 +17,9 @@ EAGLE handling. Here every layout group becomes one layer and vLLM does the rest
     speculative drop / exact      a real SpeculativeConfig (method eagle); on 0.33 `drop` sets
                                   disable_lookahead_block_hashes (its documented fallback) and
                                   `exact` keeps the default lookahead hashes
+    draft_reach k > 1             method mtp with k modules and k drafts per step (a draft
+                                  model file declaring k modules), so VllmConfig sets the
+                                  prefill lookahead (and on 0.33 the hash lookahead) to k
     draft group (mode `marked`)   its layer's spec says is_draft, as 0.33's EAGLE/MTP model
                                   runners mark the drafter's layers; the planner flags the
                                   groups holding one. Mode `unmarked`: no layer says so (a
@@ -143,13 +146,15 @@ def planned(
     `num_blocks` blocks (null block included); NotReachable where vLLM's groups are not the
     layout's."""
     groups = layout["groups"]
-    if layout.get("draft_reach", 1) != 1:  # the weightless drafter is an EAGLE head
-        raise NotReachable("a multi-module MTP drafter is not planned by this adapter")
+    reach = layout.get("draft_reach", 1)
     attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
     settings = wiring.Settings(
         max_len=layout.get("max_model_len") or 1 << 20,
         block_size=min(attention) if attention else min(g["block_size"] for g in groups),
         speculative=layout.get("speculative"),
+        # a drafter reading k tokens ahead: k MTP modules drafting a token each
+        spec_tokens=reach,
+        drafter="mtp" if reach > 1 else "eagle",
         flags=flags,
         attention_chunk_size=next(
             (g["chunk"] for g in groups if g["kind"] == "chunked_local"), None

@@ -106,6 +106,28 @@ def test_multi_module_mtp_registration_and_larger_drop_hits_have_causes():
     assert expected.cause({"id": "alloc.x", "detail": larger_hit}, eagle) == "eagle-drop-past-hit"
 
 
+def test_multi_module_mtp_refusals_crashes_and_exact_registration_have_causes():
+    def case(*groups: tuple[str, int], reach: int = 3, keying: str = "exact") -> dict:
+        layout = [{"kind": k, "block_size": b} for k, b in groups]
+        layout[-1]["draft"] = True
+        spec = {"groups": layout, "speculative": keying, "draft_reach": reach}
+        return {"input": {"layout": spec, "ops": [{"op": "end_step"}]}}
+
+    refused = {"id": "hit.y", "detail": "the engine refused valid input"}
+    assert expected.cause(refused, case(("full", 2))) == "mtp-block-size"
+    assert expected.cause(refused, case(("full", 4))) != "mtp-block-size"  # the block holds 3
+    crash = {"id": "alloc.z", "detail": "IndexError: list index out of range"}
+    windows = case(("sliding_window", 4), ("sliding_window", 4))
+    assert expected.cause(crash, windows) == "swa-lookahead-index"
+    assert expected.cause(crash, case(("full", 4), ("sliding_window", 4))) == "uninvestigated"
+    assert expected.cause(crash, case(("sliding_window", 4), reach=1)) == "uninvestigated"
+    fewer = (
+        "step 0: {'step_ended': {'registered': 1}} != expected {'step_ended': {'registered': 2}}"
+    )
+    exact = case(("mamba", 4), ("full", 4))
+    assert expected.cause({"id": "alloc.x", "detail": fewer}, exact) == "reprefill-all-groups"
+
+
 def test_a_traced_flag_names_the_cause_only_when_it_explains_the_difference():
     layout = {"groups": [{"kind": "sliding_window", "block_size": 2, "window": 3}]}
     case = {"input": {"layout": layout}}
