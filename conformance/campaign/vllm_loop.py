@@ -607,7 +607,7 @@ class Ledger:
         first, stop = max(0, one.start - reprefilled), one.end - rejected
         chain = [*after, *drafts]
         if reprefilled and one.rid not in self.mtp_cached:  # another request's cached inputs
-            chain[first + 1 : one.start + 1] = [UNKNOWN] * reprefilled
+            chain[first + 1 : one.start + 1] = [UNKNOWN] * (one.start - first)
         self.mtp_cached.add(one.rid)
         reach = max(stop, first + 1) + self.modules
         written = identities(chain + [UNKNOWN] * (reach - len(chain)), reach)
@@ -618,7 +618,7 @@ class Ledger:
                 continue
             for module in range(self.modules):
                 role = f"d{module}"
-                for p in group.needs(first) if violation is None else ():
+                for p in group.needs(first):
                     slot = (g, role, table[p // group.block_size], p % group.block_size)
                     if violation is None and self.slots.get(slot) != known[p + 1 + module]:
                         violation = Violation(

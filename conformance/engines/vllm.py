@@ -556,11 +556,33 @@ def weightless_model(max_model_len: int, attention_chunk_size: int | None = None
     directory: vLLM's scheduler and page planner read only shapes, so the scripts under
     engines/vllm/ that drive them need no model download. `attention_chunk_size` is what a
     model with chunked local attention declares (VllmConfig's hybrid-manager rules read it)."""
+    from vllm.config import ModelConfig  # type: ignore[import-not-found]
+
+    extra = {} if attention_chunk_size is None else {"attention_chunk_size": attention_chunk_size}
+    path = _weightless_file(max_model_len, "llama", **extra)
+    return ModelConfig(
+        model=path, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
+    )
+
+
+def weightless_mtp_drafter(max_model_len: int, modules: int) -> str:
+    """The path of a weightless model whose file declares `modules` MTP modules (a MiMo-style
+    Qwen2 config, one of the architectures vLLM's SpeculativeConfig gives a multi-module MTP
+    drafter), for `--speculative-config '{"method": "mtp", "model": PATH, ...}'`."""
+    return _weightless_file(
+        max_model_len,
+        "mtp",
+        architectures=["MiMoForCausalLM"],
+        model_type="qwen2",
+        num_nextn_predict_layers=modules,
+    )
+
+
+def _weightless_file(max_model_len: int, name: str, **overrides: Any) -> str:
+    """A temporary directory holding a one-layer config.json with no weights."""
     import json
     import tempfile
     from pathlib import Path
-
-    from vllm.config import ModelConfig  # type: ignore[import-not-found]
 
     shape = {
         "architectures": ["LlamaForCausalLM"],
@@ -572,36 +594,8 @@ def weightless_model(max_model_len: int, attention_chunk_size: int | None = None
         "num_hidden_layers": 1,
         "vocab_size": 1000,
         "max_position_embeddings": max_model_len,
+        **overrides,
     }
-    if attention_chunk_size is not None:  # a model with chunked local attention layers
-        shape["attention_chunk_size"] = attention_chunk_size
-    path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-llama-"))
-    (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
-    return ModelConfig(
-        model=str(path), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
-    )
-
-
-def weightless_mtp_drafter(max_model_len: int, modules: int) -> str:
-    """The path of a weightless model whose file declares `modules` MTP modules (a MiMo-style
-    Qwen2 config, one of the architectures vLLM's SpeculativeConfig gives a multi-module MTP
-    drafter), for `--speculative-config '{"method": "mtp", "model": PATH, ...}'`."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    shape = {
-        "architectures": ["MiMoForCausalLM"],
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 1,
-        "vocab_size": 1000,
-        "max_position_embeddings": max_model_len,
-        "num_nextn_predict_layers": modules,
-    }
-    path = Path(tempfile.mkdtemp(prefix="kvcert-weightless-mtp-"))
+    path = Path(tempfile.mkdtemp(prefix=f"kvcert-weightless-{name}-"))
     (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
     return str(path)
