@@ -59,7 +59,6 @@ REASONS: list[tuple[str, str]] = [
         "kvcert refuses at start-up a cache whose max_model_len is below one block (no prefix "
         "can ever be reused): ConfigError",
     ),
-    (r"re-prefilled draft tokens", "refused: multi-module MTP (drafter re-prefills tokens)"),
     (r"does not support KV connectors", "refused: KV connectors"),
     (r"serve encoder-decoder", "refused: encoder-decoder models (cross-attention tokens)"),
     (
