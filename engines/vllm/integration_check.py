@@ -302,6 +302,20 @@ def state_scheduler(settings: Settings | None = None, state: MambaSpec = STATE) 
     )
 
 
+def routed_experts_scheduler() -> Any:
+    """kvcert's Scheduler for a model served with --enable-return-routed-experts (vLLM's
+    connector for it reads cached blocks from vLLM's own block pool)."""
+    vllm_config = state_config()
+    vllm_config.aux_output_config.enable_return_routed_experts = True
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(FULL),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=BLOCK,
+    )
+
+
 def run_step(
     scheduler: Any, prompts: dict[str, list[int]], seen: Callable[[Any], None] | None = None
 ) -> Any:
@@ -686,6 +700,7 @@ def main() -> int:
         "decode context parallelism": lambda: KVCacheManager(
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
+        "routed-experts capture": routed_experts_scheduler,
     }
     for kind, checks in (
         ("events", event_checks()),

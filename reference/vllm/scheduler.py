@@ -38,6 +38,13 @@ class _KvcertManaged:
         """Refuse a configuration this scheduler class does not serve."""
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        aux = getattr(vllm_config, "aux_output_config", None)
+        if aux is not None and aux.enabled:  # its connector reads vLLM's block pool
+            raise UnsupportedConfigError(
+                "routed-experts capture (--enable-return-routed-experts) keeps each cached "
+                "block's outputs beside vLLM's own block pool, which the kvcert manager does "
+                "not have: turn it off, or drop --scheduler-cls"
+            )
         self._check(vllm_config)
         # vLLM's __init__ builds its manager from this module-level name; build ours instead
         manager = functools.partial(KVCacheManager, settings=self.settings)
