@@ -237,10 +237,6 @@ def _decoding_across_boundaries(workload: Workload, block: int, rng: random.Rand
     runner copies the state there (ALLOC-SPEC-2); drawn outputs alone rarely reach a
     544-token boundary. The pool grows by the blocks they add, keeping the drawn margin."""
 
-    def longest(arrivals: tuple[Arrival, ...]) -> int:
-        return max(len(a.prompt) + a.max_tokens for a in arrivals)
-
-    margin = workload.usable_blocks - -(-longest(workload.arrivals) // block)
     arrivals = []
     for drawn in workload.arrivals:
         ahead = -len(drawn.prompt) % block  # tokens to the next boundary
@@ -249,8 +245,7 @@ def _decoding_across_boundaries(workload: Workload, block: int, rng: random.Rand
             past = ahead + rng.randint(1, 8)
             longer = dataclasses.replace(drawn, max_tokens=max(drawn.max_tokens, past))
         arrivals.append(longer)
-    usable = -(-longest(tuple(arrivals)) // block) + margin
-    return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
+    return _with_arrivals(workload, arrivals, block)
 
 
 def _near_misses(workload: Workload, rng: random.Random) -> Workload:
@@ -259,11 +254,6 @@ def _near_misses(workload: Workload, rng: random.Random) -> Workload:
     two blocks an EAGLE head's keys (one token ahead) cannot tell apart and the last MTP
     module's can. Random prompts almost never do this by chance. The pool grows by the blocks
     they add, keeping the drawn margin."""
-
-    def longest(arrivals: tuple[Arrival, ...]) -> int:
-        return max(len(a.prompt) + a.max_tokens for a in arrivals)
-
-    margin = workload.usable_blocks - -(-longest(workload.arrivals) // 16)
     shared = workload.spec_tokens - 1
     arrivals = list(workload.arrivals)
     for i in range(1, len(arrivals)):
@@ -275,7 +265,17 @@ def _near_misses(workload: Workload, rng: random.Random) -> Workload:
         differing = (source[cut] + 1) % VOCAB
         prompt = (*source[:cut], differing, *arrivals[i].prompt)
         arrivals[i] = dataclasses.replace(arrivals[i], prompt=prompt)
-    usable = -(-longest(tuple(arrivals)) // 16) + margin
+    return _with_arrivals(workload, arrivals, 16)
+
+
+def _with_arrivals(workload: Workload, arrivals: list[Arrival], block: int) -> Workload:
+    """The workload with these arrivals, its pool grown or shrunk to keep the drawn margin of
+    `block`-token blocks beyond its longest request."""
+
+    def blocks(requests: tuple[Arrival, ...] | list[Arrival]) -> int:
+        return -(-max(len(a.prompt) + a.max_tokens for a in requests) // block)
+
+    usable = workload.usable_blocks - blocks(workload.arrivals) + blocks(arrivals)
     return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
 
 
