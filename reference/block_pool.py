@@ -25,7 +25,7 @@ import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcert.reference.config import Eviction
+from kvcert.reference.config import Eviction, as_choice
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.events import Cleared, Event, Removed
 from kvcert.reference.eviction import QUEUES
@@ -91,6 +91,7 @@ class BlockPool:
     ) -> None:
         """Implements ALLOC-INIT-1: every block but the null one free, in ascending order."""
         check_pool_fits(num_blocks)
+        eviction = as_choice(Eviction, eviction, "eviction")
         self.num_blocks = num_blocks
         self.ref_count = array("i", bytes(4 * num_blocks))
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block

@@ -9,10 +9,30 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from kvcert.reference.errors import ConfigError
 
 MAX_BLOCKS = 2**31 - 1  # block ids are int32 in engines' block tables
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def as_choice(choices: type[E], value: object, what: str) -> E:
+    """An enum-typed setting is the member itself or its exact value string (settings arrive
+    from environment variables and JSON); anything else is a ConfigError naming the choices,
+    because the allocator compares members by identity and would silently take another path."""
+    if isinstance(value, choices):
+        return value
+    if isinstance(value, str):
+        for member in choices:
+            if member.value == value:
+                return member
+    names = ", ".join(m.value for m in choices)
+    raise ConfigError(
+        f"{what} must be one of {names} (a {choices.__name__} or its value), got {value!r}"
+    )
 
 
 class Kind(StrEnum):
@@ -72,11 +92,7 @@ class GroupConfig:
 
     def __post_init__(self) -> None:
         label = self.name or str(self.kind)
-        if not isinstance(self.kind, Kind):
-            choices = ", ".join(k.value for k in Kind)
-            raise ConfigError(
-                f"group {label!r}: kind must be a Kind ({choices}), got {self.kind!r}"
-            )
+        object.__setattr__(self, "kind", as_choice(Kind, self.kind, f"group {label!r}: kind"))
         for field, value, kind in (
             ("window", self.window, Kind.SLIDING_WINDOW),
             ("chunk", self.chunk, Kind.CHUNKED_LOCAL),
@@ -93,13 +109,8 @@ class GroupConfig:
                 f"group {label!r}: mode applies to mamba groups only, not {self.kind.value}"
             )
         if self.kind is Kind.MAMBA:
-            if self.mode is None:
-                object.__setattr__(self, "mode", MambaMode.ALL)
-            elif not isinstance(self.mode, MambaMode):
-                choices = ", ".join(m.value for m in MambaMode)
-                raise ConfigError(
-                    f"group {label!r}: mode must be one of {choices}, got {self.mode!r}"
-                )
+            mode = MambaMode.ALL if self.mode is None else self.mode
+            object.__setattr__(self, "mode", as_choice(MambaMode, mode, f"group {label!r}: mode"))
         if (
             isinstance(self.block_size, bool)
             or not isinstance(self.block_size, int)
@@ -151,8 +162,18 @@ class CacheConfig:
     record_events: bool = False
 
     def __post_init__(self) -> None:
-        if not self.groups:
-            raise ConfigError("a cache needs at least one group")
+        if not isinstance(self.groups, tuple | list) or not self.groups:
+            raise ConfigError("a cache needs at least one group: a non-empty tuple of GroupConfig")
+        if not all(isinstance(g, GroupConfig) for g in self.groups):
+            raise ConfigError(f"groups must be GroupConfig values, got {self.groups!r}")
+        object.__setattr__(self, "groups", tuple(self.groups))
+        if self.speculative is not None:
+            object.__setattr__(
+                self, "speculative", as_choice(DraftKeying, self.speculative, "speculative")
+            )
+        algorithm = as_choice(HashAlgorithm, self.hash_algorithm, "hash_algorithm")
+        object.__setattr__(self, "hash_algorithm", algorithm)
+        object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
         if (
             isinstance(self.num_blocks, bool)
             or not isinstance(self.num_blocks, int)
@@ -186,9 +207,6 @@ class CacheConfig:
                 "position reads: a dropped hit could still serve draft KV computed from "
                 "other tokens; use exact keying or larger blocks"
             )
-        if not isinstance(self.eviction, Eviction):
-            choices = ", ".join(e.value for e in Eviction)
-            raise ConfigError(f"eviction must be one of {choices}, got {self.eviction!r}")
         if (
             isinstance(self.digest_memo_bytes, bool)
             or not isinstance(self.digest_memo_bytes, int)
@@ -198,10 +216,19 @@ class CacheConfig:
                 f"digest_memo_bytes must be an integer >= 0 (0 turns the memo off), "
                 f"got {self.digest_memo_bytes!r}"
             )
+        if not isinstance(self.count_dead_evictions, bool):
+            raise ConfigError(
+                f"count_dead_evictions must be True or False, got {self.count_dead_evictions!r}"
+            )
         if not isinstance(self.record_events, bool):
             raise ConfigError(f"record_events must be True or False, got {self.record_events!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        length = self.max_model_len
+        if length is not None and (
+            isinstance(length, bool) or not isinstance(length, int) or length < 1
+        ):
+            raise ConfigError(
+                f"max_model_len must be an integer >= 1 or None (no limit), got {length!r}"
+            )
         if self.max_model_len is not None and self.alignment > self.max_model_len - 1:
             raise ConfigError(
                 f"every hit is a multiple of {self.alignment} tokens (the lcm of the block "

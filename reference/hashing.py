@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kvcert.reference.config import HashAlgorithm
+from kvcert.reference.config import HashAlgorithm, as_choice
 from kvcert.reference.errors import ConfigError
 
 DOMAIN = b"kvcert-block-v2\x00"
@@ -72,8 +72,13 @@ class ExtraKey:
     end: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, ExtraKind) or not isinstance(self.value, str):
-            raise ConfigError(f"an extra key needs an ExtraKind and a string value: {self!r}")
+        object.__setattr__(self, "kind", as_choice(ExtraKind, self.kind, "an extra key's kind"))
+        if not isinstance(self.value, str):
+            raise ConfigError(f"an extra key needs a string value, got {self.value!r}")
+        for name in ("start", "end"):
+            bound = getattr(self, name)
+            if isinstance(bound, bool) or not isinstance(bound, int | None):
+                raise ConfigError(f"an extra key's {name} must be an integer, got {bound!r}")
         positioned = self.kind not in REQUEST_WIDE
         if (
             positioned != (self.end is not None)

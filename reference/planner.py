@@ -20,7 +20,14 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.config import (
+    CacheConfig,
+    DraftKeying,
+    GroupConfig,
+    Kind,
+    MambaMode,
+    as_choice,
+)
 from kvcert.reference.errors import ConfigError
 
 
@@ -65,8 +72,9 @@ class AttentionShape:
 
     def __post_init__(self) -> None:
         label = self.name or self.kind
-        if self.kind is Kind.MAMBA or not isinstance(self.kind, Kind):
-            raise ConfigError(f"layer {label!r}: {self.kind!r} is not an attention kind")
+        object.__setattr__(self, "kind", as_choice(Kind, self.kind, f"layer {label!r}: kind"))
+        if self.kind is Kind.MAMBA:
+            raise ConfigError(f"layer {label!r}: {self.kind.value} is not an attention kind")
         _positive(self.num_kv_heads, f"layer {label!r}: num_kv_heads")
         _positive(self.head_size_k, f"layer {label!r}: head_size_k")
         _positive(self.head_size_v, f"layer {label!r}: head_size_v")
@@ -90,6 +98,7 @@ class LatentShape:
 
     def __post_init__(self) -> None:
         label = self.name or self.kind
+        object.__setattr__(self, "kind", as_choice(Kind, self.kind, f"layer {label!r}: kind"))
         if self.kind not in (Kind.FULL, Kind.SLIDING_WINDOW):
             raise ConfigError(f"layer {label!r}: a latent layer is full or sliding_window")
         _positive(self.latent_size, f"layer {label!r}: latent_size")
@@ -233,6 +242,12 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if not self.layers:
             raise ConfigError("a plan needs at least one layer")
+        object.__setattr__(self, "mamba_mode", as_choice(MambaMode, self.mamba_mode, "mamba_mode"))
+        if self.speculative is not None:
+            object.__setattr__(
+                self, "speculative", as_choice(DraftKeying, self.speculative, "speculative")
+            )
+        object.__setattr__(self, "objective", as_choice(Objective, self.objective, "objective"))
         if self.dtype not in ELEMENT_BYTES:
             raise ConfigError(
                 f"unknown KV-cache dtype {self.dtype!r}; one of {list(ELEMENT_BYTES)}"
@@ -250,10 +265,6 @@ class PlanRequest:
             )
         if not 0 <= self.group_padding < 1:
             raise ConfigError(f"group_padding must be in [0, 1), got {self.group_padding}")
-        if not isinstance(self.objective, Objective):
-            raise ConfigError(
-                f"unknown objective {self.objective!r}; one of {[x.value for x in Objective]}"
-            )
         if not 0 < self.capacity_share <= 1:
             raise ConfigError(f"capacity_share must be in (0, 1], got {self.capacity_share}")
         drafts = any(getattr(x, "draft", False) for x in self.layers)

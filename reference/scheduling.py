@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from kvcert.reference.config import as_choice
+
 
 class Placement(StrEnum):
     """Where state checkpoints go."""
@@ -32,6 +34,7 @@ def next_chunk(
 
     Implements CKPT-ALL-1, CKPT-ALIGN-1 and CKPT-BRANCH-1 (the branch point is BRANCH-1's,
     from KVCacheManager.branch_point)."""
+    placement = as_choice(Placement, placement, "placement")
     remaining = num_tokens - computed
     if placement is Placement.ALL:
         return min(budget, remaining)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvcert.spec.acceptance import NULL
-from kvcert.spec.errors import InvalidOp, refuse
+from kvcert.spec.errors import InvalidOp, as_choice, refuse
 from kvcert.spec.eviction import Cached, hybrid_victim, provably_dead, tail_first
 from kvcert.spec.hashing import (
     BlockKey,
@@ -74,6 +74,8 @@ class PoolConfig:
     eviction: Eviction = Eviction.LRU  # the eviction profile
 
     def __post_init__(self) -> None:
+        eviction = as_choice(Eviction, self.eviction, "eviction", InvalidOp)
+        object.__setattr__(self, "eviction", eviction)
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             refuse(InvalidOp, f"num_blocks must be an integer, got {self.num_blocks!r}")
         if not 2 <= self.num_blocks <= MAX_BLOCKS:

@@ -21,6 +21,7 @@ from enum import StrEnum
 
 from kvcert.spec.acceptance import group_accepts
 from kvcert.spec.alloc import State, request_keys
+from kvcert.spec.errors import InvalidRequest, as_choice
 from kvcert.spec.hashing import Extra, matched_blocks
 from kvcert.spec.layout import MambaState
 
@@ -125,6 +126,7 @@ def next_chunk(
     branch: int = 0,
 ) -> int:
     """The next prefill chunk under a placement policy (dispatch only; the rules are above)."""
+    placement = as_choice(Placement, placement, "placement", InvalidRequest)
     if placement is Placement.ALL:
         return all_chunk(computed, num_tokens, budget)
     if placement is Placement.ALIGN:

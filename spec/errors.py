@@ -7,7 +7,10 @@ how to fix it, so an engine developer can act on them without reading the spec's
 
 from __future__ import annotations
 
-from typing import NoReturn
+from enum import StrEnum
+from typing import NoReturn, TypeVar
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class SpecError(ValueError):
@@ -54,3 +57,17 @@ def refuse(error: type[SpecError], message: str) -> NoReturn:
     raises: SpecError
     """
     raise error(message)
+
+
+def as_choice(choices: type[E], value: object, what: str, error: type[SpecError]) -> E:
+    """An enum-typed input is the member itself or its exact value string (JSON and command
+    lines speak strings); anything else is refused by INPUT-1, naming the choices, because a
+    value compared by identity and silently unequal would pick another rule."""
+    if not isinstance(value, choices):  # type guard: Python callers only (JSON is parsed first)
+        for member in choices:
+            if isinstance(value, str) and member.value == value:
+                return member
+        names = ", ".join(m.value for m in choices)
+        refuse(error, f"{what} must be one of {names} (a {choices.__name__} or its value), "
+               f"got {value!r}")  # fmt: skip
+    return value

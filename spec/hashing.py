@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvcert.spec.errors import InvalidRequest, refuse
+from kvcert.spec.errors import InvalidRequest, as_choice, refuse
 from kvcert.spec.layout import Group, Layout, Speculative, is_draft
 
 ROOT = ("kvcert-block-key", 1)  # parent of block 0; versioned so a format change never collides
@@ -51,8 +51,8 @@ class Extra:
     end: int | None = None  # one past its last position; None for a request-wide extra
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, ExtraKind):  # type guard: Python callers only
-            refuse(InvalidRequest, f"extra kind must be an ExtraKind, got {self.kind!r}")
+        kind = as_choice(ExtraKind, self.kind, "extra kind", InvalidRequest)
+        object.__setattr__(self, "kind", kind)
         if not isinstance(self.value, str):
             refuse(InvalidRequest, f"{self.kind.value} extra value must be a string")
         if self.kind in REQUEST_WIDE:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvcert.spec.errors import InvalidPlan, NoPageLayout, refuse
+from kvcert.spec.errors import InvalidPlan, NoPageLayout, as_choice, refuse
 
 
 class KVDtype(StrEnum):
@@ -70,8 +70,6 @@ def _positive(value: object, what: str) -> None:
 
 def _span(kind: AttentionKind, window: int | None, chunk: int | None, name: str) -> None:
     """A window exactly for sliding-window layers, a chunk exactly for chunked-local ones."""
-    if not isinstance(kind, AttentionKind):  # type guard: Python callers only
-        refuse(InvalidPlan, f"layer {name!r}: unknown kind {kind!r}")
     if kind is AttentionKind.SLIDING_WINDOW:
         _positive(window, f"layer {name!r}: window")
     elif window is not None:
@@ -96,6 +94,8 @@ class AttentionLayer:
     name: str = "attention"  # display name only
 
     def __post_init__(self) -> None:
+        kind = as_choice(AttentionKind, self.kind, f"layer {self.name!r}: kind", InvalidPlan)
+        object.__setattr__(self, "kind", kind)
         _positive(self.num_kv_heads, f"layer {self.name!r}: num_kv_heads")
         _positive(self.head_size_k, f"layer {self.name!r}: head_size_k")
         _positive(self.head_size_v, f"layer {self.name!r}: head_size_v")
@@ -117,6 +117,8 @@ class LatentLayer:
     name: str = "latent"  # display name only
 
     def __post_init__(self) -> None:
+        kind = as_choice(AttentionKind, self.kind, f"layer {self.name!r}: kind", InvalidPlan)
+        object.__setattr__(self, "kind", kind)
         if self.kind not in (AttentionKind.FULL, AttentionKind.SLIDING_WINDOW):
             refuse(InvalidPlan, f"layer {self.name!r}: a latent layer is full or sliding_window")
         _positive(self.latent_size, f"layer {self.name!r}: latent_size")
@@ -142,6 +144,8 @@ class StateTensor:
             refuse(InvalidPlan, f"a state tensor needs a non-empty shape, got {self.shape!r}")
         for size in self.shape:
             _positive(size, "a state tensor dimension")
+        dtype = as_choice(KVDtype, self.dtype, "a state tensor's dtype", InvalidPlan)
+        object.__setattr__(self, "dtype", dtype)
         if self.dtype not in STATE_DTYPES:
             allowed = ", ".join(d.value for d in STATE_DTYPES)
             refuse(InvalidPlan, f"a state tensor's dtype must be one of {allowed}")

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvcert.spec.errors import AlignmentImpossible, InvalidLayout, refuse
+from kvcert.spec.errors import AlignmentImpossible, InvalidLayout, as_choice, refuse
 
 
 class MambaMode(StrEnum):
@@ -102,12 +102,8 @@ class MambaState:
 
     def __post_init__(self) -> None:
         _require_int(self.block_size, f"group {self.name!r}: block_size", 1)
-        if not isinstance(self.mode, MambaMode):  # type guard: Python callers only
-            choices = ", ".join(m.value for m in MambaMode)
-            refuse(
-                InvalidLayout,
-                f"group {self.name!r}: mode must be one of {choices}, got {self.mode!r}",
-            )
+        mode = as_choice(MambaMode, self.mode, f"group {self.name!r}: mode", InvalidLayout)
+        object.__setattr__(self, "mode", mode)
         _require_int(self.speculative_blocks, f"group {self.name!r}: speculative_blocks", 0)
         if self.speculative_blocks and self.mode is not MambaMode.ALIGN:
             refuse(
@@ -168,14 +164,9 @@ class Layout:
             if not isinstance(group, GROUP_KINDS):  # type guard: Python callers only
                 kinds = ", ".join(k.__name__ for k in GROUP_KINDS)
                 refuse(InvalidLayout, f"group {index} is {group!r}; expected one of {kinds}")
-        if self.speculative is not None and not isinstance(
-            self.speculative, Speculative
-        ):  # type guard: Python callers only
-            choices = ", ".join(s.value for s in Speculative)
-            refuse(
-                InvalidLayout,
-                f"speculative must be one of {choices} or absent, got {self.speculative!r}",
-            )
+        if self.speculative is not None:
+            speculative = as_choice(Speculative, self.speculative, "speculative", InvalidLayout)
+            object.__setattr__(self, "speculative", speculative)
         drafts = [g.name for g in self.groups if is_draft(g)]
         if self.speculative is None and drafts:
             refuse(

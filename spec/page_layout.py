@@ -19,7 +19,7 @@ import math
 from enum import StrEnum
 
 from kvcert.spec import layers
-from kvcert.spec.errors import InvalidRequest, refuse
+from kvcert.spec.errors import InvalidRequest, as_choice, refuse
 from kvcert.spec.layers import AttentionLayer, KVDtype, LatentLayer, StateLayer
 
 
@@ -33,6 +33,14 @@ class Part(StrEnum):
 def _inside(value: int, bound: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
         refuse(InvalidRequest, f"{what} must be in [0, {bound}), got {value!r}")
+
+
+def _dtype(dtype: object) -> KVDtype:
+    return as_choice(KVDtype, dtype, "dtype", InvalidRequest)
+
+
+def _part(part: object) -> Part:
+    return as_choice(Part, part, "part", InvalidRequest)
 
 
 def attention_offset(
@@ -56,6 +64,7 @@ def attention_offset(
     post: 0 <= __return__ < layers.page_bytes(layer, dtype, block_size)
     raises: InvalidRequest
     """
+    dtype, part = _dtype(dtype), _part(part)
     heads = layer.num_kv_heads
     size = layer.head_size_k if part is Part.K else layer.head_size_v
     _inside(token, block_size, "token")
@@ -81,6 +90,7 @@ def attention_scale_offset(
     post: 0 <= __return__ < 2 * block_size * layer.num_kv_heads * 4
     raises: InvalidRequest
     """
+    dtype, part = _dtype(dtype), _part(part)
     if not layers.scale_bytes(dtype):
         refuse(InvalidRequest, f"{dtype.value} pages hold no scales; only *_per_token_head do")
     heads = layer.num_kv_heads
@@ -103,6 +113,7 @@ def latent_offset(
     post: 0 <= __return__ < layers.page_bytes(layer, dtype, block_size)
     raises: InvalidRequest
     """
+    dtype = _dtype(dtype)
     entries = block_size // layer.ratio
     width = layer.latent_size + layer.rope_size
     _inside(entry, entries, "entry")
@@ -121,6 +132,7 @@ def latent_scale_offset(layer: LatentLayer, dtype: KVDtype, block_size: int, *, 
     post: 0 <= __return__ < (block_size // layer.ratio) * 4
     raises: InvalidRequest
     """
+    dtype = _dtype(dtype)
     if not layers.scale_bytes(dtype):
         refuse(InvalidRequest, f"{dtype.value} pages hold no scales; only *_per_token_head do")
     _inside(entry, block_size // layer.ratio, "entry")

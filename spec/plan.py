@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from kvcert.spec.errors import InvalidPlan, NoPageLayout, refuse
+from kvcert.spec.errors import InvalidPlan, NoPageLayout, as_choice, refuse
 from kvcert.spec.layers import (
     AttentionKind,
     AttentionLayer,
@@ -107,8 +107,14 @@ class PlanInput:
     def __post_init__(self) -> None:
         if not isinstance(self.layers, tuple) or not self.layers:
             refuse(InvalidPlan, "a plan needs at least one layer")
-        if not isinstance(self.dtype, KVDtype):  # type guard: Python callers only
-            refuse(InvalidPlan, f"unknown KV-cache dtype {self.dtype!r}")
+        object.__setattr__(self, "dtype", as_choice(KVDtype, self.dtype, "dtype", InvalidPlan))
+        mode = as_choice(MambaMode, self.mamba_mode, "mamba_mode", InvalidPlan)
+        object.__setattr__(self, "mamba_mode", mode)
+        if self.speculative is not None:
+            speculative = as_choice(Speculative, self.speculative, "speculative", InvalidPlan)
+            object.__setattr__(self, "speculative", speculative)
+        objective = as_choice(Objective, self.objective, "objective", InvalidPlan)
+        object.__setattr__(self, "objective", objective)
         for name in ("memory_bytes", "block_size", "state_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,9 +127,6 @@ class PlanInput:
             )
         if not 0 <= self.group_padding < 1:
             refuse(InvalidPlan, f"group_padding must be in [0, 1), got {self.group_padding}")
-        if not isinstance(self.objective, Objective):  # type guard: Python callers only
-            refuse(InvalidPlan, f"unknown objective {self.objective!r}; one of "
-                   f"{[x.value for x in Objective]}")  # fmt: skip
         if not 0 < self.capacity_share <= 1:
             refuse(InvalidPlan, f"capacity_share must be in (0, 1], got {self.capacity_share}")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
-from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm
+from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm, as_choice
 from kvcert.reference.errors import ConfigError
 
 E = TypeVar("E", bound=StrEnum)
@@ -50,6 +50,15 @@ class Settings:
     # (HIT-SPEC-2, vLLM's EAGLE block drop, which serves stale draft KV: acceptance only)
     speculative: DraftKeying | None = None
     hold_back: HoldBack = HoldBack.STATE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
+        algorithm = as_choice(HashAlgorithm, self.hash_algorithm, "hash_algorithm")
+        object.__setattr__(self, "hash_algorithm", algorithm)
+        if self.speculative is not None:
+            keying = as_choice(DraftKeying, self.speculative, "speculative")
+            object.__setattr__(self, "speculative", keying)
+        object.__setattr__(self, "hold_back", as_choice(HoldBack, self.hold_back, "hold_back"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -123,7 +123,8 @@ def test_reference_refuses_a_state_only_anchor_beyond_the_maximum():
 
 @pytest.mark.parametrize(
     ("fields", "message"),
-    [({"objective": "capacity"}, "unknown objective"),
+    [({"objective": "fastest"}, "objective must be one of capacity"),
+     ({"mamba_mode": "sometimes"}, "mamba_mode must be one of"),
      ({"capacity_share": Fraction(0)}, "capacity_share must be in")],
 )  # fmt: skip
 def test_reference_refuses_bad_objectives(fields, message):

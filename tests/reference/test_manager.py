@@ -207,12 +207,12 @@ def test_configuration_errors():
     with pytest.raises(ConfigError, match="mode applies to mamba groups only"):
         GroupConfig(Kind.FULL, 16, mode=MambaMode.ALIGN)
     with pytest.raises(ConfigError, match="mode must be one of none, align, all"):
-        GroupConfig(Kind.MAMBA, 16, mode="align")
+        GroupConfig(Kind.MAMBA, 16, mode="Align")
     with pytest.raises(ConfigError, match="window must be an integer"):
         GroupConfig(Kind.SLIDING_WINDOW, 16, window=12.5)
     assert GroupConfig(Kind.MAMBA, 16).mode is MambaMode.ALL
-    with pytest.raises(ConfigError, match="kind"):
-        GroupConfig("full", 16)
+    with pytest.raises(ConfigError, match="kind must be one of full"):
+        GroupConfig("Full", 16)
     with pytest.raises(ConfigError, match="max_model_len"):
         CacheConfig((FULL,), 8, max_model_len=0)
     draft = GroupConfig(Kind.FULL, 4, draft=True)

@@ -111,3 +111,39 @@ def test_every_error_is_a_spec_error_and_a_value_error():
     for error in (InvalidLayout, InvalidRequest, AlignmentImpossible, UncacheableLayout):
         assert issubclass(error, SpecError)
         assert issubclass(error, ValueError)
+
+
+def test_enum_inputs_take_the_member_or_its_exact_value_string():
+    """The spec's enum-typed fields accept what JSON and command lines carry, and refuse
+    anything else by INPUT-1 instead of comparing it by identity and taking another branch."""
+    from kvcert.spec import ExtraKind, alloc, page_layout
+    from kvcert.spec.checkpoints import Placement, next_chunk
+    from kvcert.spec.hashing import Extra
+    from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype
+
+    assert MambaState(16, "align").mode is MambaMode.ALIGN  # type: ignore[arg-type]
+    drafted = Layout((FullAttention(16, draft=True),), speculative="drop")  # type: ignore[arg-type]
+    assert drafted.speculative is Speculative.DROP
+    assert drafted == Layout((FullAttention(16, draft=True),), speculative=Speculative.DROP)
+    assert Extra("lora", "x").kind is ExtraKind.LORA  # type: ignore[arg-type]
+    pool = alloc.PoolConfig(Layout((FullAttention(16),)), 8, "hybrid")  # type: ignore[arg-type]
+    assert pool.eviction is alloc.Eviction.HYBRID
+    assert next_chunk("align", 0, 100, 50, 16) == next_chunk(Placement.ALIGN, 0, 100, 50, 16)  # type: ignore[arg-type]
+    layer = AttentionLayer("full", 2, 4, 4)  # type: ignore[arg-type]
+    assert layer.kind is AttentionKind.FULL
+    by_value = page_layout.attention_offset(layer, "int8_per_token_head", 2, token=0, head=1,
+                                            part="v", index=0)  # type: ignore[arg-type]  # fmt: skip
+    assert by_value == page_layout.attention_offset(
+        layer, KVDtype.INT8_PER_TOKEN_HEAD, 2, token=0, head=1, part=page_layout.Part.V, index=0
+    )
+    for build, error, fragment in (
+        (lambda: MambaState(16, "ALIGN"), InvalidLayout, "mode must be one of none, align"),
+        (lambda: Extra("salt", "x"), InvalidRequest, "extra kind must be one of cache_salt"),
+        (lambda: alloc.PoolConfig(Layout((FullAttention(16),)), 8, "fifo"), SpecError,
+         "eviction must be one of lru"),
+        (lambda: next_chunk("every", 0, 100, 50, 16), InvalidRequest, "placement must be one of"),
+        (lambda: page_layout.attention_offset(layer, KVDtype.FP16, 2, token=0, head=0, part="q",
+                                              index=0), InvalidRequest, "part must be one of k, v"),
+    ):  # fmt: skip
+        with pytest.raises(error, match=fragment):
+            build()

@@ -131,7 +131,8 @@ def test_draft_keys_cover_the_draft_reach():
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"kind": "lora", "value": "x"}, "ExtraKind"),
+        ({"kind": "Lora", "value": "x"}, "ExtraKind"),
+        ({"kind": "salt", "value": "x"}, "extra kind must be one of cache_salt"),
         ({"kind": ExtraKind.LORA, "value": 3}, "must be a string"),
         ({"kind": ExtraKind.CACHE_SALT, "value": "x", "end": 4}, "whole request"),
         ({"kind": ExtraKind.MULTIMODAL, "value": "img"}, "token span"),

@@ -191,12 +191,23 @@ def test_peer_grouping_examples_from_the_notes():
     ("build", "error", "message"),
     [
         (lambda: AttentionLayer(FULL, 0, 64, 64), InvalidPlan, "num_kv_heads"),
-        (lambda: AttentionLayer("full", 1, 64, 64), InvalidPlan, "unknown kind"),
+        (lambda: AttentionLayer("paged", 1, 64, 64), InvalidPlan, "kind must be one of full"),
+        (lambda: AttentionLayer("FULL", 1, 64, 64), InvalidPlan, "kind must be one of full"),
         (lambda: AttentionLayer(FULL, 1, 64, 64, draft=1), InvalidPlan, "draft must be"),
         (lambda: LatentLayer(FULL, 8, 0, draft="no"), InvalidPlan, "draft must be"),
         (lambda: StateTensor([4], KVDtype.FP32), InvalidPlan, "non-empty shape"),
         (lambda: StateTensor((), KVDtype.FP32), InvalidPlan, "non-empty shape"),
-        (lambda: PlanInput((QWEN_FULL,), "fp8", GIB), InvalidPlan, "unknown KV-cache dtype"),
+        (lambda: PlanInput((QWEN_FULL,), "fp4", GIB), InvalidPlan, "dtype must be one of fp32"),
+        (
+            lambda: PlanInput((QWEN_FULL,), "fp8", GIB, mamba_mode="some"),
+            InvalidPlan,
+            "mamba_mode must be one of",
+        ),
+        (
+            lambda: PlanInput((QWEN_FULL,), "fp8", GIB, speculative="Exact"),
+            InvalidPlan,
+            "speculative must be one of",
+        ),
         (lambda: AttentionLayer(SW, 1, 64, 64), InvalidPlan, "window"),
         (lambda: AttentionLayer(FULL, 1, 64, 64, window=4), InvalidPlan, "only sliding_window"),
         (lambda: AttentionLayer(FULL, 1, 64, 64, chunk=4), InvalidPlan, "only chunked_local"),
@@ -486,6 +497,14 @@ def test_bad_objectives_are_refused(fields, message):
         _bundled("gpt-oss-20b", **fields)
 
 
-def test_an_objective_must_be_an_objective_not_its_name():
-    with pytest.raises(InvalidPlan, match="unknown objective 'capacity'"):
-        PlanInput((QWEN_FULL,), KVDtype.BF16, GIB, objective="capacity")  # type: ignore[arg-type]
+def test_enum_inputs_take_the_member_or_its_exact_value_and_nothing_else():
+    by_value = PlanInput((QWEN_FULL,), "bf16", GIB, objective="capacity", mamba_mode="all")  # type: ignore[arg-type]
+    assert by_value.dtype is KVDtype.BF16
+    assert by_value.objective is Objective.CAPACITY
+    assert by_value.mamba_mode is MambaMode.ALL
+    assert by_value == PlanInput(
+        (QWEN_FULL,), KVDtype.BF16, GIB, objective=Objective.CAPACITY, mamba_mode=MambaMode.ALL
+    )
+    for wrong in ("Capacity", " capacity", 0, None):
+        with pytest.raises(InvalidPlan, match="objective must be one of capacity"):
+            PlanInput((QWEN_FULL,), KVDtype.BF16, GIB, objective=wrong)  # type: ignore[arg-type]
