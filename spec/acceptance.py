@@ -161,7 +161,41 @@ def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
     if isinstance(group, MambaState) and not state_serves_hits(group):
         return length == 0
     aligned = isinstance(group, CrossAttention) or length % group.block_size == 0
-    return aligned and all(j in cached for j in needed_blocks(group, length))
+    return aligned and all_cached(cached, needed_blocks(group, length))
+
+
+def all_cached(cached: frozenset[int], needed: range) -> bool:
+    """Whether every block of `needed` is cached: `all(j in cached for j in needed)`.
+
+    `needed` is always a run of consecutive blocks, so it is cached exactly when the run of
+    cached blocks holding its last block starts at or before its first. That answers in O(1)
+    per length once a view's runs are known (CachedBlocks), where the literal check costs
+    O(L/B) per length and a whole lookup O((L/B)^2).
+
+        cached {0, 1, 2, 5, 6}:   runs start 0 (blocks 0-2) and 5 (blocks 5-6)
+        needed range(1, 3) -> last block 2, its run starts at 0 <= 1   -> True
+        needed range(4, 7) -> last block 6, its run starts at 5 >  4   -> False
+    """
+    if not needed:
+        return True
+    runs = cached if isinstance(cached, CachedBlocks) else CachedBlocks(cached)
+    start = runs.run_start.get(needed[-1])
+    return start is not None and start <= needed.start
+
+
+class CachedBlocks(frozenset[int]):
+    """A group's cached block indices, each with the first block of the run of consecutive
+    cached blocks it is in (so `all_cached` needs no scan). Equal to the plain frozenset."""
+
+    run_start: Mapping[int, int]
+
+    def __new__(cls, blocks: frozenset[int] = frozenset()) -> CachedBlocks:
+        made = super().__new__(cls, blocks)
+        starts: dict[int, int] = {}
+        for j in sorted(made):
+            starts[j] = starts.get(j - 1, j)
+        made.run_start = starts
+        return made
 
 
 def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int | None, ...]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from kvcert.spec.acceptance import group_accepts, group_blocks
 from kvcert.spec.errors import UncacheableLayout, refuse
-from kvcert.spec.layout import Speculative, is_cacheable
+from kvcert.spec.layout import Speculative, hit_alignment, is_cacheable
 from kvcert.spec.view import CacheView
 
 
@@ -65,11 +65,14 @@ def max_hit_length(num_tokens: int) -> int:
 
 
 def common_lengths(view: CacheView) -> tuple[int, ...]:
-    """The lengths every group accepts, ascending (the set HIT-HYB-1 maximises)."""
+    """The lengths every group accepts, ascending (the set HIT-HYB-1 maximises).
+
+    Only multiples of the hit alignment are asked: each cacheable group accepts multiples of
+    its block size alone (HIT-GROUP-1), so no other length can be in the set."""
     groups = view.layout.groups
     return tuple(
         length
-        for length in range(max_hit_length(view.num_tokens) + 1)
+        for length in range(0, max_hit_length(view.num_tokens) + 1, hit_alignment(view.layout))
         if all(group_accepts(g, view.cached[i], length) for i, g in enumerate(groups))
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcert.spec.acceptance import CachedBlocks
 from kvcert.spec.errors import InvalidRequest, refuse
 from kvcert.spec.hashing import key_lookahead
 from kvcert.spec.layout import CrossAttention, Layout, MambaMode, MambaState
@@ -60,6 +61,9 @@ class CacheView:
             )
         for index, blocks in enumerate(self.cached):
             self._check_group(index, blocks)
+        # the same sets, each knowing its runs of consecutive blocks: HIT-GROUP-1 then asks
+        # whether a needed run is cached in O(1) instead of scanning it
+        object.__setattr__(self, "cached", tuple(CachedBlocks(b) for b in self.cached))
 
     def _check_group(self, index: int, blocks: frozenset[int]) -> None:
         group = self.layout.groups[index]

@@ -175,3 +175,20 @@ def test_block_list_is_the_needed_blocks_padded_with_null(group, cached, length)
     blocks = group_blocks(group, cached, length)
     assert len(blocks) == length // group.block_size
     assert [j for j, b in enumerate(blocks) if b is not NULL] == list(needed_blocks(group, length))
+
+
+@given(
+    st.frozensets(st.integers(0, 40), max_size=30),
+    st.integers(0, 45),
+    st.integers(0, 45),
+)
+def test_all_cached_is_the_literal_check(cached, start, stop):
+    """HIT-GROUP-1 asks "is every needed block cached" through the runs of consecutive cached
+    blocks; it answers exactly as the literal scan, for plain and run-carrying sets."""
+    from kvcert.spec.acceptance import CachedBlocks, all_cached
+
+    needed = range(start, stop)
+    literal = all(j in cached for j in needed)
+    assert all_cached(cached, needed) == literal
+    assert all_cached(CachedBlocks(cached), needed) == literal
+    assert CachedBlocks(cached) == cached
