@@ -9,7 +9,10 @@ Three parts, each bounded and reproducible:
   error and disagrees are failures.
 * crosshair: the spec's `pre:`/`post:` contracts per function, spec-vs-reference
   `diffbehavior`, and golden controls (a correct function must pass, a buggy one must fail).
-  A pass reads "no counterexample within budget", never "proved".
+  A pass reads "no counterexample within budget", never "proved". Budgets count paths, and
+  the solver's work is bounded by a resource limit, so a verdict does not depend on how busy
+  the machine is; a CrossHair crash (an internal error, a traceback) is "crashed", never
+  "counterexample".
 * hypothesis: the shipped state machine as the spec's self-check (invariants only) and
   against the reference; then, for every seeded bug class (kvcert.conformance.engines.mutants), how
   long the machine takes from scratch to find it and shrink it.
@@ -40,6 +43,7 @@ from kvcert.conformance.engines.reference_engine import ReferenceEngine
 PARTS = ("z3", "crosshair", "hypothesis")
 NO_COUNTEREXAMPLE = "no counterexample within budget"
 FOUND = "counterexample"
+CRASHED = "crashed"  # the tool itself failed: never a verdict on the code it checks
 # A divergence that is a Python crash of the engine (a seeded bug that no longer fits the code
 # it patches, or an engine bug of that kind) is reported as such, not as the counterexample.
 CRASH = re.compile(r"raised (TypeError|AttributeError|NameError)\b")
@@ -50,7 +54,7 @@ class Tier:
     """Budgets of one tier."""
 
     name: str
-    crosshair_seconds: int  # CrossHair's --per_condition_timeout
+    crosshair_paths: int  # paths CrossHair explores per condition (its max_iterations)
     diff_iterations: int  # CrossHair diffbehavior's --max_uninteresting_iterations
     machine_examples: int  # state machine runs per machine check
     machine_steps: int  # steps per run
@@ -60,8 +64,8 @@ class Tier:
 
 
 TIERS = {
-    "pr": Tier("pr", 3, 8, 300, 15, 2000, 30, shrink=False),
-    "long": Tier("long", 20, 200, 3000, 50, 10000, 50, shrink=True),
+    "pr": Tier("pr", 100, 8, 300, 15, 2000, 30, shrink=False),
+    "long": Tier("long", 1000, 200, 3000, 50, 10000, 50, shrink=True),
 }
 
 # The spec functions whose contracts CrossHair checks (their arguments are plain values or
@@ -85,10 +89,18 @@ CONTRACT_TARGETS = (
     "kvcert.spec.page_layout.state_offset",
     "kvcert.spec.page_layout.slot_address",
 )
-# Per-target caps on CrossHair's per-condition budget: crosshair-tool 0.0.112 raises an
-# internal error ("assert_true on a non-symbolic") on group_size's Fraction after ~10 s of
-# search; below that it runs clean. Z3 (THM-PAGE-GROUP) and diffbehavior cover it in depth.
-BUDGET_CAPS = {"kvcert.spec.plan.group_size": 4}
+# Per-target caps on the paths explored: crosshair-tool 0.0.112 raises an internal error
+# ("assert_true on a non-symbolic", building a symbolic Fraction) on group_size's 30th to
+# 50th path; below that it runs clean. Z3 (THM-PAGE-GROUP) and diffbehavior cover it in
+# depth. token_capacity's paths grow slow past ~40 (100 take 20 s).
+PATH_CAPS = {"kvcert.spec.plan.group_size": 25, "kvcert.spec.plan.token_capacity": 40}
+# CPU seconds one path may take (CrossHair counts process time, which load barely moves);
+# the solver's wall-clock timeout is half of it and only a backstop behind SOLVER_RLIMIT.
+PATH_SECONDS = 20
+# z3's deterministic work limit per solver query inside CrossHair (CROSSHAIR_SMT_RLIMIT): a
+# query stops at the same point on any machine, however loaded, where a wall-clock timeout
+# would stop it earlier on a busy one and change which paths are explored.
+SOLVER_RLIMIT = 5_000_000
 SYMBOLIC = "kvcert.conformance.checks.symbolic"
 DIFF_TARGETS = (  # (spec side, reference side, expected verdict)
     (f"{SYMBOLIC}.spec_window_start", f"{SYMBOLIC}.reference_window_start", NO_COUNTEREXAMPLE),
@@ -145,41 +157,66 @@ def z3_rows(tier: Tier, jobs: int = 1) -> Iterator[Row]:
 # --- crosshair --------------------------------------------------------------------------------
 
 
+# What CrossHair prints for a counterexample: `check` a located "error: ... when calling"
+# line, `diffbehavior` the inputs on which the two functions differ.
+COUNTEREXAMPLE_LINE = re.compile(r"^\S+:\d+: error: .* when calling |^Given: \(", re.MULTILINE)
+TOOL_CRASH = re.compile(r"Traceback \(most recent call last\)|CrossHairInternal")
+
+
+def crosshair_verdict(returncode: int, output: str) -> str:
+    """CrossHair's exit status and output as a verdict. Exit 1 is a counterexample only when
+    CrossHair printed one and did not crash: its internal errors also exit 1."""
+    if returncode not in (0, 1):
+        return "error"  # CrossHair refused its arguments (e.g. a target that does not import)
+    if TOOL_CRASH.search(output):
+        return CRASHED
+    if returncode == 0:
+        return NO_COUNTEREXAMPLE
+    if COUNTEREXAMPLE_LINE.search(output):
+        return FOUND
+    return "error"
+
+
 def _crosshair(args: list[str], budget: float) -> tuple[str, float, str]:
     command = [sys.executable, "-m", SYMBOLIC, *args]
+    environment = os.environ | {"CROSSHAIR_SMT_RLIMIT": str(SOLVER_RLIMIT)}
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=budget, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=budget, check=False, env=environment
+        )
     except subprocess.TimeoutExpired:
         return "timeout", time.perf_counter() - start, f"over the {budget:.0f} s backstop"
     seconds = time.perf_counter() - start
     output = (done.stdout + done.stderr).strip()
-    if done.returncode == 0:
-        return NO_COUNTEREXAMPLE, seconds, output[-300:]
-    if done.returncode == 1:
-        return FOUND, seconds, output[-300:]
-    return "error", seconds, output[-300:]
+    return crosshair_verdict(done.returncode, output), seconds, output[-300:]
 
 
-def crosshair_rows(tier: Tier, jobs: int = 1) -> Iterator[Row]:
-    """Every CrossHair check, `jobs` processes at a time (each is its own subprocess and its
-    budget is CPU time per condition, so running them side by side changes no verdict)."""
-    timeout = ["--per_condition_timeout", str(tier.crosshair_seconds)]
-    backstop = 60.0 + 10 * tier.crosshair_seconds
+def crosshair_tasks(tier: Tier) -> list[tuple[str, str, list[str], float]]:
+    """(label, expected verdict, arguments, backstop seconds) of every CrossHair check."""
+    path_time = ["--per_path_timeout", str(PATH_SECONDS)]
+    backstop = 600.0 + tier.crosshair_paths
     tasks: list[tuple[str, str, list[str], float]] = []  # (label, expected, args, backstop)
     for target, expected in GOLDEN:
         label = f"golden {target.rsplit('.', 1)[1]}"
-        tasks.append((label, expected, ["check", *timeout, target], backstop))
+        paths = ["--max_iterations", str(tier.crosshair_paths)]
+        tasks.append((label, expected, ["check", *paths, *path_time, target], backstop))
     for target in CONTRACT_TARGETS:
-        budget = min(tier.crosshair_seconds, BUDGET_CAPS.get(target, tier.crosshair_seconds))
-        per_target = ["--per_condition_timeout", str(budget)]
+        paths = ["--max_iterations", str(min(tier.crosshair_paths, PATH_CAPS.get(target, 10**9)))]
         label = f"contracts {target.removeprefix('kvcert.spec.')}"
-        tasks.append((label, NO_COUNTEREXAMPLE, ["check", *per_target, target], backstop))
+        tasks.append((label, NO_COUNTEREXAMPLE, ["check", *paths, *path_time, target], backstop))
     iterations = ["--max_uninteresting_iterations", str(tier.diff_iterations)]
     for spec_side, reference_side, expected in DIFF_TARGETS:
         args = ["diffbehavior", "--per_path_timeout", "2", *iterations, spec_side, reference_side]
         label = f"diff {spec_side.rsplit('.', 1)[1]} ~ {reference_side.rsplit('.', 1)[1]}"
         tasks.append((label, expected, args, backstop + tier.diff_iterations * 2))
+    return tasks
+
+
+def crosshair_rows(tier: Tier, jobs: int = 1) -> Iterator[Row]:
+    """Every CrossHair check, `jobs` processes at a time (each is its own subprocess and its
+    budget is a count of paths, so running them side by side changes no verdict)."""
+    tasks = crosshair_tasks(tier)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_crosshair, args, limit) for _, _, args, limit in tasks]
         for (label, expected, _, _), future in zip(tasks, futures, strict=True):
@@ -215,7 +252,7 @@ def _run_machine(factory: Callable[[], Any] | None, settings_: Any) -> MachineRu
         lengths = machine.failing_trace_lengths  # type: ignore[attr-defined]
         found = machine.first_failure_at  # type: ignore[attr-defined]
         return MachineRun(
-            "crashed" if CRASH.search(str(error)) else FOUND,
+            CRASHED if CRASH.search(str(error)) else FOUND,
             str(error)[:300],
             (found[0] if found else end) - start,
             end - start,

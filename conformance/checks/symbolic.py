@@ -1,9 +1,11 @@
 """CrossHair for kvcert: the spec's contracts, spec-vs-reference comparisons, golden controls.
 
 Run as `python -m kvcert.conformance.checks.symbolic check|diffbehavior ARGS...` (what
-`kvcert check` does, one subprocess per target): it is CrossHair's own command line with one
-shim, because CrossHair reads a package's `__init__.py` for directives and `kvcert` is a
-namespace package with none. Verdicts are "no counterexample within budget", never "proved".
+`kvcert check` does, one subprocess per target): it is CrossHair's own command line with two
+shims: CrossHair reads a package's `__init__.py` for directives and `kvcert` is a namespace
+package with none; and `--max_iterations N` bounds `check` by paths explored (CrossHair
+takes that bound only from source directives), so that a verdict does not depend on how fast
+the machine runs. Verdicts are "no counterexample within budget", never "proved".
 
 The functions below are CrossHair's inputs: same-signature integer wrappers around the spec
 and the reference (for `diffbehavior`), and a correct and a buggy function with contracts (the
@@ -20,7 +22,10 @@ from fractions import Fraction
 from typing import Any
 
 from crosshair import codeconfig
+from crosshair import core as crosshair_core
+from crosshair import main as crosshair_cli
 from crosshair.main import main as crosshair_main
+from crosshair.options import DEFAULT_OPTIONS
 
 from kvcert.reference import planner
 from kvcert.reference.config import GroupConfig, Kind
@@ -115,10 +120,23 @@ def _namespace_tolerant_resources() -> types.ModuleType:
     return types.SimpleNamespace(resources=resources)  # type: ignore[return-value]
 
 
+def _bound_paths(args: list[str]) -> list[str]:
+    """Take `--max_iterations N` out of `args` and make N CrossHair's default path budget per
+    condition, with no time or "uninteresting paths" bound beside it."""
+    if "--max_iterations" not in args:
+        return args
+    at = args.index("--max_iterations")
+    paths = int(args[at + 1])
+    bounded = DEFAULT_OPTIONS.overlay(max_iterations=paths, max_uninteresting_iterations=0)
+    for module in (crosshair_core, crosshair_cli):  # both read it when they start a check
+        setattr(module, "DEFAULT_OPTIONS", bounded)  # noqa: B010 - not re-exported by name
+    return args[:at] + args[at + 2 :]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CrossHair's command line, with the namespace-package shim."""
+    """CrossHair's command line, with the namespace-package and path-budget shims."""
     codeconfig.importlib = _namespace_tolerant_resources()  # type: ignore[attr-defined]
-    sys.argv = ["crosshair", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = ["crosshair", *_bound_paths(list(sys.argv[1:] if argv is None else argv))]
     try:
         crosshair_main()
     except SystemExit as done:

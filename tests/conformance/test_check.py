@@ -58,7 +58,7 @@ def test_an_unexpected_verdict_fails_the_run(monkeypatch, capsys):
 
 def test_crosshair_golden_controls_and_diffbehavior():
     """A correct function passes, a buggy one fails, and diffbehavior finds the off-by-one."""
-    budget = ["--per_condition_timeout", "2"]
+    budget = ["--max_iterations", "40"]
     for target, expected in check.GOLDEN:
         got, _, detail = check._crosshair(["check", *budget, target], 120)
         assert got == expected, detail
@@ -73,9 +73,51 @@ def test_crosshair_golden_controls_and_diffbehavior():
 
 def test_a_spec_contract_holds_within_budget():
     got, _, detail = check._crosshair(
-        ["check", "--per_condition_timeout", "2", "kvcert.spec.plan.split_bucket"], 120
+        ["check", "--max_iterations", "40", "kvcert.spec.plan.split_bucket"], 120
     )
     assert got == check.NO_COUNTEREXAMPLE, detail
+
+
+# What crosshair-tool 0.0.112 printed, exit status 1, when it crashed on group_size's Fraction
+# (on a loaded machine `kvcert check` once read it as a counterexample and failed the tier).
+CROSSHAIR_CRASH = """Traceback (most recent call last):
+  File "/x/crosshair/core.py", line 1619, in attempt_call
+    original_args = gen_args(conditions.sig)
+  File "/x/crosshair/libimpl/fractionlib.py", line 11, in _make_fraction
+    force_true(d > 0)
+  File "/x/crosshair/statespace.py", line 275, in force_true
+    raise CrossHairInternal(
+crosshair.util.CrossHairInternal: Attempted to call assert_true on a non-symbolic"""
+
+
+@pytest.mark.parametrize(
+    ("returncode", "output", "verdict"),
+    [
+        (1, CROSSHAIR_CRASH, check.CRASHED),
+        (0, CROSSHAIR_CRASH, check.CRASHED),
+        (1, "/a/b.py:97: error: false when calling f([8, 7], 64) (which returns 64)", check.FOUND),
+        (1, "Given: (length=4096, window=1, block=1),\n  f : returns 1\n  g : returns 0",
+         check.FOUND),
+        (0, "", check.NO_COUNTEREXAMPLE),
+        (1, "", "error"),
+        (1, "some other complaint", "error"),
+        (2, "error: no such target", "error"),
+        (2, CROSSHAIR_CRASH, "error"),
+    ],
+)  # fmt: skip
+def test_a_crosshair_crash_is_crashed_never_a_counterexample(returncode, output, verdict):
+    assert check.crosshair_verdict(returncode, output) == verdict
+
+
+def test_crosshair_budgets_are_paths_not_seconds():
+    """No verdict may depend on machine load: every CrossHair task of every tier is bounded by
+    a count (paths, uninteresting iterations), with the solver under a work limit."""
+    for name in ("pr", "long"):
+        for task in check.crosshair_tasks(check.TIERS[name]):
+            label, _, args, _ = task
+            assert "--per_condition_timeout" not in args, label
+            assert "--max_iterations" in args or "--max_uninteresting_iterations" in args, label
+    assert check.SOLVER_RLIMIT > 0
 
 
 SEARCH = settings(
