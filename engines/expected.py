@@ -22,7 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.certify.runner import iter_cases
+from kvcert.conformance.certify.vector_files import iter_cases
+from kvcert.conformance.contract.compare import REFUSED_VALID
 
 CAUSES = {
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
@@ -229,12 +230,12 @@ def cause(
         return "chunk-block-sizes"
     if _blocks_past_hit(detail):
         return "blocks-past-hit"
-    if detail == "the engine refused valid input" and any(
+    if detail.startswith(REFUSED_VALID) and any(
         g.get("kind") == "chunked_local" and g["chunk"] % g["block_size"]
         for g in layout.get("groups", [])
     ):
         return "chunk-alignment"
-    if trace is not None and detail == "the engine refused valid input":
+    if trace is not None and detail.startswith(REFUSED_VALID):
         groups = layout.get("groups", [])
         attention = [g["block_size"] for g in groups if g.get("kind") != "mamba"]
         apart = [
@@ -247,7 +248,7 @@ def cause(
             return "mamba-hash-block"
     reach = layout.get("draft_reach", 1)
     blocks = [g["block_size"] for g in layout.get("groups", []) if g.get("kind") != "mamba"]
-    if detail == "the engine refused valid input" and reach > min(blocks, default=reach):
+    if detail.startswith(REFUSED_VALID) and reach > min(blocks, default=reach):
         return "mtp-block-size"
     if (
         "IndexError" in detail
@@ -255,7 +256,7 @@ def cause(
         and "full" not in {g.get("kind") for g in layout.get("groups", [])}
     ):
         return "swa-lookahead-index"
-    if detail == "the engine refused valid input" and _equal_groups(layout):
+    if detail.startswith(REFUSED_VALID) and _equal_groups(layout):
         return "equal-specs"
     if layout.get("speculative") == "drop":
         hits = re.match(r"hit (\d+) != expected (\d+)", detail)

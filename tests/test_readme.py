@@ -32,7 +32,7 @@ def claim(pattern: str) -> int:
 
 
 def vector_cases():
-    from kvcert.conformance.certify.runner import iter_cases
+    from kvcert.conformance.certify.vector_files import iter_cases
 
     return [case for _, case, _ in iter_cases() if case is not None]
 

@@ -8,33 +8,25 @@ import sys
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from kvcert.conformance.arguments import output_path, positive_seconds
 from kvcert.conformance.certify.report import PASSING, Result, render_report
-from kvcert.conformance.certify.runner import (
-    VECTORS,
-    iter_cases,
-    load_reasons,
-    run_vectors,
-    user_manifest,
-)
+from kvcert.conformance.certify.runner import load_reasons, run_vectors
+from kvcert.conformance.certify.vector_files import VECTORS, iter_cases, user_manifest
 from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.compare import REFUSED_VALID
 from kvcert.conformance.contract.protocol import Engine
 from kvcert.conformance.contract.stdio import StdioEngine, serve
 from kvcert.conformance.engines.loader import load_engine
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a time limit in seconds, > 0 and finite."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
 def vector_root(args: argparse.Namespace) -> Traversable:
     """The bundled vectors, or a user's folder (`--vectors DIR`) with its own manifest."""
+    if args.write_manifest and (args.engine or args.cmd or args.skips or args.xfails):
+        raise InputError(
+            "--write-manifest checks your vectors against the spec and certifies no engine: "
+            "drop --engine/--cmd/--skips/--xfails, then certify your engine against the "
+            "folder with --vectors DIR"
+        )
     if args.vectors is None:
         if args.write_manifest:
             raise InputError("--write-manifest needs --vectors DIR: the folder to write it in")
@@ -60,12 +52,24 @@ def write_manifest(directory: Path) -> int:
     if wrong:
         target.unlink()
         for result in wrong:
-            print(f"{result.id}: the spec disagrees: {result.detail}", file=sys.stderr)
+            print(f"{result.id}: {spec_verdict(result.detail)}", file=sys.stderr)
         print(f"no manifest written: fix the {len(wrong)} case(s) above", file=sys.stderr)
         return 1
     total = sum(entry["cases"] for entry in manifest["files"].values())
     print(f"wrote {target}: {len(manifest['files'])} files, {total} cases, each the spec's answer")
     return 0
+
+
+def spec_verdict(detail: str) -> str:
+    """Why the spec does not give a user's case its expectation: the spec is the judge of
+    valid input, so a case it refuses is invalid input, not a refusal of valid input."""
+    if detail.startswith(REFUSED_VALID):
+        why = detail.removeprefix(REFUSED_VALID).removeprefix(": ")
+        return (
+            f"the input is invalid: the spec refuses it ({why or 'see spec/RULES.md'}); fix "
+            'the input, or expect {"refused": true}'
+        )
+    return f"the spec disagrees: {detail}"
 
 
 def run_certify(args: argparse.Namespace) -> int:
@@ -76,14 +80,19 @@ def run_certify(args: argparse.Namespace) -> int:
     skips = load_reasons(args.skips, "skip")
     xfails = load_reasons(args.xfails, "xfail")
     if args.cmd is not None:
-        engine: Engine = StdioEngine(args.cmd, timeout=args.timeout)
+        engine: Engine = StdioEngine(args.cmd, timeout=args.timeout, on_retry=_say)
     else:
         engine = load_engine(args.engine or "reference")
     cases = {case["id"]: case for _, case, _ in iter_cases(root) if case is not None}
     total = sum(1 for _ in iter_cases(root))
+    told: set[str] = set()
 
     def progress(done: int, result: Result) -> None:
-        if done % 50 == 0 or done == total or result.status not in PASSING:
+        # a cause shared by many cases (a dead engine) is told once, with its first case
+        fresh = result.status not in PASSING and result.detail not in told
+        if fresh:
+            told.add(result.detail)
+        if done % 50 == 0 or done == total or fresh:
             print(f"[{done:4d}/{total}] {result.status:8} {result.id}", file=sys.stderr)
 
     try:
@@ -102,6 +111,10 @@ def run_certify(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
     print(render_report(report, cases), end="")
     return 0 if report.ok else 1
+
+
+def _say(message: str) -> None:
+    print(f"kvcert: {message}", file=sys.stderr)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -124,7 +137,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(default: reference)",
     )
     which.add_argument("--cmd", help="an out-of-process engine speaking kvcert-stdio/1")
-    certify.add_argument("--json", type=Path, help="also write the JSON report here")
+    certify.add_argument("--json", type=output_path, help="also write the JSON report here")
     certify.add_argument("--skips", type=Path, help="JSON {case id: reason} to skip")
     certify.add_argument(
         "--xfails", type=Path, help="JSON {case id: reason} expected to fail (strict)"
@@ -146,7 +159,14 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "spec's own answer) and write the folder's manifest.json",
     )
     certify.set_defaults(run=run_certify)
-    serve_parser = commands.add_parser("serve", help="serve an engine over kvcert-stdio/1")
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve an engine over kvcert-stdio/1",
+        description="Answer kvcert-stdio/1 messages (newline-delimited JSON) on stdin/stdout "
+        "with an in-process engine, until a stop message or the end of input: what `kvcert "
+        "certify --cmd` talks to. Logs go to stderr. The messages: CONFORMANCE.md and "
+        "kvcert/conformance/contract/schema/stdio.schema.json.",
+    )
     serve_parser.add_argument(
         "--engine", default="reference", help="entry-point name or module:factory"
     )

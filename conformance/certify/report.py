@@ -13,6 +13,7 @@ from kvcert.conformance.tools.explain import explain, render
 from kvcert.spec import CacheView
 
 PASSING = {"passed", "xfailed", "skipped"}
+SAME_CAUSE = 4  # this many unexpected results with one detail are reported as one line
 
 
 @dataclass
@@ -40,7 +41,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return bool(self.results) and all(r.status in PASSING for r in self.results)
+        """Nothing unexpected, and at least one case ran: a run that tested nothing (every
+        case skipped or unsupported) certifies nothing."""
+        counts = self.counts()
+        ran = counts["passed"] + counts["xfailed"]
+        return ran > 0 and all(r.status in PASSING for r in self.results)
 
     def summary_line(self) -> str:
         counts = self.counts()
@@ -112,7 +117,18 @@ def render_report(report: Report, cases: Mapping[str, JSON] | None = None) -> st
             "  rules most implicated (failed / citing cases): "
             + ", ".join(f"{rule} {failed}/{cited}" for rule, failed, cited in suspects)
         )
+    shared = Counter((r.status, r.detail) for r in bad)
+    told: set[tuple[str, str]] = set()
     for result in bad:
+        cause = (result.status, result.detail)
+        if shared[cause] >= SAME_CAUSE:  # one cause (a dead engine, say): said once
+            if cause not in told:
+                told.add(cause)
+                lines.append(
+                    f"{result.status.upper()} {shared[cause]} cases, from {result.id} on: "
+                    f"{result.detail}"
+                )
+            continue
         origin = f" [{result.origin}]" if result.origin else ""
         lines.append(f"{result.status.upper()} {result.id}{origin}: {result.detail}")
         focus = f"focus {', '.join(result.focus)}; " if result.focus else ""
@@ -121,5 +137,11 @@ def render_report(report: Report, cases: Mapping[str, JSON] | None = None) -> st
             case = cases.get(result.id)
             if case is not None and "hit" in case["expect"]:
                 lines.extend("    " + line for line in hit_diagram(case).splitlines())
+    counts = report.counts()
+    if counts["passed"] + counts["xfailed"] == 0 and report.results:
+        lines.append(
+            "NOTHING RAN: no case passed or failed as expected, so this run certifies "
+            "nothing (every case was skipped, unsupported or errored)"
+        )
     lines.append(report.summary_line())
     return "\n".join(lines) + "\n"

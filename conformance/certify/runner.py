@@ -14,127 +14,35 @@ Guarantees (CONFORMANCE.md states them for implementers):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterator
-from importlib import resources
+from collections.abc import Callable
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.certify.report import Report, Result
+from kvcert.conformance.certify.vector_files import VECTORS, iter_cases
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.compare import compare_alloc, compare_hit, compare_page
 from kvcert.conformance.contract.protocol import Engine, EngineDead
-
-VECTORS: Traversable = resources.files("kvcert.conformance.vectors")
-SCHEMA: Traversable = (
-    resources.files("kvcert.conformance.contract") / "schema" / "vector.schema.json"
-)
 
 
 def load_reasons(path: Path | None, what: str) -> dict[str, str]:
     """A skip or xfail file: {"case id": "reason", ...}; every entry needs a reason."""
     if path is None:
         return {}
-    entries = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: cannot read the {what} file: {error}") from error
     if not isinstance(entries, dict) or not all(
         isinstance(v, str) and v.strip() for v in entries.values()
     ):
-        raise ValueError(f"{path}: a {what} file maps case ids to non-empty reasons")
+        raise InputError(
+            f'{path}: a {what} file maps case ids to non-empty reasons: {{"id": "why"}}'
+        )
     return entries
-
-
-def iter_cases(root: Traversable = VECTORS) -> Iterator[tuple[str, JSON | None, str]]:
-    """(file, case or None, error) for every case of every file in the manifest."""
-    import jsonschema  # noqa: PLC0415 - only certification needs it; explain stays stdlib-only
-
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
-    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
-    for name, entry in sorted(manifest["files"].items()):
-        try:
-            text = (root / name).read_text(encoding="utf-8")
-        except OSError as error:
-            yield name, None, f"vector file missing: {error}"
-            continue
-        if hashlib.sha256(text.encode()).hexdigest() != entry["sha256"]:
-            yield name, None, "vector file does not match its manifest sha256"
-            continue
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError as error:
-            yield name, None, f"not valid JSON: {error}"
-            continue
-        errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
-        bad = {tuple(e.absolute_path)[:2] for e in errors}
-        if errors and not all(len(b) == 2 and b[0] == "cases" for b in bad):
-            yield name, None, f"schema: {errors[0].message} at {list(errors[0].absolute_path)}"
-            continue
-        for index, case in enumerate(body["cases"]):
-            if ("cases", index) in bad:
-                message = next(
-                    e.message for e in errors if tuple(e.absolute_path)[:2] == ("cases", index)
-                )
-                yield name, None, f"case {index} ({case.get('id')!r}) fails the schema: {message}"
-            else:
-                yield name, case, ""
-
-
-def user_manifest(directory: Path) -> JSON:
-    """The manifest for a user's own vector files: every `*.json` under `directory` (bar the
-    manifest), each schema-valid, citing only rules the spec defines, with unique case ids.
-
-    Raises InputError naming the file and case at fault. Whether each expectation is the
-    spec's answer is checked by running the spec on them (`kvcert certify --write-manifest`).
-    """
-    import jsonschema  # noqa: PLC0415 - only certification needs it
-
-    from kvcert.spec.rules import all_rules  # noqa: PLC0415 - tags, not behaviour
-
-    if not directory.is_dir():
-        raise InputError(f"--vectors {directory}: not a folder of vector files")
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
-    tags = {rule.tag for rule in all_rules()}
-    files: dict[str, JSON] = {}
-    seen: dict[str, str] = {}
-    for path in sorted(directory.rglob("*.json")):
-        name = path.relative_to(directory).as_posix()
-        if name == "manifest.json":
-            continue
-        text = path.read_text(encoding="utf-8")
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{name}: not valid JSON: {error}") from error
-        first = jsonschema.exceptions.best_match(validator.iter_errors(body))
-        if first is not None:
-            why = _deepest(first)
-            raise InputError(f"{name}: schema: {why.message} at {list(why.absolute_path)}")
-        for case in body["cases"]:
-            unknown = sorted(set(case["rules"]) - tags)
-            if unknown:
-                raise InputError(
-                    f"{name}: case {case['id']!r} cites {', '.join(unknown)}, which the spec "
-                    "does not define (see spec/RULES.md)"
-                )
-            if case["id"] in seen:
-                raise InputError(f"{name}: case id {case['id']!r} is also in {seen[case['id']]}")
-            seen[case["id"]] = name
-        files[name] = {
-            "sha256": hashlib.sha256(text.encode()).hexdigest(),
-            "cases": len(body["cases"]),
-        }
-    if not files:
-        raise InputError(f"--vectors {directory}: no *.json vector files in it")
-    return {"format": "kvcert-vector/2", "files": files, "retired_ids": []}
-
-
-def _deepest(error: Any) -> Any:
-    """The most specific reason under a schema error: a oneOf (hit input, alloc input or
-    refusal) reports only that no branch fits; the deepest error inside says why."""
-    inner = [_deepest(e) for e in error.context or ()]
-    return max([error, *inner], key=lambda e: len(e.absolute_path))
 
 
 def call_with_timeout(run: Callable[[], Any], seconds: float) -> Any:

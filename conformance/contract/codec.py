@@ -45,6 +45,11 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 
 REFUSED: JSON = {"refused": True}  # the input breaks the protocol; the engine must refuse
+# Limits of the JSON formats (vectors, scenarios, traces; the vector schema states them): a
+# lookup's cost and its answer grow with the request's tokens, and the spec models every
+# block of an alloc case's pool.
+MAX_TOKENS = 2**20
+MAX_POOL_BLOCKS = 2**16
 
 
 class InputError(ValueError):
@@ -279,8 +284,24 @@ def op_to_json(op: spec.Op) -> JSON:
     raise InputError(f"unknown operation {op!r}")  # pragma: no cover
 
 
+OP_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # op: (required fields besides "op", optional fields)
+    "admit": (("rid", "tokens", "budget"), ("extras", "lookahead", "checkpoint")),
+    "extend": (("rid", "budget"), ("appended", "lookahead", "checkpoint")),
+    "end_step": ((), ()),
+    "finish": (("rid",), ()),
+    "preempt": (("rid",), ()),
+    "reset_cache": ((), ()),
+}
+
+
 def op_from_json(obj: JSON) -> spec.Op:
-    """JSON -> one allocator operation."""
+    """JSON -> one allocator operation; a missing or unknown field is an InputError."""
+    fields = expect_object(obj, "operation")
+    if fields.get("op") not in OP_FIELDS:
+        raise InputError(f"unknown operation {fields.get('op')!r}; one of {list(OP_FIELDS)}")
+    required, optional = OP_FIELDS[fields["op"]]
+    check_fields(fields, f"operation {fields['op']}", ("op", *required), optional)
     try:
         kind = obj["op"]
         if kind == "admit":
@@ -310,7 +331,7 @@ def op_from_json(obj: JSON) -> spec.Op:
             return spec.ResetCache()
     except (KeyError, TypeError) as error:
         raise InputError(f"bad operation {obj!r}: missing or wrong field {error}") from error
-    raise InputError(f"unknown operation {obj.get('op')!r} in {obj!r}")
+    raise InputError(f"unknown operation {kind!r}")  # pragma: no cover - OP_FIELDS has each
 
 
 def observation_to_json(observation: spec.Observation) -> JSON:
@@ -356,8 +377,23 @@ def to_ranges(indices: list[int] | frozenset[int]) -> list[list[int]]:
     return ranges
 
 
-def from_ranges(ranges: list[list[int]]) -> frozenset[int]:
-    """Half-open ranges -> block indices."""
+def from_ranges(ranges: object, where: str = "cached") -> frozenset[int]:
+    """Half-open ranges [start, stop) -> block indices, each range checked before any index is
+    made: integers with 0 <= start < stop <= MAX_TOKENS (a reversed or empty range is a
+    typo, not "nothing cached")."""
+    if not isinstance(ranges, list):
+        raise InputError(f"{where}: expected a list of [start, stop] ranges, got {ranges!r}")
+    for item in ranges:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in item)
+            or not 0 <= item[0] < item[1] <= MAX_TOKENS
+        ):
+            raise InputError(
+                f"{where}: {item!r} is not a block range [start, stop) with integers "
+                f"0 <= start < stop <= {MAX_TOKENS}"
+            )
     return frozenset(j for start, stop in ranges for j in range(start, stop))
 
 

@@ -71,11 +71,12 @@ def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
 
 def compare_observation(renaming: Renaming, want: dict[str, Any], have: object) -> str | None:
     """One observation of a trace; `renaming` carries over between the trace's steps."""
+    if set(want) == {"refused"}:  # a refusal may say why: {"refused": true, "reason": "..."}
+        refused = isinstance(have, dict) and have.get("refused") is True
+        return None if refused else f"{have!r} != expected a refusal"
     if not isinstance(have, dict) or set(have) != set(want):
         return f"{have!r} != expected {want!r}"
     (kind,) = want
-    if kind == "refused":
-        return None
     fields, actual = dict(want[kind]), have[kind]
     if not isinstance(actual, dict) or set(actual) != set(fields):
         return f"{have!r} != expected {want!r}"
@@ -123,9 +124,16 @@ def _renames(renaming: Renaming, expected: Any, actual: Any) -> bool:
         return False
 
 
+REFUSED_VALID = "the engine refused valid input"
+
+
 def _refusal(expect: dict[str, Any], answer: object) -> str | None:
-    """ "ok" for an expected refusal given, a message for a refusal mismatch, else None."""
+    """ "ok" for an expected refusal given, a message for a refusal mismatch, else None. A
+    refusal may say why ({"refused": true, "reason": "..."}); the message carries it."""
     refused = isinstance(answer, dict) and answer.get("refused") is True
     if expect.get("refused"):
         return "ok" if refused else f"expected the engine to refuse this input, got {answer!r}"
-    return "the engine refused valid input" if refused else None
+    if not refused:
+        return None
+    reason = answer.get("reason") if isinstance(answer, dict) else None
+    return f"{REFUSED_VALID}: {reason}" if isinstance(reason, str) and reason else REFUSED_VALID

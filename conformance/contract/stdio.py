@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import IO, Any
@@ -128,7 +129,10 @@ class StdioEngine:
         timeout: float = 30.0,
         max_failed_starts: int = 3,
         max_failed_cases: int = 5,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_retry(message)` is told each failed start-up that will be retried, so a person
+        waiting through `max_failed_starts` time limits sees why."""
         if not command.strip():
             raise EngineError(
                 "--cmd is empty: give the command that starts your engine, "
@@ -143,6 +147,7 @@ class StdioEngine:
         self.timeout = timeout
         self.max_failed_starts = max_failed_starts
         self.max_failed_cases = max_failed_cases
+        self.on_retry = on_retry
         self.label = f"engine {command!r}"
         self.dead: str | None = None
         self._seq = 0
@@ -284,6 +289,11 @@ class StdioEngine:
                         f"the last time: {error}"
                     )
                     raise EngineDead(self.dead) from error
+                if self.on_retry is not None:
+                    self.on_retry(
+                        f"{self.label} failed to start (attempt {self._failed_starts} of "
+                        f"{self.max_failed_starts}): {error}; starting it again"
+                    )
                 continue
             self._failed_starts = 0
             if self._info is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from kvcert.conformance.contract.codec import JSON, REFUSED, from_ranges
+from kvcert.conformance.contract.codec import JSON, REFUSED, InputError, from_ranges
 from kvcert.conformance.contract.protocol import Session, claims_everything
 from kvcert.reference import config as ref
 from kvcert.reference import planner
@@ -269,7 +269,7 @@ class ReferenceEngine:
             if case["suite"] == "hit":
                 return self._hit(case)
             session = self.open(case)
-        except KVCacheError:
+        except (KVCacheError, InputError):
             return REFUSED
         return {"observations": [session.apply(op) for op in case["ops"]]}
 

@@ -24,6 +24,11 @@ from kvcert.spec.invariants import violated
 from kvcert.spec.plan import plan
 
 
+def refused(error: Exception) -> JSON:
+    """The spec's refusal, with its reason (compared as a refusal; the reason is for people)."""
+    return {**REFUSED, "reason": str(error)}
+
+
 class SpecEngine:
     """The executable spec as an engine."""
 
@@ -34,8 +39,8 @@ class SpecEngine:
         if case["suite"] == "page":
             try:
                 return spec_plan_to_json(plan(plan_input_from_json(case["plan"])))
-            except (SpecError, InputError):
-                return REFUSED
+            except (SpecError, InputError) as error:
+                return refused(error)
         try:
             layout = layout_from_json(case["layout"])
             if case["suite"] == "hit":
@@ -44,14 +49,14 @@ class SpecEngine:
                 return {"hit": hit.length, "blocks": [list(b) for b in hit.blocks]}
             eviction = eviction_from_json(case.get("eviction"))
             state = spec.initial_state(spec.PoolConfig(layout, case["num_blocks"], eviction))
-        except (SpecError, InputError):
-            return REFUSED
+        except (SpecError, InputError) as error:
+            return refused(error)
         observations = []
         for op in case["ops"]:
             try:
                 state, observation = spec.step(state, op_from_json(op))
-            except (SpecError, InputError):
-                observations.append(REFUSED)
+            except (SpecError, InputError) as error:
+                observations.append(refused(error))
                 continue
             if broken := violated(state):  # pragma: no cover - the spec keeps its invariants
                 raise EngineError(f"the spec broke its own invariants {broken} after {op}")

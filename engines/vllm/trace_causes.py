@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvcert.conformance.certify.runner import iter_cases
+from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.contract.compare import compare_alloc, compare_hit
 from kvcert.conformance.engines import vllm_wiring as wiring
 from kvcert.conformance.engines.vllm import VllmEngine

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvcert.conformance.certify.report import render_report
-from kvcert.conformance.certify.runner import iter_cases, run_vectors
+from kvcert.conformance.certify.runner import run_vectors
+from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.cli import main
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.contract.stdio import StdioEngine
@@ -232,7 +233,7 @@ def test_crashing_and_garbage_engines_are_reported_per_case():
 
 def test_a_hanging_engine_times_out_per_case_and_the_run_goes_on(tmp_path):
     """On the hit scenarios alone (each case waits out its 0.05 s)."""
-    from kvcert.conformance.certify.runner import user_manifest
+    from kvcert.conformance.certify.vector_files import user_manifest
 
     source = resources.files("kvcert.conformance.vectors") / "hit" / "scenarios.json"
     (tmp_path / "scenarios.json").write_text(source.read_text(encoding="utf-8"))
@@ -278,9 +279,9 @@ def test_malformed_vector_files_are_reported_not_skipped(tmp_path):
 
     manifest = {
         "files": {
-            "hit/a.json": {"sha256": hashlib.sha256(text.encode()).hexdigest()},
-            "hit/b.json": {"sha256": hashlib.sha256(b"{broken").hexdigest()},
-            "hit/c.json": {"sha256": "0"},
+            "hit/a.json": {"sha256": hashlib.sha256(text.encode()).hexdigest(), "cases": 3},
+            "hit/b.json": {"sha256": hashlib.sha256(b"{broken").hexdigest(), "cases": 1},
+            "hit/c.json": {"sha256": "0" * 64, "cases": 1},
         }
     }
     (root / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
@@ -371,7 +372,9 @@ def test_unsupported_answers_are_skipped_with_the_reason_never_passed():
     xfail = {ran[0].id: "would be an xfail"}
     again = run_vectors(PicksyEngine(), suites=("alloc",), xfails=xfail)
     assert {r.status for r in again.results if r.id == ran[0].id} == {"skipped"}
-    assert again.ok
+    assert {r.status for r in again.results} == {"skipped"}  # nothing unexpected...
+    assert not again.ok  # ...but nothing ran either: a run that tested nothing fails
+    assert "NOTHING RAN" in render_report(again)
 
 
 # --- a user's own vectors: --vectors DIR, --write-manifest --------------------------------------

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from kvcert.conformance.certify.runner import iter_cases, run_vectors
+from kvcert.conformance.certify.runner import run_vectors
+from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.cli import main
 from kvcert.conformance.contract.protocol import EngineDead, EngineError
 from kvcert.conformance.contract.stdio import PROTOCOL, StdioEngine, answer, schema_error, serve

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.conformance.certify.runner import iter_cases
+from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.engines import sglang
 from kvcert.conformance.engines import vllm as adapter
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvcert.conformance.contract.codec import (
     JSON,
+    REFUSED,
     layout_to_json,
     op_to_json,
     to_ranges,
@@ -56,6 +57,20 @@ def traced(run: Callable[[], JSON]) -> tuple[JSON, list[str]]:
     finally:
         sys.setprofile(previous)
     return result, sorted(seen)
+
+
+def spec_answer(case_input: JSON) -> tuple[JSON, list[str]]:
+    """The spec's answer to a case, as a vector's expectation, and the rules it called. A
+    refusal is expected as `{"refused": true}`: the spec's reason is for people reading a
+    report, and engines word theirs as they like."""
+    answer, rules = traced(lambda: SpecEngine().run(case_input))
+
+    def bare(value: JSON) -> JSON:
+        return REFUSED if value.get("refused") is True else value
+
+    if "observations" in answer:
+        answer = {**answer, "observations": [bare(o) for o in answer["observations"]]}
+    return bare(answer), rules
 
 
 def requires(
@@ -192,7 +207,7 @@ def hit_case(
         "num_tokens": num_tokens,
         "cached": [to_ranges(c) for c in cached],
     }
-    answer, rules = traced(lambda: SpecEngine().run(case_input))
+    answer, rules = spec_answer(case_input)
     expect = {"hit": answer["hit"], "block_runs": [to_runs(b) for b in answer["blocks"]]}
     return make_case(case_id, rules, requires(layout), case_input, expect, origin, comment, focus)
 
@@ -246,7 +261,7 @@ def alloc_case(
     }
     if eviction is not spec.Eviction.LRU:
         case_input["eviction"] = eviction.value
-    expect, rules = traced(lambda: SpecEngine().run(case_input))
+    expect, rules = spec_answer(case_input)
     reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
     needs = requires(layout, ops, reuse, eviction)
     return make_case(case_id, rules, needs, case_input, expect, origin, comment, focus)
