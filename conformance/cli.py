@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 from kvcert.conformance.campaign import command as fuzz
 from kvcert.conformance.certify import command as certify
@@ -50,12 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Executable spec, reference allocator and conformance suite for hybrid "
         "KV-cache prefix caching.",
     )
+    parser.add_argument("--version", action="version", version=f"kvcert {version('kvcert')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     certify.add_parsers(commands)
     explain.add_parsers(commands)
-    commands.add_parser("rules", help="print the rule index (spec/RULES.md)").set_defaults(
-        run=_rules
-    )
+    commands.add_parser(
+        "rules",
+        help="print the rule index (spec/RULES.md)",
+        description="Print the index of the spec's rules (tag, sentence, where it is defined), "
+        "generated from kvcert.spec's docstrings: the text of spec/RULES.md.",
+    ).set_defaults(run=_rules)
     plan.add_parser(commands)
     simulate.add_parser(commands)
     check.add_parser(commands)
@@ -65,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `kvcert` command."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # argparse: --help, --version, or a bad argument (usage shown)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return int(args.run(args))
     except (explain.ExplainDisagreement, model_plan.PlanDisagreement) as error:

@@ -23,8 +23,9 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Any
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
 from kvcert.reference.config import (
@@ -69,10 +70,13 @@ class Scheduled:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """Not enough free blocks; nothing changed. Retry in a later step."""
+    """Not enough free blocks; nothing changed. Retry in a later step, unless `never` says
+    why no later step can serve it (the request would hold more blocks at once than the pool
+    has); `never` takes no part in comparisons."""
 
     needed: int
     free: int
+    never: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,35 +96,74 @@ class Stats:
 def token_ids(tokens: object, what: str) -> array[int]:
     """`tokens` as an int64 array of ids in [0, 2**63); RequestStateError naming the first bad
     one. Packing checks types and the upper bound in C; a negative id is one whose most
-    significant byte has its top bit set (not ASCII), also checked in C."""
+    significant byte has its top bit set (not ASCII), also checked in C. A bool packs as 0 or
+    1, so those two ids are looked up in the packed bytes and checked for bools there. A 1-D
+    integer array with `tolist()` (numpy, torch) is read through it."""
     if (  # a step's sampled tokens: checked one by one, packing costs more
         type(tokens) is list
         and len(tokens) <= SHORT
         and all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in tokens)
     ):
         return array("q", tokens)
+    if not isinstance(tokens, str | bytes | Sequence | array) and hasattr(tokens, "tolist"):
+        tokens = _listed(tokens, what)
     if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | array):
         raise RequestStateError(
             f"{what} must be a sequence of token ids (integers), got {type(tokens).__name__}"
         )
+    packed = b""
     try:
         if isinstance(tokens, array):
             checked = array("q", tokens)
         else:  # struct checks types and range in C, several times faster than array(list)
+            packed = struct.pack(f"{len(tokens)}q", *tokens)
             checked = array("q")
-            checked.frombytes(struct.pack(f"{len(tokens)}q", *tokens))
+            checked.frombytes(packed)
     except (TypeError, OverflowError, struct.error):
         checked = None
-    if checked is None or not checked.tobytes()[SIGN_BYTE::8].isascii():
+    if (
+        checked is None
+        or not checked.tobytes()[SIGN_BYTE::8].isascii()
+        or (packed and _bool_at(tokens, packed) is not None)
+    ):
         bad = next(
             (i, t)
             for i, t in enumerate(tokens)
-            if not isinstance(t, int) or not 0 <= t < TOKEN_LIMIT
+            if type(t) is bool or not isinstance(t, int) or not 0 <= t < TOKEN_LIMIT
         )
         raise RequestStateError(
             f"{what}: position {bad[0]} holds {bad[1]!r}, not a token id (an integer in [0, 2**63))"
         )
     return checked
+
+
+def _listed(tokens: Any, what: str) -> list[Any]:
+    """A 1-D array's elements (numpy, torch); anything else is refused with the fix."""
+    listed = tokens.tolist()
+    if not isinstance(listed, list):
+        raise RequestStateError(
+            f"{what} must be a 1-D sequence of token ids, got a 0-D {type(tokens).__name__}"
+        )
+    if listed and isinstance(listed[0], list):
+        raise RequestStateError(
+            f"{what} must be 1-D, got a {type(tokens).__name__} of shape "
+            f"{getattr(tokens, 'shape', '?')}; pass one request's tokens, e.g. tokens[0]"
+        )
+    return listed
+
+
+def _bool_at(tokens: Sequence[Any], packed: bytes) -> int | None:
+    """The first position of a bool in `tokens`, given them packed as int64: a bool packs as
+    0 or 1, so only the 8-byte-aligned occurrences of those two ids are looked at (memchr
+    fast; a prompt's few 0s and 1s cost a type check each)."""
+    for value in (0, 1):
+        pattern = value.to_bytes(8, sys.byteorder)
+        at = packed.find(pattern)
+        while at >= 0:
+            if at % 8 == 0 and type(tokens[at // 8]) is bool:
+                return at // 8
+            at = packed.find(pattern, at + 1)
+    return None
 
 
 def _one_token(tokens: Sequence[int]) -> bool:
@@ -131,6 +174,11 @@ def _one_token(tokens: Sequence[int]) -> bool:
         and type(tokens[0]) is int
         and 0 <= tokens[0] < TOKEN_LIMIT
     )
+
+
+def _position(value: object, what: str) -> None:
+    if type(value) is not int or value < 0:
+        raise RequestStateError(f"{what} must be a table position, an integer >= 0, got {value!r}")
 
 
 def _request_id(rid: object) -> str:
@@ -285,7 +333,17 @@ class KVCacheManager:
     def prompt(self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()) -> Prompt:
         """Validate and digest a prompt for this manager, once (see `Prompt`)."""
         checked = token_ids(tokens, "a prompt's tokens")
+        if isinstance(extras, str | bytes | ExtraKey) or not isinstance(extras, Sequence):
+            raise RequestStateError(
+                f"extras must be a sequence of ExtraKey, got {type(extras).__name__} "
+                f"{extras!r}; e.g. [ExtraKey(ExtraKind.CACHE_SALT, 'tenant-7')]"
+            )
         extras = tuple(extras)
+        if not all(isinstance(e, ExtraKey) for e in extras):
+            raise RequestStateError(
+                f"extras must be ExtraKey values (kvcert.reference.hashing), got {extras!r}; "
+                "e.g. [ExtraKey(ExtraKind.CACHE_SALT, 'tenant-7')]"
+            )
         chains = self._chains(extras)
         encoded = encode_tokens(checked)
         for chain in {id(c): c for c in chains if c is not None}.values():
@@ -597,9 +655,10 @@ class KVCacheManager:
         if fit_tokens is not None:
             whole = self._to_hold(request, fit_tokens) + fit_keep_free
             if whole > self.pool.num_free - reviving:
-                return Waiting(whole + reviving, self.pool.num_free)
+                return self._waiting(whole + reviving, self.pool.num_free, whole + len(set(hits)))
         if count + keep_free > self.pool.num_free - reviving:
-            return Waiting(count + keep_free + reviving, self.pool.num_free)
+            needed = count + keep_free + reviving
+            return self._waiting(needed, self.pool.num_free, count + len(set(hits)))
         added = self._take_then_fill(hits, request, wanted)
         self._plan_quiet(request)
         self._requests[rid] = request
@@ -608,6 +667,25 @@ class KVCacheManager:
         self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
         return Scheduled(hit, request.scheduled, added, tuple(tuple(t) for t in request.tables))
+
+    def _waiting(self, needed: int, free: int, held: int) -> Waiting:
+        """Waiting, saying so when the request would hold `held` blocks at once, more than
+        the pool's usable blocks: then no later step can serve it as asked."""
+        usable = self.config.num_blocks - 1
+        if held <= usable:
+            return Waiting(needed, free)
+        return Waiting(
+            needed,
+            free,
+            f"can never fit: the request would hold {held} blocks at once and the pool has "
+            f"{usable}; raise num_blocks or schedule fewer tokens per step",
+        )
+
+    @staticmethod
+    def _held_after(request: _Request, released: list[tuple[int, int, int]], added: int) -> int:
+        """Blocks `request` would hold after a step that releases `released` and adds `added`."""
+        held = {b for t in request.tables for b in t if b != NULL_BLOCK}
+        return len(held - {block for _, _, block in released}) + added
 
     def _to_reach(self, request: _Request, tokens: int) -> int:
         """How many new blocks `request` takes to have its first `tokens` tokens computed in
@@ -721,8 +799,9 @@ class KVCacheManager:
         released, wanted = self._changes(request)
         count = sum(map(len, wanted))
         if count > self.pool.num_free + self._freed_by(released):
+            held = self._held_after(request, released, count)
             request.lookahead, request.pipelined = before
-            return Waiting(count, self.pool.num_free + self._freed_by(released))
+            return self._waiting(count, self.pool.num_free + self._freed_by(released), held)
         self._drop(request, released)
         added = self._fill(request, wanted)
         self._plan_quiet(request)
@@ -861,8 +940,9 @@ class KVCacheManager:
         count = sum(map(len, wanted))
         freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
+            held = self._held_after(request, released, count)
             request.scheduled, request.lookahead, request.checkpoints, request.decoding = before
-            return Waiting(count, self.pool.num_free + freed)
+            return self._waiting(count, self.pool.num_free + freed, held)
         self._drop(request, released)
         added = self._fill(request, wanted)
         if appended:
@@ -1237,14 +1317,27 @@ class KVCacheManager:
     def block_at(self, rid: str, group: int, position: int) -> int:
         """The block running request `rid` holds at `position` of group `group`'s table
         (NULL_BLOCK where it holds none, or past the table's end)."""
-        table = self._running(rid).tables[group]
-        return table[position] if 0 <= position < len(table) else NULL_BLOCK
+        table = self._table(rid, group)
+        _position(position, "position")
+        return table[position] if position < len(table) else NULL_BLOCK
 
     def holds(self, rid: str, group: int, start: int, stop: int) -> bool:
         """Whether running request `rid` holds a block at every position in [start, stop) of
         group `group`'s table."""
-        table = self._running(rid).tables[group]
-        return start >= 0 and stop <= len(table) and NULL_BLOCK not in table[start:stop]
+        table = self._table(rid, group)
+        _position(start, "start")
+        _position(stop, "stop")
+        return stop <= len(table) and NULL_BLOCK not in table[start:stop]
+
+    def _table(self, rid: str, group: int) -> list[int]:
+        request = self._running(rid)
+        count = len(request.tables)
+        if type(group) is not int or not 0 <= group < count:
+            raise RequestStateError(
+                f"group must be a group index in [0, {count}) (the order of "
+                f"CacheConfig.groups), got {group!r}"
+            )
+        return request.tables[group]
 
     def stats(self) -> Stats:
         """Pool and hit counters."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeGuard
 
 from kvcert.spec.acceptance import NULL
 from kvcert.spec.errors import InvalidOp, as_choice, refuse
@@ -521,17 +522,21 @@ def _require(condition: bool, message: str) -> None:
         refuse(InvalidOp, message)
 
 
+def _integer(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (True is 1 to Python, never a token id or a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _require_token_ids(tokens: object, what: str) -> None:
     _require(
-        isinstance(tokens, tuple)
-        and all(isinstance(t, int) and 0 <= t < TOKEN_ID_LIMIT for t in tokens),
+        isinstance(tokens, tuple) and all(_integer(t) and 0 <= t < TOKEN_ID_LIMIT for t in tokens),
         f"{what} must be token ids: integers in [0, 2**63), got {tokens!r}",
     )
 
 
 def _require_budget(budget: object, lookahead: object) -> None:
     _require(
-        isinstance(budget, int) and budget >= 1 and isinstance(lookahead, int) and lookahead >= 0,
+        _integer(budget) and budget >= 1 and _integer(lookahead) and lookahead >= 0,
         f"budget must be an integer >= 1 and lookahead an integer >= 0, "
         f"got {budget!r} and {lookahead!r}",
     )

@@ -27,6 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from kvcert.conformance.arguments import non_negative_int, output_path, positive_int
 from kvcert.conformance.campaign.vllm_mutants import KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
@@ -247,12 +248,10 @@ def run(args: argparse.Namespace) -> int:
     if twin_of_kvcert and not args.kvcert:
         raise InputError(f"--mutant {args.mutant} is a twin of kvcert's manager: add --kvcert")
     if args.merge:
-        report = merge([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.merge])
+        report = merge([_report(Path(p)) for p in args.merge])
     elif args.replay:
         return replay(args)
     else:
-        if args.runs < 1:
-            raise InputError(f"--runs must be at least 1, got {args.runs}")
         if args.mutant and args.save:
             raise InputError(
                 "--save with --mutant: a mutant's findings fail only against that broken "
@@ -269,6 +268,19 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None:
         _save(report, args.save)
     return 1 if report["violations"] else 0
+
+
+def _report(path: Path) -> dict[str, Any]:
+    """A shard's --json report, for --merge."""
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"--merge {path}: not a readable kvcert fuzz report: {error}") from error
+    if not isinstance(body, dict) or body.get("format") != REPORT_FORMAT:
+        raise InputError(
+            f"--merge {path}: not a kvcert fuzz --json report (format {REPORT_FORMAT!r})"
+        )
+    return body
 
 
 def _save(report: dict[str, Any], directory: Path) -> None:
@@ -322,8 +334,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "every forward pass, the drafter's and the recurrent state's included, against a "
         "ledger of what earlier passes wrote. Run it with a vLLM release venv's kvcert.",
     )
-    parser.add_argument("--runs", type=int, default=500, help="workloads (seeds) to play")
-    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument("--runs", type=positive_int, default=500, help="workloads (seeds) to play")
+    parser.add_argument("--start", type=non_negative_int, default=0, help="first seed")
     parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="K/N",
                         help="play only the seeds s with s %% N == K - 1")  # fmt: skip
     parser.add_argument("--fix", action="store_true",
@@ -347,8 +359,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="play against a broken twin of vLLM, or with --kvcert of kvcert's manager (the "
         "oracle must catch it)",
     )
-    parser.add_argument("--shrink-budget", type=int, default=400, help="runs per shrink")
-    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument(
+        "--shrink-budget", type=non_negative_int, default=400, help="runs per shrink"
+    )
+    parser.add_argument("--json", type=output_path, help="write the report here")
     parser.add_argument("--save", type=Path, help="write each shrunk violation here")
     parser.add_argument("--merge", nargs="+", help="merge shards' --json reports")
     parser.add_argument("--replay", nargs="+", help="play saved regression files again")

@@ -37,6 +37,12 @@ CLAIMABLE = frozenset(FEATURES) | frozenset(PROFILES)
 Found = tuple[str, JSON | None, str]  # (file, case or None, error or "")
 
 
+def jsonschema_best_match(errors: list[Any]) -> Any:
+    import jsonschema  # noqa: PLC0415 - only certification needs it
+
+    return jsonschema.exceptions.best_match(errors)
+
+
 def _validator() -> Any:
     import jsonschema  # noqa: PLC0415 - only certification needs it; explain stays stdlib-only
 
@@ -132,10 +138,17 @@ def iter_cases(root: Traversable = VECTORS) -> Iterator[Found]:
             continue
         for index, case in enumerate(body["cases"]):
             if ("cases", index) in bad:
-                message = next(
-                    e.message for e in errors if tuple(e.absolute_path)[:2] == ("cases", index)
+                mine = [e for e in errors if tuple(e.absolute_path)[:2] == ("cases", index)]
+                why = _deepest(jsonschema_best_match(mine))
+                where = list(why.absolute_path)[2:]
+                yield (
+                    name,
+                    None,
+                    (
+                        f"case {index} ({case.get('id')!r}) fails the schema: {why.message} "
+                        f"at {where}"
+                    ),
                 )
-                yield name, None, f"case {index} ({case.get('id')!r}) fails the schema: {message}"
             elif problem := _misplaced(case, body["suite"], seen.get(case["id"])):
                 yield name, None, f"case {index} ({case['id']!r}): {problem}"
             else:
@@ -156,7 +169,7 @@ def _misplaced(case: JSON, file_suite: str, earlier: str | None) -> str:
     """Why a schema-valid case cannot run as its file presents it ("" when it can)."""
     suite = case["input"]["suite"]
     if suite != file_suite:
-        return f"a {suite} case in a {file_suite} file; move it to a {suite} file"
+        return f"this {suite} case sits in a file of suite {file_suite}; move it to a {suite} file"
     prefix = case["id"].split(".", 1)[0]
     if prefix != suite:
         return f"the id names suite {prefix!r} but the case is a {suite} case"

@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from kvcert.conformance.arguments import output_path
 from kvcert.conformance.engines.mutants import BROKEN
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
 
@@ -349,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
     tier = TIERS[args.tier]
     parts = _parts(args.only)
     if args.list:
+        if _missing_tools(["z3"]):
+            raise ValueError(
+                "kvcert check --list reads the Z3 obligations: pip install 'kvcert[proofs]'"
+            )
         from kvcert.conformance.checks.proofs import tier as obligations  # noqa: PLC0415 - optional z3
 
         for o in obligations(tier.name):
@@ -389,7 +393,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--tier", choices=sorted(TIERS), default="pr", help="budget (pr: CI)")
     parser.add_argument("--only", default=",".join(PARTS), help="comma list of parts to run")
-    parser.add_argument("--json", type=Path, help="also write the verdicts as JSON here")
+    parser.add_argument("--json", type=output_path, help="also write the verdicts as JSON here")
     parser.add_argument("--list", action="store_true", help="list the Z3 obligations")
     parser.add_argument(
         "--jobs",

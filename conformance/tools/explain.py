@@ -365,6 +365,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("scenario", nargs="?", help="path to a scenario JSON file")
     parser.add_argument("--example", help="a bundled example (see `kvcert examples`)")
     parser.set_defaults(run=run_explain)
-    commands.add_parser("examples", help="list the bundled example scenarios").set_defaults(
-        run=run_examples
-    )
+    commands.add_parser(
+        "examples",
+        help="list the bundled example scenarios",
+        description="List the scenarios bundled with kvcert (seed reports and probe cases), one "
+        "per line with its description; show one with `kvcert explain --example NAME`.",
+    ).set_defaults(run=run_examples)

@@ -251,8 +251,16 @@ def from_hf_config(obj: object, where: str) -> Mapped:
     layers = tuple(
         {**_layer(fields, kind, dtype), "name": f"{i}:{kind}"} for i, kind in enumerate(kinds)
     )
-    max_len = fields.get("max_position_embeddings")
-    notes = [f"layer kinds: {rule}", f"fields read: {', '.join(sorted(fields.read))}"]
+    max_len = (
+        fields.int("max_position_embeddings", 1) if fields.has("max_position_embeddings") else None
+    )
+    notes = [f"layer kinds: {rule}"]
+    if not {"full", "sliding", "chunked"} & set(kinds):
+        notes.append(
+            "no layer is attention: every layer keeps a recurrent state, so the cache holds "
+            "no per-token KV and a token capacity does not apply"
+        )
+    notes.append(f"fields read: {', '.join(sorted(fields.read))}")
     unread = sorted((set(config) & RELEVANT) - fields.read)
     if unread:
         notes.append(f"cache-relevant fields present but not used: {', '.join(unread)}")
@@ -265,7 +273,7 @@ def from_hf_config(obj: object, where: str) -> Mapped:
     return Mapped(
         name=model_type or where,
         dtype=dtype,
-        max_model_len=max_len if isinstance(max_len, int) else None,
+        max_model_len=max_len,
         layers=layers,
         notes=tuple(notes),
     )
@@ -296,6 +304,14 @@ def _layer(fields: _Reader, kind: str, dtype: str) -> JSON:
         return layer
     if kind in ("full", "sliding", "chunked"):
         heads = fields.int("num_key_value_heads", 1)
+        if fields.has("num_attention_heads"):
+            queries = fields.int("num_attention_heads", 1)
+            if heads > queries or queries % heads:
+                raise InputError(
+                    f"{fields.where}: num_key_value_heads {heads} must divide "
+                    f"num_attention_heads {queries} (each KV head serves a whole group of "
+                    "query heads); check the config"
+                )
         head = _head_size(fields)
         if kind == "full" and fields.has("global_head_dim"):  # Gemma 4 global layers
             head = fields.int("global_head_dim", 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvcert.conformance.arguments import positive_int, positive_number
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
 from kvcert.conformance.engines.reference_engine import (
@@ -67,6 +68,11 @@ def checked_options(obj: JSON) -> list[JSON]:
     return got
 
 
+def gibibytes(text: str) -> float:
+    """`--memory`: a positive, finite number of GiB."""
+    return positive_number(text, "number of GiB")
+
+
 def add_plan_options(parser: argparse.ArgumentParser, memory: float = 40.0) -> None:
     """The planner's options (shared by `kvcert plan` and `kvcert simulate`)."""
     parser.add_argument(
@@ -75,12 +81,18 @@ def add_plan_options(parser: argparse.ArgumentParser, memory: float = 40.0) -> N
         help="auto (the model's dtype), fp32, fp16, bf16, fp8, int8, fp8_per_token_head, "
         "int8_per_token_head",
     )
-    parser.add_argument("--memory", type=float, default=memory, help="KV-cache GiB per worker")
-    parser.add_argument("--block-size", type=int, default=16, help="requested block size")
-    parser.add_argument("--kernel-multiple", type=int, default=16, help="block sizes' multiple")
-    parser.add_argument("--kernel-maximum", type=int, default=4096, help="largest block size")
+    parser.add_argument("--memory", type=gibibytes, default=memory, help="KV-cache GiB per worker")
+    parser.add_argument("--block-size", type=positive_int, default=16, help="requested block size")
+    parser.add_argument(
+        "--kernel-multiple", type=positive_int, default=16, help="block sizes' multiple"
+    )
+    parser.add_argument(
+        "--kernel-maximum", type=positive_int, default=4096, help="largest block size"
+    )
     parser.add_argument("--mamba-mode", default="align", help="none, align or all")
-    parser.add_argument("--state-chunk", type=int, default=1, help="mode all: checkpoint step")
+    parser.add_argument(
+        "--state-chunk", type=positive_int, default=1, help="mode all: checkpoint step"
+    )
     parser.add_argument(
         "--group-padding", default="1/20", help="most empty layer slots accepted for fewer groups"
     )

@@ -15,8 +15,8 @@ import argparse
 import json
 import math
 from fractions import Fraction
-from pathlib import Path
 
+from kvcert.conformance.arguments import output_path_or_stdout
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.plans import plan_input_from_json
 from kvcert.conformance.tools.catalog import Model, load_model, model_names
@@ -64,6 +64,18 @@ def chosen_by(options: list[JSON], obj: JSON) -> dict[str, int]:
     return {x.value: chosen_index(scores, x, share) for x in Objective}
 
 
+def _versus(capacity: int, most: int) -> str:
+    """A capacity as a change from the most; "-" when nothing counts tokens (a model whose
+    every layer keeps a recurrent state stores no per-token KV: PAGE-CAP-1 gives 0)."""
+    return _pct(Fraction(capacity - most, most)) if most else "-"
+
+
+def _capacity(plan: JSON) -> str:
+    if plan["token_capacity"] or any(g["kind"] != "mamba" for g in plan["groups"]):
+        return f"capacity {plan['token_capacity']:,} tokens"
+    return "no per-token KV (state layers only): capacity is counted in requests, not tokens"
+
+
 def _sizes(plan: JSON) -> str:
     text = " ".join(str(b) for b in sorted({g["block_size"] for g in plan["groups"]}))
     return text if len(text) <= 22 else text[:19] + "..."
@@ -88,7 +100,7 @@ def render_tradeoffs(obj: JSON, plan: JSON, options: list[JSON], vllm: JSON) -> 
         lines.append(
             f"{option['hit_alignment']:>9}  {_sizes(option):22} "
             f"{_pct(padding_share(option)):>8} {option['token_capacity']:>11,} "
-            f"{_pct(Fraction(option['token_capacity'] - most, most)):>8} "
+            f"{_versus(option['token_capacity'], most):>8} "
             f"{float(recompute_per_lookup(option['hit_alignment'])):>9.1f}  {mark}".rstrip()
         )
     if "refused" in vllm:
@@ -99,7 +111,7 @@ def render_tradeoffs(obj: JSON, plan: JSON, options: list[JSON], vllm: JSON) -> 
         lines.append(
             f"{alignment:>9}  {' '.join(str(b) for b in sorted(set(cacheable))):22} "
             f"{'':>8} {vllm['token_capacity']:>11,} "
-            f"{_pct(Fraction(vllm['token_capacity'] - most, most)):>8} "
+            f"{_versus(vllm['token_capacity'], most):>8} "
             f"{float(recompute_per_lookup(alignment)):>9.1f}  vLLM 0.26-0.33 (reference row)"
         )
     lines.append(
@@ -122,8 +134,8 @@ def render(
         f"{model.name}: {len(obj['layers'])} cache layers, kv-cache dtype {obj['kv_cache_dtype']}, "
         f"{obj['memory_bytes'] / GIB:.2f} GiB, requested block size {obj['block_size']}",
         f"page {plan['page_size']:,} B | {len(plan['groups'])} groups of {size} layers "
-        f"({size} tensors) | {plan['num_blocks']:,} blocks | capacity "
-        f"{plan['token_capacity']:,} tokens | hit alignment {plan['hit_alignment']}",
+        f"({size} tensors) | {plan['num_blocks']:,} blocks | {_capacity(plan)} | hit "
+        f"alignment {plan['hit_alignment']}",
         "",
         f"{'group':>5}  {'kind':15} {'layers':40} {'block':>6} {'page bytes':>11} {'padding':>8}",
     ]
@@ -142,12 +154,12 @@ def render(
         if "refused" in other:
             lines.append(f"{label}: {other['refused']}")
             continue
-        change = Fraction(other["token_capacity"] - plan["token_capacity"], plan["token_capacity"])
         blocks = sorted({g["block_size"] for g in other["groups"]})
+        change = _versus(other["token_capacity"], plan["token_capacity"])
         lines.append(
             f"{label}: page {other['page_size']:,} B, block sizes {blocks}, "
             f"{other['num_blocks']:,} blocks, capacity {other['token_capacity']:,} tokens "
-            f"({'+' if change >= 0 else ''}{_pct(change)} vs this plan)"
+            f"({'' if change.startswith('-') else '+'}{change} vs this plan)"
         )
     for assumption in model.assumptions:
         lines.append(f"\nnote: this model file holds assumptions: {assumption}")
@@ -225,5 +237,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--list", action="store_true", help="list the bundled models")
     add_plan_options(parser)
     parser.add_argument("--compare", action="store_true", help="add vLLM's padding and plain dtype")
-    parser.add_argument("--json", type=Path, help="write the JSON report here ('-': stdout)")
+    parser.add_argument(
+        "--json", type=output_path_or_stdout, help="write the JSON report here ('-': stdout)"
+    )
     parser.set_defaults(run=run)

@@ -1,24 +1,30 @@
 """Scenario files: a layout, what each group has cached, and a request, as JSON.
 
-The format is what `kvcert explain` reads and what the `hit` vectors build on:
+The format is what `kvcert explain` reads and what the `hit` vectors build on (this example
+is parsed by tests/conformance/test_cli.py):
 
     {
-      "name": "gpt-oss-eagle",                      optional, for display
-      "description": "...", "origin": "vllm#32802", optional
+      "name": "gpt-oss-eagle",
+      "description": "EAGLE's sliding-window draft drops one block",
+      "origin": "vllm#32802",
       "layout": {
         "groups": [{"kind": "full", "block_size": 16},
                    {"kind": "sliding_window", "block_size": 16, "window": 128,
                     "draft": true, "name": "sw"}],
-        "speculative": "drop",                       optional: "exact" | "drop"
-        "max_model_len": 131072                      optional
+        "speculative": "drop",
+        "max_model_len": 131072
       },
       "request": {"num_tokens": 71},
-      "cached": ["all", "2-3"]                       one entry per group
+      "cached": ["all", ["2-3"]]
     }
 
-A `cached` entry is "all" (every keyed block of the request), "none", or a list whose items
-are block indices or inclusive ranges "a-b". Unknown fields are refused so typos cannot pass;
-the layout is read by the contract's codec (kvcert.conformance.contract.codec).
+`name`, `description` and `origin` are optional (for display); so are the layout's
+`speculative` ("exact" | "drop") and `max_model_len`. `cached` has one entry per group: "all"
+(every keyed block of the request), "none", or a list whose items are block indices or
+inclusive ranges "a-b". Group names, where given, are unique (the report names groups), and a
+request has at most MAX_TOKENS tokens (2^20: the report lists every block). Unknown fields
+are refused so typos cannot pass; the layout is read by the contract's codec
+(kvcert.conformance.contract.codec).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvcert.conformance.contract.codec import (
+    MAX_TOKENS,
     InputError,
     check_fields,
     expect_object,
@@ -87,6 +94,18 @@ def parse_scenario(obj: object, source: str = "scenario") -> Scenario:
         )
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
         raise InputError(f"{source}: request.num_tokens: expected an integer, got {num_tokens!r}")
+    if num_tokens > MAX_TOKENS:
+        raise InputError(
+            f"{source}: request.num_tokens={num_tokens:,} is over the {MAX_TOKENS:,} tokens a "
+            "scenario may explain (the report lists every block of every group)"
+        )
+    names = [g.get("name") for g in fields["layout"]["groups"] if isinstance(g, dict)]
+    given = [n for n in names if n is not None]
+    if len(given) != len(set(given)):
+        raise InputError(
+            f"{source}: layout: group names {given} repeat; the report tells groups apart by "
+            "name, so give each group its own (or none)"
+        )
     cached = tuple(
         parse_blocks(entry, keyable_blocks(layout, i, num_tokens), f"{source}: cached[{i}]")
         for i, entry in enumerate(cached_json)

@@ -183,8 +183,18 @@ def test_bad_trace_lines_are_refused_by_name(tmp_path, line, message):
     [
         (["simulate", "gpt-oss-20b", "--trace", "nope"], "neither a generator"),
         (["simulate", "gpt-oss-20b", "--eviction", "fifo"], "not one of"),
-        (["simulate", "gpt-oss-20b", "--budget", "0"], "chunk budget"),
-        (["simulate", "gpt-oss-20b", "--pool-requests", "0"], "pool-requests"),
+        (["simulate", "gpt-oss-20b", "--budget", "0"], "--budget: must be an integer >= 1"),
+        (
+            ["simulate", "gpt-oss-20b", "--pool-requests", "0"],
+            "--pool-requests: must be a positive",
+        ),
+        (
+            ["simulate", "gpt-oss-20b", "--output-tokens", "-1"],
+            "--output-tokens: must be an integer >= 0",
+        ),
+        (["simulate", "gpt-oss-20b", "--blocks", "3", "--pool-requests", "2"], "not allowed with"),
+        (["simulate", "gpt-oss-20b", "--placement", "bogus"], "'bogus' is not one of all, align"),
+        (["simulate", "qwen3.5-0.8b", "--placement", "bogus"], "'bogus' is not one of all, align"),
         (["simulate"], "give a MODEL"),
         (["simulate", "--plan", "missing.json"], "kvcert plan --json"),
     ],
@@ -197,12 +207,12 @@ def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--plot", "/no/such/folder/seed.png"], "--plot /no/such/folder/seed.png: the folder"),
-        (["--plot", "/"], "is a directory"),
-        (["--json", "/no/such/folder/r.json"], "--json"),
-        (["--save-trace", "/etc/hostname/trace.jsonl"], "the folder /etc/hostname does not"),
+        (["--plot", "/no/such/folder/seed.png"], "--plot: cannot write /no/such/folder/seed.png"),
+        (["--plot", "/"], "is a folder"),
+        (["--json", "/no/such/folder/r.json"], "--json: cannot write"),
+        (["--save-trace", "/etc/hostname/trace.jsonl"], "no folder /etc/hostname"),
         (["--engine", "no-such-engine"], "no engine named 'no-such-engine'"),
-        (["--engine", "spec", "--engine-timeout", "0"], "--engine-timeout must be > 0"),
+        (["--engine", "spec", "--engine-timeout", "0"], "--engine-timeout: must be a positive"),
     ],
 )
 def test_arguments_are_refused_before_the_replay_starts(monkeypatch, capsys, extra, message):
@@ -229,3 +239,9 @@ def test_an_engine_rerun_that_exceeds_its_time_is_reported_not_waited_for(capsys
     assert "spec: lru: not checked, no answer within 0.2 s" in out
     assert "--engine-timeout" in out
     assert "spec: hybrid" not in out  # the unfinished replay stops the check
+
+
+def test_a_placement_on_a_model_without_state_groups_is_noted(capsys, tmp_path):
+    argv = ["simulate", "gpt-oss-20b", "--prompt-tokens", "64", "--placement", "align"]
+    assert main(argv) == 0
+    assert "--placement chooses where state checkpoints go" in capsys.readouterr().err

@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvcert.conformance.arguments import (
+    non_negative_int,
+    output_path,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 from kvcert.conformance.certify.runner import call_with_timeout
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.protocol import Engine
@@ -159,11 +166,16 @@ def policies_of(args: argparse.Namespace, config: CacheConfig) -> list[Policy]:
     evictions = [
         Eviction(e) for e in _listed(args.eviction, [e.value for e in Eviction], "eviction")
     ]
+    chosen = "align,branch" if args.placement is None else args.placement
+    placements = [Placement(p) for p in _listed(chosen, [p.value for p in Placement], "placement")]
     if not any(g.kind is Kind.MAMBA for g in config.groups):
+        if args.placement is not None:
+            print(
+                "kvcert simulate: note: --placement chooses where state checkpoints go and "
+                "this model has no state groups; it changes nothing here",
+                file=sys.stderr,
+            )
         return [Policy(e, Placement.ALL, stateful=False) for e in evictions]
-    placements = [
-        Placement(p) for p in _listed(args.placement, [p.value for p in Placement], "placement")
-    ]
     return [Policy(e, p) for p in placements for e in evictions]
 
 
@@ -330,30 +342,13 @@ def engine_check(
     return lines
 
 
-def writable(path: Path, option: str) -> None:
-    """Refuse, before any work, an output path that cannot be written."""
-    if path.is_dir():
-        raise InputError(f"{option} {path}: is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{option} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise InputError(f"{option} {path}: not writable")
-
-
 def check_arguments(args: argparse.Namespace) -> Engine | None:
     """Everything that can be refused is refused before the replay starts; returns the
     engine to re-run the operations through, if any."""
-    for option in ("json", "plot", "save_trace"):
-        path = getattr(args, option)
-        if path is not None:
-            writable(path, "--" + option.replace("_", "-"))
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise InputError(
             "--plot needs matplotlib: pip install 'kvcert[sim]' (pinned in constraints.txt)"
         )
-    if not args.engine_timeout > 0:
-        raise InputError(f"--engine-timeout must be > 0 seconds, got {args.engine_timeout}")
     return load_engine(args.engine) if args.engine else None
 
 
@@ -403,21 +398,32 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--trace", default="resend", help="resend, shared-prefix, agentic, or a JSONL trace file"
     )
-    parser.add_argument("--prompt-tokens", type=int, default=8192, help="prompt / system prompt")
-    parser.add_argument("--output-tokens", type=int, default=0, help="decoded tokens per request")
-    parser.add_argument("--question-tokens", type=int, default=512, help="shared-prefix: per user")
-    parser.add_argument("--users", type=int, default=16, help="shared-prefix: users")
-    parser.add_argument("--sessions", type=int, default=4, help="agentic: sessions")
-    parser.add_argument("--turns", type=int, default=6, help="agentic: turns per session")
-    parser.add_argument("--tool-tokens", type=int, default=3000, help="agentic: tool output")
-    parser.add_argument("--blocks", type=int, help="pool size in blocks (default: the plan's)")
-    parser.add_argument(
-        "--pool-requests", type=float, help="pool size in working sets (blocks one request holds)"
+    sizes = (
+        ("--prompt-tokens", positive_int, 8192, "prompt / system prompt"),
+        ("--output-tokens", non_negative_int, 0, "decoded tokens per request"),
+        ("--question-tokens", positive_int, 512, "shared-prefix: per user"),
+        ("--users", positive_int, 16, "shared-prefix: users"),
+        ("--sessions", positive_int, 4, "agentic: sessions"),
+        ("--turns", positive_int, 6, "agentic: turns per session"),
+        ("--tool-tokens", positive_int, 3000, "agentic: tool output"),
+        ("--budget", positive_int, 8192, "prefill chunk budget (tokens)"),
     )
-    parser.add_argument("--budget", type=int, default=8192, help="prefill chunk budget (tokens)")
+    for option, kind, default, text in sizes:
+        parser.add_argument(option, type=kind, default=default, help=text)
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument(
+        "--blocks", type=positive_int, help="pool size in blocks (default: the plan's)"
+    )
+    pool.add_argument(
+        "--pool-requests",
+        type=positive_number,
+        help="pool size in working sets (blocks one request holds)",
+    )
     parser.add_argument("--eviction", default="lru,hybrid", help="eviction profiles to compare")
     parser.add_argument(
-        "--placement", default="align,branch", help="state checkpoint placements to compare"
+        "--placement",
+        help="state checkpoint placements to compare (models with state groups; default "
+        "align,branch)",
     )
     parser.add_argument(
         "--compare-plans",
@@ -428,11 +434,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--engine", help="also re-run the operations through this engine")
     parser.add_argument(
         "--engine-timeout",
-        type=float,
+        type=positive_seconds,
         default=300.0,
         help="seconds each policy's re-run through --engine may take (default 300)",
     )
-    parser.add_argument("--json", type=Path, help="write the report as JSON here")
-    parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs kvcert[sim])")
-    parser.add_argument("--save-trace", type=Path, help="write the trace as JSONL here")
+    parser.add_argument("--json", type=output_path, help="write the report as JSON here")
+    parser.add_argument(
+        "--plot", type=output_path, help="write a PNG plot here (needs kvcert[sim])"
+    )
+    parser.add_argument("--save-trace", type=output_path, help="write the trace as JSONL here")
     parser.set_defaults(run=run)
