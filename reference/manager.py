@@ -22,7 +22,7 @@ import math
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -166,6 +166,31 @@ def _bool_at(tokens: Sequence[Any], packed: bytes) -> int | None:
     return None
 
 
+class _Positions(Sequence[int]):
+    """Table positions: some scattered ones, then a run, without listing the run (a request
+    asking for far more blocks than the pool holds is counted, then refused, in O(1))."""
+
+    __slots__ = ("_run", "_scattered")
+
+    def __init__(self, scattered: list[int], run: Sequence[int]) -> None:
+        self._scattered, self._run = scattered, run
+
+    def __len__(self) -> int:
+        return len(self._scattered) + len(self._run)
+
+    def __getitem__(self, index: int) -> int:  # type: ignore[override]
+        count = len(self)
+        if not -count <= index < count:
+            raise IndexError(index)
+        index %= count
+        first = len(self._scattered)
+        return self._scattered[index] if index < first else self._run[index - first]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._scattered
+        yield from self._run
+
+
 def _one_token(tokens: Sequence[int]) -> bool:
     """Whether `tokens` is a list or tuple of one valid token id (a decode step's)."""
     return (
@@ -174,6 +199,13 @@ def _one_token(tokens: Sequence[int]) -> bool:
         and type(tokens[0]) is int
         and 0 <= tokens[0] < TOKEN_LIMIT
     )
+
+
+def _counts(**values: object) -> None:
+    """Each value None or an integer >= 0, else RequestStateError naming it."""
+    for name, value in values.items():
+        if value is not None and (type(value) is not int or value < 0):
+            raise RequestStateError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def _position(value: object, what: str) -> None:
@@ -392,6 +424,7 @@ class KVCacheManager:
         """The hit a prompt would get now, without taking anything; `max_hit` caps it (see
         `admit`)."""
         prompt = self._prepared(tokens, extras)
+        _counts(max_hit=max_hit)
         self._probes += 1
         hit, tables = self._hit(prompt, max_hit)
         return hit, tuple(tuple(t) for t in tables)
@@ -418,6 +451,7 @@ class KVCacheManager:
         engine that would rather hold a request back a step than admit it without them asks
         this; `lookup` keeps them out until then (ALLOC-VIS-1)."""
         prompt = self._prepared(tokens, extras)
+        _counts(max_hit=max_hit)
         served = self._served_after_steps()
         if served is None:
             return self._hit(prompt, max_hit)[0]
@@ -494,7 +528,7 @@ class KVCacheManager:
 
     # -- allocation -------------------------------------------------------------------------
 
-    def _changes(self, request: _Request) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
+    def _changes(self, request: _Request) -> tuple[list[tuple[int, int, int]], list[Sequence[int]]]:
         """What computing the scheduled tokens changes in the tables: the (group, position,
         block) entries released, latest position first (ALLOC-SKIP-1), and per group the
         positions written that hold no block yet (ALLOC-WRITE-1).
@@ -505,7 +539,9 @@ class KVCacheManager:
         from the first position still held up to the first one still read, and the written
         range: a decode step visits one or two positions per group."""
         released: list[tuple[int, int, int]] = []
-        wanted: list[list[int]] = []
+        # positions as ranges where they run on: a request grown by far more than the pool
+        # holds is then counted (and refused Waiting) without a list of its positions
+        wanted: list[Sequence[int]] = []
         computed = request.computed
         in_flight = computed + request.scheduled
         attention_end = in_flight + request.lookahead
@@ -541,17 +577,18 @@ class KVCacheManager:
             first = first_written(group, computed, end)
             held = min(last, size)
             if first >= held:
-                wanted.append(list(range(first, last)) if first < last else NO_POSITIONS)
+                wanted.append(range(first, last) if first < last else NO_POSITIONS)
             else:
                 gaps = [j for j in range(first, held) if table[j] == NULL_BLOCK]
-                wanted.append(gaps + list(range(held, last)) if held < last else gaps)
+                growth = range(held, last) if held < last else NO_POSITIONS
+                wanted.append(_Positions(gaps, growth) if gaps and growth else gaps or growth)
             if saving:
                 new = [j for j in saving if j >= size or table[j] == NULL_BLOCK]
                 if new:
                     wanted[-1] = sorted({*wanted[-1], *new})
         return released, wanted
 
-    def _fill(self, request: _Request, wanted: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    def _fill(self, request: _Request, wanted: list[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
         """Give every wanted position a new block; returns the new blocks per group."""
         count = sum(map(len, wanted))
         if not count:
@@ -575,8 +612,8 @@ class KVCacheManager:
         return tuple(added)
 
     def _check_budget(self, budget: int, lookahead: int) -> None:
-        if not (isinstance(budget, int) and budget >= 1) or not (
-            isinstance(lookahead, int) and lookahead >= 0
+        if not (type(budget) is int and budget >= 1) or not (
+            type(lookahead) is int and lookahead >= 0
         ):
             raise RequestStateError(
                 f"budget must be an integer >= 1 and lookahead an integer >= 0, "
@@ -620,13 +657,7 @@ class KVCacheManager:
         if not len(prompt):
             raise RequestStateError("a request needs at least one token")
         self._check_budget(budget, lookahead)
-        for name, value in (
-            ("max_hit", max_hit),
-            ("keep_free", keep_free),
-            ("fit_keep_free", fit_keep_free),
-        ):
-            if value is not None and (type(value) is not int or value < 0):
-                raise RequestStateError(f"{name} must be an integer >= 0, got {value!r}")
+        _counts(max_hit=max_hit, keep_free=keep_free, fit_keep_free=fit_keep_free)
         limit = self.config.max_model_len
         if limit is not None and len(prompt) > limit:
             raise MaxLengthError(f"{len(prompt)} tokens exceed max_model_len={limit}")
@@ -831,7 +862,7 @@ class KVCacheManager:
         return request.computed + request.scheduled, len(request.tokens)
 
     def _take_then_fill(
-        self, hits: list[int], request: _Request, wanted: list[list[int]]
+        self, hits: list[int], request: _Request, wanted: list[Sequence[int]]
     ) -> tuple[tuple[int, ...], ...]:
         """ALLOC-TWO-PHASE-1's order: hold the hit blocks, only then allocate."""
         self.pool.take(hits)
@@ -898,8 +929,8 @@ class KVCacheManager:
             self._in_flight[rid] = self._step if step is None else step
             return self._decode_step if count == 1 else self._quiet_step(count)
         request = self._running(rid)
-        if appended and not _one_token(appended):  # one sampled token: checked just there
-            appended = token_ids(appended, "appended tokens")
+        if not (type(appended) in LIST_OR_TUPLE and (not appended or _one_token(appended))):
+            appended = token_ids(appended, "appended tokens")  # one token is checked just there
         if request.scheduled:
             raise RequestStateError(f"request {rid!r} has a chunk in flight; end the step first")
         self._check_budget(budget, lookahead)

@@ -141,14 +141,9 @@ def iter_cases(root: Traversable = VECTORS) -> Iterator[Found]:
                 mine = [e for e in errors if tuple(e.absolute_path)[:2] == ("cases", index)]
                 why = _deepest(jsonschema_best_match(mine))
                 where = list(why.absolute_path)[2:]
-                yield (
-                    name,
-                    None,
-                    (
-                        f"case {index} ({case.get('id')!r}) fails the schema: {why.message} "
-                        f"at {where}"
-                    ),
-                )
+                label = case.get("id") if isinstance(case, dict) else None
+                problem = f"fails the schema: {why.message} at {where}"
+                yield name, None, f"case {index} ({label!r}) {problem}"
             elif problem := _misplaced(case, body["suite"], seen.get(case["id"])):
                 yield name, None, f"case {index} ({case['id']!r}): {problem}"
             else:

@@ -108,13 +108,21 @@ def spec_call(where: str, build: Callable[[], T]) -> T:
 
 # --- layouts --------------------------------------------------------------------------------
 
-_GROUP_FIELDS: Mapping[str, tuple[Callable[..., Group], tuple[str, ...], tuple[str, ...]]] = {
-    # kind: (spec type, required fields besides block_size, optional fields besides name)
-    "full": (FullAttention, (), ("draft", "shape")),
-    "sliding_window": (SlidingWindow, ("window",), ("draft", "shape")),
-    "chunked_local": (ChunkedLocal, ("chunk",), ("draft", "shape")),
-    "mamba": (MambaState, (), ("mode", "speculative_blocks")),
-    "cross": (CrossAttention, (), ("shape",)),
+GROUP_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # kind: (required fields besides kind and block_size, optional fields besides name)
+    "full": ((), ("draft", "shape")),
+    "sliding_window": (("window",), ("draft", "shape")),
+    "chunked_local": (("chunk",), ("draft", "shape")),
+    "mamba": ((), ("mode", "speculative_blocks")),
+    "cross": ((), ("shape",)),
+}
+LAYOUT_FIELDS = (("groups",), ("speculative", "max_model_len", "draft_reach"))
+_GROUP_TYPES: Mapping[str, Callable[..., Group]] = {
+    "full": FullAttention,
+    "sliding_window": SlidingWindow,
+    "chunked_local": ChunkedLocal,
+    "mamba": MambaState,
+    "cross": CrossAttention,
 }
 SHAPE_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "dtype")
 SHAPE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
@@ -141,14 +149,21 @@ def shape_from_json(obj: object, where: str) -> JSON:
     return out
 
 
-def group_from_json(obj: object, where: str, index: int) -> Group:
-    """One group object -> the spec's group type; unnamed groups are named `kind#index`."""
+def check_group_fields(obj: object, where: str) -> tuple[dict[str, Any], str]:
+    """A group object with the fields of its kind and no others: (the object, its kind)."""
     fields = expect_object(obj, where)
     kind = fields.get("kind")
-    if not isinstance(kind, str) or kind not in _GROUP_FIELDS:
-        raise InputError(f"{where}: unknown kind {kind!r}; expected one of {list(_GROUP_FIELDS)}")
-    spec_type, required, optional = _GROUP_FIELDS[kind]
+    if not isinstance(kind, str) or kind not in GROUP_FIELDS:
+        raise InputError(f"{where}: unknown kind {kind!r}; expected one of {list(GROUP_FIELDS)}")
+    required, optional = GROUP_FIELDS[kind]
     check_fields(fields, where, ("kind", "block_size", *required), ("name", *optional))
+    return fields, kind
+
+
+def group_from_json(obj: object, where: str, index: int) -> Group:
+    """One group object -> the spec's group type; unnamed groups are named `kind#index`."""
+    fields, kind = check_group_fields(obj, where)
+    spec_type = _GROUP_TYPES[kind]
     if "shape" in fields:
         shape_from_json(fields["shape"], f"{where}.shape")
     kwargs = {k: v for k, v in fields.items() if k not in ("kind", "shape")}
@@ -164,7 +179,7 @@ def group_from_json(obj: object, where: str, index: int) -> Group:
 def layout_from_json(obj: object, where: str = "layout") -> Layout:
     """A layout object -> the spec's Layout."""
     fields = expect_object(obj, where)
-    check_fields(fields, where, ("groups",), ("speculative", "max_model_len", "draft_reach"))
+    check_fields(fields, where, *LAYOUT_FIELDS)
     groups_json = fields["groups"]
     if not isinstance(groups_json, list) or not groups_json:
         raise InputError(f"{where}.groups: expected a non-empty list of groups")
@@ -295,13 +310,19 @@ OP_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def op_from_json(obj: JSON) -> spec.Op:
-    """JSON -> one allocator operation; a missing or unknown field is an InputError."""
+def check_op_fields(obj: object) -> dict[str, Any]:
+    """An operation object with the fields of its op and no others."""
     fields = expect_object(obj, "operation")
     if fields.get("op") not in OP_FIELDS:
         raise InputError(f"unknown operation {fields.get('op')!r}; one of {list(OP_FIELDS)}")
     required, optional = OP_FIELDS[fields["op"]]
     check_fields(fields, f"operation {fields['op']}", ("op", *required), optional)
+    return fields
+
+
+def op_from_json(obj: JSON) -> spec.Op:
+    """JSON -> one allocator operation; a missing or unknown field is an InputError."""
+    check_op_fields(obj)
     try:
         kind = obj["op"]
         if kind == "admit":

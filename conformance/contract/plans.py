@@ -48,6 +48,7 @@ from kvcert.spec.layers import (
 from kvcert.spec.layout import MambaMode, Speculative
 from kvcert.spec.plan import KernelLimits, Objective, Plan, PlanInput
 
+MAX_LAYERS = 4096  # cache layers of one plan input; the deepest models have a few hundred
 ATTENTION_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "window", "chunk", "draft")
 LATENT_FIELDS = ("latent_size", "rope_size", "ratio", "window", "draft")
 INPUT_FIELDS = (
@@ -65,24 +66,53 @@ INPUT_FIELDS = (
 )
 
 
+def check_plan_fields(obj: object, where: str = "plan") -> dict[str, Any]:
+    """A plan input's field names, everywhere in it, and the containers that hold them
+    (values are each planner's to judge): both planners' readers start here, so neither
+    ignores a field the other refuses."""
+    fields = expect_object(obj, where)
+    check_fields(fields, where, ("layers", "kv_cache_dtype", "memory_bytes"), INPUT_FIELDS)
+    kernel = expect_object(fields.get("kernel", {}), f"{where}.kernel")
+    check_fields(kernel, f"{where}.kernel", (), ("multiple", "maximum"))
+    if not isinstance(fields["layers"], list):
+        raise InputError(f"{where}.layers: expected a list of layers")
+    if len(fields["layers"]) > MAX_LAYERS:
+        raise InputError(f"{where}.layers: {len(fields['layers']):,} layers, over {MAX_LAYERS:,}")
+    for i, layer in enumerate(fields["layers"]):
+        check_layer_fields(layer, f"{where}.layers[{i}]")
+    return fields
+
+
+def check_layer_fields(obj: object, where: str) -> dict[str, Any]:
+    """A LAYER object's field names by its kind (attention, latent, state), values unjudged."""
+    entry = expect_object(obj, where)
+    if entry.get("kind") == "mamba":
+        check_fields(entry, where, ("kind", "tensors"), ("name",))
+        if not isinstance(entry["tensors"], list):
+            raise InputError(f"{where}.tensors: expected a list of state tensors")
+        for j, tensor in enumerate(entry["tensors"]):
+            at = f"{where}.tensors[{j}]"
+            check_fields(expect_object(tensor, at), at, ("shape", "dtype"))
+    elif "latent_size" in entry:
+        check_fields(entry, where, ("kind", "latent_size"), ("name", *LATENT_FIELDS))
+    else:
+        required = ("kind", "num_kv_heads", "head_size_k", "head_size_v")
+        check_fields(entry, where, required, ("name", *ATTENTION_FIELDS))
+    return entry
+
+
 def _state_tensor(shape: list[Any], dtype: str, where: str) -> StateTensor:
     return spec_call(where, lambda: StateTensor(tuple(shape), KVDtype(dtype)))
 
 
 def layer_from_json(obj: object, where: str) -> Layer:
     """One LAYER object -> a spec layer."""
-    fields = expect_object(obj, where)
+    fields = check_layer_fields(obj, where)
     kind = choice(fields.get("kind"), [*AttentionKind, "mamba"], f"{where}.kind")
     name = str(fields.get("name", where))
     if kind == "mamba":
-        check_fields(fields, where, (), ("kind", "tensors", "name"))
-        tensors = fields.get("tensors")
-        if not isinstance(tensors, list):
-            raise InputError(f"{where}.tensors: expected a list of state tensors")
         parsed = []
-        for i, tensor in enumerate(tensors):
-            t = expect_object(tensor, f"{where}.tensors[{i}]")
-            check_fields(t, f"{where}.tensors[{i}]", (), ("shape", "dtype"))
+        for i, t in enumerate(fields["tensors"]):
             shape = t.get("shape")
             if not isinstance(shape, list):
                 raise InputError(f"{where}.tensors[{i}].shape: expected a list of sizes")
@@ -90,31 +120,19 @@ def layer_from_json(obj: object, where: str) -> Layer:
             parsed.append(_state_tensor(shape, dtype, where))
         return spec_call(where, lambda: StateLayer(tuple(parsed), name=name))
     if "latent_size" in fields:
-        check_fields(fields, where, (), ("kind", "name", *LATENT_FIELDS))
         args = {k: fields[k] for k in LATENT_FIELDS if k in fields}
         args.setdefault("rope_size", 0)
         return spec_call(where, lambda: LatentLayer(AttentionKind(kind), name=name, **args))
-    check_fields(fields, where, (), ("kind", "name", *ATTENTION_FIELDS))
     args = {k: fields[k] for k in ATTENTION_FIELDS if k in fields}
-    for required in ("num_kv_heads", "head_size_k", "head_size_v"):
-        if required not in args:
-            raise InputError(f"{where}: missing field {required!r}")
     return spec_call(where, lambda: AttentionLayer(AttentionKind(kind), name=name, **args))
 
 
 def plan_input_from_json(obj: object, where: str = "plan") -> PlanInput:
     """A plan-input object -> the spec's PlanInput."""
-    fields = expect_object(obj, where)
-    check_fields(fields, where, (), INPUT_FIELDS)
-    for required in ("layers", "kv_cache_dtype", "memory_bytes"):
-        if required not in fields:
-            raise InputError(f"{where}: missing field {required!r}")
+    fields = check_plan_fields(obj, where)
     layers_json = fields["layers"]
-    if not isinstance(layers_json, list):
-        raise InputError(f"{where}.layers: expected a list of layers")
     layers = tuple(layer_from_json(x, f"{where}.layers[{i}]") for i, x in enumerate(layers_json))
-    kernel_json = expect_object(fields.get("kernel", {}), f"{where}.kernel")
-    check_fields(kernel_json, f"{where}.kernel", (), ("multiple", "maximum"))
+    kernel_json = fields.get("kernel", {})
     kernel = spec_call(f"{where}.kernel", lambda: KernelLimits(**kernel_json))
     dtype = choice(fields["kv_cache_dtype"], list(KVDtype), f"{where}.kv_cache_dtype")
     mode = choice(fields.get("mamba_mode", "align"), list(MambaMode), f"{where}.mamba_mode")

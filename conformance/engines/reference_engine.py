@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from kvcert.conformance.contract.codec import JSON, REFUSED, InputError, from_ranges
+from kvcert.conformance.contract.codec import (
+    JSON,
+    LAYOUT_FIELDS,
+    REFUSED,
+    InputError,
+    check_fields,
+    check_group_fields,
+    check_op_fields,
+    expect_object,
+    from_ranges,
+)
+from kvcert.conformance.contract.plans import check_plan_fields
 from kvcert.conformance.contract.protocol import Session, claims_everything
 from kvcert.reference import config as ref
 from kvcert.reference import planner
@@ -20,6 +31,12 @@ from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager, Waiting
 
 
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a string, got {value!r}")
+    return value
+
+
 def _int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{what} must be an integer, got {value!r}")
@@ -27,7 +44,9 @@ def _int(value: object, what: str) -> int:
 
 
 def group_from_json(obj: JSON) -> ref.GroupConfig:
-    """One layout group as the reference's GroupConfig."""
+    """One layout group as the reference's GroupConfig (the JSON format's fields checked by
+    the codec; every value is the reference's to judge)."""
+    obj, _ = check_group_fields(obj, "layout group")
     try:
         kind = ref.Kind(obj["kind"])
         mode = ref.MambaMode(obj["mode"]) if "mode" in obj else None
@@ -41,13 +60,14 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
         chunk=_int(obj.get("chunk", 0), "chunk"),
         mode=mode,
         draft=draft,
-        name=str(obj.get("name", "")),
+        name=_text(obj.get("name", ""), "name"),
         speculative_blocks=_int(obj.get("speculative_blocks", 0), "speculative_blocks"),
     )
 
 
 def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") -> ref.CacheConfig:
     """A layout object, pool size and eviction profile as the reference's CacheConfig."""
+    check_fields(expect_object(layout, "layout"), "layout", *LAYOUT_FIELDS)
     groups = layout.get("groups")
     if not isinstance(groups, list):
         raise ConfigError("layout.groups must be a list")
@@ -91,8 +111,9 @@ class ReferenceSession:
     def apply(self, op: JSON) -> JSON:
         """Run one operation; reference errors become {"refused": true}."""
         try:
+            check_op_fields(op)
             return self._apply(op)
-        except KVCacheError:
+        except (KVCacheError, InputError):
             return REFUSED
 
     def _apply(self, op: JSON) -> JSON:
@@ -100,8 +121,8 @@ class ReferenceSession:
         kind = op.get("op")
         if kind == "admit":
             result = manager.admit(
-                str(op["rid"]),
-                list(op["tokens"]),
+                op["rid"],
+                op["tokens"],
                 _int(op["budget"], "budget"),
                 [extra_from_json(e) for e in op.get("extras", ())],
                 _int(op.get("lookahead", 0), "lookahead"),
@@ -113,26 +134,26 @@ class ReferenceSession:
                 "admitted": {
                     "hit": result.hit,
                     "scheduled": result.scheduled,
-                    "tables": tables_json(manager.block_tables(str(op["rid"]))),
+                    "tables": tables_json(manager.block_tables(op["rid"])),
                 }
             }
         if kind == "extend":
             result = manager.extend(
-                str(op["rid"]),
+                op["rid"],
                 _int(op["budget"], "budget"),
-                list(op.get("appended", ())),
+                op.get("appended", ()),
                 _int(op.get("lookahead", 0), "lookahead"),
                 checkpoint=_int(op.get("checkpoint", 0), "checkpoint"),
             )
             if isinstance(result, Waiting):
                 return {"waiting": {"needed": result.needed, "free": result.free}}
-            tables = tables_json(manager.block_tables(str(op["rid"])))
+            tables = tables_json(manager.block_tables(op["rid"]))
             return {"extended": {"scheduled": result.scheduled, "tables": tables}}
         if kind == "end_step":
             return {"step_ended": {"registered": manager.end_step()}}
         if kind in ("finish", "preempt"):
             release = manager.finish if kind == "finish" else manager.preempt
-            return {"released": {"blocks": release(str(op["rid"]))}}
+            return {"released": {"blocks": release(op["rid"])}}
         if kind == "reset_cache":
             return {"cache_reset": {"done": manager.reset_prefix_cache()}}
         raise RequestStateError(f"unknown operation {op!r}")
@@ -193,6 +214,7 @@ def reference_request(obj: JSON) -> planner.PlanRequest:
     Raises ConfigError on values the planner refuses, and KeyError, TypeError or ValueError on
     malformed JSON; `plan_input_from_json` gives the readable message for the latter.
     """
+    check_plan_fields(obj)
     kernel = obj.get("kernel", {})
     return planner.PlanRequest(
         tuple(_ref_layer(x) for x in obj["layers"]),
@@ -240,7 +262,7 @@ def safe_reference_plan(obj: JSON) -> JSON | None:
     """The reference's plan as JSON, or None when it refuses."""
     try:
         return reference_plan_to_json(reference_plan(obj))
-    except (ConfigError, KeyError, TypeError, ValueError, AttributeError):
+    except (ConfigError, InputError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.contract.codec import JSON, InputError
-from kvcert.conformance.contract.plans import layer_from_json
+from kvcert.conformance.contract.plans import MAX_LAYERS, layer_from_json
 from kvcert.conformance.tools.hf_config import from_hf_config
 
 MODELS = resources.files("kvcert.conformance.tools") / "models"
@@ -91,9 +91,11 @@ def _expand(items: object, types: dict[str, Any], where: str) -> list[str]:
                 f'{where}[{i}]: expected a type name or {{"repeat": n, "pattern": [...]}}'
             )
         repeat = item["repeat"]
-        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-            raise InputError(f"{where}[{i}].repeat: expected a positive integer")
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_LAYERS:
+            raise InputError(f"{where}[{i}].repeat: expected an integer in [1, {MAX_LAYERS}]")
         names.extend(_expand(item["pattern"], types, f"{where}[{i}].pattern") * repeat)
+        if len(names) > MAX_LAYERS:
+            raise InputError(f"{where}: more than {MAX_LAYERS:,} layers")
     unknown = sorted({n for n in names if n not in types})
     if unknown:
         raise InputError(f"{where}: unknown layer type(s) {unknown}; defined: {sorted(types)}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.plans import MAX_LAYERS
 
 JSON = dict[str, Any]
 HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -242,6 +243,8 @@ def from_hf_config(obj: object, where: str) -> Mapped:
                 f"config field {unmapped!r} changes what layers cache and is not mapped"
             )
     count = fields.int("num_hidden_layers", 1)
+    if count > MAX_LAYERS:
+        raise InputError(f"{where}: num_hidden_layers {count:,} is over {MAX_LAYERS:,}")
     dtype_name = fields.get("torch_dtype") or fields.get("dtype") or obj.get("torch_dtype")
     dtype = HF_DTYPES.get(str(dtype_name))
     if dtype is None:
