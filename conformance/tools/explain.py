@@ -3,10 +3,10 @@
 Nothing here is normative; it is the diagnostic an operator needs when the hit rate is 0% (the
 DeepSeek-V4 reporter patched four files with logging to learn what one `kvcert explain` run
 prints). The reasons come from kvcert.spec (each refusal names the rule that makes it). The
-lengths come from kvcert.reference's search, which is linear in the request, where the spec's
-definition (every length, every group) is quadratic: a million-token request explains in well
-under a second. Up to SPEC_CHECK_TOKENS the spec's own answer is computed as well and must be
-the same; above, the report says the cross-check was skipped.
+lengths come from kvcert.reference's search, which stops at the first missing block, where the
+spec's definition asks every aligned length of every group: a million-token request explains
+in well under a second. Up to SPEC_CHECK_TOKENS the spec's own answer is computed as well and
+must be the same; above, the report says the cross-check was skipped.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from kvcert.spec.hybrid import drop_draft_hit
 from kvcert.spec.layout import Layout
 from kvcert.spec.rules import rule_of
 
-SPEC_CHECK_TOKENS = 16_384  # above this, the spec's quadratic definition is not re-run
+SPEC_CHECK_TOKENS = 16_384  # above this, the spec's every-length definition is not re-run
 
 
 class ExplainDisagreement(RuntimeError):
