@@ -64,6 +64,16 @@ def test_the_model_check_counts():
     from kvcert.conformance.checks.proofs import MANIFEST, tier
 
     assert claim(r"\(`kvcert\.conformance\.checks\.proofs`\): (\d+) obligations") == len(MANIFEST)
+    assert claim(r"obligations, (\d+) of them in the pr tier") == len(tier("pr"))
+    assert len(tier("long")) == len(MANIFEST)
+    assert claim(r"each contract explores a fixed number of paths \((\d+) in pr") == (
+        check.TIERS["pr"].crosshair_paths
+    )
+    assert claim(r"paths \(100 in pr, ([\d,]+) in long") == check.TIERS["long"].crosshair_paths
+    assert (
+        claim(r"`group_size` (\d+), below the path")
+        == check.PATH_CAPS["kvcert.spec.plan.group_size"]
+    )
     assert claim(r"contracts of (\d+) functions") == len(check.CONTRACT_TARGETS)
     crosshair = len(check.GOLDEN) + len(check.CONTRACT_TARGETS) + len(check.DIFF_TARGETS)
     machines = 2 + len(check.BROKEN)
@@ -166,3 +176,23 @@ def test_the_objective_plan_table_is_the_planners():
             blocks = [g["block_size"] for g in vllm["groups"] if g["kind"] != "cross"]
             measured.append((math.lcm(*blocks), vllm["token_capacity"]))
         assert stated == measured, label
+
+
+def test_the_trace_format_example_is_a_trace(tmp_path):
+    """The README's trace line, as written, is read by `kvcert simulate`'s trace reader, and
+    `output` is a token list (a count is refused)."""
+    from kvcert.conformance.tools.simulate.traces import TraceError, read_jsonl
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    line = re.search(r'`(\{"id": "r1".*?\})`', text)
+    assert line, "the README shows a trace line"
+    example = line.group(1).replace("[token ids]", "[1, 2, 3]")
+    path = tmp_path / "trace.jsonl"
+    path.write_text(example + "\n")
+    (request,) = read_jsonl(path)
+    assert request.output == (1, 2, 3)
+    path.write_text(example.replace('"output": [1, 2, 3]', '"output": 3') + "\n")
+    import pytest
+
+    with pytest.raises(TraceError, match="'output' must be a list of token ids"):
+        read_jsonl(path)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.codec import MAX_TOKENS, InputError
 
 VOCABULARY = 200_000  # token ids are drawn from [1, VOCABULARY)
 
@@ -128,7 +128,10 @@ def parse_request(obj: object, where: str) -> TraceRequest:
     salt = obj.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise TraceError(f"{where}: 'cache_salt' must be a string")
-    return TraceRequest(rid, prompt, _tokens(obj.get("output", []), f"{where}: 'output'"), salt)
+    output = _tokens(obj.get("output", []), f"{where}: 'output'")
+    if len(prompt) + len(output) > MAX_TOKENS:
+        raise TraceError(f"{where}: a request holds at most {MAX_TOKENS:,} tokens (2^20)")
+    return TraceRequest(rid, prompt, output, salt)
 
 
 def read_jsonl(path: Path) -> list[TraceRequest]:
