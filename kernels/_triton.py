@@ -81,17 +81,18 @@ def write_kernel(
     block_size,
     scale_offset,
     data_offset,
-    HEADS: tl.constexpr,
-    DIM: tl.constexpr,
+    HEADS,
+    DIM,
     BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IN_KIND: tl.constexpr,
     OUT_KIND: tl.constexpr,
 ):
-    """One region (K, V or a latent) of BLOCK_T tokens into their slots; slot -1 is skipped."""
+    """One head of one region (K, V or a latent) for BLOCK_T tokens into their slots; slot -1
+    is skipped. Grid: (token tiles, heads), so a tile is [BLOCK_T, DIM] at any head count.
+    Shapes are run-time arguments (one compilation per tile size and element kind)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = tl.arange(0, BLOCK_H)
+    h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     t_ok = t < num_tokens
     slot = tl.load(slots_ptr + t, mask=t_ok, other=-1)
@@ -99,68 +100,64 @@ def write_kernel(
     slot = tl.where(valid, slot, 0)
     offset = slot % block_size
     page = (slot // block_size) * page_size
-    mask = valid[:, None, None] & (h < HEADS)[None, :, None] & (d < DIM)[None, None, :]
-    src = t[:, None, None] * src_stride_t + h[None, :, None] * src_stride_h + d[None, None, :]
-    element = (offset[:, None, None] * HEADS + h[None, :, None]) * DIM + d[None, None, :]
+    mask = valid[:, None] & (d < DIM)[None, :]
+    src = t.to(tl.int64)[:, None] * src_stride_t + h * src_stride_h + d[None, :]
+    element = (offset[:, None] * HEADS + h) * DIM + d[None, :]
     if OUT_KIND <= 2:  # unquantized: move the element's bits
         if OUT_KIND == 0:
             bits32 = tl.load(src_ptr.to(tl.pointer_type(tl.int32)) + src, mask=mask, other=0)
-            target = pages_ptr + page[:, None, None] + data_offset + element * 4
+            target = pages_ptr + page[:, None] + data_offset + element * 4
             tl.store(target.to(tl.pointer_type(tl.int32)), bits32, mask=mask)
         else:
             bits16 = tl.load(src_ptr.to(tl.pointer_type(tl.int16)) + src, mask=mask, other=0)
-            target = pages_ptr + page[:, None, None] + data_offset + element * 2
+            target = pages_ptr + page[:, None] + data_offset + element * 2
             tl.store(target.to(tl.pointer_type(tl.int16)), bits16, mask=mask)
     else:
         x = _load_f32(src_ptr, src, mask, IN_KIND)
-        amax = tl.max(tl.abs(x), axis=2)
+        amax = tl.max(tl.abs(x), axis=1)
         if OUT_KIND == 3:
             scale = tl.where(amax > 0, amax / 127.0, 1.0)
-            q = x / scale[:, :, None]
+            q = x / scale[:, None]
             r = tl.floor(tl.abs(q) + 0.5)
             r = tl.minimum(r, 127.0)
             code = tl.where(q < 0, -r, r).to(tl.int8)
-            target = pages_ptr + page[:, None, None] + data_offset + element
+            target = pages_ptr + page[:, None] + data_offset + element
             tl.store(target.to(tl.pointer_type(tl.int8)), code, mask=mask)
         else:
             scale = tl.where(amax > 0, amax / 448.0, 1.0)
-            code8 = _fp8_encode(x / scale[:, :, None])
-            target = pages_ptr + page[:, None, None] + data_offset + element
+            code8 = _fp8_encode(x / scale[:, None])
+            target = pages_ptr + page[:, None] + data_offset + element
             tl.store(target, code8, mask=mask)
-        where = (
-            pages_ptr + page[:, None] + scale_offset + (offset[:, None] * HEADS + h[None, :]) * 4
-        )
-        scale_mask = valid[:, None] & (h < HEADS)[None, :]
-        tl.store(where.to(tl.pointer_type(tl.float32)), scale, mask=scale_mask)
+        where = pages_ptr + page + scale_offset + (offset * HEADS + h) * 4
+        tl.store(where.to(tl.pointer_type(tl.float32)), scale, mask=valid)
 
 
 @triton.jit
-def _load_cache(pages_ptr, page, scale_offset, data_offset, tokens, head, d, mask,
-                HEADS: tl.constexpr, DIM: tl.constexpr, KIND: tl.constexpr):  # fmt: skip
-    """A [tokens, DIM] tile of one head from one page, dequantized to fp32."""
-    element = (tokens[:, None] * HEADS + head) * DIM + d[None, :]
+def _load_rows(pages_ptr, page, scale_offset, data_offset, offset, head, d, mask, HEADS, DIM,
+               KIND: tl.constexpr):  # fmt: skip
+    """A [tokens, DIM] tile of one head, token i at byte `page[i]` and slot `offset[i]` of
+    its block, dequantized to fp32."""
+    element = (offset[:, None] * HEADS + head) * DIM + d[None, :]
+    base = pages_ptr + page[:, None] + data_offset
     if KIND == 0:
-        where = (pages_ptr + page + data_offset + element * 4).to(tl.pointer_type(tl.float32))
-        return tl.load(where, mask=mask, other=0.0)
+        return tl.load((base + element * 4).to(tl.pointer_type(tl.float32)), mask=mask, other=0.0)
     elif KIND == 1:
-        where = (pages_ptr + page + data_offset + element * 2).to(tl.pointer_type(tl.float16))
+        where = (base + element * 2).to(tl.pointer_type(tl.float16))
         return tl.load(where, mask=mask, other=0.0).to(tl.float32)
     elif KIND == 2:
-        where = (pages_ptr + page + data_offset + element * 2).to(tl.pointer_type(tl.int16))
-        bits = tl.load(where, mask=mask, other=0)
+        bits = tl.load((base + element * 2).to(tl.pointer_type(tl.int16)), mask=mask, other=0)
         return ((bits.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     else:
         row = tl.max(mask.to(tl.int32), axis=1) > 0
-        at = (pages_ptr + page + scale_offset + (tokens * HEADS + head) * 4).to(
+        at = (pages_ptr + page + scale_offset + (offset * HEADS + head) * 4).to(
             tl.pointer_type(tl.float32)
         )
         scale = tl.load(at, mask=row, other=0.0)
         if KIND == 3:
-            where = (pages_ptr + page + data_offset + element).to(tl.pointer_type(tl.int8))
-            value = tl.load(where, mask=mask, other=0).to(tl.float32)
+            value = tl.load((base + element).to(tl.pointer_type(tl.int8)), mask=mask, other=0)
+            value = value.to(tl.float32)
         else:
-            value = _fp8_decode(tl.load(pages_ptr + page + data_offset + element, mask=mask,
-                                        other=0))  # fmt: skip
+            value = _fp8_decode(tl.load(base + element, mask=mask, other=0))
         return value * scale[:, None]
 
 
@@ -184,10 +181,10 @@ def decode_kernel(
     v_scale_offset,
     k_offset,
     v_offset,
-    GROUP: tl.constexpr,
-    HEADS: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
+    GROUP,
+    HEADS,
+    DK,
+    DV,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DK: tl.constexpr,
@@ -195,7 +192,9 @@ def decode_kernel(
     Q_KIND: tl.constexpr,
     KIND: tl.constexpr,
 ):
-    """One (request, KV head): online softmax over the blocks of its window, GQA group."""
+    """One (request, KV head): online softmax over the tokens of its window, BLOCK_N tokens
+    at a time whatever the block size (each token finds its block through the table), the
+    GQA group's queries as one matrix (fp32 products, no TF32)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
@@ -211,24 +210,24 @@ def decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    first = start // block_size
-    last = (seq_len + block_size - 1) // block_size
-    for j in range(first, last):
-        block = tl.load(tables_ptr + b * table_stride + j).to(tl.int64)
-        page = block * page_size
-        tokens = j * block_size + n
-        valid = (n < block_size) & (tokens >= start) & (tokens < seq_len)
-        k = _load_cache(pages_ptr, page, k_scale_offset, k_offset, n, head, dk,
-                        valid[:, None] & (dk < DK)[None, :], HEADS, DK, KIND)  # fmt: skip
-        v = _load_cache(pages_ptr, page, v_scale_offset, v_offset, n, head, dv,
-                        valid[:, None] & (dv < DV)[None, :], HEADS, DV, KIND)  # fmt: skip
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
+    for first in range(start, seq_len, BLOCK_N):
+        position = first + n
+        valid = position < seq_len
+        block = tl.load(tables_ptr + b * table_stride + position // block_size, mask=valid,
+                        other=0)  # fmt: skip
+        page = block.to(tl.int64) * page_size
+        offset = position % block_size
+        k = _load_rows(pages_ptr, page, k_scale_offset, k_offset, offset, head, dk,
+                       valid[:, None] & (dk < DK)[None, :], HEADS, DK, KIND)  # fmt: skip
+        v = _load_rows(pages_ptr, page, v_scale_offset, v_offset, offset, head, dv,
+                       valid[:, None] & (dv < DV)[None, :], HEADS, DV, KIND)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     out = acc / l_i[:, None]
     o_mask = (g < GROUP)[:, None] & (dv < DV)[None, :]
@@ -237,16 +236,25 @@ def decode_kernel(
 
 
 @triton.jit
-def copy_kernel(pages_ptr, pairs_ptr, page_size, BLOCK: tl.constexpr):
-    """Page src -> page dst for one (src, dst) pair and BLOCK bytes."""
+def copy_kernel(pages_ptr, pairs_ptr, page_words, BLOCK: tl.constexpr, WORD: tl.constexpr):
+    """Page src -> page dst for one (src, dst) pair and BLOCK words of WORD bytes (the
+    largest of 8, 4, 2, 1 dividing the page: a page moves in its widest aligned words)."""
     pair = tl.program_id(0)
     chunk = tl.program_id(1)
     src = tl.load(pairs_ptr + 2 * pair).to(tl.int64)
     dst = tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64)
+    if WORD == 8:
+        words = pages_ptr.to(tl.pointer_type(tl.int64))
+    elif WORD == 4:
+        words = pages_ptr.to(tl.pointer_type(tl.int32))
+    elif WORD == 2:
+        words = pages_ptr.to(tl.pointer_type(tl.int16))
+    else:
+        words = pages_ptr
     offsets = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < page_size
-    data = tl.load(pages_ptr + src * page_size + offsets, mask=mask, other=0)
-    tl.store(pages_ptr + dst * page_size + offsets, data, mask=mask)
+    mask = offsets < page_words
+    data = tl.load(words + src * page_words + offsets, mask=mask, other=0)
+    tl.store(words + dst * page_words + offsets, data, mask=mask)
 
 
 @triton.jit

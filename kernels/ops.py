@@ -1,7 +1,10 @@
 """Host wrappers: validate, then run the Triton kernel (GPU or TRITON_INTERPRET=1) or, on a
 machine with neither, the torch reference (kvcert.kernels.reference), so the library works
 everywhere. Pages are raw bytes: `pages` is a uint8 tensor [num_blocks, page_size], block 0
-is the null block and is never read or written.
+is the null block and is never read or written. Outputs live on the inputs' device.
+
+The `launch_*` functions run a kernel with no checks, for callers that validated the same
+arguments once already (a benchmark timing the kernel alone).
 """
 
 from __future__ import annotations
@@ -78,17 +81,24 @@ def _write(x: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor, layout: Pa
     if not use_triton():
         reference.write_region(x, pages, slots, layout, part)
         return
+    launch_write(x, pages, slots, layout, part)
+
+
+def launch_write(x: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor, layout: PageLayout,
+                 part: str) -> None:  # fmt: skip
+    """The write kernel for one region (part "k" or "v"), unchecked."""
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
     scale = layout.k_scale if part == "k" else layout.v_scale
     data = layout.k_data if part == "k" else layout.v_data
     tokens, heads, width = x.shape
     x = x.contiguous()
-    grid = (_cdiv(tokens, BLOCK_T),)
+    grid = (_cdiv(tokens, BLOCK_T), heads)
     _triton.write_kernel[grid](
         x, pages, slots, tokens, x.stride(0), x.stride(1), layout.page_size, layout.block_size,
-        scale, data, HEADS=heads, DIM=width, BLOCK_T=BLOCK_T, BLOCK_H=_pow2(heads),
-        BLOCK_D=_pow2(width), IN_KIND=IN_KINDS[x.dtype], OUT_KIND=OUT_KINDS[layout.dtype],
+        scale, data, HEADS=heads, DIM=width, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width),
+        IN_KIND=IN_KINDS[x.dtype], OUT_KIND=OUT_KINDS[layout.dtype],
+        num_warps=4 if width <= 128 else 8,
     )  # fmt: skip
 
 
@@ -166,19 +176,33 @@ def paged_decode(query: torch.Tensor, pages: torch.Tensor, block_tables: torch.T
         return reference.decode(
             query, pages, block_tables, seq_lens, layout, window=window, sm_scale=scale
         )
+    return launch_decode(query, pages, block_tables, seq_lens, layout, window=window,
+                         sm_scale=scale)  # fmt: skip
+
+
+def launch_decode(query: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor, layout: PageLayout, *, window: int,
+                  sm_scale: float) -> torch.Tensor:  # fmt: skip
+    """The decode kernel, unchecked. Tiles are at least 16 wide (the matrix instructions'
+    least size; masked lanes move nothing), BLOCK_N tokens a step whatever the block size."""
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
+    requests, query_heads, _ = query.shape
     query = query.contiguous()
-    out = torch.empty(requests, query_heads, layout.head_v, dtype=torch.float32)
+    tables = block_tables.contiguous()
+    out = torch.empty(requests, query_heads, layout.head_v, dtype=torch.float32,
+                      device=query.device)  # fmt: skip
     group = query_heads // layout.heads
+    width = max(_pow2(layout.head_k), _pow2(layout.head_v), 16)
     _triton.decode_kernel[(requests, layout.heads)](
-        query, pages, block_tables.contiguous(), seq_lens, out, query.stride(0),
-        query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        layout.page_size, layout.block_size, window, scale, layout.k_scale, layout.v_scale,
+        query, pages, tables, seq_lens, out, query.stride(0),
+        query.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        layout.page_size, layout.block_size, window, sm_scale, layout.k_scale, layout.v_scale,
         layout.k_data, layout.v_data, GROUP=group, HEADS=layout.heads, DK=layout.head_k,
-        DV=layout.head_v, BLOCK_G=_pow2(group), BLOCK_N=_pow2(layout.block_size),
-        BLOCK_DK=_pow2(layout.head_k), BLOCK_DV=_pow2(layout.head_v),
+        DV=layout.head_v, BLOCK_G=max(16, _pow2(group)), BLOCK_N=32 if width <= 128 else 16,
+        BLOCK_DK=max(16, _pow2(layout.head_k)), BLOCK_DV=max(16, _pow2(layout.head_v)),
         Q_KIND=IN_KINDS[query.dtype], KIND=OUT_KINDS[layout.dtype],
+        num_warps=4 if width <= 128 else 8,
     )  # fmt: skip
     return out
 
@@ -202,11 +226,19 @@ def copy_blocks(pages: torch.Tensor, pairs: torch.Tensor) -> None:
     if not use_triton():
         reference.copy_pages(pages, pairs)
         return
+    launch_copy(pages, pairs)
+
+
+def launch_copy(pages: torch.Tensor, pairs: torch.Tensor) -> None:
+    """The copy kernel, unchecked: each page in the widest word dividing its size."""
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
+    page_size = int(pages.shape[1])
+    word = next(w for w in (8, 4, 2, 1) if page_size % w == 0)
     chunk = 1024
-    grid = (int(pairs.shape[0]), _cdiv(int(pages.shape[1]), chunk))
-    _triton.copy_kernel[grid](pages, pairs.contiguous(), int(pages.shape[1]), BLOCK=chunk)
+    grid = (int(pairs.shape[0]), _cdiv(page_size // word, chunk))
+    _triton.copy_kernel[grid](pages, pairs.contiguous(), page_size // word, BLOCK=chunk,
+                              WORD=word)  # fmt: skip
 
 
 def slot_mapping(block_tables: torch.Tensor, request_ids: torch.Tensor,
@@ -232,10 +264,16 @@ def slot_mapping(block_tables: torch.Tensor, request_ids: torch.Tensor,
         raise KernelInputError("a position maps to the null block 0")
     if not use_triton():
         return reference.slots(block_tables, request_ids, positions, block_size)
+    return launch_slots(block_tables, request_ids, positions, block_size)
+
+
+def launch_slots(block_tables: torch.Tensor, request_ids: torch.Tensor,
+                 positions: torch.Tensor, block_size: int) -> torch.Tensor:  # fmt: skip
+    """The slot kernel, unchecked."""
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
     tokens = int(positions.shape[0])
-    out = torch.empty(tokens, dtype=torch.int64)
+    out = torch.empty(tokens, dtype=torch.int64, device=positions.device)
     tables = block_tables.contiguous()
     _triton.slot_kernel[(_cdiv(max(tokens, 1), BLOCK_T),)](
         tables, request_ids, positions, out, tokens, tables.stride(0), block_size,

@@ -145,17 +145,22 @@ def decode(q: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
     requests, query_heads, _ = q.shape
     group = query_heads // layout.heads
     out = torch.zeros(requests, query_heads, layout.head_v, dtype=torch.float32)
+    regions: dict[tuple[int, str], torch.Tensor] = {}  # each block's regions read once
+
+    def region(block: int, part: str) -> torch.Tensor:
+        if (block, part) not in regions:
+            regions[block, part] = read_region(pages, block, layout, part)
+        return regions[block, part]
+
     for r in range(requests):
         length = int(seq_lens[r])
         start = max(0, length - window) if window else 0
         keys, values = [], []
+        table = tuple(int(b) for b in block_tables[r])
         for position in range(start, length):
-            block, offset, _ = slot_address(
-                tuple(int(b) for b in block_tables[r]), layout.block_size, layout.page_size,
-                position,
-            )  # fmt: skip
-            keys.append(read_region(pages, block, layout, "k")[offset])
-            values.append(read_region(pages, block, layout, "v")[offset])
+            block, offset, _ = slot_address(table, layout.block_size, layout.page_size, position)
+            keys.append(region(block, "k")[offset])
+            values.append(region(block, "v")[offset])
         k = torch.stack(keys)  # [N, H, Dk]
         v = torch.stack(values)
         for h in range(query_heads):
