@@ -89,8 +89,10 @@ def write_kernel(
     OUT_KIND: tl.constexpr,
 ):
     """One head of one region (K, V or a latent) for BLOCK_T tokens into their slots; slot -1
-    is skipped. Grid: (token tiles, heads), so a tile is [BLOCK_T, DIM] at any head count.
-    Shapes are run-time arguments (one compilation per tile size and element kind)."""
+    is skipped. Grid: (token tiles, heads). Each token's row is addressed through a pointer
+    of the stored element type (so rows move in wide, aligned words); shapes are run-time
+    arguments (one compilation per tile size and element kind). Divisions are IEEE
+    round-to-nearest, as torch's, so scales and codes match the oracle bit for bit."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -99,65 +101,59 @@ def write_kernel(
     valid = t_ok & (slot >= 0)
     slot = tl.where(valid, slot, 0)
     offset = slot % block_size
-    page = (slot // block_size) * page_size
+    row = pages_ptr + (slot // block_size) * page_size  # each token's page
     mask = valid[:, None] & (d < DIM)[None, :]
     src = t.to(tl.int64)[:, None] * src_stride_t + h * src_stride_h + d[None, :]
     element = (offset[:, None] * HEADS + h) * DIM + d[None, :]
-    if OUT_KIND <= 2:  # unquantized: move the element's bits
-        if OUT_KIND == 0:
-            bits32 = tl.load(src_ptr.to(tl.pointer_type(tl.int32)) + src, mask=mask, other=0)
-            target = pages_ptr + page[:, None] + data_offset + element * 4
-            tl.store(target.to(tl.pointer_type(tl.int32)), bits32, mask=mask)
-        else:
-            bits16 = tl.load(src_ptr.to(tl.pointer_type(tl.int16)) + src, mask=mask, other=0)
-            target = pages_ptr + page[:, None] + data_offset + element * 2
-            tl.store(target.to(tl.pointer_type(tl.int16)), bits16, mask=mask)
+    if OUT_KIND <= 2:  # unquantized: the input's own elements (their dtype is the cache's)
+        x = tl.load(src_ptr + src, mask=mask, other=0)
+        typed = (row + data_offset).to(tl.pointer_type(src_ptr.dtype.element_ty))
+        tl.store(typed[:, None] + element, x, mask=mask)
     else:
         x = _load_f32(src_ptr, src, mask, IN_KIND)
         amax = tl.max(tl.abs(x), axis=1)
         if OUT_KIND == 3:
-            scale = tl.where(amax > 0, amax / 127.0, 1.0)
-            q = x / scale[:, None]
+            scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+            q = tl.math.div_rn(x, scale[:, None])
             r = tl.floor(tl.abs(q) + 0.5)
             r = tl.minimum(r, 127.0)
             code = tl.where(q < 0, -r, r).to(tl.int8)
-            target = pages_ptr + page[:, None] + data_offset + element
-            tl.store(target.to(tl.pointer_type(tl.int8)), code, mask=mask)
+            typed = (row + data_offset).to(tl.pointer_type(tl.int8))
+            tl.store(typed[:, None] + element, code, mask=mask)
         else:
-            scale = tl.where(amax > 0, amax / 448.0, 1.0)
-            code8 = _fp8_encode(x / scale[:, None])
-            target = pages_ptr + page[:, None] + data_offset + element
-            tl.store(target, code8, mask=mask)
-        where = pages_ptr + page + scale_offset + (offset * HEADS + h) * 4
-        tl.store(where.to(tl.pointer_type(tl.float32)), scale, mask=valid)
+            scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+            code8 = _fp8_encode(tl.math.div_rn(x, scale[:, None]))
+            tl.store((row + data_offset)[:, None] + element, code8, mask=mask)
+        scales = (row + scale_offset).to(tl.pointer_type(tl.float32))
+        tl.store(scales + offset * HEADS + h, scale, mask=valid)
 
 
 @triton.jit
 def _load_rows(pages_ptr, page, scale_offset, data_offset, offset, head, d, mask, HEADS, DIM,
                KIND: tl.constexpr):  # fmt: skip
     """A [tokens, DIM] tile of one head, token i at byte `page[i]` and slot `offset[i]` of
-    its block, dequantized to fp32."""
+    its block, dequantized to fp32 (rows read through pointers of the stored element type)."""
     element = (offset[:, None] * HEADS + head) * DIM + d[None, :]
-    base = pages_ptr + page[:, None] + data_offset
+    base = pages_ptr + page + data_offset
     if KIND == 0:
-        return tl.load((base + element * 4).to(tl.pointer_type(tl.float32)), mask=mask, other=0.0)
+        typed = base.to(tl.pointer_type(tl.float32))
+        return tl.load(typed[:, None] + element, mask=mask, other=0.0)
     elif KIND == 1:
-        where = (base + element * 2).to(tl.pointer_type(tl.float16))
-        return tl.load(where, mask=mask, other=0.0).to(tl.float32)
+        typed = base.to(tl.pointer_type(tl.float16))
+        return tl.load(typed[:, None] + element, mask=mask, other=0.0).to(tl.float32)
     elif KIND == 2:
-        bits = tl.load((base + element * 2).to(tl.pointer_type(tl.int16)), mask=mask, other=0)
+        typed = base.to(tl.pointer_type(tl.int16))
+        bits = tl.load(typed[:, None] + element, mask=mask, other=0)
         return ((bits.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     else:
         row = tl.max(mask.to(tl.int32), axis=1) > 0
-        at = (pages_ptr + page + scale_offset + (offset * HEADS + head) * 4).to(
-            tl.pointer_type(tl.float32)
-        )
-        scale = tl.load(at, mask=row, other=0.0)
+        scales = (pages_ptr + page + scale_offset).to(tl.pointer_type(tl.float32))
+        scale = tl.load(scales + offset * HEADS + head, mask=row, other=0.0)
         if KIND == 3:
-            value = tl.load((base + element).to(tl.pointer_type(tl.int8)), mask=mask, other=0)
-            value = value.to(tl.float32)
+            typed = base.to(tl.pointer_type(tl.int8))
+            value = tl.load(typed[:, None] + element, mask=mask, other=0).to(tl.float32)
         else:
-            value = _fp8_decode(tl.load(base + element, mask=mask, other=0))
+            value = _fp8_decode(tl.load(base[:, None] + element, mask=mask, other=0))
         return value * scale[:, None]
 
 
@@ -167,15 +163,16 @@ def decode_kernel(
     pages_ptr,
     tables_ptr,
     lens_ptr,
-    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
     q_stride_b,
     q_stride_h,
-    out_stride_b,
-    out_stride_h,
     table_stride,
     page_size,
     block_size,
     window,
+    split_tokens,
     sm_scale,
     k_scale_offset,
     v_scale_offset,
@@ -192,17 +189,23 @@ def decode_kernel(
     Q_KIND: tl.constexpr,
     KIND: tl.constexpr,
 ):
-    """One (request, KV head): online softmax over the tokens of its window, BLOCK_N tokens
-    at a time whatever the block size (each token finds its block through the table), the
-    GQA group's queries as one matrix (fp32 products, no TF32)."""
+    """One (request, KV head, split of its window): online softmax over the split's tokens,
+    BLOCK_N at a time whatever the block size (each token finds its block through the table),
+    the GQA group's queries as one fp32 matrix product (no TF32). Writes the split's running
+    max, sum and weighted values; combine_kernel merges the splits (flash-decoding), so long
+    windows keep the whole GPU busy."""
     b = tl.program_id(0)
     head = tl.program_id(1)
+    split = tl.program_id(2)
+    splits = tl.num_programs(2)
     g = tl.arange(0, BLOCK_G)
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
     n = tl.arange(0, BLOCK_N)
     seq_len = tl.load(lens_ptr + b)
     start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = start + split * split_tokens
+    end = tl.minimum(seq_len, first + split_tokens)
     q_heads = head * GROUP + g
     q_mask = (g < GROUP)[:, None] & (dk < DK)[None, :]
     q_at = b * q_stride_b + q_heads[:, None] * q_stride_h + dk[None, :]
@@ -210,9 +213,9 @@ def decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    for first in range(start, seq_len, BLOCK_N):
-        position = first + n
-        valid = position < seq_len
+    for chunk in range(first, end, BLOCK_N):
+        position = chunk + n
+        valid = position < end
         block = tl.load(tables_ptr + b * table_stride + position // block_size, mask=valid,
                         other=0)  # fmt: skip
         page = block.to(tl.int64) * page_size
@@ -229,10 +232,35 @@ def decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
-    out = acc / l_i[:, None]
-    o_mask = (g < GROUP)[:, None] & (dv < DV)[None, :]
-    tl.store(out_ptr + b * out_stride_b + q_heads[:, None] * out_stride_h + dv[None, :], out,
-             mask=o_mask)  # fmt: skip
+    rows = (b * HEADS * GROUP + q_heads) * splits + split  # [requests, query heads, splits]
+    g_ok = g < GROUP
+    tl.store(part_m_ptr + rows, m_i, mask=g_ok)
+    tl.store(part_l_ptr + rows, l_i, mask=g_ok)
+    tl.store(part_acc_ptr + rows[:, None] * BLOCK_DV + dv[None, :], acc,
+             mask=g_ok[:, None] & (dv < DV)[None, :])  # fmt: skip
+
+
+@triton.jit
+def combine_kernel(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, out_stride_b, out_stride_h,
+                   query_heads, splits, DV, BLOCK_S: tl.constexpr,
+                   BLOCK_DV: tl.constexpr):  # fmt: skip
+    """One (request, query head): its splits' partial softmaxes merged into the output. A
+    split that read nothing has max -inf and weight 0."""
+    b = tl.program_id(0)
+    qh = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, BLOCK_DV)
+    rows = (b * query_heads + qh) * splits + s
+    s_ok = s < splits
+    m = tl.load(part_m_ptr + rows, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + rows, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + rows[:, None] * BLOCK_DV + dv[None, :],
+                  mask=s_ok[:, None] & (dv < DV)[None, :], other=0.0)  # fmt: skip
+    top = tl.max(m, axis=0)
+    weight = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
+    total = tl.sum(l_s * weight, axis=0)
+    out = tl.sum(acc * weight[:, None], axis=0) / total
+    tl.store(out_ptr + b * out_stride_b + qh * out_stride_h + dv, out, mask=dv < DV)
 
 
 @triton.jit

@@ -20,7 +20,9 @@ from kvcert.kernels.layout import PageLayout
 
 IN_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 OUT_KINDS = {"fp32": 0, "fp16": 1, "bf16": 2, "int8_per_token_head": 3, "fp8_per_token_head": 4}
-BLOCK_T = 16
+BLOCK_T = 16  # the fewest tokens a write program takes; wider tiles for narrower heads
+SLOT_TILE = 1024  # tokens per slot-mapping program
+TILE_ELEMENTS = 8192  # a write program's tile: tokens x head elements
 
 
 def use_triton() -> bool:
@@ -93,12 +95,13 @@ def launch_write(x: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor, layo
     data = layout.k_data if part == "k" else layout.v_data
     tokens, heads, width = x.shape
     x = x.contiguous()
-    grid = (_cdiv(tokens, BLOCK_T), heads)
+    block_d = _pow2(width)
+    block_t = max(BLOCK_T, min(128, TILE_ELEMENTS // block_d))
+    grid = (_cdiv(tokens, block_t), heads)
     _triton.write_kernel[grid](
         x, pages, slots, tokens, x.stride(0), x.stride(1), layout.page_size, layout.block_size,
-        scale, data, HEADS=heads, DIM=width, BLOCK_T=BLOCK_T, BLOCK_D=_pow2(width),
-        IN_KIND=IN_KINDS[x.dtype], OUT_KIND=OUT_KINDS[layout.dtype],
-        num_warps=4 if width <= 128 else 8,
+        scale, data, HEADS=heads, DIM=width, BLOCK_T=block_t, BLOCK_D=block_d,
+        IN_KIND=IN_KINDS[x.dtype], OUT_KIND=OUT_KINDS[layout.dtype], num_warps=4,
     )  # fmt: skip
 
 
@@ -176,33 +179,51 @@ def paged_decode(query: torch.Tensor, pages: torch.Tensor, block_tables: torch.T
         return reference.decode(
             query, pages, block_tables, seq_lens, layout, window=window, sm_scale=scale
         )
+    longest = max(int(n) for n in seq_lens.tolist())
     return launch_decode(query, pages, block_tables, seq_lens, layout, window=window,
-                         sm_scale=scale)  # fmt: skip
+                         sm_scale=scale, max_tokens=min(longest, window or longest))  # fmt: skip
 
 
 def launch_decode(query: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, layout: PageLayout, *, window: int,
-                  sm_scale: float) -> torch.Tensor:  # fmt: skip
-    """The decode kernel, unchecked. Tiles are at least 16 wide (the matrix instructions'
-    least size; masked lanes move nothing), BLOCK_N tokens a step whatever the block size."""
+                  seq_lens: torch.Tensor, layout: PageLayout, *, window: int, sm_scale: float,
+                  max_tokens: int) -> torch.Tensor:  # fmt: skip
+    """The decode kernels, unchecked; `max_tokens`: the most tokens one request reads (its
+    window, or its length). Each request's window is cut into splits so that requests x KV
+    heads x splits fill the GPU (flash-decoding); tiles are at least 16 wide (the matrix
+    instructions' least size; masked lanes move nothing)."""
     from kvcert.kernels import _triton  # noqa: PLC0415 - needs triton and a GPU/interpreter
 
     requests, query_heads, _ = query.shape
+    device = query.device
     query = query.contiguous()
     tables = block_tables.contiguous()
-    out = torch.empty(requests, query_heads, layout.head_v, dtype=torch.float32,
-                      device=query.device)  # fmt: skip
     group = query_heads // layout.heads
     width = max(_pow2(layout.head_k), _pow2(layout.head_v), 16)
-    _triton.decode_kernel[(requests, layout.heads)](
-        query, pages, tables, seq_lens, out, query.stride(0),
-        query.stride(1), out.stride(0), out.stride(1), tables.stride(0),
-        layout.page_size, layout.block_size, window, sm_scale, layout.k_scale, layout.v_scale,
-        layout.k_data, layout.v_data, GROUP=group, HEADS=layout.heads, DK=layout.head_k,
-        DV=layout.head_v, BLOCK_G=max(16, _pow2(group)), BLOCK_N=32 if width <= 128 else 16,
-        BLOCK_DK=max(16, _pow2(layout.head_k)), BLOCK_DV=max(16, _pow2(layout.head_v)),
-        Q_KIND=IN_KINDS[query.dtype], KIND=OUT_KINDS[layout.dtype],
+    block_n = 32 if width <= 128 else 16
+    block_dv = max(16, _pow2(layout.head_v))
+    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if (
+        device.type == "cuda") else 8  # fmt: skip
+    splits = max(1, min(_cdiv(programs, requests * layout.heads),
+                        _cdiv(max_tokens, 4 * block_n)))  # fmt: skip
+    split_tokens = block_n * _cdiv(_cdiv(max_tokens, splits), block_n)
+    splits = _cdiv(max_tokens, split_tokens)
+    rows = requests * query_heads * splits
+    part_m = torch.empty(rows, dtype=torch.float32, device=device)
+    part_l = torch.empty(rows, dtype=torch.float32, device=device)
+    part_acc = torch.empty(rows, block_dv, dtype=torch.float32, device=device)
+    _triton.decode_kernel[(requests, layout.heads, splits)](
+        query, pages, tables, seq_lens, part_m, part_l, part_acc, query.stride(0),
+        query.stride(1), tables.stride(0), layout.page_size, layout.block_size, window,
+        split_tokens, sm_scale, layout.k_scale, layout.v_scale, layout.k_data, layout.v_data,
+        GROUP=group, HEADS=layout.heads, DK=layout.head_k, DV=layout.head_v,
+        BLOCK_G=max(16, _pow2(group)), BLOCK_N=block_n, BLOCK_DK=max(16, _pow2(layout.head_k)),
+        BLOCK_DV=block_dv, Q_KIND=IN_KINDS[query.dtype], KIND=OUT_KINDS[layout.dtype],
         num_warps=4 if width <= 128 else 8,
+    )  # fmt: skip
+    out = torch.empty(requests, query_heads, layout.head_v, dtype=torch.float32, device=device)
+    _triton.combine_kernel[(requests, query_heads)](
+        part_m, part_l, part_acc, out, out.stride(0), out.stride(1), query_heads, splits,
+        layout.head_v, BLOCK_S=max(2, _pow2(splits)), BLOCK_DV=block_dv,
     )  # fmt: skip
     return out
 
@@ -275,8 +296,8 @@ def launch_slots(block_tables: torch.Tensor, request_ids: torch.Tensor,
     tokens = int(positions.shape[0])
     out = torch.empty(tokens, dtype=torch.int64, device=positions.device)
     tables = block_tables.contiguous()
-    _triton.slot_kernel[(_cdiv(max(tokens, 1), BLOCK_T),)](
+    _triton.slot_kernel[(_cdiv(max(tokens, 1), SLOT_TILE),)](
         tables, request_ids, positions, out, tokens, tables.stride(0), block_size,
-        BLOCK_T=BLOCK_T,
+        BLOCK_T=SLOT_TILE,
     )  # fmt: skip
     return out
