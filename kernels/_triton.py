@@ -129,11 +129,13 @@ def write_kernel(
 
 
 @triton.jit
-def _load_rows(pages_ptr, page, scale_offset, data_offset, offset, head, d, mask, HEADS, DIM,
+def _load_rows(pages_ptr, page, scale_offset, data_offset, offset, head, d, valid, HEADS, DIM,
                KIND: tl.constexpr):  # fmt: skip
-    """A [tokens, DIM] tile of one head, token i at byte `page[i]` and slot `offset[i]` of
-    its block, dequantized to fp32 (rows read through pointers of the stored element type)."""
+    """A [tokens, DIM] tile of one head, token i (where `valid`) at byte `page[i]` and slot
+    `offset[i]` of its block, dequantized to fp32 (rows read through pointers of the stored
+    element type)."""
     element = (offset[:, None] * HEADS + head) * DIM + d[None, :]
+    mask = valid[:, None] & (d < DIM)[None, :]
     base = pages_ptr + page + data_offset
     if KIND == 0:
         typed = base.to(tl.pointer_type(tl.float32))
@@ -146,9 +148,8 @@ def _load_rows(pages_ptr, page, scale_offset, data_offset, offset, head, d, mask
         bits = tl.load(typed[:, None] + element, mask=mask, other=0)
         return ((bits.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
     else:
-        row = tl.max(mask.to(tl.int32), axis=1) > 0
         scales = (pages_ptr + page + scale_offset).to(tl.pointer_type(tl.float32))
-        scale = tl.load(scales + offset * HEADS + head, mask=row, other=0.0)
+        scale = tl.load(scales + offset * HEADS + head, mask=valid, other=0.0)
         if KIND == 3:
             typed = base.to(tl.pointer_type(tl.int8))
             value = tl.load(typed[:, None] + element, mask=mask, other=0).to(tl.float32)
@@ -220,17 +221,17 @@ def decode_kernel(
                         other=0)  # fmt: skip
         page = block.to(tl.int64) * page_size
         offset = position % block_size
-        k = _load_rows(pages_ptr, page, k_scale_offset, k_offset, offset, head, dk,
-                       valid[:, None] & (dk < DK)[None, :], HEADS, DK, KIND)  # fmt: skip
-        v = _load_rows(pages_ptr, page, v_scale_offset, v_offset, offset, head, dv,
-                       valid[:, None] & (dv < DV)[None, :], HEADS, DV, KIND)  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+        k = _load_rows(pages_ptr, page, k_scale_offset, k_offset, offset, head, dk, valid,
+                       HEADS, DK, KIND)  # fmt: skip
+        v = _load_rows(pages_ptr, page, v_scale_offset, v_offset, offset, head, dv, valid,
+                       HEADS, DV, KIND)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3") * sm_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
         m_i = m_new
     rows = (b * HEADS * GROUP + q_heads) * splits + split  # [requests, query heads, splits]
     g_ok = g < GROUP

@@ -438,7 +438,7 @@ def drawn_checks(quick: bool, device: str, examples: int) -> Iterator[Check]:
 
 
 def _median_seconds(run: Callable[[], Any]) -> float:
-    from triton.testing import do_bench  # noqa: PLC0415 - after TRITON_INTERPRET is settled
+    from triton.testing import do_bench  # type: ignore[import-untyped]  # noqa: PLC0415 - after TRITON_INTERPRET is settled
 
     return float(do_bench(run, warmup=25, rep=200, return_mode="median")) / 1000
 
@@ -565,7 +565,7 @@ def speeds(copy: float) -> Iterator[Speed]:
 
 
 def versions() -> dict[str, str]:
-    import triton  # noqa: PLC0415 - after TRITON_INTERPRET is settled
+    import triton  # type: ignore[import-untyped]  # noqa: PLC0415 - after TRITON_INTERPRET is settled
 
     return {
         "python": platform.python_version(),

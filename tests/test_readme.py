@@ -196,3 +196,24 @@ def test_the_trace_format_example_is_a_trace(tmp_path):
 
     with pytest.raises(TraceError, match="'output' must be a list of token ids"):
         read_jsonl(path)
+
+
+def test_the_gpu_table_is_the_committed_report():
+    """Every row of the README's GPU table, recomputed from kernels/GPU_REPORT.json; the
+    report says every check was equal."""
+    import json
+
+    report = json.loads((README.parent / "kernels" / "GPU_REPORT.json").read_text())
+    assert report["ok"]
+    assert report["mode"] == "gpu"
+    assert all(check["equal"] for check in report["checks"])
+    text = README.read_text(encoding="utf-8")
+    for s in report["speeds"]:
+        row = (
+            f"| {s['kernel']} | {s['case']} | {s['seconds'] * 1e6:,.1f} us | "
+            f"{s['bandwidth'] / 1e12:.2f} TB/s | {s['copy_ratio']:.2f} | "
+            f"{s['roofline_ratio']:.2f} |"
+        )
+        assert row in text, row
+    equal = sum(c["equal"] for c in report["checks"])
+    assert f"{equal} of {len(report['checks'])} checks byte-equal" in " ".join(text.split())
