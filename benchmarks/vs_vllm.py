@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.run import LAYOUTS, Shape, blocks_for, config_of, prompt, stream, warm
 from kvcert.conformance.contract.codec import layout_to_json
-from kvcert.conformance.engines.vllm import Session
+from kvcert.conformance.vllm.adapter import Session
 from kvcert.reference.config import CacheConfig, HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled

@@ -34,14 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvcert.conformance.campaign.vllm_loop import build
 from kvcert.conformance.campaign.workload import (
     STATE_MODELS,
     Arrival,
     Workload,
     state_block_size,
 )
-from kvcert.conformance.engines import vllm_wiring as wiring
+from kvcert.conformance.vllm.campaign.build import build
+from kvcert.conformance.vllm.runtime import vllm
 
 
 def workload(
@@ -78,9 +78,7 @@ def workload(
 
 def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
     """(seconds, hit tokens, steps) for the whole workload."""
-    from vllm.v1.outputs import DraftTokenIds  # type: ignore[import-not-found]  # noqa: PLC0415
-
-    v = wiring.modules()
+    v = vllm()
     pending = list(load.arrivals)
     hits = steps = 0
     unread: list[tuple[Any, Any]] = []  # scheduled steps whose output is not read yet
@@ -88,9 +86,9 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
     while pending or scheduler.has_requests() or unread:
         for arrival in [a for a in pending if a.step <= steps]:
             pending.remove(arrival)
-            params = v["SamplingParams"](max_tokens=arrival.max_tokens, ignore_eos=True)
+            params = v.SamplingParams(max_tokens=arrival.max_tokens, ignore_eos=True)
             scheduler.add_request(
-                v["Request"](arrival.rid, list(arrival.prompt), params, None, block_hasher=hasher)
+                v.Request(arrival.rid, list(arrival.prompt), params, None, block_hasher=hasher)
             )
         output = scheduler.schedule()
         hits += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
@@ -104,9 +102,7 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
             for r in done
         ]
         index = {r: i for i, r in enumerate(ids)}
-        runner = v["ModelRunnerOutput"](
-            req_ids=ids, sampled_token_ids=sampled, req_id_to_index=index
-        )
+        runner = v.ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, req_id_to_index=index)
         if ids:
             unread.append((output, runner))
         if unread and (len(unread) > load.async_scheduling or not ids):
@@ -114,7 +110,7 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
             if load.spec_tokens and not load.async_scheduling:  # the drafter's next drafts
                 running = [r for r in ids if r in scheduler.requests]
                 drafts = [[11] * load.spec_tokens for _ in running]
-                scheduler.update_draft_token_ids(DraftTokenIds(running, drafts))
+                scheduler.update_draft_token_ids(v.DraftTokenIds(running, drafts))
         steps += 1
     return time.perf_counter() - start, hits, steps
 

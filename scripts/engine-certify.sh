@@ -3,7 +3,7 @@
 # engines/ENGINE/VERSION/expected.json names each known failure and why (an xfail that passes
 # fails the run, as does any failure not named). The report lands in .engines/.
 # ENGINE may name an adapter mode: vllm-planned and vllm-planned-unmarked drive the same vLLM
-# release through its own planner (engines/README.md); their expected results are
+# release through its own planner (docs/engines.md); their expected results are
 # engines/vllm/VERSION/expected-planned.json and expected-planned-unmarked.json.
 # Usage: scripts/engine-certify.sh vllm 0.33.0 [more kvcert certify options]
 set -euo pipefail

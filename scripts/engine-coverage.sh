@@ -4,7 +4,7 @@
 # release venv, runs `kvcert certify` in every adapter mode the release has expected results
 # for (vllm, vllm-planned, vllm-planned-unmarked) and `kvcert fuzz` under it, and writes
 # the per-file report to .engines/vllm-VERSION.coverage.txt and the JSON to
-# .engines/vllm-VERSION.coverage.json (engines/vllm/coverage.py turns it into COVERAGE.md).
+# .engines/vllm-VERSION.coverage.json (kvcert.conformance.vllm.coverage turns it into COVERAGE.md).
 # Usage: scripts/engine-coverage.sh 0.33.0 [fuzz runs, default 2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."

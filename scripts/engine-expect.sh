@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-derive a release's expected results after the vectors or the adapter changed: certify it
 # without its expected-failure file, then write engines/ENGINE/VERSION/expected.json (each
-# failure with the cause engines/expected.py traces it to) and RESULTS.md from that raw report.
+# failure with the cause kvcert.conformance.vllm.expected traces it to) and RESULTS.md from that raw report.
 # Review the diff: a new cause, or any "uninvestigated" entry, is open work.
 # Usage: scripts/engine-expect.sh vllm 0.33.0
 set -euo pipefail
@@ -13,6 +13,6 @@ report=.engines/$engine-$version.raw.json
 "$venv/bin/kvcert" certify --engine "$engine" --quiet --timeout 120 --json "$report" \
   > /dev/null 2>&1 || true   # failures are what this script records
 dir=engines/$engine/$version
-.venv/bin/python engines/expected.py "$report" > "$dir/expected.json"
-.venv/bin/python engines/expected.py --markdown "$report" > "$dir/RESULTS.md"
+.venv/bin/python -m kvcert.conformance.vllm.expected "$report" > "$dir/expected.json"
+.venv/bin/python -m kvcert.conformance.vllm.expected --markdown "$report" > "$dir/RESULTS.md"
 echo "$dir: $(grep -c '"' "$dir/expected.json" || true) lines; uninvestigated: $(grep -c uninvestigated "$dir/expected.json" || true)"

@@ -24,9 +24,9 @@ for dir in engines/*/*/; do
     fi
   done
   if [ "$engine" = vllm ]; then
-    # The preempt-in-flight bug (engines/README.md) must reproduce through vLLM's own
+    # The preempt-in-flight bug (docs/engines.md) must reproduce through vLLM's own
     # Scheduler on every pinned release (exit 1).
-    repro=$(".engines/vllm-$version/bin/python" engines/vllm/repro/preempt_in_flight.py 2>&1)
+    repro=$(".engines/vllm-$version/bin/python" -m kvcert.conformance.vllm.checks.preempt_in_flight 2>&1)
     if [ $? -eq 1 ]; then
       echo "ok   vllm $version repro: $(echo "$repro" | grep REPRODUCED)"
     else
@@ -48,7 +48,7 @@ for dir in engines/*/*/; do
       echo "$fuzz" | tail -20
     fi
     # the release's committed campaign regressions replay as their files record
-    if checked=$(".engines/vllm-$version/bin/python" engines/vllm/campaign/check.py \
+    if checked=$(".engines/vllm-$version/bin/python" -m kvcert.conformance.vllm.campaign.check \
         --regressions 2>&1); then
       echo "ok   vllm $version regressions: $(echo "$checked" | grep -c '^ok')"
     else
@@ -69,8 +69,8 @@ if [ -x .engines/vllm-0.33.0/bin/kvcert ]; then
     echo "FAIL vllm 0.33.0 fuzz --kvcert:"
     echo "$fuzz" | tail -20
   fi
-  bash engines/vllm/own_tests/run.sh 0.33.0 kvcert > .engines/vllm-0.33.0-tests.log 2>&1
-  if checked=$(python3 engines/vllm/own_tests/report.py 0.33.0 --check 2>&1); then
+  bash scripts/vllm-own-tests.sh 0.33.0 kvcert > .engines/vllm-0.33.0-tests.log 2>&1
+  if checked=$(.engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.own_tests.report 0.33.0 --check 2>&1); then
     echo "ok   vllm 0.33.0 own tests: $(echo "$checked" | tail -1)"
   else
     status=1

@@ -2,7 +2,7 @@
 # Create (or reuse) .engines/ENGINE-VERSION, a venv in which a real engine runs the vectors:
 # CPU torch 2.13.0, the engine's wheel without its dependencies (every release pins a CUDA
 # torch), the packages its KV-cache import chain needs (the lock engines/ENGINE/VERSION/
-# requirements.txt, made by engines/discover.py), and kvcert itself (editable).
+# requirements.txt, made by kvcert.conformance.tools.discover), and kvcert itself (editable).
 # Usage: scripts/engine-venv.sh vllm 0.33.0      (prints the venv path last)
 set -euo pipefail
 cd "$(dirname "$0")/.."

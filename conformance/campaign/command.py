@@ -25,12 +25,15 @@ import json
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcert.conformance.arguments import non_negative_int, output_path, positive_int
-from kvcert.conformance.campaign.vllm_mutants import KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload, generate, shrink
 from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.vllm.campaign.mutants import KVCERT_MUTANTS, MUTANTS
+
+if TYPE_CHECKING:
+    from kvcert.conformance.vllm.campaign.loop import Outcome
 
 REPORT_FORMAT = "kvcert-fuzz/1"
 # summed over workloads
@@ -57,6 +60,15 @@ def _engine_release() -> str:
         ) from None
 
 
+def play(workload: Workload, fix: bool, mutant: str | None = None, kvcert: bool = False) -> Outcome:
+    """One workload through vLLM's scheduler (`kvcert.conformance.vllm.campaign.loop`),
+    imported on use: it needs vLLM (the drop-in's schedulers subclass vLLM's), which the
+    `kvcert` command does not."""
+    from kvcert.conformance.vllm.campaign.loop import play as played  # noqa: PLC0415
+
+    return played(workload, fix, mutant, kvcert)
+
+
 def campaign(
     seeds: list[int],
     fix: bool,
@@ -76,8 +88,6 @@ def campaign(
     state_checkpoints = state_checkpoints or kvcert
     state_drafts = state_drafts or kvcert
     mtp = mtp or kvcert
-    from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
-
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
@@ -285,9 +295,7 @@ def _report(path: Path) -> dict[str, Any]:
 
 def _save(report: dict[str, Any], directory: Path) -> None:
     """Each shrunk finding as a regression file, with whether it is found unfixed and fixed
-    (what engines/vllm/campaign/check.py replays it against)."""
-    from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
-
+    (what kvcert.conformance.vllm.campaign.check replays it against)."""
     directory.mkdir(parents=True, exist_ok=True)
     for v in report["violations"]:
         workload = Workload.from_json(v["shrunk"]["workload"])
@@ -302,8 +310,6 @@ def _save(report: dict[str, Any], directory: Path) -> None:
 
 def replay(args: argparse.Namespace) -> int:
     """`--replay FILE...`: exit 1 when any saved workload still violates soundness."""
-    from kvcert.conformance.campaign.vllm_loop import play  # noqa: PLC0415 - needs vLLM
-
     release = _engine_release()
     failed = 0
     for path in args.replay:

@@ -2,7 +2,7 @@
 
 Pure and engine-free: a workload is data (JSON round-trips), generated from a seed, and
 shrunk by removing or simplifying one thing at a time while a violation persists. The
-engine loop (`vllm_loop`) plays it; this module never imports an engine.
+engine loop (`kvcert.conformance.vllm.campaign.loop`) plays it; this module never imports an engine.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from kvcert.conformance.contract.plans import plan_input_from_json
+from kvcert.conformance.tools.catalog import load_model
+from kvcert.spec.plan import anchor_block_size
 
 # Attention-only bundled models whose layers vLLM's own planner can group (no state layers,
 # no compressed latents): a single full-attention group, and sliding-window + full hybrids.
@@ -182,10 +186,6 @@ def state_block_size(model: str) -> int:
     `Platform._align_hybrid_block_size` computes (16 x cdiv(state page, 16 x attention bytes
     per token)) and kvcert's PAGE-ANCHOR-1 gives; tests/campaign/test_workload.py checks the
     two agree on every state model, and LMCache's documented 544 for Qwen3.5-0.8B."""
-    from kvcert.conformance.contract.plans import plan_input_from_json  # noqa: PLC0415
-    from kvcert.conformance.tools.catalog import load_model  # noqa: PLC0415
-    from kvcert.spec.plan import anchor_block_size  # noqa: PLC0415
-
     layers = list(load_model(model).layers)
     plan_input = plan_input_from_json(
         {"layers": layers, "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}

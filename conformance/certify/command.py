@@ -83,8 +83,9 @@ def run_certify(args: argparse.Namespace) -> int:
         engine: Engine = StdioEngine(args.cmd, timeout=args.timeout, on_retry=_say)
     else:
         engine = load_engine(args.engine or "reference")
-    cases = {case["id"]: case for _, case, _ in iter_cases(root) if case is not None}
-    total = sum(1 for _ in iter_cases(root))
+    found = list(iter_cases(root))  # each file read and schema-checked once
+    cases = {case["id"]: case for _, case, _ in found if case is not None}
+    total = len(found)
     told: set[str] = set()
 
     def progress(done: int, result: Result) -> None:
@@ -103,6 +104,7 @@ def run_certify(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             root=root,
             progress=None if args.quiet else progress,
+            found=found,
         )
     finally:
         if isinstance(engine, StdioEngine):

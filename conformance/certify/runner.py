@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.certify.report import Report, Result
-from kvcert.conformance.certify.vector_files import VECTORS, iter_cases
+from kvcert.conformance.certify.vector_files import VECTORS, Found, iter_cases
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.compare import compare_alloc, compare_hit, compare_page
 from kvcert.conformance.contract.protocol import Engine, EngineDead
@@ -74,8 +74,10 @@ def run_vectors(
     suites: tuple[str, ...] = ("hit", "alloc", "page"),
     root: Traversable = VECTORS,
     progress: Callable[[int, Result], None] | None = None,
+    found: Iterable[Found] | None = None,
 ) -> Report:
-    """Run every vector against `engine` and account for each one."""
+    """Run every vector against `engine` and account for each one. `found`: the cases of
+    `root` as `iter_cases` reads them, when the caller has read them already."""
     skips, xfails = skips or {}, xfails or {}
     dead: str | None = None
     try:
@@ -85,7 +87,7 @@ def run_vectors(
     offered = set(info.get("features", [])) | set(info.get("profiles", []))
     report = Report(info)
     known: set[str] = set()
-    for name, case, error in iter_cases(root):
+    for name, case, error in iter_cases(root) if found is None else found:
         if case is None:
             report.results.append(Result(f"{name}", name.split("/")[0], "errored", [], error))
             continue

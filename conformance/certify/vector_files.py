@@ -23,8 +23,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import jsonschema
+
 from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.protocol import FEATURES, PROFILES
+from kvcert.spec.rules import all_rules
 
 VECTORS: Traversable = resources.files("kvcert.conformance.vectors")
 SCHEMA: Traversable = (
@@ -38,14 +41,10 @@ Found = tuple[str, JSON | None, str]  # (file, case or None, error or "")
 
 
 def jsonschema_best_match(errors: list[Any]) -> Any:
-    import jsonschema  # noqa: PLC0415 - only certification needs it
-
     return jsonschema.exceptions.best_match(errors)
 
 
 def _validator() -> Any:
-    import jsonschema  # noqa: PLC0415 - only certification needs it; explain stays stdlib-only
-
     return jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text(encoding="utf-8")))
 
 
@@ -155,8 +154,6 @@ def iter_cases(root: Traversable = VECTORS) -> Iterator[Found]:
 @cache
 def rule_tags() -> frozenset[str]:
     """Every rule tag the spec defines."""
-    from kvcert.spec.rules import all_rules  # noqa: PLC0415 - tags, not behaviour
-
     return frozenset(rule.tag for rule in all_rules())
 
 
@@ -189,8 +186,6 @@ def user_manifest(directory: Path) -> JSON:
     Raises InputError naming the file and case at fault. Whether each expectation is the
     spec's answer is checked by running the spec on them (`kvcert certify --write-manifest`).
     """
-    import jsonschema  # noqa: PLC0415 - only certification needs it
-
     if not directory.is_dir():
         raise InputError(f"--vectors {directory}: not a folder of vector files")
     validator = _validator()

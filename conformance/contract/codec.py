@@ -124,7 +124,6 @@ _GROUP_TYPES: Mapping[str, Callable[..., Group]] = {
     "mamba": MambaState,
     "cross": CrossAttention,
 }
-SHAPE_FIELDS = ("num_kv_heads", "head_size_k", "head_size_v", "dtype")
 SHAPE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
 
 

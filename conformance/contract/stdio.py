@@ -31,6 +31,8 @@ from functools import cache
 from importlib import resources
 from typing import IO, Any
 
+import jsonschema
+
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import Engine, EngineDead, EngineError
 
@@ -48,8 +50,6 @@ def _schema() -> JSON:
 def schema_error(obj: object, definition: str) -> str | None:
     """Why `obj` is not a valid `definition` of the stdio schema (message, reply, run, ...),
     or None when it is."""
-    import jsonschema  # noqa: PLC0415 - a kvcert dependency, kept off explain's import path
-
     schema = {"$ref": f"#/$defs/{definition}", "$defs": _schema()["$defs"]}
     errors = jsonschema.Draft202012Validator(schema).iter_errors(obj)
     error = jsonschema.exceptions.best_match(errors)

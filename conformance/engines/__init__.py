@@ -3,7 +3,8 @@
 spec_engine       kvcert.spec itself: the vectors' oracle
 reference_engine  kvcert.reference (entry point `reference`, the main job's engine)
 template          a documented adapter to copy for your own engine
-vllm, sglang      real engines, run in their own venvs (scripts/engine-venv.sh)
+(real engines, run in their own venvs, live in their own rooms: kvcert.conformance.vllm,
+kvcert.conformance.sglang)
 mutants           deliberately broken engines that show the checks have teeth
 loader            `kvcert.engines` entry points and `module:factory`
 """

@@ -5,5 +5,5 @@ explain       why a lookup hits what it hits (`kvcert explain`), with scenario.p
 plan          a model's page plan (`kvcert plan`), model_plan.py its shared options,
               catalog.py + models/ the bundled model files, hf_config.py config.json
 simulate/     hit rates of eviction and placement policies on traces (`kvcert simulate`)
-peers/        models of other engines' planning, for comparison only
+discover      which packages an engine's KV-cache import chain needs (the engine locks)
 """

@@ -28,10 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.contract.plans import MAX_LAYERS
 
-JSON = dict[str, Any]
 HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 TYPE_NAMES = {
     "full_attention": "full",

@@ -27,7 +27,7 @@ from kvcert.conformance.tools.model_plan import (
     checked_plan,
     plan_input,
 )
-from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+from kvcert.conformance.vllm.planner_model import vllm_padded_plan
 from kvcert.reference.planner import Objective, chosen_index, recompute_per_lookup
 
 OBJECTIVES = {

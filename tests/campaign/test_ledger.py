@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvcert.conformance.campaign.vllm_loop import UNKNOWN, Ledger, _Group
+from kvcert.conformance.vllm.campaign.ledger import UNKNOWN, Group, Ledger
 from tests.campaign.fakes import FakeScheduler
 
 BLOCK = 4
 
 
 def _ledger(spec_tokens: int = 0, seed: int = 3) -> Ledger:
-    return Ledger([_Group(BLOCK, "full", target=True, draft=True)], seed, spec_tokens)
+    return Ledger([Group(BLOCK, "full", target=True, draft=True)], seed, spec_tokens)
 
 
 def test_a_hit_whose_next_token_differs_is_unsound_for_the_draft_layers_only():
@@ -108,7 +108,7 @@ def test_async_drafts_in_flight_move_the_runners_start_back():
 
 def _mtp(modules: int = 3, seed: int = 3) -> Ledger:
     """A multi-module MTP drafter: one module per draft token."""
-    return Ledger([_Group(BLOCK, "full", target=True, draft=True)], seed, modules, modules=modules)
+    return Ledger([Group(BLOCK, "full", target=True, draft=True)], seed, modules, modules=modules)
 
 
 def test_mtp_module_s_keys_the_s_plus_one_tokens_after_a_position():
@@ -132,7 +132,7 @@ def test_mtp_module_s_keys_the_s_plus_one_tokens_after_a_position():
 def _draft_kv_is_final(ledger: Ledger, s: FakeScheduler, rid: str, upto: int) -> bool:
     """Every module's KV at every position p < upto holds what it computes from the known
     tokens (module s at p reads tokens up to p + 1 + s)."""
-    from kvcert.conformance.campaign.vllm_loop import identities
+    from kvcert.conformance.vllm.campaign.ledger import identities
 
     known = ledger.tokens(s.requests[rid])
     ident = identities(known, len(known))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvcert.conformance.campaign.vllm_loop import Ledger, _Group
+from kvcert.conformance.vllm.campaign.ledger import Group, Ledger
 from tests.campaign.fakes import FakeScheduler
 
 BLOCK = 4
@@ -15,7 +15,7 @@ BLOCK = 4
 
 def _ledger() -> Ledger:
     """A hybrid of a state group (tables' first) and a full-attention group (second)."""
-    return Ledger([_Group(BLOCK, "mamba"), _Group(BLOCK, "full")])
+    return Ledger([Group(BLOCK, "mamba"), Group(BLOCK, "full")])
 
 
 def test_a_checkpoint_at_a_block_boundary_is_a_sound_hit():
@@ -142,7 +142,7 @@ def _saving_ledger() -> Ledger:
             )
         )
 
-    return Ledger([_Group(BLOCK, "mamba", checkpoint_alignment=1), _Group(BLOCK, "full")],
+    return Ledger([Group(BLOCK, "mamba", checkpoint_alignment=1), Group(BLOCK, "full")],
                   checkpoints=saved)  # fmt: skip
 
 
@@ -171,7 +171,7 @@ def test_a_checkpoint_no_pass_saved_is_an_unsound_hit():
 
 
 def _drafting_pass(rid: str, start: int, known: list[int], drafts: list[int], table: list[int]):
-    from kvcert.conformance.campaign.vllm_loop import _Pass
+    from kvcert.conformance.vllm.campaign.ledger import _Pass
 
     return _Pass(rid, 0, start, 1 + len(drafts), known, drafts, (table,))
 
@@ -181,9 +181,9 @@ def test_drafts_states_follow_the_running_state_and_the_accepted_one_is_read():
     token 5 writes the states after positions 4, 5 and 6 into blocks 1, 2 and 3; one draft
     accepted, the next pass runs in block 2 and starts from the state after position 5 there
     (the accepted one), not from block 1's."""
-    from kvcert.conformance.campaign.vllm_loop import identities
+    from kvcert.conformance.vllm.campaign.ledger import identities
 
-    ledger = Ledger([_Group(BLOCK, "mamba", speculative_blocks=2)])
+    ledger = Ledger([Group(BLOCK, "mamba", speculative_blocks=2)])
     table = [10, 11, 12, 13, 14]
     first = _drafting_pass("a", 4, [1, 2, 3, 4, 5], [6, 7], table)
     ledger._carry_states([first])
@@ -202,9 +202,9 @@ def test_the_state_at_a_boundary_accepted_drafts_cross_is_copied_to_its_block():
     """postprocess_mamba (S=2, B=4): a pass verifying drafts 8 and 9 after token 7 runs in
     block 2; with draft 8 accepted the tokens reach 8, so the state after position 7 (block
     3, the first draft's) is copied into block 1, the boundary's, where a hit of 8 reads it."""
-    from kvcert.conformance.campaign.vllm_loop import identities
+    from kvcert.conformance.vllm.campaign.ledger import identities
 
-    ledger = Ledger([_Group(BLOCK, "mamba", speculative_blocks=2)])
+    ledger = Ledger([Group(BLOCK, "mamba", speculative_blocks=2)])
     tokens = [1, 2, 3, 4, 5, 6, 7]
     one = _drafting_pass("a", 6, tokens, [8, 9], [10, 11, 12, 13, 14])
     ledger._carry_states([one])

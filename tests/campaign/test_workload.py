@@ -306,7 +306,7 @@ def test_without_vllm_the_campaign_says_where_to_run_it(capsys):
 def test_every_broken_twin_says_what_it_breaks_and_ci_plays_it():
     from pathlib import Path
 
-    from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
+    from kvcert.conformance.vllm.campaign.mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
 
     assert CAUGHT_AS.keys() == MUTANTS.keys() | KVCERT_MUTANTS.keys()
     assert not MUTANTS.keys() & KVCERT_MUTANTS.keys()

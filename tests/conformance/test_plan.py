@@ -16,7 +16,7 @@ from kvcert.conformance.tools.catalog import (
     parse_model,
 )
 from kvcert.conformance.tools.hf_config import from_hf_config
-from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+from kvcert.conformance.vllm.planner_model import vllm_padded_plan
 
 REQUIRED_MODELS = {
     "gemma-4-31B",
@@ -162,7 +162,7 @@ def test_vllm_model_refuses_what_it_cannot_model():
 @pytest.mark.parametrize(
     ("model", "groups", "blocks"),
     [
-        # vLLM 0.33.0's own planner gives these (engines/vllm/plan/plan_check.py, 30 GiB, bf16)
+        # vLLM 0.33.0's own planner gives these (kvcert.conformance.vllm.checks.plan, 30 GiB, bf16)
         ("gemma-4-26B-A4B", [("full", 32)] + [("sliding_window", 16)] * 5, 49152),
         ("gpt-oss-120b", [("full", 16), ("sliding_window", 16)], 54613),
         # chunked local: vLLM switches its hybrid manager off, one full-attention group

@@ -4,7 +4,6 @@ and the vLLM adapter's translation checks (vLLM itself runs in scripts/engine-ce
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,15 +12,10 @@ from pathlib import Path
 import pytest
 
 from kvcert.conformance.certify.vector_files import iter_cases
-from kvcert.conformance.engines import sglang
-from kvcert.conformance.engines import vllm as adapter
+from kvcert.conformance.sglang import adapter as sglang
+from kvcert.conformance.vllm import adapter, expected
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("engine_expected", ROOT / "engines" / "expected.py")
-assert SPEC is not None
-assert SPEC.loader is not None
-expected = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(expected)
 RELEASE_DIRS = sorted(p.parent for p in ROOT.glob("engines/*/*/expected.json"))
 # every expected-results file: the hand mode's and the planned modes' (expected-planned*.json)
 EXPECTED_FILES = sorted(ROOT.glob("engines/*/*/expected*.json"))
@@ -190,7 +184,7 @@ def test_the_adapters_import_no_engine_until_used(tmp_path):
         "            tried.append(name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, Recorder())\n"
-        "import kvcert.conformance.engines.vllm, kvcert.conformance.engines.sglang\n"
+        "import kvcert.conformance.vllm.adapter, kvcert.conformance.sglang.adapter\n"
         "print(tried)\n"
     )
     done = subprocess.run(
@@ -250,7 +244,8 @@ def test_sglang_adapter_refuses_bad_json_and_other_suites():
 
 
 @pytest.mark.parametrize("mode", ["", "-planned", "-planned-unmarked"])
-def test_the_results_tables_in_engines_readme_are_the_committed_results(mode):
-    """engines/README.md's per-release tables are `expected.py --table MODE`, verbatim."""
-    text = (ROOT / "engines" / "README.md").read_text(encoding="utf-8")
+def test_the_results_tables_in_the_docs_are_the_committed_results(mode):
+    """docs/engines.md's per-release tables are `kvcert.conformance.vllm.expected --table
+    MODE`, verbatim."""
+    text = (ROOT / "docs" / "engines.md").read_text(encoding="utf-8")
     assert expected.table(mode=mode) in text

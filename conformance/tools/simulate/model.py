@@ -18,14 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.contract.codec import InputError
+from kvcert.conformance.contract.codec import JSON, InputError
 from kvcert.conformance.tools.simulate.traces import TraceRequest
 from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager, Waiting
 from kvcert.reference.scheduling import Placement, next_chunk
-
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)

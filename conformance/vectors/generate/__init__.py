@@ -2,7 +2,8 @@
 [--check]`.
 
 Sources, all deterministic (no clock, fixed seeds, sorted keys):
-* hand-written scenarios: every seed report and every bug in the research notes, by name;
+* hand-written scenarios: every seed report and every vLLM behaviour the probes found
+  (`hit.vllm-c*`), by name;
 * bounded exhaustive enumeration of small hybrid layouts and cache views;
 * seeded random allocator traces over small pools;
 * regressions: failures the stateful machines found, as traces.

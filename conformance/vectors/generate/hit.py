@@ -36,7 +36,8 @@ def _all(n: int) -> list[int]:
 
 
 def hit_scenarios() -> Iterator[JSON]:
-    """Every seed, the vLLM probe cases (research notes §6) and the peer-test examples."""
+    """Every seed, the vLLM probe cases (`hit.vllm-c*`: vLLM's manager's behaviours the
+    probes found, docs/engines.md traces each to a cause) and the peer-test examples."""
     for name in sorted(example_names(), key=lambda n: f"{n}.json"):  # file order
         scenario = load_example(name)
         view = scenario.view

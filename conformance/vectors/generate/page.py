@@ -50,7 +50,7 @@ OBJECTIVE_MODELS = ("deepseek-v4-flash", "qwen3.5-35b-a3b", "gemma-4-31B", "gpt-
 
 
 def objective_scenarios() -> Iterator[JSON]:
-    """PAGE-OBJ-1: the plan each objective picks for the models the README compares."""
+    """PAGE-OBJ-1: the plan each objective picks for the models docs/plan.md compares."""
     for name in OBJECTIVE_MODELS:
         for objective in ("capacity", "balanced", "alignment"):
             yield page_case(

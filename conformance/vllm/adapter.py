@@ -5,25 +5,9 @@ here is imported by kvcert otherwise. The adapter plays vLLM's scheduler, no mor
 the manager from a layout, turns each operation into the calls the scheduler makes, and reads
 the observations back. Which features a release supports is probed, not assumed (`describe`).
 
-Mapping (one line per concept; engines/README.md has the full table):
-
-    layout group          FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec /
-                          MambaSpec(mamba_cache_mode=align|all), one KVCacheGroupSpec each
-    speculative "drop"    KVCacheManager(use_eagle=True); draft groups is_eagle_group=True
-    draft_reach k > 1     num_prefill_lookahead=k (0.33: the drafter's prefill lookahead of
-                          k-module MTP, as VllmConfig.num_prefill_lookahead_tokens sets it)
-    admit                 Request(...) -> get_computed_blocks -> allocate_slots(hit, chunk)
-    extend                append_output_token_ids -> allocate_slots(chunk)
-    end_step              num_computed_tokens += chunk (the scheduler's update), then
-                          new_step_starts(); `registered` counts blocks given a hash since
-                          the previous end_step
-    finish / preempt      KVCacheManager.free(request)
-    reset_cache           KVCacheManager.reset_prefix_cache()
-    waiting               allocate_slots returned None: `needed` is the block count vLLM
-                          compared with its free blocks, `free` that free count
-    hit suite             a first request computes the prompt chunk by chunk (so state groups
-                          checkpoint every block), is freed, and every block the case lists
-                          as uncached is evicted; a second request's lookup is the answer
+docs/engines.md has the mapping, one line per concept (layout group -> KVCacheSpec and
+KVCacheGroupSpec, admit -> Request, get_computed_blocks and allocate_slots, end_step -> the
+scheduler's update and new_step_starts, ...).
 
 Protocol misuse (an unknown request, a chunk still in flight, ...) is refused by the adapter
 before vLLM sees it, as vLLM's scheduler never issues such calls. What a release cannot
@@ -42,55 +26,21 @@ from functools import cache
 from importlib.metadata import version
 from typing import Any
 
+from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.planned import planned
+from kvcert.conformance.vllm.runtime import Unsupported
 
-JSON = dict[str, Any]
 REFUSED: JSON = {"refused": True}
 HUGE_MODEL_LEN = 1 << 20
-
-
-class Unsupported(Exception):
-    """The case needs something this vLLM release cannot express."""
-
-
-@cache
-def vllm_api() -> Any:
-    """vLLM's modules, imported once (6 s) and shared by every session."""
-    import torch
-    from vllm import SamplingParams  # type: ignore[import-not-found]
-    from vllm.lora.request import LoRARequest  # type: ignore[import-not-found]
-    from vllm.v1 import kv_cache_interface as kvi  # type: ignore[import-not-found]
-    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
-    from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
-    from vllm.v1.request import Request  # type: ignore[import-not-found]
-
-    try:
-        from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
-    except ImportError:  # releases before the utils split
-        from vllm.utils import sha256  # type: ignore[import-not-found]
-    kv_cache_utils.init_none_hash(sha256)
-    return _Api(
-        torch, SamplingParams, kvi, kv_cache_utils, KVCacheManager, Request, sha256, LoRARequest
-    )
-
-
-@dataclass(frozen=True)
-class _Api:
-    torch: Any
-    SamplingParams: Any
-    kvi: Any
-    utils: Any
-    KVCacheManager: Any
-    Request: Any
-    sha256: Any
-    LoRARequest: Any
 
 
 def _accepts(function: Any, name: str) -> bool:
     return name in inspect.signature(function).parameters
 
 
-def _spec(api: _Api, group: JSON) -> Any:
+def _spec(api: runtime.Vllm, group: JSON) -> Any:
     kind = group.get("kind")
     size = group["block_size"]
     common = {"block_size": size, "num_kv_heads": 1, "head_size": 1, "dtype": api.torch.float32}
@@ -139,7 +89,7 @@ class Session:
     layout: JSON
     num_blocks: int
     kv_events: bool = True  # BlockStored events count registrations (benchmarks turn them off)
-    mode: str = "hand"  # hand, or a planned mode of vllm_planned (marked | unmarked)
+    mode: str = "hand"  # hand, or a planned mode of `planned` (marked | unmarked)
     flags: tuple[tuple[str, str, Any], ...] = ()  # planned modes: other engine arguments
     running: dict[str, _Running] = field(default_factory=dict)
     lora_ids: dict[str, int] = field(default_factory=dict)
@@ -147,13 +97,11 @@ class Session:
     owner: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.api = vllm_api()
+        self.api = runtime.vllm()
         self.max_model_len = self.layout.get("max_model_len") or HUGE_MODEL_LEN
         if self.mode == "hand":
             self._build_by_hand()
         else:
-            from kvcert.conformance.engines.vllm_planned import planned
-
             built = planned(self.layout, self.num_blocks, self.mode, self.kv_events, self.flags)
             self.manager, self.hasher, self.owner = built.manager, built.hasher, built.owner
         self.pool = self.manager.block_pool
@@ -386,7 +334,7 @@ class Session:
 class VllmEngine:
     """The conformance engine: describe() probes the release, run() drives it. `mode` is how
     the layout reaches vLLM: `hand` (one manager group per layout group, drafts flagged by the
-    adapter) or a planned mode of vllm_planned (`marked`, `unmarked`: through vLLM's planner)."""
+    adapter) or a planned mode of `planned` (`marked`, `unmarked`: through vLLM's planner)."""
 
     def __init__(self, mode: str = "hand", flags: tuple[tuple[str, str, Any], ...] = ()) -> None:
         self.mode = mode
@@ -549,53 +497,3 @@ def make_planned_unmarked_engine() -> VllmEngine:
     """Entry point `vllm-planned-unmarked`: as `vllm-planned`, draft layers left unmarked."""
     make_engine()
     return VllmEngine("unmarked")
-
-
-def weightless_model(max_model_len: int, attention_chunk_size: int | None = None) -> Any:
-    """vLLM's ModelConfig for a one-layer Llama config with no weights, written to a temporary
-    directory: vLLM's scheduler and page planner read only shapes, so the scripts under
-    engines/vllm/ that drive them need no model download. `attention_chunk_size` is what a
-    model with chunked local attention declares (VllmConfig's hybrid-manager rules read it)."""
-    from vllm.config import ModelConfig  # type: ignore[import-not-found]
-
-    extra = {} if attention_chunk_size is None else {"attention_chunk_size": attention_chunk_size}
-    path = _weightless_file(max_model_len, "llama", **extra)
-    return ModelConfig(
-        model=path, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
-    )
-
-
-def weightless_mtp_drafter(max_model_len: int, modules: int) -> str:
-    """The path of a weightless model whose file declares `modules` MTP modules (a MiMo-style
-    Qwen2 config, one of the architectures vLLM's SpeculativeConfig gives a multi-module MTP
-    drafter), for `--speculative-config '{"method": "mtp", "model": PATH, ...}'`."""
-    return _weightless_file(
-        max_model_len,
-        "mtp",
-        architectures=["MiMoForCausalLM"],
-        model_type="qwen2",
-        num_nextn_predict_layers=modules,
-    )
-
-
-def _weightless_file(max_model_len: int, name: str, **overrides: Any) -> str:
-    """A temporary directory holding a one-layer config.json with no weights."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    shape = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 1,
-        "vocab_size": 1000,
-        "max_position_embeddings": max_model_len,
-        **overrides,
-    }
-    path = Path(tempfile.mkdtemp(prefix=f"kvcert-weightless-{name}-"))
-    (path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
-    return str(path)

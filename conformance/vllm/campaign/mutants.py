@@ -1,43 +1,8 @@
-"""Broken twins of vLLM for the campaign's oracle: each switches off one safeguard of vLLM's
-prefix cache, so the ledger must find a violation where the real release is sound.
-
-A campaign that finds nothing proves little unless it is seen to fail where it should:
-`kvcert fuzz --mutant NAME` plays the same workloads against vLLM with one of these applied
-after EngineCore's wiring; CI requires each to be caught (engines/vllm/campaign/check.py).
-
-    no-eagle-drop        the hybrid coordinator drops no block of an EAGLE group's hit, so
-                         a hit ending at a block boundary keeps draft KV computed from the
-                         next token of whichever request wrote it (the `drop` keying)
-    no-lookahead-hashes  requests are hashed without the drafter's next tokens (0.33's
-                         default `exact` keying), with the same consequence
-    no-aligned-split     the scheduler cuts prefill chunks without Mamba align mode's block
-                         alignment, so a full block can be cached holding the running state of
-                         a position inside it, not the state at its boundary
-
-Twins of kvcert's own manager (`kvcert fuzz --kvcert --mutant NAME`), so the campaign
-through kvcert's Scheduler is seen to fail too:
-
-    kvcert-state-source-released
-                         ALLOC-HOLD-1 as kvcert stated it before 2026-11-24: a state group in
-                         align mode holds only its running state's position, releasing the one
-                         vLLM's runner copies the state from (the hit's checkpoint, or the
-                         previous step's running state) before that copy runs
-    kvcert-tables-without-nulls
-                         the blocks handed to a running request leave out the null blocks of
-                         skipped positions, so the runner's append-only table shifts them into
-                         the wrong columns (a state group skips every column but its last)
-    kvcert-checkpoint-a-block-early
-                         the inner checkpoint passed to the allocator is one block before
-                         the one vLLM's runner saves (a column index taken for a boundary):
-                         kvcert holds and registers a block the runner never writes
-    kvcert-no-draft-state-blocks
-                         ALLOC-SPEC-1 forgotten: a decode chunk of a state hybrid with drafts
-                         holds its running state's block only
-    kvcert-draft-reach-ignored
-                         a multi-module MTP drafter (module s reads s + 1 tokens ahead) keyed
-                         and registered as an EAGLE head: blocks hit and cached before the
-                         tokens their later modules read are known (HASH-DRAFT-1,
-                         ALLOC-COMMIT-1)
+"""Broken twins for the campaign's oracle: each switches off one safeguard, of vLLM's prefix
+cache (`kvcert fuzz --mutant NAME`) or of kvcert's manager (`--kvcert --mutant NAME`), so the
+ledger must find a violation where the real code is sound. A campaign that finds nothing
+proves little unless it is seen to fail where it should: CI requires each twin to be caught
+(kvcert.conformance.vllm.campaign.check); each function says what its twin breaks.
 """
 
 from __future__ import annotations
@@ -46,8 +11,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from kvcert.conformance.vllm import runtime
+from kvcert.reference import manager as planning
+from kvcert.reference.config import GroupConfig, Kind, MambaMode
+from kvcert.reference.groups import first_read, table_end
+from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
+
 
 def _no_eagle_drop(wired: Any) -> None:
+    """The hybrid coordinator drops no block of an EAGLE group's hit, so a hit ending at a
+    block boundary keeps draft KV computed from the next token of whichever request wrote it
+    (the `drop` keying)."""
     scheduler = wired.scheduler
     coordinator = scheduler.kv_cache_manager.coordinator
     if hasattr(coordinator, "drop_eagle_group_ids"):  # 0.33
@@ -59,30 +33,35 @@ def _no_eagle_drop(wired: Any) -> None:
 
 
 def _no_lookahead_hashes(wired: Any) -> None:
-    from kvcert.conformance.engines.vllm_wiring import modules  # noqa: PLC0415
-
-    v = modules()
-    wired.hasher = v["utils"].get_request_block_hasher(wired.hash_block, v["sha256"])
+    """Requests hashed without the drafter's next tokens (0.33's default `exact` keying),
+    with the same consequence as no-eagle-drop."""
+    v = runtime.vllm()
+    wired.hasher = v.utils.get_request_block_hasher(wired.hash_block, v.sha256)
 
 
 def _no_aligned_split(wired: Any) -> None:
+    """The scheduler cuts prefill chunks without Mamba align mode's block alignment, so a full
+    block can be cached holding the running state of a position inside it."""
     wired.scheduler.need_mamba_block_aligned_split = False
 
 
 def _kvcert_state_source_released(wired: Any) -> None:
-    from kvcert.reference import manager  # noqa: PLC0415
-    from kvcert.reference.config import GroupConfig, Kind, MambaMode  # noqa: PLC0415
-    from kvcert.reference.groups import first_read  # noqa: PLC0415
+    """ALLOC-HOLD-1 as kvcert stated it before 2026-11-24: a state group in align mode holds
+    only its running state's position, releasing the one vLLM's runner copies the state from
+    (the hit's checkpoint, or the previous step's running state) before that copy runs."""
 
     def running_state_only(group: GroupConfig, computed: int, end: int) -> int:
         if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
             return -(-end // group.block_size) - 1
         return first_read(group, computed, end)
 
-    vars(manager)["first_read"] = running_state_only  # this process only
+    vars(planning)["first_read"] = running_state_only  # this process only
 
 
 def _kvcert_tables_without_nulls(wired: Any) -> None:
+    """The blocks handed to a running request leave out the null blocks of skipped positions,
+    so the runner's append-only table shifts them into the wrong columns (a state group skips
+    every column but its last)."""
     manager = wired.scheduler.kv_cache_manager
     handed_out = manager._handed_out
 
@@ -97,8 +76,9 @@ def _kvcert_tables_without_nulls(wired: Any) -> None:
 
 
 def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
-    from kvcert.reference.vllm.checkpoints import RunnerCheckpoints  # noqa: PLC0415
-
+    """The inner checkpoint passed to the allocator is one block before the one vLLM's runner
+    saves (a column index taken for a boundary): kvcert holds and registers a block the
+    runner never writes."""
     manager = wired.scheduler.kv_cache_manager
     runner = manager._runner_checkpoints
     if runner is None:
@@ -116,16 +96,13 @@ def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
 def _kvcert_no_draft_state_blocks(wired: Any) -> None:
     """ALLOC-SPEC-1 forgotten: a decode chunk holds its running state's block only, and the
     integration's own check of the runner's columns is off, so the oracle must catch it."""
-    from kvcert.reference import manager as core  # noqa: PLC0415
-    from kvcert.reference.config import GroupConfig  # noqa: PLC0415
-    from kvcert.reference.groups import table_end  # noqa: PLC0415
 
     def running_state_only(
         group: GroupConfig, end: int, decoding: bool, limit: int | None = None
     ) -> int:
         return table_end(group, end, False, limit)  # every chunk as a prefill one
 
-    vars(core)["table_end"] = running_state_only  # this process only
+    vars(planning)["table_end"] = running_state_only  # this process only
     vars(wired.scheduler.kv_cache_manager)["_check_runner_columns"] = lambda *_: None
 
 

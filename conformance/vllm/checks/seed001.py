@@ -2,10 +2,10 @@
 
 Run in the vLLM venv (`scripts/engine-venv.sh vllm 0.33.0`):
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/seed001.py
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.seed001
 
 The scenario is `kvcert simulate deepseek-v4-flash --trace resend --budget 2048
---pool-requests 2` (README, seed 001): prompts A, A, B, A of 8,192 tokens, one after the
+--pool-requests 2` (docs/simulate.md, seed 001): prompts A, A, B, A of 8,192 tokens, one after the
 other, prefilled in 2,048-token chunks, in a pool of two working sets. It is served three
 times by vLLM's own `Scheduler` (scheduling, chunking, the model runner's outputs): with
 vLLM's KVCacheManager, and with kvcert.reference.vllm's (its Scheduler subclass) under the
@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -47,9 +46,9 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.cli import build_parser
-from kvcert.conformance.engines.vllm import weightless_model
 from kvcert.conformance.tools.simulate.cli import load_config, load_trace, policies_of
 from kvcert.conformance.tools.simulate.model import compare
+from kvcert.conformance.vllm import runtime
 from kvcert.reference.config import Eviction, Kind
 from kvcert.reference.vllm import AsyncScheduler as KvcertAsyncScheduler
 from kvcert.reference.vllm import Scheduler as KvcertScheduler
@@ -94,14 +93,11 @@ def serve(cls: type, config: Any, trace: list[Any], num_blocks: int,
     """Each send's adopted hit, the requests served one after another by `cls`;
     `asynchronous`: as vLLM's engine drives an AsyncScheduler, step N+1 scheduled before
     step N's output is read (two steps in flight)."""
-    vllm_config = VllmConfig(
-        model_config=weightless_model(MAX_LEN),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_model_len=MAX_LEN, is_encoder_decoder=False, max_num_batched_tokens=2048,
-            max_num_seqs=8, async_scheduling=asynchronous,
-        ),
+    vllm_config = runtime.engine_config(
+        runtime.Settings(
+            max_len=MAX_LEN, block_size=16, budget=2048, max_num_seqs=8,
+            async_scheduling=asynchronous,
+        )
     )  # fmt: skip
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     groups = vllm_groups(config)

@@ -1,15 +1,15 @@
 """engines/vllm/campaign/RESULTS.md's table, from the committed `kvcert fuzz` reports.
 
-    python engines/vllm/campaign/results.py            # print the table
-    python engines/vllm/campaign/results.py --write    # rewrite it inside RESULTS.md
-    python engines/vllm/campaign/results.py --headline 0.33.0   # the README's sentence
-    python engines/vllm/campaign/results.py --import REPORT.json  # commit a run's report
+    python -m kvcert.conformance.vllm.campaign.results            # print the table
+    python -m kvcert.conformance.vllm.campaign.results --write    # rewrite it inside RESULTS.md
+    python -m kvcert.conformance.vllm.campaign.results --headline 0.33.0   # docs/campaign.md's
+    python -m kvcert.conformance.vllm.campaign.results --import REPORT.json  # commit a run's report
 
 Each release directory holds the JSON reports of two runs (`kvcert fuzz --runs N --json
 REPORT.json`, and the same with `--fix`), made in that release's venv and imported as
 fuzz.json and fuzz-fix.json without the shrunk workloads (the seed regenerates each; `--save`
 writes them as regression files). The table is their summary, so every figure in RESULTS.md
-(and the README's, which a test checks against it) is what a committed report says.
+(and docs/campaign.md's, which a test checks against it) is what a committed report says.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.campaign.command import finding_class, finding_role
+from kvcert.conformance.vllm import checkout
 
-HERE = Path(__file__).resolve().parent
+HERE = checkout() / "engines" / "vllm" / "campaign"  # RESULTS.md beside the regressions
 RELEASES = HERE.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -112,7 +113,7 @@ def _tally(report: dict[str, Any]) -> str:
 
 
 def headline(release: str) -> str:
-    """The README's sentence about one release's two runs."""
+    """docs/campaign.md's sentence about one release's two runs."""
     pair = {r["fix"]: r for name, r in reports() if name == release}
     plain, fixed = pair[False], pair[True]
     target = sorted((v for v in plain["violations"] if finding_role(v) == "target"),
@@ -129,8 +130,8 @@ def headline(release: str) -> str:
 
 def import_report(path: Path) -> Path:
     """Copy a run's report into its release's directory, shrunk workloads left out."""
-    report = json.loads(path.read_text(encoding="utf-8"))
-    release = report["engine"].split()[-1]
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    release: str = report["engine"].split()[-1]
     if report.get("mutant") or not (RELEASES / release).is_dir():
         raise SystemExit(f"{path}: not a plain or --fix run on a pinned vLLM release")
     for finding in report["violations"]:

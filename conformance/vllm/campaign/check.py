@@ -1,8 +1,8 @@
 """What CI requires of the soundness campaign on a vLLM release (run in its venv).
 
-    python engines/vllm/campaign/check.py REPORTS_DIR      # CI, on 0.33.0
-    python engines/vllm/campaign/check.py --regressions    # the long tier, on every release
-    python engines/vllm/campaign/check.py --kvcert REPORTS_DIR   # CI: kvcert's manager
+    python -m kvcert.conformance.vllm.campaign.check REPORTS_DIR   # CI, on 0.33.0
+    python -m kvcert.conformance.vllm.campaign.check --regressions  # long tier, every release
+    python -m kvcert.conformance.vllm.campaign.check --kvcert REPORTS_DIR  # kvcert's manager
 
 REPORTS_DIR holds the `--json` reports of four 400-seed runs of `kvcert fuzz` (`plain.json`,
 `fix.json`, and `mutant-NAME.json` for each broken twin, made with `--fix --mutant NAME`).
@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.campaign.command import finding_class, finding_role
-from kvcert.conformance.campaign.vllm_loop import play
-from kvcert.conformance.campaign.vllm_mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.campaign.workload import Workload
+from kvcert.conformance.vllm import checkout
+from kvcert.conformance.vllm.campaign.loop import play
+from kvcert.conformance.vllm.campaign.mutants import CAUGHT_AS, KVCERT_MUTANTS, MUTANTS
 
-HERE = Path(__file__).resolve().parent
+HERE = checkout() / "engines" / "vllm" / "campaign"  # the committed regressions
 DRAFT_UNDER_DROP = "unsound read of draft KV, drop keying"
 
 
@@ -49,7 +50,8 @@ def _classes(report: dict[str, Any]) -> set[str]:
 
 def requirements(reports: Path) -> list[tuple[str, bool]]:
     def load(name: str) -> dict[str, Any]:
-        return json.loads((reports / name).read_text(encoding="utf-8"))
+        report: dict[str, Any] = json.loads((reports / name).read_text(encoding="utf-8"))
+        return report
 
     plain, fixed = load("plain.json"), load("fix.json")
     out = [

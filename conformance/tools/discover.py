@@ -2,9 +2,10 @@
 
 Run with the Python of a venv holding CPU torch and the engine's wheel installed --no-deps:
 
-    .engines/vllm-0.33.0/bin/python engines/discover.py vllm vllm.v1.core.kv_cache_manager
-    .engines/sglang-0.5.23/bin/python engines/discover.py sglang \
-        kvcert.conformance.engines.sglang:prepare_import sglang.srt.mem_cache.radix_cache
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.tools.discover vllm \
+        vllm.v1.core.kv_cache_manager
+    .engines/sglang-0.5.23/bin/python -m kvcert.conformance.tools.discover sglang \
+        kvcert.conformance.sglang.adapter:prepare_import sglang.srt.mem_cache.radix_cache
 
 A `module:function` argument is called instead of imported (set-up before the imports).
 

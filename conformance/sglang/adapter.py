@@ -2,7 +2,7 @@
 
 Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang 0.5.23`). SGLang keeps
 the KV cache as a radix tree of token runs, not as per-group block tables, so only part of
-the suite maps (engines/README.md has the table):
+the suite maps (docs/engines.md has the table):
 
     one full-attention group, block size B                RadixCache(page_size=B)
     full + sliding window W, one block size B             UnifiedRadixCache (FULL, SWA) over
@@ -36,9 +36,9 @@ from functools import cache
 from importlib.metadata import version
 from typing import Any
 
+from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
 
-JSON = dict[str, Any]
 REFUSED: JSON = {"refused": True}
 # sglang modules that import torchvision at import time and are off the radix-cache path.
 VISION_MODULES = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
@@ -92,8 +92,8 @@ def prepare_import() -> None:
 def sglang_api() -> Any:
     """SGLang's radix cache module, imported once (5 s)."""
     prepare_import()
-    from sglang.srt.mem_cache import radix_cache  # type: ignore[import-not-found]
-    from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache import radix_cache
+    from sglang.srt.mem_cache.base_prefix_cache import (
         InsertParams,
         MatchPrefixParams,
     )
@@ -106,18 +106,18 @@ def unified_api() -> types.SimpleNamespace:
     """SGLang's unified radix tree with its full and SWA components, and their pools."""
     prepare_import()
     import torch
-    from sglang.srt.mem_cache.allocator.swa import (  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.allocator.swa import (
         SWATokenToKVPoolAllocator,
     )
-    from sglang.srt.mem_cache.cache_init_params import (  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.cache_init_params import (
         CacheInitParams,
     )
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # type: ignore[import-not-found]
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # type: ignore[import-not-found]
-    from sglang.srt.mem_cache.unified_cache.components import (  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components import (
         ComponentType,
     )
-    from sglang.srt.mem_cache.unified_radix_cache import (  # type: ignore[import-not-found]
+    from sglang.srt.mem_cache.unified_radix_cache import (
         UnifiedRadixCache,
     )
 

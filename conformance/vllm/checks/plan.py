@@ -1,12 +1,12 @@
 """Check kvcert's model of vLLM's page planning against vLLM's own planner.
 
-`kvcert plan --compare` prints what vLLM 0.26-0.33 would plan (`vllm_padded_plan`, a model
-written from the research notes), and the project's page-planning figures lean on it. This
+`kvcert plan --compare` prints what vLLM 0.26-0.33 would plan (`vllm_padded_plan`,
+kvcert's own model of that planner), and the project's page-planning figures lean on it. This
 runs vLLM's real planner (`get_kv_cache_groups`, `get_kv_cache_config_from_groups`) on the
 same bundled models and compares page size, number of blocks and the groups (kind, block
 size, how many), model by model:
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/plan/plan_check.py [--memory GIB]
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.plan [--memory GIB]
 
 Models whose layers vLLM would build from kernels we cannot name here (Mamba/GDN state
 shapes, DeepSeek-V4 compressed latents) are listed as not compared, with the reason.
@@ -21,8 +21,6 @@ import sys
 from collections import Counter
 from typing import Any
 
-from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
-from vllm.v1.attention.backends.utils import record_kv_cache_layout
 from vllm.v1.core.kv_cache_planning import (
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
@@ -30,28 +28,27 @@ from vllm.v1.core.kv_cache_planning import (
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec
 
 from kvcert.conformance.contract.plans import plan_input_from_json
-from kvcert.conformance.engines.vllm import weightless_model
-from kvcert.conformance.engines.vllm_layers import NotCompared, kind_of, spec_of
 from kvcert.conformance.tools.catalog import load_model, model_names
-from kvcert.conformance.tools.peers.vllm_plan import vllm_padded_plan
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.layers import NotCompared, kind_of, spec_of
+from kvcert.conformance.vllm.planner_model import vllm_padded_plan
+from kvcert.spec.plan import PlanInput
 
 GIB = 1 << 30
 
 
-def vllm_config(block_size: int) -> VllmConfig:
-    """A config of a weightless tiny model: the planner reads only cache and scheduler."""
-    config = VllmConfig(
-        model_config=weightless_model(4096),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(max_model_len=4096, is_encoder_decoder=False),
-    )
-    # The engine core resolves one layout from the backends; the page math ignores it.
-    record_kv_cache_layout(config.cache_config, "LBNHC")
-    return config
+def vllm_config(block_size: int) -> Any:
+    """A config of a weightless tiny model, vLLM's scheduler defaults: the planner reads
+    only cache and scheduler."""
+    return runtime.engine_config(
+        runtime.Settings(
+            max_len=4096, block_size=block_size, budget=2048, max_num_seqs=128,
+            async_scheduling=None,
+        )
+    )  # fmt: skip
 
 
-def real_plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int) -> dict[str, Any]:
+def real_plan(config: Any, specs: dict[str, KVCacheSpec], memory: int) -> dict[str, Any]:
     # What VllmConfig decides on a GPU (this CPU platform would switch the hybrid manager
     # off): on, except with chunked local attention, where vLLM turns it off by default
     # (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset) and allocates those layers
@@ -69,7 +66,7 @@ def real_plan(config: VllmConfig, specs: dict[str, KVCacheSpec], memory: int) ->
     }
 
 
-def modelled_plan(plan_input: object) -> dict[str, Any] | str:
+def modelled_plan(plan_input: PlanInput) -> dict[str, Any] | str:
     plan = vllm_padded_plan(plan_input)
     if "refused" in plan:
         return str(plan["refused"])

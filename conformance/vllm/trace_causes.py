@@ -1,6 +1,6 @@
 """Trace each difference of a planned-mode certification to the vLLM flag it follows.
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/trace_causes.py REPORT MODE TRACE.json
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.trace_causes REPORT MODE TRACE.json
 
 For every case the report lists as failed or errored, the case is run again through the same
 planned mode with one engine argument changed from vLLM's default at a time (each only where
@@ -9,7 +9,8 @@ that then passes follows that flag: the difference is vLLM's default behaviour, 
 adapter's and not chance. A case that then fails exactly as in the hand mode has the flag's
 difference on top of the hand mode's (known) one. The trace file (case id -> the flags under
 which it passes, those under which it fails as the hand mode does, whether the hand mode
-passes) is what engines/expected.py reads to name the cause of each planned-mode difference.
+passes) is what kvcert.conformance.vllm.expected reads to name the cause of each planned-mode
+difference.
 """
 
 from __future__ import annotations
@@ -22,26 +23,26 @@ from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.contract.compare import compare_alloc, compare_hit
-from kvcert.conformance.engines import vllm_wiring as wiring
-from kvcert.conformance.engines.vllm import VllmEngine
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.adapter import VllmEngine
 
 COMPARE = {"hit": compare_hit, "alloc": compare_alloc}
 
 
 def candidate_flags() -> dict[str, tuple[tuple[str, str, Any], ...]]:
     """Each engine argument to try, by name, where this release has it."""
-    v = wiring.modules()
-    cache_fields = {f.name for f in dataclasses.fields(v["CacheConfig"])}
+    v = runtime.vllm()
+    cache_fields = {f.name for f in dataclasses.fields(v.CacheConfig)}
     out: dict[str, tuple[tuple[str, str, Any], ...]] = {}
     if "prefix_cache_retention_interval" in cache_fields:
         out["dense-retention"] = (("cache", "prefix_cache_retention_interval", None),)
-    if wiring.has_lookahead_hashes():
+    if runtime.has_lookahead_hashes():
         out["no-lookahead-hashes"] = (("speculative", "disable_lookahead_block_hashes", True),)
     envs = __import__("vllm.envs", fromlist=["environment_variables"])
     chunked = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
     if chunked in getattr(envs, "environment_variables", {}):
         out["chunked-local-hybrid"] = (("env", chunked, "1"),)
-    spec_fields = {f.name for f in dataclasses.fields(v["SpeculativeConfig"])}
+    spec_fields = {f.name for f in dataclasses.fields(v.SpeculativeConfig)}
     if "disable_eagle_block_drop" in spec_fields:
         out["no-block-drop"] = (("speculative", "disable_eagle_block_drop", True),)
     return out

@@ -4,30 +4,10 @@ The hand mode (`vllm`) gives vLLM's KVCacheManager one group per layout group an
 groups itself. Real models never do that: vLLM builds its groups from per-layer specs with its
 own planner (merging layers whose specs are equal, or all layers of one attention type),
 unifies their page sizes by changing block sizes, and decides in its own code which groups get
-EAGLE handling. Here every layout group becomes one layer and vLLM does the rest:
-
-    layout group                  one layer `model.layers.{i}.attn`, its spec built as the
-                                  attention backend publishes it: block size --block-size
-                                  (the smallest attention block of the layout), heads and dtype
-                                  from the group's `shape` (format /2) or, without one, derived
-                                  so that page unification gives the group its block size
-                                  (fp16, one KV head, head size lcm(blocks) / block)
-    state group                   a MambaSpec of the layout's block size and mode, its page as
-                                  large as the attention page (vLLM pads state pages)
-    speculative drop / exact      a real SpeculativeConfig (method eagle); on 0.33 `drop` sets
-                                  disable_lookahead_block_hashes (its documented fallback) and
-                                  `exact` keeps the default lookahead hashes
-    draft_reach k > 1             method mtp with k modules and k drafts per step (a draft
-                                  model file declaring k modules), so VllmConfig sets the
-                                  prefill lookahead (and on 0.33 the hash lookahead) to k
-    draft group (mode `marked`)   its layer's spec says is_draft, as 0.33's EAGLE/MTP model
-                                  runners mark the drafter's layers; the planner flags the
-                                  groups holding one. Mode `unmarked`: no layer says so (a
-                                  drafter that does not mark its layers), and the release's
-                                  fallback applies (every group)
-    groups, pool, scheduler       vllm_wiring.plan / wire: the release's planner, EngineCore's
-                                  wiring; the adapter then plays the scheduler's calls on the
-                                  manager the Scheduler built
+EAGLE handling. Here every layout group becomes one layer (its spec as the attention
+backend publishes it; drafters as real SpeculativeConfigs, their layers marked `is_draft` in
+mode `marked` or not in mode `unmarked`) and vLLM does the rest through `runtime.plan` and
+`runtime.wire`; docs/engines.md has the step-by-step table.
 
 A layout vLLM's planner does not reproduce (another block size, two groups merged into one
 block table where the case needs them apart) is answered `unsupported` with what vLLM made of
@@ -43,13 +23,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvcert.conformance.engines import vllm_wiring as wiring
-from kvcert.conformance.engines.vllm import Unsupported
-from kvcert.conformance.engines.vllm_layers import NotCompared, spec_of
+from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.layers import NotCompared, spec_of
+from kvcert.conformance.vllm.runtime import Unsupported
 from kvcert.spec.layers import AttentionKind, AttentionLayer, KVDtype
 
-JSON = dict[str, Any]
-MODES = ("marked", "unmarked")
 KINDS = {
     "full": AttentionKind.FULL,
     "sliding_window": AttentionKind.SLIDING_WINDOW,
@@ -76,9 +55,7 @@ def _shape(group: JSON, unit: int) -> tuple[AttentionLayer, KVDtype]:
 def layer_specs(layout: JSON, block_size: int, mark_drafts: bool) -> dict[str, Any]:
     """Per-layer KVCacheSpecs, one layer per layout group, as the model's backends publish
     them (before vLLM's planner unifies pages)."""
-    v = wiring.modules()
-    from vllm.v1.kv_cache_interface import MambaSpec  # type: ignore[import-not-found]  # noqa: PLC0415
-
+    v = runtime.vllm()
     groups = layout["groups"]
     attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
     unit = math.lcm(*attention) if attention else 1
@@ -91,22 +68,22 @@ def layer_specs(layout: JSON, block_size: int, mark_drafts: bool) -> dict[str, A
             spec = spec_of(layer, dtype, block_size)
         except NotCompared as why:
             raise NotReachable(str(why)) from None
-        if group.get("draft") and mark_drafts and wiring.marks_draft_layers():
+        if group.get("draft") and mark_drafts and runtime.marks_draft_layers():
             spec = dataclasses.replace(spec, is_draft=True)
         specs[_layer_name(i, group)] = spec
     page = max((s.page_size_bytes for s in specs.values()), default=64)
     for i, group in enumerate(groups):
         if group["kind"] != "mamba":
             continue
-        fields = {f.name for f in dataclasses.fields(MambaSpec)}
+        fields = {f.name for f in dataclasses.fields(v.kvi.MambaSpec)}
         if "mamba_cache_mode" not in fields:
             raise NotReachable("this release has no Mamba prefix-cache modes")
         if group.get("mode", "all") == "none":
             raise NotReachable("mamba mode none disables prefix caching for the whole model")
-        specs[_layer_name(i, group)] = MambaSpec(
+        specs[_layer_name(i, group)] = v.kvi.MambaSpec(
             block_size=group["block_size"],
             shapes=((page,),),
-            dtypes=(v["torch"].uint8,),
+            dtypes=(v.torch.uint8,),
             mamba_cache_mode=group.get("mode", "all"),
         )
     # in model order: vLLM's planner orders its groups by the layers it meets first
@@ -148,7 +125,7 @@ def planned(
     groups = layout["groups"]
     reach = layout.get("draft_reach", 1)
     attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
-    settings = wiring.Settings(
+    settings = runtime.Settings(
         max_len=layout.get("max_model_len") or 1 << 20,
         block_size=min(attention) if attention else min(g["block_size"] for g in groups),
         speculative=layout.get("speculative"),
@@ -161,12 +138,12 @@ def planned(
         ),
     )
     try:
-        config = wiring.engine_config(settings)
-    except wiring.NoSuchFlag as why:
+        config = runtime.engine_config(settings)
+    except runtime.NoSuchFlag as why:
         raise NotReachable(str(why)) from None
     specs = layer_specs(layout, settings.block_size, mark_drafts=mode == "marked")
     try:
-        kv_groups = wiring.plan(config, specs)
+        kv_groups = runtime.plan(config, specs)
     except (NotImplementedError, AssertionError, ValueError) as error:
         raise NotReachable(f"vLLM's planner refuses these layers: {error}") from None
     owner = []
@@ -181,7 +158,7 @@ def planned(
                 f"{group['block_size']} ({_describe(kv_groups)})"
             )
         owner.append(holders[0])
-    wired = wiring.wire(config, kv_groups, num_blocks - 1, per_group=False)
+    wired = runtime.wire(config, kv_groups, num_blocks - 1, per_group=False)
     manager = wired.scheduler.kv_cache_manager
     # The adapter counts registrations from BlockStored events. They are switched on in the
     # pool, not by --kv-events-config: up to 0.19 that flag also turns the hybrid manager off,

@@ -8,10 +8,10 @@
 # build turns VLLM_TARGET_DEVICE to "empty" and the metadata version becomes VERSION+empty,
 # which pip then refuses for the pin. A "vllm @ URL#sha256=..." reference is checked by hash,
 # not by version, so the same build is accepted. Cached: a second call does nothing.
-# Usage: engines/vllm/own_tests/fetch.sh 0.33.0   (prints the tests dir last)
+# Usage: scripts/vllm-own-tests-fetch.sh 0.33.0   (prints the tests dir last)
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-version=${1:?usage: fetch.sh VERSION}
+cd "$(dirname "$0")/.."
+version=${1:?usage: vllm-own-tests-fetch.sh VERSION}
 url=$(grep -v '^#' "engines/vllm/$version/sdist.txt" | head -1)
 venv=$(bash scripts/engine-venv.sh vllm "$version" | tail -1)
 dest=$PWD/.engines/vllm-$version-tests

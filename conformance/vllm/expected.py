@@ -1,13 +1,15 @@
 """Write a release's expected-results file from a certification report, one reason per case.
 
-    python engines/expected.py .engines/vllm-0.33.0.report.json > engines/vllm/0.33.0/expected.json
-    python engines/expected.py REPORT TRACE > engines/vllm/0.33.0/expected-planned.json
-    python engines/expected.py --table [-planned | -planned-unmarked]   # engines/README.md
+    python -m kvcert.conformance.vllm.expected REPORT > engines/vllm/0.33.0/expected.json
+    python -m kvcert.conformance.vllm.expected REPORT TRACE > .../0.33.0/expected-planned.json
+    python -m kvcert.conformance.vllm.expected --table [-planned | -planned-unmarked]
 
-A planned mode's report comes with the trace of engines/vllm/trace_causes.py (which vLLM flag
-each difference follows); its causes are read from there first.
+(REPORT: scripts/engine-certify.sh's .engines/vllm-0.33.0.report.json; --table: the tables of
+docs/engines.md.) A planned mode's report comes with the trace of
+kvcert.conformance.vllm.trace_causes (which vLLM flag each difference follows); its causes are
+read from there first.
 
-Every unexpected result gets the cause it was traced to (engines/vllm/README.md explains each
+Every unexpected result gets the cause it was traced to (docs/engines.md explains each
 cause with its evidence). A failure that matches no known cause is written as "uninvestigated":
 such entries are open work, never a reason to stop looking.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.contract.compare import REFUSED_VALID
+from kvcert.conformance.vllm import checkout
 
 CAUSES = {
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
@@ -57,7 +60,7 @@ CAUSES = {
     "equal-specs": "vLLM <= 0.28's HybridKVCacheCoordinator asserts that two groups have "
     "different specs (its planner merges equal ones, draft layers included); 0.33 accepts them",
     "preempt-in-flight": "known upstream, open PR vllm#43569 (wrong output, reproduced "
-    "through vLLM's own Scheduler by engines/vllm/repro/preempt_in_flight.py): a request "
+    "through vLLM's own Scheduler by kvcert.conformance.vllm.checks.preempt_in_flight): a request "
     "released in the step that scheduled it leaves the blocks of its unwritten chunk "
     "registered, because vLLM caches at allocate_slots; vLLM's priority scheduler preempts "
     "requests already scheduled in the step (sched/scheduler.py). The spec registers only "
@@ -68,7 +71,7 @@ CAUSES = {
     "eagle-drop": "vllm#32802 family: the EAGLE last-block drop loses more than one block. "
     "<= 0.15.0 spirals to 0 (PR #33524 fixed one full plus one other group in 0.16.0); "
     "<= 0.19.1 drops once per group pass and spirals with three or more attention groups "
-    "(both fixed in 0.20.0, research notes §6 C1-C4b)",
+    "(both fixed in 0.20.0, vectors hit.vllm-c1 to hit.vllm-c4b)",
     "eagle-block-sizes": "vllm#39450 era: EAGLE with groups of different block sizes asserts "
     "'aligned_length is not compatible with eagle' (fixed in 0.19.1)",
     "eagle-chunked-local": "new (limitation): vLLM asserts 'Hybrid KV cache is not supported "
@@ -84,7 +87,7 @@ CAUSES = {
     "block until it is evicted (ALLOC-COMMIT-1), so vLLM hits less and registers fewer "
     "blocks. Every such case passes with --prefix-cache-retention-interval None (dense), or "
     "then differs exactly as the hand mode does for that mode's cause "
-    "(engines/vllm/trace_causes.py). A memory-for-hit-rate choice, not a wrong answer",
+    "(kvcert.conformance.vllm.trace_causes). A memory-for-hit-rate choice, not a wrong answer",
     "eagle-fallback-drops": "a drafter whose layers vLLM does not identify gets the "
     "release's fallback, every group flagged for EAGLE (0.33: a drafter that does not mark its "
     "layers, mode unmarked; before 0.33 every drafter but DeepSeek-V4's MTP layer): each "
@@ -124,7 +127,7 @@ CAUSES = {
     "reaches it; no vLLM issue found (2026-11-25)",
     "uninvestigated": "uninvestigated: the first divergence is not yet traced to a cause",
 }
-# Flags engines/vllm/trace_causes.py turns from vLLM's default, and the cause a case follows
+# Flags kvcert.conformance.vllm.trace_causes turns from vLLM's default, and the cause a case follows
 # when it passes with that flag alone.
 TRACED = {"dense-retention": "sparse-retention"}
 VALIDATION = {
@@ -183,7 +186,7 @@ def _blocks_past_hit(detail: str) -> bool:
     if not found:
         return False
 
-    def flat(runs: list[list[int | None]]) -> list[int | None]:
+    def flat(runs: list[tuple[int | None, int]]) -> list[int | None]:
         return [None if start is None else start + i for start, n in runs for i in range(n)]
 
     got, want = (ast.literal_eval(found.group(i)) for i in (1, 2))
@@ -315,6 +318,9 @@ def classify(
     }
 
 
+NO_PROFILE = "none (see docs/engines.md: free order)"  # a RESULTS line, when none is claimed
+
+
 def markdown(report: dict[str, Any], traces: dict[str, Any] | None = None) -> str:
     """The results document of one release (and adapter mode)."""
     engine = report["engine"]
@@ -322,11 +328,11 @@ def markdown(report: dict[str, Any], traces: dict[str, Any] | None = None) -> st
     lines = [
         f"# {engine['name']} {engine['version']}: conformance results",
         "",
-        "Generated by `python engines/expected.py --markdown REPORT` from "
-        "`scripts/engine-certify.sh`'s report; engines/README.md explains each cause.",
+        "Generated by `python -m kvcert.conformance.vllm.expected --markdown REPORT` from "
+        "`scripts/engine-certify.sh`'s report; docs/engines.md explains each cause.",
         "",
         f"* features claimed: {', '.join(engine['features'])}",
-        f"* profiles claimed: {', '.join(engine['profiles']) or 'none (see README: free order)'}",
+        f"* profiles claimed: {', '.join(engine['profiles']) or NO_PROFILE}",
         f"* counts: {json.dumps(report['counts'], sort_keys=True)}",
         "",
         "| cause | cases | first example (what differed) |",
@@ -365,10 +371,10 @@ def _version_key(path: Path) -> tuple[int, ...]:
 
 
 def table(engine: str = "vllm", mode: str = "") -> str:
-    """engines/README.md's results table for one adapter mode ("" hand, "-planned", ...):
+    """docs/engines.md's results table for one adapter mode ("" hand, "-planned", ...):
     per release, passed and skipped cases, the probed free order, and the count per cause,
     read from the committed RESULTS and expected files."""
-    root = Path(__file__).resolve().parent / engine
+    root = checkout() / "engines" / engine
     releases = sorted(
         (d for d in root.iterdir() if (d / f"expected{mode}.json").is_file()), key=_version_key
     )
@@ -395,7 +401,40 @@ def table(engine: str = "vllm", mode: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+ADAPTER_MODES = {"": "as the vector reads", "-planned": "through vLLM's planner",
+         "-planned-unmarked": "planned, drafts unmarked"}  # fmt: skip
+
+
+def summary() -> str:
+    """The README's results table: per engine release and adapter mode, the vectors that
+    pass, those that do not (each with its cause in expected*.json) and those skipped (a
+    feature or profile the engine does not claim), read from the committed RESULTS files."""
+    header = "| engine | " + " | ".join(ADAPTER_MODES.values()) + " |"
+    lines = [header, "|---|" + "---|" * len(ADAPTER_MODES)]
+    for engine in ("vllm", "sglang"):
+        root = checkout() / "engines" / engine
+        for release in sorted((d for d in root.iterdir() if d.name[0].isdigit()),
+                              key=_version_key):  # fmt: skip
+            cells = []
+            for mode in ADAPTER_MODES:
+                results = release / f"RESULTS{mode}.md"
+                if not results.is_file():
+                    cells.append("")
+                    continue
+                found = re.search(r"^\* counts: (.*)$", results.read_text(encoding="utf-8"), re.M)
+                counts = json.loads(found.group(1)) if found else {}
+                failing = counts.get("failed", 0) + counts.get("errored", 0)
+                cells.append(f"{counts.get('passed', 0):,} / {failing:,} / "
+                             f"{counts.get('skipped', 0):,}")  # fmt: skip
+            name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+            lines.append(f"| {name} {release.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--summary":
+        print(summary(), end="")
+        return 0
     if argv and argv[0] == "--table":
         print(table(mode=argv[1] if len(argv) > 1 else ""), end="")
         return 0

@@ -1,7 +1,7 @@
 """What vLLM 0.26-0.33 would plan for the same model: a peer's page planning, for comparison.
 
 Not normative: `kvcert plan --compare` prints it beside kvcert's plan to show what the PAGE
-rules buy, and engines/vllm/plan/plan_check.py holds this model to vLLM 0.33.0's own planner.
+rules buy, and kvcert.conformance.vllm.checks.plan holds this model to vLLM 0.33.0's own planner.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kvcert.spec.plan import PlanInput, anchor_block_size, bucket_key, pool_bloc
 
 
 def vllm_padded_plan(plan_input: PlanInput) -> JSON:
-    """A model of vLLM 0.26-0.33's `unify_kv_cache_spec_page_size` and grouping (notes §4).
+    """A model of vLLM 0.26-0.33's `unify_kv_cache_spec_page_size` and grouping.
 
     Every attention layer starts at the anchor block size; the largest page P is kept; a
     smaller page is scaled to P when it divides P and otherwise padded to P with its block
@@ -34,7 +34,7 @@ def vllm_padded_plan(plan_input: PlanInput) -> JSON:
     max_model_len and is not modelled here.
     With chunked local attention vLLM switches its hybrid manager off by default (unless
     VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1): every attention layer is then
-    allocated as full attention, in one group. engines/vllm/plan/plan_check.py checks this
+    allocated as full attention, in one group. kvcert.conformance.vllm.checks.plan checks this
     model against vLLM 0.33.0's own planner. Not normative: a peer's behaviour, to show what
     the planner's rules buy.
     """

@@ -1,6 +1,6 @@
 """What the kvcert manager keys and refuses, on vLLM 0.33.0's own Request and spec objects.
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/integration_check.py
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.integration
 
 vLLM's own tests exercise its hash utilities, not what kvcert.reference.vllm derives from a
 Request: this checks that two requests with the same tokens share blocks only when every
@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.lora.request import LoRARequest
+from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -39,7 +40,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvcert.conformance.engines.vllm import weightless_model
+from kvcert.conformance.vllm import runtime
 from kvcert.reference.vllm import (
     AsyncScheduler,
     HoldBack,
@@ -47,6 +48,7 @@ from kvcert.reference.vllm import (
     Scheduler,
     Settings,
     UnsupportedConfigError,
+    checkpoints,
 )
 
 BLOCK = 16
@@ -82,7 +84,7 @@ def hit_after(first: dict[str, Any], second: dict[str, Any]) -> int:
     manager.allocate_slots(a, a.num_tokens)
     manager.end_step()
     manager.free(a)
-    return manager.get_computed_blocks(request("b", **second))[1]
+    return int(manager.get_computed_blocks(request("b", **second))[1])
 
 
 def lora(name: str, path: str) -> LoRARequest:
@@ -197,17 +199,10 @@ def async_checks() -> list[tuple[str, bool, str]]:
     and step 2 (B's prefill; A, asked for one token, needs no other step) is scheduled before
     step 1's output is read. What a probe of each prompt hits after each output. Ending
     every step at each output (a broken twin) fails the third check."""
-    vllm_config = VllmConfig(
-        model_config=weightless_model(256),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_model_len=256,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=64,
-            max_num_seqs=4,
-            async_scheduling=True,
-        ),
+    vllm_config = runtime.engine_config(
+        runtime.Settings(
+            max_len=256, block_size=BLOCK, budget=64, max_num_seqs=4, async_scheduling=True
+        )
     )
     vllm_config.cache_config.num_gpu_blocks = 64
     scheduler = AsyncScheduler(
@@ -265,24 +260,18 @@ CHECKPOINTING_STATE = dataclasses.replace(
 )  # what vLLM 0.33.0's Mamba2 layers plan: the kernel saves state inside a prefill chunk
 
 
-def state_config(asynchronous: bool = False) -> VllmConfig:
+def state_config(asynchronous: bool = False) -> Any:
     """A full-attention + Mamba (align) model's engine config: blocks of 16, a 128-token
     step budget, 64 blocks."""
-    vllm_config = VllmConfig(
-        model_config=weightless_model(256),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(
+    vllm_config = runtime.engine_config(
+        runtime.Settings(
+            max_len=256,
             block_size=BLOCK,
-            enable_prefix_caching=True,
-            mamba_cache_mode="align",
-            mamba_block_size=BLOCK,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_model_len=256,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=128,
+            budget=128,
+            max_num_seqs=128,  # vLLM's default
             async_scheduling=asynchronous,
-        ),
+            flags=(("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", BLOCK)),
+        )
     )
     vllm_config.cache_config.num_gpu_blocks = 64
     return vllm_config
@@ -445,7 +434,6 @@ def checkpoint_checks() -> list[tuple[str, bool, str]]:
     first 64, then 16 others) hits those 64 tokens. Broken twin: kvcert passes no checkpoint
     (column 3 null: the runner skips it) and B hits nothing, as the checks before this
     feature found."""
-    from kvcert.reference.vllm import checkpoints  # noqa: PLC0415
 
     out = []
     first = list(range(100, 180))
@@ -530,9 +518,6 @@ def checkpoint_grid_checks() -> list[tuple[str, bool, str]]:
     vLLM's partial hits, where the runner's position is not kvcert's boundary and the column
     must stay null), requires some columns held (not a vacuous pass), and that a request
     re-sending a prompt whose whole prefill was one chunk resumes from the checkpoint."""
-    from vllm.model_executor.layers.mamba.checkpoint import (  # noqa: PLC0415
-        compute_mamba_prefill_checkpoints,
-    )
 
     held = exported = resumed = one_chunk = cases = 0
     errors = []
@@ -612,9 +597,6 @@ def draft_checks() -> list[tuple[str, bool, str]]:
     attention slots by the state table's speculative positions: two blocks more), while
     every allocation passes the manager's own check that the state table holds the running
     state's and the drafts' columns (ALLOC-SPEC-1)."""
-    from vllm.v1.core.kv_cache_manager import (  # noqa: PLC0415
-        KVCacheManager as VllmManager,
-    )
 
     spare = 3
     state = dataclasses.replace(STATE, num_speculative_blocks=spare)

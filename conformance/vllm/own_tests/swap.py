@@ -1,4 +1,5 @@
-"""pytest plugin (`-p swap`): vLLM's own tests with kvcert's manager swapped in.
+"""pytest plugin (`-p kvcert.conformance.vllm.own_tests.swap`): vLLM's own tests with
+kvcert's manager swapped in.
 
 Before any test module is imported, vLLM's KVCacheManager and its two schedulers are replaced
 where the tests (and vLLM's code) look them up, by kvcert.reference.vllm's classes: the
@@ -9,18 +10,17 @@ register a step's blocks when its output arrives). No test file is edited.
 from __future__ import annotations
 
 import pytest
+from vllm.v1.core import kv_cache_manager
+from vllm.v1.core.sched import async_scheduler, scheduler
+
+from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from vllm.v1.core import kv_cache_manager  # noqa: PLC0415
-    from vllm.v1.core.sched import async_scheduler, scheduler  # noqa: PLC0415
-
-    from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler  # noqa: PLC0415
-
-    kv_cache_manager.KVCacheManager = KVCacheManager  # type: ignore[misc]
-    scheduler.KVCacheManager = KVCacheManager  # type: ignore[misc]
-    scheduler.Scheduler = Scheduler  # type: ignore[misc]
-    async_scheduler.AsyncScheduler = AsyncScheduler  # type: ignore[misc]
+    kv_cache_manager.KVCacheManager = KVCacheManager
+    scheduler.KVCacheManager = KVCacheManager
+    scheduler.Scheduler = Scheduler
+    async_scheduler.AsyncScheduler = AsyncScheduler
     config.stash[MARK] = "kvcert"
 
 

@@ -2,7 +2,8 @@
 
 Run in a vLLM release venv (`scripts/engine-venv.sh vllm 0.33.0`):
 
-    .engines/vllm-0.33.0/bin/python engines/vllm/repro/preempt_in_flight.py [priority|fcfs]
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.preempt_in_flight \
+        [priority|fcfs] [--kvcert]
 
 The scheduler is vLLM's (`vllm.v1.core.sched.scheduler.Scheduler`, prefix caching on, its
 defaults otherwise); only the model runner is played, by a ledger that records which token
@@ -40,7 +41,6 @@ import sys
 
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -50,26 +50,24 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvcert.conformance.engines.vllm import weightless_model
+from kvcert.conformance.vllm import runtime
 
 BLOCK = 16
 
 
 def make_scheduler(usable_blocks: int, policy: str, cls: type = Scheduler) -> Scheduler:
-    config = VllmConfig(
-        model_config=weightless_model(1024),
-        device_config=DeviceConfig(device="cpu"),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_model_len=1024,
-            is_encoder_decoder=False,
-            max_num_batched_tokens=48,
-            long_prefill_token_threshold=32,
+    config = runtime.engine_config(
+        runtime.Settings(
+            max_len=1024,
+            block_size=BLOCK,
+            budget=48,
+            long_prefill=32,
             max_num_seqs=8,
             policy=policy,
-            # kvcert's synchronous Scheduler (its AsyncScheduler serves async scheduling)
-            **({} if cls is Scheduler else {"async_scheduling": False}),
-        ),
+            # vLLM's default for its own Scheduler; kvcert's synchronous Scheduler says so
+            # (its AsyncScheduler serves async scheduling)
+            async_scheduling=None if cls is Scheduler else False,
+        )
     )
     config.cache_config.num_gpu_blocks = usable_blocks + 1  # what the engine core sets
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=4, head_size=16, dtype=torch.float32)
@@ -181,7 +179,8 @@ def main() -> int:
     policy = args[0] if args else "priority"
     cls: type = Scheduler
     if "--kvcert" in sys.argv[1:]:
-        from kvcert.reference.vllm import Scheduler as KvcertScheduler  # noqa: PLC0415 - only with --kvcert
+        # the drop-in serves 0.33 only; the replay also runs on releases it does not import on
+        from kvcert.reference.vllm import Scheduler as KvcertScheduler  # noqa: PLC0415
 
         cls = KvcertScheduler
     init_none_hash(sha256)

@@ -1,0 +1,1 @@
+"""SGLang as a conformance engine (`adapter`); it runs in SGLang's own venv."""

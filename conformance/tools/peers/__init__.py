@@ -1,1 +1,0 @@
-"""Models of other engines' behaviour, for comparison only (never normative)."""

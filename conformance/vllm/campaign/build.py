@@ -1,0 +1,238 @@
+"""A workload's scheduler, wired as vLLM's EngineCore wires a served model.
+
+The KV-cache groups come from the release's own planner applied to the bundled model's
+layers, block sizes from `resolve_kv_cache_block_sizes`, the scheduler class from
+`SchedulerConfig.get_scheduler_cls()`, request hashes from `get_request_block_hasher`
+(kvcert.conformance.vllm.runtime); only the pool is made small, so the scheduler preempts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from kvcert.conformance.campaign.workload import Workload, state_block_size
+from kvcert.conformance.contract.plans import plan_input_from_json
+from kvcert.conformance.tools.catalog import load_model
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.campaign.fix import fixed
+from kvcert.conformance.vllm.campaign.ledger import Group
+from kvcert.conformance.vllm.campaign.mutants import KVCERT_MUTANTS, MUTANTS
+from kvcert.conformance.vllm.layers import kind_of, spec_of, state_spec_of
+from kvcert.reference.vllm import AsyncScheduler, Scheduler, UnsupportedConfigError
+from kvcert.spec.layers import AttentionKind, StateLayer
+
+
+class Unreachable(Exception):
+    """The release refuses the workload's configuration (as `vllm serve` would)."""
+
+
+def keying_of(workload: Workload) -> str | None:
+    """How the release keys draft blocks for this workload: `exact` where it has lookahead
+    hashes and the workload keeps them (0.33's default), else `drop` (every earlier release,
+    and 0.33 with disable_lookahead_block_hashes)."""
+    if not workload.spec_tokens:
+        return None
+    lookahead = runtime.has_lookahead_hashes() and workload.spec_keying != "drop"
+    return "exact" if lookahead else "drop"
+
+
+def build(
+    workload: Workload, fix: bool = False, mutant: str | None = None, kvcert: bool = False
+) -> tuple[Any, list[Group], Any, Callable[[int, int], tuple[int, int]] | None]:
+    """(scheduler, groups, block hasher, the runner's prefill checkpoints) for the workload,
+    wired as EngineCore wires them;
+    `fix` swaps in the scheduler subclass of `campaign.fix`, `mutant` applies one of
+    `campaign.mutants`, `kvcert` serves it with kvcert.reference.vllm's Scheduler (vLLM's
+    scheduling over kvcert's allocator). Unreachable where the release (or the kvcert
+    manager) refuses the configuration."""
+    if kvcert and (fix or (mutant is not None and mutant not in KVCERT_MUTANTS)):
+        raise ValueError("kvcert serves the workload with its own manager: no fix or vLLM twin")
+    if not kvcert and mutant in KVCERT_MUTANTS:
+        raise ValueError(f"{mutant} is a twin of kvcert's manager: serve with kvcert")
+    model = load_model(workload.model)
+    plan_input = plan_input_from_json(
+        {"layers": list(model.layers), "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
+    )
+    modules = drafter_modules(workload)
+    layers = _served_layers(plan_input.layers, workload.spec_tokens > 0, modules)
+    stateful = any(isinstance(x, StateLayer) for x in layers)
+    block_size = state_block_size(workload.model) if stateful else 16
+    settings = runtime.Settings(
+        max_len=workload.max_model_len,
+        budget=workload.budget,
+        block_size=block_size,
+        policy=workload.policy,
+        async_scheduling=workload.async_scheduling,
+        long_prefill=workload.long_prefill,
+        speculative=keying_of(workload),
+        spec_tokens=max(workload.spec_tokens, 1),
+        drafter=workload.drafter,
+        attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
+        # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
+        # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
+        flags=(("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", block_size))
+        if stateful
+        else (),
+    )
+    try:
+        config = runtime.engine_config(settings)
+    except (ValueError, NotImplementedError) as why:  # pydantic's errors are ValueErrors
+        raise Unreachable(f"vLLM refuses the engine arguments: {first_line(why)}") from None
+    marks = runtime.marks_draft_layers()
+    specs, drafter = {}, set()
+    for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            continue
+        name = f"model.layers.{i}.attn"
+        spec = spec_of(layer, plan_input.dtype, settings.block_size)
+        if _is_draft(layer):
+            drafter.add(name)
+            if marks:  # 0.33's drafters mark their layers
+                spec = dataclasses.replace(spec, is_draft=True)
+        specs[name] = spec
+    page = max(spec.page_size_bytes for spec in specs.values())
+    for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            specs[f"model.layers.{i}.mixer"] = _drafting(
+                _saving(state_spec_of(layer, block_size, page), workload.state_checkpoints),
+                workload.spec_tokens,
+            )
+    specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
+    kv_groups = runtime.plan(config, specs)
+    cls = None
+    if fix:
+        cls = fixed(config.scheduler_config.get_scheduler_cls())
+    wired = (_wire_kvcert if kvcert else runtime.wire)(
+        config, kv_groups, workload.usable_blocks, cls
+    )
+    if mutant is not None:
+        {**MUTANTS, **KVCERT_MUTANTS}[mutant](wired)
+    groups = []
+    for g in wired.groups:
+        spec = g.kv_cache_spec
+        inner = getattr(spec, "kv_cache_specs", None)
+        first = next(iter(inner.values())) if inner else spec
+        names = set(g.layer_names)
+        groups.append(
+            Group(
+                spec.block_size,
+                kind_of(spec),
+                getattr(first, "sliding_window", 0) or 0,
+                getattr(first, "attention_chunk_size", 0) or 0,
+                target=bool(names - drafter),
+                draft=bool(names & drafter),
+                checkpoint_alignment=(getattr(spec, "prefill_checkpoint_alignment", 0) or 0)
+                if getattr(spec, "num_prefill_checkpoint_blocks", 0)
+                else 0,
+                speculative_blocks=getattr(spec, "num_speculative_blocks", 0) or 0,
+            )
+        )
+    return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
+
+
+def _runner_checkpoints(
+    config: Any, wired: Any, groups: list[Group]
+) -> Callable[[int, int], tuple[int, int]] | None:
+    """vLLM's runner rule for the prefill checkpoints of a pass [start, end), its inputs
+    bound as the runner reads them: (the position whose state it saves, the block-table
+    column it saves it in), (0, -1) for none."""
+    saving = {(g.block_size, g.checkpoint_alignment) for g in groups if g.checkpoint_alignment}
+    if not saving:
+        return None
+    # only releases that save checkpoints inside a prefill (0.33) have this module
+    from vllm.model_executor.layers.mamba.checkpoint import (  # noqa: PLC0415
+        compute_mamba_prefill_checkpoints,
+    )
+
+    ((size, grid),) = saving  # one state spec in a model
+    alignment = wired.scheduler.kv_cache_config.cache_hit_alignment_tokens
+    lookahead = getattr(config, "num_hash_lookahead_tokens", 0) or 0
+    speculative = config.speculative_config
+    drop = speculative is not None and speculative.use_eagle_block_drop() and not lookahead
+
+    def saved(start: int, end: int) -> tuple[int, int]:
+        offsets, columns = compute_mamba_prefill_checkpoints(
+            [end],
+            [end - start],
+            hash_block_size=wired.hash_block,
+            mamba_block_size=size,
+            checkpoint_alignment=grid,
+            drop_eagle_block=drop,
+            cache_hit_alignment_tokens=alignment,
+            num_hash_lookahead_tokens=lookahead,
+        )
+        return (start + offsets[0], columns[0]) if offsets[0] else (0, -1)
+
+    return saved
+
+
+def _saving(spec: Any, checkpoints: bool) -> Any:
+    """The state spec as a backend that saves checkpoints inside a prefill plans it (0.33's
+    FlashInfer GDN: one checkpoint block, offsets on the block grid), when `checkpoints`."""
+    if not checkpoints:
+        return spec
+    if "num_prefill_checkpoint_blocks" not in {f.name for f in dataclasses.fields(spec)}:
+        raise Unreachable("this release's state layers save no checkpoints inside a prefill")
+    return dataclasses.replace(
+        spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=spec.block_size
+    )
+
+
+def _drafting(spec: Any, spec_tokens: int) -> Any:
+    """The state spec as vLLM's Mamba layers plan it under speculative decoding: one block
+    per draft token for the states after them (`num_speculative_blocks`)."""
+    if not spec_tokens:
+        return spec
+    return dataclasses.replace(spec, num_speculative_blocks=spec_tokens)
+
+
+def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
+    """The scheduler wired with kvcert.reference.vllm's Scheduler, or its AsyncScheduler
+    when the workload schedules asynchronously (its manager refuses what it does not serve:
+    then the workload is unreachable, as at `vllm serve`)."""
+    cls = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler
+    try:
+        return runtime.wire(config, kv_groups, usable_blocks, cls)
+    except UnsupportedConfigError as why:
+        raise Unreachable(f"the kvcert manager refuses it: {why}") from None
+
+
+def _served_layers(layers: tuple[Any, ...], drafter: bool, modules: int = 1) -> list[Any]:
+    """The layers vLLM loads: without speculative decoding, none of the drafter's; with it,
+    the model file's draft layer, or where the file declares none an EAGLE head of the
+    target's own attention shape (as EAGLE drafters for Llama-style targets are built): one
+    layer copying the first full-attention layer; a multi-module MTP drafter has one such
+    layer per module."""
+    if not drafter:
+        return [x for x in layers if not _is_draft(x)]
+    if any(_is_draft(x) for x in layers):
+        if modules > 1:
+            raise ValueError("a model file's own draft layer is not a multi-module MTP drafter")
+        return list(layers)
+    head = next(x for x in layers if getattr(x, "kind", None) is AttentionKind.FULL)
+    return [*layers, *[dataclasses.replace(head, draft=True)] * modules]
+
+
+def drafter_modules(workload: Workload) -> int:
+    """The drafter's modules: one per draft token for a multi-module MTP drafter (vLLM's
+    `use_multi_module_mtp`: an MTP model file with more than one module and more than one
+    draft token), else one head run once per draft."""
+    return workload.spec_tokens if workload.drafter == "mtp" and workload.spec_tokens > 1 else 1
+
+
+def _is_draft(layer: object) -> bool:
+    return bool(getattr(layer, "draft", False))
+
+
+def first_line(error: BaseException) -> str:
+    """What went wrong in one line (for pydantic's errors, the first error's message, not its
+    count)."""
+    details = getattr(error, "errors", None)
+    if callable(details):
+        try:
+            return str(details()[0]["msg"])
+        except (TypeError, LookupError):
+            pass
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
