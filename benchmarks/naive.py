@@ -16,6 +16,7 @@ from kvcert.reference.coordinator import K, Keys, Served
 from kvcert.reference.eviction import FreeQueue
 from kvcert.reference.groups import first_needed
 from kvcert.reference.hashing import Chain, ExtraKey
+from kvcert.reference.lookup import Keying
 from kvcert.reference.manager import KVCacheManager
 
 
@@ -153,13 +154,17 @@ class NaiveManager(KVCacheManager):
         super().__init__(config)
         groups = len(config.groups)
         self.pool = ListBlockPool(config.num_blocks, groups, self.pool.queue)  # type: ignore[assignment]
+        keying = self._keying
+        self._keying = NaiveKeying(config, keying.digest, keying.lookahead)
 
-    def _chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+
+class NaiveKeying(Keying):
+    def chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         """One chain per group at its own block size: no digest is shared."""
         chains: list[Chain | None] = []
-        for group, lookahead in zip(self.config.groups, self._lookahead, strict=True):
+        for group, lookahead in zip(self.config.groups, self.lookahead, strict=True):
             if group.kind is Kind.CROSS:
                 chains.append(None)
                 continue
-            chains.append(Chain(group.block_size, lookahead, extras, self._digest))
+            chains.append(Chain(group.block_size, lookahead, extras, self.digest))
         return chains

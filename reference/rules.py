@@ -15,8 +15,11 @@ from typing import Any
 
 from kvcert.reference import coordinator, groups, hashing, planner, scheduling
 from kvcert.reference.block_pool import BlockPool
+from kvcert.reference.commit import Registrar
 from kvcert.reference.eviction import FreeQueue, HybridQueue, UnkeyedFirstQueue
+from kvcert.reference.lookup import Keying
 from kvcert.reference.manager import KVCacheManager
+from kvcert.reference.tables import TablePlanner
 
 IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "HIT-FULL-1": (groups.first_needed,),
@@ -33,36 +36,36 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "HIT-SPEC-2": (coordinator.find_hit,),
     "HASH-EXTRA-1": (hashing.encode_extras,),
     "HASH-CHAIN-1": (hashing.Chain.extend,),
-    "HASH-DRAFT-1": (KVCacheManager._chains,),
-    "HASH-MATCH-1": (KVCacheManager._keys,),
+    "HASH-DRAFT-1": (Keying.chains,),
+    "HASH-MATCH-1": (Keying.keys,),
     "ALLOC-INIT-1": (BlockPool.__init__,),
     "ALLOC-LOOKUP-1": (BlockPool.lookup,),
     "ALLOC-HOLD-1": (
         groups.first_read,
         groups.first_release,
-        KVCacheManager._changes,
-        KVCacheManager._plan_quiet,
+        TablePlanner.changes,
+        TablePlanner.plan_quiet,
     ),
-    "ALLOC-WRITE-1": (groups.first_written, KVCacheManager._changes),
-    "ALLOC-SPEC-1": (groups.table_end, KVCacheManager._plan_quiet),
-    "ALLOC-SPEC-2": (KVCacheManager._check_checkpoint,),
+    "ALLOC-WRITE-1": (groups.first_written, TablePlanner.changes),
+    "ALLOC-SPEC-1": (groups.table_end, TablePlanner.plan_quiet),
+    "ALLOC-SPEC-2": (TablePlanner.check_checkpoint,),
     "ALLOC-TWO-PHASE-1": (KVCacheManager.admit,),
-    "ALLOC-SKIP-1": (KVCacheManager._changes, groups.first_release),
+    "ALLOC-SKIP-1": (TablePlanner.changes, groups.first_release),
     "ALLOC-EVICT-1": (FreeQueue.pop,),
     "ALLOC-FREE-1": (FreeQueue.release_batches,),
     "ALLOC-FREE-2": (UnkeyedFirstQueue.release_batches,),
-    "ALLOC-COMMIT-1": (KVCacheManager._committed,),
+    "ALLOC-COMMIT-1": (Registrar.committed,),
     "ALLOC-VIS-1": (KVCacheManager.end_step,),
     "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
     "EVICT-LIVE-1": (BlockPool.is_dead,),
-    "EVICT-DEAD-1": (BlockPool.is_dead, KVCacheManager._prerequisites),
+    "EVICT-DEAD-1": (BlockPool.is_dead, Registrar.prerequisites),
     "EVICT-HYB-1": (HybridQueue.pop,),
     "EVICT-ORDER-1": (HybridQueue.release_batches,),
     "BRANCH-1": (KVCacheManager.branch_point,),
     "CKPT-ALL-1": (scheduling.next_chunk,),
     "CKPT-ALIGN-1": (scheduling.next_chunk,),
     "CKPT-BRANCH-1": (scheduling.next_chunk,),
-    "CKPT-INNER-1": (KVCacheManager._changes, KVCacheManager._register_inner),
+    "CKPT-INNER-1": (TablePlanner.changes, Registrar.register_inner),
     "PAGE-BYTES-1": (planner.page_bytes,),
     "PAGE-ANCHOR-1": (planner._anchor,),
     "PAGE-SIZE-1": (planner._anchor,),

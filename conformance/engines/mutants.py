@@ -17,7 +17,7 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import Session
 from kvcert.conformance.engines import reference_engine
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
-from kvcert.reference import coordinator, groups, manager
+from kvcert.reference import coordinator, groups, manager, tables
 from kvcert.reference.config import DraftKeying, Kind
 
 
@@ -173,7 +173,7 @@ class SpeculativeBlocksIgnoredEngine(Mutant):
         def running_state_only(group: Any, end: int, decoding: bool, limit: Any = None) -> int:
             return groups.table_end(group, end, False, limit)  # every chunk as a prefill one
 
-        return patched(manager, "table_end", running_state_only)
+        return patched(tables, "table_end", running_state_only)
 
 
 class DraftReachIgnoredEngine(Mutant):

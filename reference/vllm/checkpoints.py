@@ -22,7 +22,7 @@ from typing import Any
 
 def _runner() -> Any:
     """vLLM's runner-side rule (imported on use: it brings torch and triton)."""
-    from vllm.model_executor.layers.mamba import checkpoint  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.model_executor.layers.mamba import checkpoint  # noqa: PLC0415
 
     return checkpoint.compute_mamba_prefill_checkpoints
 

@@ -28,7 +28,7 @@ class UnsupportedConfigError(ConfigError):
 
 
 def _kinds() -> dict[type, Kind]:
-    from vllm.v1 import kv_cache_interface as specs  # type: ignore[import-not-found]  # noqa: PLC0415
+    from vllm.v1 import kv_cache_interface as specs  # noqa: PLC0415
 
     return {
         specs.FullAttentionSpec: Kind.FULL,

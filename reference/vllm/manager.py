@@ -27,18 +27,23 @@ known (`start_pending`, called after each output).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import RequestStatus
 
 from kvcert.reference.config import Kind
 from kvcert.reference.errors import KVCacheError
-from kvcert.reference.events import Removed, Stored
-from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager as Core
-from kvcert.reference.manager import Prompt, Scheduled
+from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
+from kvcert.reference.vllm.events import UNNAMED, Publishing, convert
+from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config, state_spec_types
 from kvcert.reference.vllm.settings import HoldBack, Settings
 
@@ -48,56 +53,19 @@ class IntegrationError(KVCacheError):
     caller or here: never served silently)."""
 
 
-def _vllm() -> Any:
-    """vLLM's classes the interface returns (imported here: vLLM is optional for kvcert)."""
-    from vllm.v1.core import kv_cache_manager, kv_cache_utils  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.metrics.stats import PrefixCacheStats  # type: ignore[import-not-found]  # noqa: PLC0415
-    from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: PLC0415
+@dataclass
+class _Tracked:
+    """What the facade keeps per request beside the allocator's record of it."""
 
-    class Api:
-        KVCacheBlocks = kv_cache_manager.KVCacheBlocks
-        KVCacheBlock = kv_cache_utils.KVCacheBlock
-        Stats = PrefixCacheStats
-        Status = RequestStatus
-
-    return Api
-
-
-def request_extras(request: Any) -> tuple[ExtraKey, ...]:
-    """What besides the token ids changes a request's KV, each tagged by its kind
-    (HASH-EXTRA-1): cache salt, LoRA adapter (name and path), multimodal items at their
-    spans, prompt embeddings (one digest of the whole tensor over the prompt: any difference
-    in them keys every block apart, which serves fewer hits than vLLM's per-block digests,
-    never a wrong one)."""
-    extras: list[ExtraKey] = []
-    salt = getattr(request, "cache_salt", None)
-    if salt:
-        extras.append(ExtraKey(ExtraKind.CACHE_SALT, str(salt)))
-    lora = getattr(request, "lora_request", None)
-    if lora:
-        name, path = str(lora.lora_name), str(getattr(lora, "lora_path", ""))
-        extras.append(ExtraKey(ExtraKind.LORA, f"{len(name)}:{name}{path}"))
-    for feature in getattr(request, "mm_features", None) or ():
-        place = feature.mm_position
-        if feature.identifier is None:
-            raise UnsupportedConfigError("a multimodal item without an identifier cannot be keyed")
-        extras.append(
-            ExtraKey(
-                ExtraKind.MULTIMODAL,
-                str(feature.identifier),
-                place.offset,
-                place.offset + place.length,
-            )
-        )
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is not None:
-        import torch  # noqa: PLC0415 - vLLM brings it
-
-        data = embeds.detach().contiguous().cpu()
-        digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes())
-        extras.append(ExtraKey(ExtraKind.PROMPT_EMBEDS, digest.hexdigest(), 0, len(data)))
-    return tuple(extras)
+    prompt: Prompt | None = None  # a lookup's digests, for the admission that follows
+    # per group, the table lengths vLLM's worker holds, and the slots keeping them whole
+    seen: list[int] = field(default_factory=list)
+    keep: int = 0
+    # chunks scheduled while its chunk is in flight (asynchronous scheduling), oldest
+    # first: vLLM's token count at the end of each, the slots it holds, the step it runs
+    # in and its inner checkpoint (or 0)
+    pending: deque[tuple[int, int, int, int]] = field(default_factory=deque)
+    publishing: Publishing | None = None  # what its BlockStored events name (with events on)
 
 
 class _Group:
@@ -206,19 +174,16 @@ class KVCacheManager:
         self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
         self.num_kv_cache_groups = len(groups)
-        self._api = _vllm()
-        self.blocks = [self._api.KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
+        self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
         self.blocks[0].is_null = True
-        self.prefix_cache_stats = self._api.Stats() if log_stats else None
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.empty_kv_cache_blocks = self._api.KVCacheBlocks(tuple(() for _ in groups))
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
         self.coordinator = _Coordinator(self, groups)
         self.block_pool = _Pool(self)
         self._zeroed = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._new_ids: list[int] = []  # attention blocks handed out, for the worker to zero
-        self._prompts: dict[str, tuple[int, Prompt]] = {}  # a lookup's digests, for admission
-        # per request, the table lengths vLLM's worker holds and the slots keeping them whole
-        self._seen: dict[str, tuple[list[int], int]] = {}
+        self._tracked: dict[str, _Tracked] = {}  # one record per request vLLM asked about
         # per group, the block size of an attention group (whose table the slots bound),
         # else 0: a state group's table follows its chunks' ends, never the slots
         self._slot_sizes = [
@@ -246,14 +211,7 @@ class KVCacheManager:
         hold = self.settings.hold_back
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
-        # per request scheduled again while its chunk is in flight (asynchronous scheduling),
-        # oldest first: vLLM's token count at the end of each such chunk, the slots it holds,
-        # the step it runs in and its inner checkpoint (or 0)
-        self._pending: dict[str, deque[tuple[int, int, int, int]]] = {}
-        # KV events: vLLM's, converted from the allocator's as they happen, and per running
-        # request what its BlockStored events name (LoRA id and name, session)
-        self._events: list[Any] = []
-        self._publishing: dict[str, tuple[int | None, str | None, str | None]] = {}
+        self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
 
     # -- stats ------------------------------------------------------------------------------
 
@@ -265,7 +223,7 @@ class KVCacheManager:
         """This interval's prefix-cache stats (None when stats are off); starts a new one."""
         if not self.log_stats:
             return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, self._api.Stats()
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
@@ -284,20 +242,18 @@ class KVCacheManager:
 
     def _prompt(self, request: Any) -> Prompt:
         """The request's tokens digested once per admission (lookup, then allocation)."""
-        rid, length = request.request_id, request.num_tokens
-        cached = self._prompts.get(rid)
-        if cached is not None and cached[0] == length:
-            return cached[1]
+        tracked = self._tracked.setdefault(request.request_id, _Tracked())
+        if tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
+            return tracked.prompt
         # digested from vLLM's view of the tokens: `prompt` packs its own copy
-        prompt = self.core.prompt(request.all_token_ids, request_extras(request))
-        self._prompts[rid] = (length, prompt)
-        return prompt
+        tracked.prompt = self.core.prompt(request.all_token_ids, request_extras(request))
+        return tracked.prompt
 
     def _wrap(self, tables: Sequence[Sequence[int]]) -> Any:
         if not any(tables):
             return self.empty_kv_cache_blocks
         blocks = self.blocks
-        return self._api.KVCacheBlocks(tuple([blocks[b] for b in t] for t in tables))
+        return KVCacheBlocks(tuple([blocks[b] for b in t] for t in tables))
 
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
@@ -326,9 +282,8 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Any) -> int:
         """How many of the request's tokens have their KV computed (its hittable prefix once
         the step ends)."""
-        if not self.core.is_running(request.request_id):
-            return 0
-        return self.core.progress(request.request_id)[0]
+        progress = self.core.progress_of(request.request_id)
+        return 0 if progress is None else progress.computed + progress.scheduled
 
     # -- allocation -------------------------------------------------------------------------
 
@@ -355,8 +310,8 @@ class KVCacheManager:
             raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
         if num_encoder_tokens:
             raise UnsupportedConfigError("the kvcert manager does not serve encoder-decoder models")
-        rid = request.request_id
-        if not self.core.is_running(rid):
+        progress = self.core.progress_of(request.request_id)
+        if progress is None:
             return self._admit(
                 request,
                 num_new_tokens=num_new_tokens,
@@ -366,7 +321,7 @@ class KVCacheManager:
                 reserved=reserved_blocks,
                 others_scheduled=has_scheduled_reqs,
             )
-        return self._extend(request, num_new_tokens, num_lookahead_tokens)
+        return self._extend(request, progress, num_new_tokens, num_lookahead_tokens)
 
     def _admit(
         self,
@@ -383,7 +338,7 @@ class KVCacheManager:
         prompt = self._prompt(request)
         known = len(prompt)
         budget = min(num_new_tokens, known - hit)
-        waiting = request.status in (self._api.Status.WAITING, self._api.Status.PREEMPTED)
+        waiting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         if waiting and self._held_back(request, prompt, hit):
             return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
@@ -402,10 +357,11 @@ class KVCacheManager:
         if not isinstance(result, Scheduled):
             self._convert_events()  # evictions an admission that did not fit never made
             return None
-        del self._prompts[rid]
+        tracked = self._tracked[rid]
+        tracked.prompt = None
         if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
-            self._publishing[rid] = (
+            tracked.publishing = (
                 lora.adapter_id if lora else None,
                 lora.name if lora else None,
                 getattr(request, "session_id", None),
@@ -436,14 +392,15 @@ class KVCacheManager:
         now = self.core.lookup(prompt, max_hit=cap)[0]
         return hit == now and self.core.lookup_after_steps(prompt, max_hit=cap) > now
 
-    def _extend(self, request: Any, num_new_tokens: int, lookahead: int) -> Any:
+    def _extend(self, request: Any, progress: Progress, num_new_tokens: int, lookahead: int) -> Any:
         rid = request.request_id
+        tracked = self._tracked[rid]
         end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
-        slots = min(max(end + lookahead, self._seen[rid][1]), self.max_model_len)
-        self._check_no_rewind(request)
-        if self.core.in_flight(rid) or rid in self._pending:
+        slots = min(max(end + lookahead, tracked.keep), self.max_model_len)
+        self._check_no_rewind(request, progress)
+        if progress.scheduled or tracked.pending:  # a chunk in flight, or one behind it
             return self._schedule_pending(request, end, slots)
-        computed, known = self.core.progress(rid)
+        computed, known = progress.computed, progress.known
         real_end = min(end, request.num_tokens)
         # the tokens this step computes that kvcert has not seen (sampled or accepted ones)
         appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
@@ -489,7 +446,7 @@ class KVCacheManager:
         (rewritten before it is ever registered); never a block that holds another
         position's state. A violation is a bug here, raised, never served."""
         rid = request.request_id
-        if not self._has_state or not self.core.is_running(rid):
+        if not self._has_state:
             return
         # the drafts vLLM schedules: what the chunk holds past the known and in-flight tokens
         placeholders = getattr(request, "num_output_placeholders", 0) or 0
@@ -507,6 +464,8 @@ class KVCacheManager:
             return
         saved = self._runner_checkpoints.written(start, end)
         for (g, group), (position, column) in zip(self._state_groups, saved, strict=True):
+            if column < 0:  # the runner saves nothing in this chunk
+                continue
             block = self.core.block_at(rid, g, column)
             scratch = group.speculative_blocks and self.core.pool.key_of(block) is None
             if position and block and position != checkpoint and not scratch:
@@ -516,12 +475,12 @@ class KVCacheManager:
                     "for another position"
                 )
 
-    def _check_no_rewind(self, request: Any) -> None:
+    def _check_no_rewind(self, request: Any, progress: Progress) -> None:
         """vLLM must not resume a running request below the tokens the allocator computed or
         has in flight: their KV cannot be taken back (their blocks may be registered). Pending
         chunks are only slots: vLLM's count may fall below their ends (rejected drafts)."""
         rid = request.request_id
-        scheduled = self.core.progress(rid)[0]
+        scheduled = progress.computed + progress.scheduled
         if request.num_computed_tokens < scheduled:
             raise UnsupportedConfigError(
                 f"request {rid!r} resumes at token {request.num_computed_tokens}, but steps "
@@ -540,24 +499,28 @@ class KVCacheManager:
         if not isinstance(result, Scheduled):
             return None
         self._check_runner_columns(request, start, end, checkpoint)
-        self._pending.setdefault(rid, deque()).append((end, slots, self.core.step, checkpoint))
+        self._tracked[rid].pending.append((end, slots, self.core.step, checkpoint))
         return self._handed_out(rid, result)
 
     def start_pending(self, requests: Mapping[str, Any]) -> None:
         """A step has ended and its sampled tokens are appended to vLLM's `requests`: each
         request with no chunk in flight now starts its oldest pending chunk, to be registered
         when the step it runs in ends. Its tokens are known: the step before it sampled them."""
-        for rid in [r for r in self._pending if not self.core.in_flight(r)]:
-            chunks = self._pending[rid]
+        ready = [
+            (rid, tracked.pending, self._progress(rid))
+            for rid, tracked in self._tracked.items()
+            if tracked.pending
+        ]
+        for rid, chunks, progress in ready:
+            if progress.scheduled:
+                continue  # its chunk in flight runs in a later step
             end, slots, step, checkpoint = chunks.popleft()
             if chunks:  # keep the slots reserved for the later chunks (they only grow)
                 slots = chunks[-1][1]
-            if not chunks:
-                del self._pending[rid]
             request = requests.get(rid)
             if request is None:
                 continue  # not vLLM's request any more: free() releases its blocks
-            computed, known = self.core.progress(rid)
+            computed, known = progress.computed, progress.known
             real_end = min(end, request.num_tokens)
             if real_end <= computed:
                 continue  # nothing left to compute (vLLM stopped the request); slots stay held
@@ -577,6 +540,13 @@ class KVCacheManager:
                     f"not find the blocks reserved for it ({result})"
                 )
 
+    def _progress(self, rid: str) -> Progress:
+        """Where a request the facade tracks as running stands in the allocator."""
+        progress = self.core.progress_of(rid)
+        if progress is None:
+            raise IntegrationError(f"request {rid!r} has chunks pending but holds no blocks")
+        return progress
+
     def _handed_out(self, rid: str, result: Any) -> Any:
         """What vLLM's allocate_slots returns for an extension: the new blocks per group,
         appended to the tables the worker holds; None when they did not fit."""
@@ -585,7 +555,7 @@ class KVCacheManager:
         if not any(result.new_blocks):
             return self.empty_kv_cache_blocks
         self._note_new(result)
-        seen = self._seen[rid][0]
+        seen = self._tracked[rid].seen
         tables = self.core.block_tables(rid)
         tails = [t[s:] for t, s in zip(tables, seen, strict=True)]
         if sum(map(len, result.new_blocks)) != sum(b != 0 for t in tails for b in t):
@@ -606,7 +576,8 @@ class KVCacheManager:
         lengths = [len(t) for t in tables]
         sizes = zip(lengths, self._slot_sizes, strict=True)
         keep = max(((n - 1) * size + 1 for n, size in sizes if n and size), default=0)
-        self._seen[rid] = (lengths, keep)
+        tracked = self._tracked.setdefault(rid, _Tracked())
+        tracked.seen, tracked.keep = lengths, keep
 
     def _note_new(self, result: Scheduled) -> None:
         if self._zeroed:
@@ -645,21 +616,20 @@ class KVCacheManager:
 
     def _forget(self, rid: str) -> None:
         self._convert_events()  # while the request's publishing details are known
-        self._publishing.pop(rid, None)
-        self._seen.pop(rid, None)
-        self._prompts.pop(rid, None)
-        self._pending.pop(rid, None)
+        self._tracked.pop(rid, None)
 
     def free(self, request: Any) -> None:
         """Release a finished, aborted or preempted request (nothing when it holds nothing),
         after registering the blocks its verified drafts completed."""
         rid = request.request_id
-        self._accept_verified(request)
+        progress = self.core.progress_of(rid)
+        if progress is not None:
+            self._accept_verified(request, progress)
         self._forget(rid)
-        if self.core.is_running(rid):
+        if progress is not None:
             self.core.finish(rid)
 
-    def _accept_verified(self, request: Any) -> None:
+    def _accept_verified(self, request: Any, progress: Progress) -> None:
         """Draft tokens the last step verified and accepted count as computed (the allocator
         counted only the tokens known when the step was scheduled), so a request released
         now leaves the blocks they complete hittable. Not for a state hybrid: its state
@@ -667,9 +637,10 @@ class KVCacheManager:
         rid = request.request_id
         if self._has_state:  # a state group keeps no state for them (the reference refuses)
             return
-        if not self.core.is_running(rid) or self.core.in_flight(rid) or rid in self._pending:
+        tracked = self._tracked.get(rid)
+        if progress.scheduled or (tracked is not None and tracked.pending):
             return  # a step still runs for it: its output decides
-        computed, known = self.core.progress(rid)
+        computed, known = progress.computed, progress.known
         end = min(request.num_computed_tokens, request.num_tokens)
         if computed == known < end:
             self.core.accept(rid, list(request.all_token_ids[computed:end]))
@@ -678,7 +649,8 @@ class KVCacheManager:
         """Hand out the request's blocks for a deferred release through
         `block_pool.free_blocks`; until then they stay held."""
         rid = request.request_id
-        publishing = self._publishing.get(rid)
+        tracked = self._tracked.get(rid)
+        publishing = None if tracked is None else tracked.publishing
         self._forget(rid)
         if not self.core.is_running(rid):
             return []
@@ -689,7 +661,7 @@ class KVCacheManager:
         parked = f"\x00popped:{rid}"  # no request id vLLM makes holds a NUL
         self.core.rename(rid, parked)
         if publishing is not None:  # its chunk in flight may still register blocks
-            self._publishing[parked] = publishing
+            self._tracked[parked] = _Tracked(publishing=publishing)
         for b in ids:
             self._popped[b] = parked
         return [self.blocks[b] for b in sorted(ids)]
@@ -746,7 +718,7 @@ class KVCacheManager:
         return [0] * self.num_kv_cache_groups
 
     def create_kv_cache_blocks(self, blocks: tuple[list[Any], ...]) -> Any:
-        return self._api.KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """A lookup result cut at `num_computed_tokens` (a multiple of every block size)."""
@@ -773,56 +745,14 @@ class KVCacheManager:
         return events
 
     def _convert_events(self) -> None:
-        """The allocator's events as vLLM's: a run of blocks one request registered in one
-        group at once is one BlockStored (its hashes in order, the tokens concatenated), as
-        vLLM announces a request's newly cached blocks; its group's kind and window added."""
-        if not self.enable_kv_cache_events:
-            return
-        from vllm.distributed import kv_events  # type: ignore[import-not-found]  # noqa: PLC0415
-        from vllm.v1 import kv_cache_interface as specs  # type: ignore[import-not-found]  # noqa: PLC0415
+        """The allocator's events since the last call, as vLLM's (`events.convert`)."""
+        if self.enable_kv_cache_events:
+            groups = self.kv_cache_config.kv_cache_groups
+            self._events += convert(self.core.take_events(), self._publishing_of, groups)
 
-        last: Stored | None = None
-        for event in self.core.take_events():
-            if isinstance(event, Stored):
-                run = self._events[-1] if last is not None and self._events else None
-                if (
-                    run is not None
-                    and last is not None
-                    and (event.rid, event.group, event.parent) == (last.rid, last.group, last.key)
-                    and event.start == last.start + len(last.tokens)
-                ):
-                    run.block_hashes.append(event.key)
-                    run.token_ids.extend(event.tokens)
-                    last = event
-                    continue
-                lora_id, lora_name, session = self._publishing.get(event.rid, (None, None, None))
-                spec = self.kv_cache_config.kv_cache_groups[event.group].kv_cache_spec
-                self._events.append(
-                    kv_events.BlockStored(
-                        block_hashes=[event.key],
-                        parent_block_hash=event.parent,
-                        token_ids=list(event.tokens),
-                        block_size=len(event.tokens),
-                        lora_id=lora_id,
-                        medium=kv_events.MEDIUM_GPU,
-                        lora_name=lora_name,
-                        group_idx=event.group,
-                        kv_cache_spec_kind=specs.get_kv_cache_spec_kind(spec).value,
-                        kv_cache_spec_sliding_window=specs.get_kv_cache_spec_sliding_window(spec),
-                        session_id=session,
-                    )
-                )
-                last = event
-                continue
-            last = None
-            if isinstance(event, Removed):
-                self._events.append(
-                    kv_events.BlockRemoved(
-                        block_hashes=[event.key], medium=kv_events.MEDIUM_GPU, group_idx=event.group
-                    )
-                )
-            else:
-                self._events.append(kv_events.AllBlocksCleared())
+    def _publishing_of(self, rid: str) -> Publishing:
+        tracked = self._tracked.get(rid)
+        return UNNAMED if tracked is None or tracked.publishing is None else tracked.publishing
 
     def take_new_block_ids(self) -> list[int]:
         """Attention blocks handed out since the last call, for the worker to zero."""

@@ -10,15 +10,28 @@ registered when its model output arrives (`update_from_output`), the moment thei
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
-from unittest import mock
 
-from vllm.v1.core.sched import async_scheduler as vllm_async  # type: ignore[import-not-found]
+from vllm.v1.core.sched import async_scheduler as vllm_async
 from vllm.v1.core.sched import scheduler as vllm_scheduler
 
 from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.manager import KVCacheManager
 from kvcert.reference.vllm.settings import Settings
+
+
+@contextmanager
+def _manager_class(factory: Any) -> Iterator[None]:
+    """vLLM's scheduler module builds `KVCacheManager` by its module-level name: point the
+    name at `factory` while a scheduler is built, then back."""
+    vllm_class = vllm_scheduler.KVCacheManager
+    vllm_scheduler.KVCacheManager = factory
+    try:
+        yield
+    finally:
+        vllm_scheduler.KVCacheManager = vllm_class
 
 
 class _KvcertManaged:
@@ -46,10 +59,9 @@ class _KvcertManaged:
                 "not have: turn it off, or drop --scheduler-cls"
             )
         self._check(vllm_config)
-        # vLLM's __init__ builds its manager from this module-level name; build ours instead
         manager = functools.partial(KVCacheManager, settings=self.settings)
         self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
-        with mock.patch.object(vllm_scheduler, "KVCacheManager", manager):
+        with _manager_class(manager):
             super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:

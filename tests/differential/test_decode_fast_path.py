@@ -20,22 +20,35 @@ from kvcert.conformance.checks.stateful import layouts
 from kvcert.conformance.contract.codec import layout_to_json
 from kvcert.conformance.contract.protocol import FEATURES
 from kvcert.conformance.engines.reference_engine import config_from_json
+from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
 from kvcert.reference.errors import KVCacheError
-from kvcert.reference.manager import KVCacheManager, _Request
+from kvcert.reference.manager import KVCacheManager
+from kvcert.reference.requests import Request
+from kvcert.reference.tables import TablePlanner
 from tests.tiers import tiered
 
 SHORTCUTS = {"fast": 0, "calls": 0}
 
 
+class NoQuietSteps(TablePlanner):
+    def plan_quiet(self, request: Request) -> None:
+        request.quiet_end = 0
+
+
+class CommitCheckedEveryStep(Registrar):
+    def commit_at(self, request: Request) -> int:
+        return 0
+
+
 class GeneralPathOnly(KVCacheManager):
     """The manager with both shortcuts disabled."""
 
-    def _plan_quiet(self, request: _Request) -> None:
-        request.quiet_end = 0
-
-    def _commit_at(self, request: _Request) -> int:
-        return 0
+    def __init__(self, config: CacheConfig) -> None:
+        super().__init__(config)
+        commits = self._commits
+        self._planner = NoQuietSteps(config)
+        self._commits = CommitCheckedEveryStep(config, commits.lookahead, commits.commit_delay)
 
 
 def both(

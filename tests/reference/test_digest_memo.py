@@ -4,7 +4,6 @@ the byte budget holds."""
 from __future__ import annotations
 
 from array import array
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +21,7 @@ from kvcert.reference.hashing import (
     hasher,
 )
 from kvcert.reference.manager import KVCacheManager
+from tests.docs import words
 from tests.tiers import tiered
 
 NEW = hasher(HashAlgorithm.SHA256)
@@ -121,8 +121,7 @@ def test_the_manager_memo_is_configurable_and_checked():
             config(digest_memo_bytes=bad)
 
 
-def test_the_readme_states_the_default_budget():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_state_the_default_budget():
     default = config().digest_memo_bytes
     assert default == 16 * 2**20
-    assert "`CacheConfig.digest_memo_bytes`, 16 MiB by\ndefault" in readme
+    assert "`CacheConfig.digest_memo_bytes`, 16 MiB by default" in words("allocator")

@@ -251,7 +251,7 @@ VLLM_BYTES_PER_CACHED_BLOCK = 145.7
 
 @pytest.mark.skipif(native.PURE_PYTHON, reason="the claim is the compiled key index's")
 def test_a_cached_block_costs_under_half_of_vllms():
-    """The README's memory row without vLLM installed: a pool whose every block is cached
+    """docs/benchmarks.md's memory row without vLLM installed: a pool whose every block is cached
     holds at most half of vLLM's bytes per block (the dict fallback holds about 160)."""
     count = tiered(1 << 16, 1 << 20)  # the long tier measures the benchmark's 1M blocks
     tokens = [(i * 104729) % 50_000 for i in range(16 * count)]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvcert.conformance.vllm import runtime
-from kvcert.reference import manager as planning
+from kvcert.reference import tables as planning
 from kvcert.reference.config import GroupConfig, Kind, MambaMode
 from kvcert.reference.groups import first_read, table_end
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints

@@ -1,0 +1,184 @@
+"""Commit and registration: which blocks a computation completed, and making them hittable.
+
+A block becomes hittable when the step that wrote its KV ends (ALLOC-VIS-1): the manager
+calls `register` then, and asks `pending_keys` what the steps still in flight will
+register. Implements ALLOC-COMMIT-1 (`committed`), CKPT-INNER-1's registration
+(`register_inner`), EVICT-DEAD-1's prerequisites and the KV events of what was stored.
+"""
+
+from __future__ import annotations
+
+from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
+from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
+from kvcert.reference.events import Stored
+from kvcert.reference.inputs import TOKEN_LIMIT
+from kvcert.reference.requests import Request
+
+
+class Registrar:
+    """Per cache configuration: when each group commits a block, under which key, and what
+    its registration needs (the pool is the caller's, passed per call)."""
+
+    def __init__(self, config: CacheConfig, lookahead: list[int], commit_delay: list[int]) -> None:
+        self.config = config
+        # per group, the tokens past a block its keys cover (HASH-DRAFT-1) and the computed
+        # tokens past a block it waits for before registering it (ALLOC-COMMIT-1)
+        self.lookahead = lookahead
+        self.commit_delay = commit_delay
+        self._sizes = [g.block_size for g in config.groups]
+        self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
+
+    def register(self, pool: BlockPool, rid: str, request: Request, before: int) -> int:
+        """Register the blocks `request` completed when its computed count moved from
+        `before` to `computed` (ALLOC-COMMIT-1); returns how many."""
+        registered = 0
+        track = pool.tracking
+        events = pool.events
+        for unique in request.unique_chains:
+            unique.extend(request.tokens)
+        inner = self.inner_done(request, before) if request.checkpoints else ()
+        for g, group in enumerate(self.config.groups):
+            if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
+                registered += self.register_inner(pool, rid, request, g, inner)
+            positions = self.committed(g, group, request, before)
+            if not positions:
+                continue
+            chain = request.chains[g]
+            table = request.tables[g]
+            if not track and events is None and chain is not None:
+                keys = chain.keys_between(group.block_size, positions.start, positions.stop)
+                if len(keys) < len(positions):  # pragma: no cover - as below
+                    raise RuntimeError(f"no digest for a committed block of group {g}")
+                blocks = table[positions.start : positions.stop]
+                registered += pool.register_run(g, blocks, keys)
+                request.registered[g] = positions.stop
+                continue
+            for j in positions:
+                block = table[j]
+                if block == NULL_BLOCK:  # released before its next token arrived
+                    continue
+                key = chain.key(group.block_size, j) if chain else None
+                if key is None:  # pragma: no cover - committed tokens are always digested
+                    raise RuntimeError(f"no digest for committed block {j} of group {g}")
+                needs = self.prerequisites(request, g, j) if track else ()
+                if pool.register(block, g, key, needs) and events is not None:
+                    events.append(self.stored(rid, request, g, j))
+                registered += 1
+            request.registered[g] = positions.stop
+        request.commit_at = self.commit_at(request)
+        return registered
+
+    def pending_keys(self, request: Request, pending: list[dict[bytes, int]]) -> None:
+        """Add to `pending` (per group, key -> block) what `request`'s chunk in flight will
+        register when its step ends (what `register` will do then)."""
+        for unique in request.unique_chains:
+            unique.extend(request.tokens)  # the digests end_step computes, computed early
+        before = request.computed
+        request.computed = before + request.scheduled
+        try:
+            inner = [q for q in request.checkpoints if before < q <= request.computed]
+            for g, group in enumerate(self.config.groups):
+                chain, table = request.chains[g], request.tables[g]
+                if chain is None:
+                    continue
+                positions = list(self.committed(g, group, request, before))
+                if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
+                    positions += [q // group.block_size - 1 for q in inner]
+                for j in positions:
+                    key = chain.key(group.block_size, j)
+                    if table[j] != NULL_BLOCK and key is not None:
+                        pending[g].setdefault(key, table[j])
+        finally:
+            request.computed = before
+
+    @staticmethod
+    def inner_done(request: Request, before: int) -> tuple[int, ...]:
+        """The inner checkpoints (CKPT-INNER-1) the computation from `before` to `computed`
+        has passed, now taken off the request's list."""
+        done = tuple(q for q in request.checkpoints if before < q <= request.computed)
+        if done:
+            request.checkpoints = [q for q in request.checkpoints if q not in done]
+        return done
+
+    def register_inner(
+        self, pool: BlockPool, rid: str, request: Request, g: int, inner: tuple[int, ...]
+    ) -> int:
+        """Register the state group's positions of the inner checkpoints passed: each holds
+        the state at its boundary, as if a chunk had ended there. Implements CKPT-INNER-1."""
+        registered = 0
+        group, chain, table = self.config.groups[g], request.chains[g], request.tables[g]
+        track, events = pool.tracking, pool.events
+        for q in inner:
+            j = q // group.block_size - 1
+            if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
+                continue
+            key = chain.key(group.block_size, j) if chain else None
+            if key is None:  # pragma: no cover - committed tokens are always digested
+                raise RuntimeError(f"no digest for committed block {j} of group {g}")
+            needs = self.prerequisites(request, g, j) if track else ()
+            if pool.register(table[j], g, key, needs) and events is not None:
+                events.append(self.stored(rid, request, g, j))
+            registered += 1
+            request.registered[g] = j + 1
+        return registered
+
+    def stored(self, rid: str, request: Request, g: int, j: int) -> Stored:
+        """The event of block j of group g becoming hittable (its chain digested it)."""
+        size, chain = self._sizes[g], request.chains[g]
+        key = chain.key(size, j) if chain is not None else None
+        if key is None:  # pragma: no cover - end_step registered it under this key
+            raise RuntimeError(f"no digest for registered block {j} of group {g}")
+        parent = chain.key(size, j - 1) if j and chain is not None else None
+        tokens = tuple(request.tokens[j * size : (j + 1) * size])
+        return Stored(rid, g, request.tables[g][j], key, parent, j * size, tokens)
+
+    def prerequisites(self, request: Request, g: int, j: int) -> tuple[Key, ...]:
+        """Implements EVICT-DEAD-1's prerequisites: per full-attention group, the last key that
+        every hit through block j of group g needs and that the block's tokens fix (its own
+        key excluded)."""
+        sizes = self._sizes
+        span = (j + 1) * sizes[g]
+        covered = span + self.lookahead[g]
+        needs = []
+        for f in self._full_groups:
+            size = sizes[f]
+            last = min((covered - self.lookahead[f]) // size, span // size) - 1
+            if f == g and last == j:
+                last -= 1
+            chain = request.chains[f]
+            key = chain.key(size, last) if last >= 0 and chain else None
+            if key is not None:
+                needs.append((f, key))
+        return tuple(needs)
+
+    def commit_at(self, request: Request) -> int:
+        """A lower bound on the `computed` at which `committed` is next non-empty: every kind
+        commits block j only once (j + 1) * block_size tokens are computed."""
+        return min(
+            (
+                (registered + 1) * group.block_size
+                for group, registered in zip(self.config.groups, request.registered, strict=True)
+                if group.kind is not Kind.CROSS
+                and not (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE)
+            ),
+            default=TOKEN_LIMIT,
+        )
+
+    def committed(self, g: int, group: GroupConfig, request: Request, before: int) -> range:
+        """The table positions of group g whose KV is now entirely written. Implements
+        ALLOC-COMMIT-1: draft blocks wait for draft_reach - 1 more computed tokens and exact
+        draft keys for their tokens, state groups checkpoint at every boundary (all) or where
+        the step ended (align), never in mode none."""
+        if group.kind is Kind.CROSS:
+            return range(0)
+        size = group.block_size
+        start, stop = request.registered[g], (request.computed - self.commit_delay[g]) // size
+        if self.lookahead[g]:
+            stop = min(stop, (len(request.tokens) - self.lookahead[g]) // size)
+        if group.kind is Kind.MAMBA:
+            if group.mode is MambaMode.NONE:
+                return range(0)
+            if group.mode is MambaMode.ALIGN:
+                aligned = request.computed % size == 0 and request.computed > before
+                return range(stop - 1, stop) if aligned and stop - 1 >= start else range(0)
+        return range(start, max(start, stop))

@@ -1,0 +1,92 @@
+"""What a lookup reads: each group's keys for a prompt, and the cache as the steps in flight
+will leave it.
+
+Implements HASH-DRAFT-1 (`Keying.chains`: a draft group under exact keying gets its own
+chain) and HASH-MATCH-1 (`Keying.keys`: block j of a group is cached when its key is among
+the group's served keys). `WithPending` lets the hit search read a served map plus the keys
+that steps in flight will register, without copying the map.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from kvcert.reference.block_pool import NULL_BLOCK
+from kvcert.reference.config import CacheConfig, Kind
+from kvcert.reference.hashing import Chain, ExtraKey
+from kvcert.reference.keyindex import ServedMap
+
+
+class Keying:
+    """Per cache configuration: which digest chain keys each group's blocks."""
+
+    def __init__(
+        self, config: CacheConfig, digest: Callable[[bytes], Any], lookahead: list[int]
+    ) -> None:
+        self.config = config
+        self.digest = digest
+        self.lookahead = lookahead  # per group, the draft tokens its keys cover past a block
+        self._sizes = [g.block_size for g in config.groups]
+        base = [
+            g.block_size
+            for g, s in zip(config.groups, lookahead, strict=True)
+            if not s and g.kind is not Kind.CROSS
+        ]
+        self.base_size = math.gcd(*base) if base else 0
+
+    def chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
+        """Per group, the digest chain keying its blocks. Implements HASH-DRAFT-1: a draft
+        group under exact keying gets its own chain covering draft_reach tokens past each block;
+        every other group shares one chain at the gcd of their block sizes."""
+        base = Chain(self.base_size, 0, extras, self.digest) if self.base_size else None
+        chains: list[Chain | None] = []
+        for group, lookahead in zip(self.config.groups, self.lookahead, strict=True):
+            if group.kind is Kind.CROSS:
+                chains.append(None)
+            elif lookahead:
+                chains.append(Chain(group.block_size, lookahead, extras, self.digest))
+            else:
+                chains.append(base)
+        return chains
+
+    def keys(self, chains: Sequence[Chain | None]) -> list[list[bytes]]:
+        """Implements HASH-MATCH-1 with the pool's map: per group the request's key of each
+        block, looked up in that group's served keys (block j is cached when it is there)."""
+        return [
+            [] if c is None else c.keys(size) for c, size in zip(chains, self._sizes, strict=True)
+        ]
+
+
+ChunksInFlight = tuple[int, tuple[tuple[str, int, int], ...]]
+
+
+class WithPending:
+    """One group's served map with the keys steps in flight will register added (the cached
+    block wins a key both hold: it was registered first)."""
+
+    __slots__ = ("_now", "_pending")
+
+    def __init__(self, now: ServedMap[bytes], pending: dict[bytes, int]) -> None:
+        self._now, self._pending = now, pending
+
+    def get(self, key: bytes, default: int, /) -> int:
+        block = self._now.get(key, NULL_BLOCK)
+        return block if block != NULL_BLOCK else self._pending.get(key, default)
+
+    def __getitem__(self, key: bytes, /) -> int:
+        block = self.get(key, NULL_BLOCK)
+        if block == NULL_BLOCK:
+            raise KeyError(key)
+        return block
+
+    def __contains__(self, key: object, /) -> bool:
+        return key in self._now or key in self._pending
+
+    def __len__(self) -> int:
+        return len(self._now) + sum(1 for key in self._pending if key not in self._now)
+
+    def items(self) -> Iterable[tuple[bytes, int]]:
+        yield from self._now.items()
+        yield from ((k, b) for k, b in self._pending.items() if k not in self._now)

@@ -1,0 +1,129 @@
+"""The records a KVCacheManager returns (Scheduled, Waiting, Stats), takes (Prompt) and keeps
+per running request (Request: its tokens, digest chains, tables and where its computation
+stands)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from kvcert.reference.hashing import Chain, ExtraKey
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """An admission or extension that fits.
+
+    `hit` tokens came from the cache (0 on extend); `new_blocks` holds, per group, the blocks
+    this call allocated, in table order; `tables` holds each group's whole table after an
+    admission (None after an extension: ask `block_tables(rid)`)."""
+
+    hit: int
+    scheduled: int
+    new_blocks: tuple[tuple[int, ...], ...]
+    tables: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Not enough free blocks; nothing changed. Retry in a later step, unless `never` says
+    why no later step can serve it (the request would hold more blocks at once than the pool
+    has); `never` takes no part in comparisons."""
+
+    needed: int
+    free: int
+    never: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counters an operator reads to see why the hit rate is what it is."""
+
+    num_blocks: int
+    free_blocks: int
+    registered_blocks: int
+    running_requests: int
+    admissions: int  # admit() calls that scheduled the request (a Waiting one is retried)
+    admitted_tokens: int  # their prompt tokens
+    hit_tokens: int  # of which served from the cache: hit rate = hit_tokens / admitted_tokens
+    probes: int  # lookup() and branch_point() calls, which take nothing and count no hits
+
+
+class Progress(NamedTuple):
+    """Where a running request stands: one answer for each decision an engine takes."""
+
+    computed: int  # tokens whose KV the steps that ended wrote
+    scheduled: int  # tokens its chunk in flight computes (0: none in flight)
+    known: int  # tokens known: the prompt and the sampled ones appended so far
+
+
+class Prompt:
+    """A prompt validated and digested for one manager: pass it to `admit` or `lookup` to
+    skip the hashing (an engine hashes a prompt once, as it arrives)."""
+
+    __slots__ = ("chains", "extras", "owner", "tokens")
+
+    def __init__(
+        self,
+        owner: object,
+        tokens: array[int],
+        extras: tuple[ExtraKey, ...],
+        chains: list[Chain | None],
+    ) -> None:
+        self.owner = owner  # the manager that prepared it: its keys are that manager's
+        self.tokens = tokens
+        self.extras = extras
+        self.chains = chains
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Request:
+    """A running request: what the manager knows of it between calls."""
+
+    __slots__ = (
+        "chains",
+        "checkpoints",
+        "commit_at",
+        "computed",
+        "decoding",
+        "extras",
+        "held_from",
+        "lookahead",
+        "pipelined",
+        "quiet_end",
+        "quiet_slots",
+        "quiet_slots_floor",
+        "quiet_state",
+        "registered",
+        "scheduled",
+        "tables",
+        "tokens",
+        "unique_chains",
+    )
+
+    def __init__(self, prompt: Prompt) -> None:
+        self.tokens = array("q", prompt.tokens)  # a copy: decoding appends to it
+        self.extras = prompt.extras
+        copies: dict[int, Chain] = {}
+        self.chains = [
+            None if c is None else copies.setdefault(id(c), c.copy()) for c in prompt.chains
+        ]
+        self.unique_chains = list(copies.values())  # each extended once per new token
+        self.computed = 0
+        self.scheduled = 0
+        self.lookahead = 0
+        self.pipelined = 0  # where chunks scheduled behind the one in flight end (`reserve`)
+        # inner checkpoints (CKPT-INNER-1) of the chunks scheduled and not yet ended
+        self.checkpoints: list[int] = []
+        self.tables: list[list[int]] = []
+        self.registered: list[int] = []  # per group, positions already considered for caching
+        self.held_from: list[int] = []  # per group, every earlier position holds the null block
+        # a decode step [c, e) holding slots up to e + L changes no table while
+        # e <= quiet_end, pipelined <= quiet_state and quiet_slots_floor <= e + L <= quiet_slots
+        self.quiet_end = self.quiet_state = 0
+        self.quiet_slots = self.quiet_slots_floor = 0
+        self.commit_at = 0  # no block is committed before `computed` reaches this
+        self.decoding = False  # it appends sampled tokens: its chunks may verify drafts

@@ -1,0 +1,48 @@
+"""What besides the token ids keys a vLLM request's blocks (HASH-EXTRA-1), read from vLLM's
+Request: each extra input tagged by its kind, so that two requests share a block only when
+all of them agree."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from kvcert.reference.hashing import ExtraKey, ExtraKind
+from kvcert.reference.vllm.layout import UnsupportedConfigError
+
+
+def request_extras(request: Any) -> tuple[ExtraKey, ...]:
+    """What besides the token ids changes a request's KV, each tagged by its kind
+    (HASH-EXTRA-1): cache salt, LoRA adapter (name and path), multimodal items at their
+    spans, prompt embeddings (one digest of the whole tensor over the prompt: any difference
+    in them keys every block apart, which serves fewer hits than vLLM's per-block digests,
+    never a wrong one)."""
+    extras: list[ExtraKey] = []
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        extras.append(ExtraKey(ExtraKind.CACHE_SALT, str(salt)))
+    lora = getattr(request, "lora_request", None)
+    if lora:
+        name, path = str(lora.lora_name), str(getattr(lora, "lora_path", ""))
+        extras.append(ExtraKey(ExtraKind.LORA, f"{len(name)}:{name}{path}"))
+    for feature in getattr(request, "mm_features", None) or ():
+        place = feature.mm_position
+        if feature.identifier is None:
+            raise UnsupportedConfigError("a multimodal item without an identifier cannot be keyed")
+        extras.append(
+            ExtraKey(
+                ExtraKind.MULTIMODAL,
+                str(feature.identifier),
+                place.offset,
+                place.offset + place.length,
+            )
+        )
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        import torch  # noqa: PLC0415 - only prompt embeddings need it (vLLM brings it)
+
+        data = embeds.detach().contiguous().cpu()
+        digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+        extras.append(ExtraKey(ExtraKind.PROMPT_EMBEDS, digest.hexdigest(), 0, len(data)))
+    return tuple(extras)
