@@ -31,7 +31,7 @@ and that is all the draft reads.
   break it: two requests that prefill a shared prefix side by side each write a copy, the
   cache keeps the first copy under the shared key, and a hit over the second one's chain gets
   a block computed from the first one's next token, inside the hit, which no drop reaches
-  (`kvcert fuzz` finds it through vLLM's scheduler: engines/README.md, draft-other-writer).
+  (`kvcert fuzz` finds it through vLLM's scheduler: docs/engines.md, draft-other-writer).
 
 Both rules read the common set, so neither can depend on group order or group count, neither
 drops more than once, and both return a length that every group accepts. The engines' bug

@@ -1,22 +1,18 @@
 """The campaign's committed results without vLLM: the reports, the table generated from them,
-the README's figures, and the regression files CI replays."""
+docs/campaign.md's figures, and the regression files CI replays."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from kvcert.conformance.campaign.command import REPORT_FORMAT, finding_role
 from kvcert.conformance.campaign.workload import Workload
+from kvcert.conformance.vllm.campaign import results
+from tests.docs import words
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = ROOT / "engines" / "vllm" / "campaign"
-SPEC = importlib.util.spec_from_file_location("campaign_results", CAMPAIGN / "results.py")
-assert SPEC is not None
-assert SPEC.loader is not None
-results = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(results)
 
 
 def test_every_pinned_release_has_both_campaign_reports():
@@ -40,9 +36,8 @@ def test_the_results_table_is_generated_from_the_reports():
     assert inside.strip() == results.table().strip()
 
 
-def test_the_readme_quotes_the_0_33_campaign_as_reported():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert results.headline("0.33.0") in " ".join(readme.split())
+def test_the_docs_quote_the_0_33_campaign_as_reported():
+    assert results.headline("0.33.0") in words("campaign")
 
 
 def test_regressions_say_what_they_show_and_parse():

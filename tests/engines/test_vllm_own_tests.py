@@ -1,4 +1,5 @@
-"""engines/vllm/own_tests: the published comparison is complete and CI's check is strict."""
+"""vLLM's own tests with kvcert's manager: the published comparison is complete and CI's
+check is strict."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from kvcert.conformance.campaign.workload import STATE_MODELS, generate
+from tests.docs import doc, words
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "engines/vllm/0.33.0"
-REPORT = ROOT / "engines/vllm/own_tests/report.py"
 
 
 def test_every_difference_is_explained_and_the_counts_match_the_expected_outcomes() -> None:
@@ -37,10 +38,9 @@ def test_every_difference_is_explained_and_the_counts_match_the_expected_outcome
     assert sum(int(n) for n, _ in reasons) == lost
 
 
-def test_the_readme_quotes_the_published_counts() -> None:
+def test_the_docs_quote_the_published_counts() -> None:
     text = (RELEASE / "VLLM_TESTS.md").read_text(encoding="utf-8")
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    quoted = readme.split("<!-- vllm-tests:")[1].split("**Seed 001")[0]
+    quoted = doc("vllm-drop-in").split("<!-- vllm-tests:")[1].split("**Seed 001")[0]
     numbers = re.search(r"([\d,]+) of ([\d,]+) pass with vLLM's manager, ([\d,]+) with "
                         r"kvcert's\. Each of the ([\d,]+)", quoted)  # fmt: skip
     assert numbers is not None
@@ -54,7 +54,7 @@ def test_the_readme_quotes_the_published_counts() -> None:
         n for why, n in counts.items() if why.startswith("reads vLLM's manager internals")
     )
     drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
-    quoted = " ".join(quoted.split())  # the README's line breaks are not part of a claim
+    quoted = " ".join(quoted.split())  # line breaks are not part of a claim
     assert f"under its reason: {internals} tests reading vLLM's manager internals" in quoted
     assert f"{vis} tests that expect hits on blocks no step has written yet, or KV events" in quoted
     assert (f"and {drafts} where a request finishing" in quoted) == (drafts > 0)
@@ -90,8 +90,6 @@ def test_the_check_fails_on_any_change_of_outcome(tmp_path: Path, now: dict[str,
     (root / "engines/vllm/own_tests").mkdir(parents=True)
     (root / "engines/vllm/9.9.9").mkdir(parents=True)
     (root / ".engines/vllm-9.9.9-tests").mkdir(parents=True)
-    script = root / "engines/vllm/own_tests/report.py"
-    script.write_text(REPORT.read_text(encoding="utf-8"), encoding="utf-8")
     ids = {"a": "tests.v1.core.test_x::test_a", "b": "tests.v1.core.test_x::test_b"}
     expected = {"tests/v1/core/test_x.py::test_a": "passed",
                 "tests/v1/core/test_x.py::test_b": "failed"}  # fmt: skip
@@ -99,17 +97,20 @@ def test_the_check_fails_on_any_change_of_outcome(tmp_path: Path, now: dict[str,
         json.dumps({"kvcert": expected})
     )
     junit(root / ".engines/vllm-9.9.9-tests/kvcert.xml", {ids[k]: s for k, s in now.items()})
-    run = subprocess.run([sys.executable, str(script), "9.9.9", "--check"], capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "kvcert.conformance.vllm.own_tests.report", "9.9.9", "--check",
+         "--root", str(root)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert run.returncode == code, run.stdout + run.stderr
 
 
-def test_the_readme_quotes_the_campaign_through_kvcerts_scheduler() -> None:
+def test_the_docs_quote_the_campaign_through_kvcerts_scheduler() -> None:
     report = json.loads((RELEASE / "fuzz-kvcert.json").read_text(encoding="utf-8"))
     assert report["kvcert"] is True
     assert report["violations"] == []
     assert report["unreachable"] == {}  # every workload is served, state hybrids included
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = words("vllm-drop-in")
     quoted = readme.split("<!-- fuzz-kvcert:")[1].split("CI runs 400 seeds")[0]
     workloads = [
         generate(seed, state_checkpoints=True, state_drafts=True, mtp=True)
