@@ -176,16 +176,21 @@ class BlockPool:
         key, group = self.keys.key_of(block), self.keys.group_of(block)
         return None if key is None or group is None else (group, key)
 
-    def _forget(self, block: int) -> None:
+    def withdraw(self, block: int) -> None:
+        """Take `block`'s key away without evicting it: the chunk that was to write its KV
+        will not run (spec ALLOC-VIS-3); the caller has checked no other request holds it."""
+        self._forget(block, evicted=False)
+
+    def _forget(self, block: int, evicted: bool = True) -> None:
         keys = self.keys
         key, group = keys.key_of(block), keys.group_of(block)
         if key is None or group is None:
             return
-        self.evictions[group] += 1
+        self.evictions[group] += evicted
         if self.events is not None:
             self.events.append(Removed(group, block, key))
         if self.tracking:
-            if self.is_dead(block):
+            if evicted and self.is_dead(block):
                 self.dead_evictions[group] += 1
             for p in self._prereqs[block]:
                 dependents = self._dependents[p]
@@ -195,7 +200,7 @@ class BlockPool:
             self._prereqs[block] = ()
             self._missing[block] = 0
         served = keys.is_served(block)
-        if not served and not self.tracking:
+        if evicted and not served and not self.tracking:
             self.dead_evictions[group] += 1  # a shadowed copy: dead without tracking too
         successor = keys.unbind(block)  # the next holder, if any, serves the key now
         self.num_registered -= 1

@@ -27,13 +27,15 @@ class Registrar:
         self.commit_delay = commit_delay
         self._sizes = [g.block_size for g in config.groups]
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
+        # the groups ALLOC-VIS-2 publishes: attention kinds (a cross group registers nothing)
+        self._attention_groups = [
+            g for g, group in enumerate(config.groups) if group.kind is not Kind.MAMBA
+        ]
 
     def register(self, pool: BlockPool, rid: str, request: Request, before: int) -> int:
         """Register the blocks `request` completed when its computed count moved from
         `before` to `computed` (ALLOC-COMMIT-1); returns how many."""
         registered = 0
-        track = pool.tracking
-        events = pool.events
         for unique in request.unique_chains:
             unique.extend(request.tokens)
         inner = self.inner_done(request, before) if request.checkpoints else ()
@@ -41,31 +43,75 @@ class Registrar:
             if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
                 registered += self.register_inner(pool, rid, request, g, inner)
             positions = self.committed(g, group, request, before)
-            if not positions:
-                continue
-            chain = request.chains[g]
-            table = request.tables[g]
-            if not track and events is None and chain is not None:
-                keys = chain.keys_between(group.block_size, positions.start, positions.stop)
-                if len(keys) < len(positions):  # pragma: no cover - as below
-                    raise RuntimeError(f"no digest for a committed block of group {g}")
-                blocks = table[positions.start : positions.stop]
-                registered += pool.register_run(g, blocks, keys)
-                request.registered[g] = positions.stop
-                continue
-            for j in positions:
-                block = table[j]
-                if block == NULL_BLOCK:  # released before its next token arrived
-                    continue
-                key = chain.key(group.block_size, j) if chain else None
-                if key is None:  # pragma: no cover - committed tokens are always digested
-                    raise RuntimeError(f"no digest for committed block {j} of group {g}")
-                needs = self.prerequisites(request, g, j) if track else ()
-                if pool.register(block, g, key, needs) and events is not None:
-                    events.append(self.stored(rid, request, g, j))
-                registered += 1
-            request.registered[g] = positions.stop
+            if positions:
+                registered += self._register_run(pool, rid, request, g, positions)
         request.commit_at = self.commit_at(request)
+        return registered
+
+    def publish(self, pool: BlockPool, rid: str, request: Request) -> int:
+        """Register at once the attention positions the chunk just scheduled completes, as
+        `register` will when its step ends, and remember where they start, for `withdraw`.
+        Implements ALLOC-VIS-2 (state groups wait for the step's end); returns how many."""
+        before = request.computed
+        marks = list(request.registered)
+        registered = 0
+        request.computed = before + request.scheduled
+        try:
+            for unique in request.unique_chains:
+                unique.extend(request.tokens)
+            for g in self._attention_groups:
+                positions = self.committed(g, self.config.groups[g], request, before)
+                if positions:
+                    registered += self._register_run(pool, rid, request, g, positions)
+        finally:
+            request.computed = before
+        if marks != request.registered:
+            request.published = marks
+            request.commit_at = self.commit_at(request)
+        return registered
+
+    @staticmethod
+    def withdrawn(pool: BlockPool, request: Request) -> list[int]:
+        """The blocks published for `request`'s chunk in flight (ALLOC-VIS-2) that still
+        carry their keys."""
+        published = request.published
+        if published is None:
+            return []
+        return [
+            block
+            for g, start in enumerate(published)
+            for block in request.tables[g][start : request.registered[g]]
+            if block != NULL_BLOCK and pool.key_of(block) is not None
+        ]
+
+    def _register_run(
+        self, pool: BlockPool, rid: str, request: Request, g: int, positions: range
+    ) -> int:
+        """Register group g's blocks at `positions` (in order) under the request's keys."""
+        group = self.config.groups[g]
+        chain = request.chains[g]
+        table = request.tables[g]
+        registered = 0
+        if not pool.tracking and pool.events is None and chain is not None:
+            keys = chain.keys_between(group.block_size, positions.start, positions.stop)
+            if len(keys) < len(positions):  # pragma: no cover - as below
+                raise RuntimeError(f"no digest for a committed block of group {g}")
+            blocks = table[positions.start : positions.stop]
+            registered = pool.register_run(g, blocks, keys)
+            request.registered[g] = positions.stop
+            return registered
+        for j in positions:
+            block = table[j]
+            if block == NULL_BLOCK:  # released before its next token arrived
+                continue
+            key = chain.key(group.block_size, j) if chain else None
+            if key is None:  # pragma: no cover - committed tokens are always digested
+                raise RuntimeError(f"no digest for committed block {j} of group {g}")
+            needs = self.prerequisites(request, g, j) if pool.tracking else ()
+            if pool.register(block, g, key, needs) and pool.events is not None:
+                pool.events.append(self.stored(rid, request, g, j))
+            registered += 1
+        request.registered[g] = positions.stop
         return registered
 
     def pending_keys(self, request: Request, pending: list[dict[bytes, int]]) -> None:

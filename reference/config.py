@@ -68,6 +68,13 @@ class Eviction(StrEnum):
     LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, but unregistered blocks go to the head
 
 
+class Visibility(StrEnum):
+    """From when a block a chunk computes serves hits (spec ALLOC-VIS-1, ALLOC-VIS-2)."""
+
+    STEP_END = "step-end"  # once the step that wrote it has ended
+    SAME_PASS = "same-pass"  # attention blocks from their chunk's scheduling on
+
+
 class HashAlgorithm(StrEnum):
     """Collision-resistant digests for block keys."""
 
@@ -153,6 +160,9 @@ class CacheConfig:
     draft_reach: int = 1
     hash_algorithm: HashAlgorithm = HashAlgorithm.SHA256
     eviction: Eviction = Eviction.LRU
+    # same-pass: the engine writes each layer's KV for the whole batch before that layer's
+    # attention, and never drops a scheduled chunk another request hit (spec ALLOC-VIS-2/3)
+    visibility: Visibility = Visibility.STEP_END
     count_dead_evictions: bool = False  # track EVICT-DEAD-1 under lru too (hybrid always does)
     # bytes of recent prompts' digest chains kept so a shared prefix is hashed once
     # (kvcert.reference.hashing.DigestMemo); 0 turns the memo off
@@ -174,6 +184,8 @@ class CacheConfig:
         algorithm = as_choice(HashAlgorithm, self.hash_algorithm, "hash_algorithm")
         object.__setattr__(self, "hash_algorithm", algorithm)
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
+        visibility = as_choice(Visibility, self.visibility, "visibility")
+        object.__setattr__(self, "visibility", visibility)
         if (
             isinstance(self.num_blocks, bool)
             or not isinstance(self.num_blocks, int)

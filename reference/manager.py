@@ -27,7 +27,7 @@ from operator import itemgetter
 from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
-from kvcert.reference.config import CacheConfig, DraftKeying, Kind
+from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Visibility
 from kvcert.reference.coordinator import find_hit
 from kvcert.reference.errors import (
     ConfigError,
@@ -79,6 +79,8 @@ class KVCacheManager:
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
+        self._same_pass = config.visibility is Visibility.SAME_PASS
+        self._published = 0  # blocks published (ALLOC-VIS-2) since the last end_step
         self._admissions = self._admitted_tokens = self._hit_tokens = self._probes = 0
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
@@ -291,7 +293,7 @@ class KVCacheManager:
         added = self._take_then_fill(hits, request, wanted)
         self._planner.plan_quiet(request)
         self._requests[rid] = request
-        self._in_flight[rid] = self._step
+        self._launch(rid, request, None)
         self._admissions += 1
         self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
@@ -475,7 +477,7 @@ class KVCacheManager:
             request.scheduled = count
             request.lookahead = lookahead
             request.decoding = True  # as the general path sets it; the bounds assumed it
-            self._in_flight[rid] = self._step if step is None else step
+            self._launch(rid, request, step)
             return self._decode_step if count == 1 else self._quiet_step(count)
         request = self._running(rid)
         if not (type(appended) in LIST_OR_TUPLE and (not appended or inputs.one_token(appended))):
@@ -529,8 +531,15 @@ class KVCacheManager:
         if appended:
             request.tokens.extend(appended)  # digested when a block of them commits
         self._planner.plan_quiet(request)
-        self._in_flight[rid] = self._step if step is None else step
+        self._launch(rid, request, step)
         return Scheduled(0, request.scheduled, added)
+
+    def _launch(self, rid: str, request: Request, step: int | None) -> None:
+        """`request`'s chunk is scheduled in `step` (None: the one being scheduled); under
+        same-pass visibility the attention blocks it completes are hittable from now on."""
+        self._in_flight[rid] = self._step if step is None else step
+        if self._same_pass and request.computed + request.scheduled >= request.commit_at:
+            self._published += self._commits.publish(self.pool, rid, request)
 
     def _freed_by(self, released: Released) -> int:
         """How many blocks releasing `released` returns to the free queue."""
@@ -583,12 +592,13 @@ class KVCacheManager:
     def end_step(self, step: int | None = None) -> int:
         """The step's KV is written: commit scheduled tokens, register full blocks.
 
-        Implements ALLOC-VIS-1: nothing is registered before this call. `step` (a number
+        Implements ALLOC-VIS-1: nothing is registered before this call (under same-pass
+        visibility the attention blocks were, when their chunks were scheduled). `step` (a number
         from `start_step`) ends the chunks scheduled in that step and earlier ones, and
         leaves later steps' chunks in flight; None ends every chunk in flight. Returns how
-        many blocks became hittable."""
+        many blocks became hittable since the last call (same-pass publications included)."""
         self._check_step(step)
-        registered = 0
+        registered, self._published = self._published, 0
         committing = []
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}
@@ -603,6 +613,7 @@ class KVCacheManager:
             before = request.computed
             request.computed += request.scheduled
             request.scheduled = 0
+            request.published = None
             if request.computed >= request.commit_at:  # else no group completes a block
                 committing.append((rid, request, before))
         for rid, request, before in sorted(committing, key=itemgetter(0)):
@@ -655,13 +666,29 @@ class KVCacheManager:
         self.pool.events = []
         return events
 
-    def _release(self, rid: str) -> int:
+    def _release(self, rid: str, dispatched: bool = False) -> int:
         request = self._running(rid)
+        if request.published is not None and not dispatched:
+            self._withdraw(rid, request)
         del self._requests[rid]
         self._in_flight.pop(rid, None)
         pool = self.pool
         batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
         return sum(pool.release(batch) for batch in batches)
+
+    def _withdraw(self, rid: str, request: Request) -> None:
+        """Implements ALLOC-VIS-3: the blocks published for a chunk that will not run lose
+        their keys, unless another request took one as a hit: then the release is refused."""
+        blocks = self._commits.withdrawn(self.pool, request)
+        read = [b for b in blocks if self.pool.ref_count[b] > 1]
+        if read:
+            raise RequestStateError(
+                f"request {rid!r} has a chunk in flight whose block {read[0]} another request "
+                "took as a same-pass hit (ALLOC-VIS-2); releasing it now leaves that KV "
+                "unwritten: end the step first"
+            )
+        for block in blocks:
+            self.pool.withdraw(block)
 
     def _give_back(self, held: Released, cold: bool = False) -> int:
         """Release (group, position, block) entries in the order the eviction profile sets
@@ -671,13 +698,18 @@ class KVCacheManager:
             freed += pool.release(batch, cold)
         return freed
 
-    def finish(self, rid: str) -> int:
-        """Release a finished or aborted request; returns how many blocks became free."""
-        return self._release(rid)
+    def finish(self, rid: str, *, dispatched: bool = False) -> int:
+        """Release a finished or aborted request; returns how many blocks became free.
+        `dispatched`: its chunk in flight was handed to the executor and runs whatever
+        happens now (an engine that schedules step N+1 while step N runs), so the blocks it
+        published under same-pass visibility keep their keys (ALLOC-VIS-3 withdraws only a
+        chunk that will not run)."""
+        return self._release(rid, dispatched)
 
-    def preempt(self, rid: str) -> int:
-        """Release a preempted request; it may be admitted again under the same id."""
-        return self._release(rid)
+    def preempt(self, rid: str, *, dispatched: bool = False) -> int:
+        """Release a preempted request; it may be admitted again under the same id
+        (`dispatched`: as for `finish`)."""
+        return self._release(rid, dispatched)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every key; refused (False) while any request holds blocks (ALLOC-RESET-1)."""

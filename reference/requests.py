@@ -93,6 +93,7 @@ class Request:
         "held_from",
         "lookahead",
         "pipelined",
+        "published",
         "quiet_end",
         "quiet_slots",
         "quiet_slots_floor",
@@ -120,6 +121,9 @@ class Request:
         self.checkpoints: list[int] = []
         self.tables: list[list[int]] = []
         self.registered: list[int] = []  # per group, positions already considered for caching
+        # same-pass (ALLOC-VIS-2): per group, where the positions published for the chunk in
+        # flight start (they end at `registered`); None when nothing is published
+        self.published: list[int] | None = None
         self.held_from: list[int] = []  # per group, every earlier position holds the null block
         # a decode step [c, e) holding slots up to e + L changes no table while
         # e <= quiet_end, pipelined <= quiet_state and quiet_slots_floor <= e + L <= quiet_slots

@@ -56,6 +56,8 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "ALLOC-FREE-2": (UnkeyedFirstQueue.release_batches,),
     "ALLOC-COMMIT-1": (Registrar.committed,),
     "ALLOC-VIS-1": (KVCacheManager.end_step,),
+    "ALLOC-VIS-2": (Registrar.publish,),
+    "ALLOC-VIS-3": (KVCacheManager._withdraw,),
     "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
     "EVICT-LIVE-1": (BlockPool.is_dead,),
     "EVICT-DEAD-1": (BlockPool.is_dead, Registrar.prerequisites),

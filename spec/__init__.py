@@ -45,7 +45,7 @@ from kvcert.spec.layout import (
 )
 from kvcert.spec.view import CacheView
 
-SPEC_VERSION = "0.3.0"
+SPEC_VERSION = "0.4.0"
 
 __all__ = [
     "NULL",

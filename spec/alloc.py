@@ -66,6 +66,13 @@ class Eviction(StrEnum):
     LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, released unkeyed blocks reused first
 
 
+class Visibility(StrEnum):
+    """Named visibility profiles: from when a block a chunk computes can serve a hit."""
+
+    STEP_END = "step-end"  # once the step that wrote it has ended (ALLOC-VIS-1)
+    SAME_PASS = "same-pass"  # attention blocks from their chunk's scheduling on (ALLOC-VIS-2)
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """What the allocator is built for."""
@@ -73,10 +80,13 @@ class PoolConfig:
     layout: Layout  # the groups sharing the pool
     num_blocks: int  # physical blocks, the null block included
     eviction: Eviction = Eviction.LRU  # the eviction profile
+    visibility: Visibility = Visibility.STEP_END  # the visibility profile
 
     def __post_init__(self) -> None:
         eviction = as_choice(Eviction, self.eviction, "eviction", InvalidOp)
         object.__setattr__(self, "eviction", eviction)
+        visibility = as_choice(Visibility, self.visibility, "visibility", InvalidOp)
+        object.__setattr__(self, "visibility", visibility)
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             refuse(InvalidOp, f"num_blocks must be an integer, got {self.num_blocks!r}")
         if not 2 <= self.num_blocks <= MAX_BLOCKS:
@@ -114,6 +124,9 @@ class Request:
     registered: tuple[int, ...]  # per group, table positions already considered for caching
     checkpoint: int = 0  # a boundary inside the chunk in flight that saves state too, or 0
     decoding: bool = False  # it appends sampled tokens: its chunks may verify drafts
+    # same-pass (ALLOC-VIS-2): per group, where the positions published for the chunk in
+    # flight start (they end at `registered`); () when nothing is published
+    published: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,7 @@ class State:
     free: tuple[int, ...]  # the free queue, eviction candidate first
     requests: dict[str, Request] = field(default_factory=dict)  # running requests by id
     next_stamp: int = 1  # the stamp the next registration gets
+    published: int = 0  # blocks ALLOC-VIS-2 registered since the last end of step
 
 
 # --- operations ----------------------------------------------------------------------------
@@ -206,7 +220,7 @@ class Waiting:
 
 @dataclass(frozen=True)
 class StepEnded:
-    registered: int  # blocks that became hittable
+    registered: int  # blocks that became hittable during the step (ALLOC-VIS-2's included)
 
 
 @dataclass(frozen=True)
@@ -604,6 +618,8 @@ def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Obs
     if isinstance(grown, Waiting):
         return state, grown
     new_state, request = grown
+    if state.config.visibility is Visibility.SAME_PASS:  # a case cites the rules it reaches
+        new_state, request = publish(new_state, request)
     requests = {**new_state.requests, rid: request}
     return (
         dataclasses.replace(new_state, requests=requests),
@@ -653,6 +669,8 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
     if isinstance(grown, Waiting):
         return state, grown
     new_state, new_request = grown
+    if state.config.visibility is Visibility.SAME_PASS:  # a case cites the rules it reaches
+        new_state, new_request = publish(new_state, new_request)
     requests = {**new_state.requests, op.rid: new_request}
     return (
         dataclasses.replace(new_state, requests=requests),
@@ -833,6 +851,8 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
     post: rid not in __return__[0].requests
     """
     _require(rid in state.requests, f"unknown request {rid!r}; it is not running")
+    if state.requests[rid].published:  # a case cites the rules it reaches
+        state = withdraw(state, rid)
     request = state.requests[rid]
     held = [
         (g, j, table[j])
@@ -888,9 +908,42 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     return tuple(range(start, max(start, stop)))
 
 
+def _register(
+    layout: Layout,
+    blocks: list[Block],
+    stamp: int,
+    *,
+    g: int,
+    request: Request,
+    positions: tuple[int, ...],
+) -> tuple[int, int]:
+    """Give group g's blocks at `positions` their keys and contents, in position order;
+    returns (the next stamp, how many were registered)."""
+    group = layout.groups[g]
+    lookahead = key_lookahead(layout, group)
+    keys = block_keys(request.tokens, group.block_size, request.extras, lookahead)
+    registered = 0
+    for j in positions:
+        b = request.tables[g][j]
+        if b == NULL_BLOCK:  # released (ALLOC-SKIP-1) before its next token arrived
+            continue
+        covered = (j + 1) * group.block_size + lookahead
+        blocks[b] = dataclasses.replace(
+            blocks[b],
+            key=(g, keys[j]),
+            stamp=stamp,
+            content=(g, request.tokens[:covered], extras_within(request.extras, covered)),
+        )
+        stamp += 1
+        registered += 1
+    return stamp, registered
+
+
 def end_step(state: State) -> tuple[State, Observation]:
-    """ALLOC-VIS-1: Blocks become hittable only at the end of the step that wrote them: scheduled
-    tokens are committed, then ALLOC-COMMIT-1's positions are registered, never earlier.
+    """ALLOC-VIS-1: Under the step-end visibility profile blocks become hittable only at the
+    end of the step that wrote them: scheduled tokens are committed, then ALLOC-COMMIT-1's
+    positions are registered, never earlier (under same-pass, ALLOC-VIS-2 registered the
+    attention positions already, and the state groups' wait for this).
 
         step 1: a computes tokens 0..63 (B=16); b looks up in step 1 -> hit 0
         end of step 1: a's blocks 0..3 registered;    b looks up in step 2 -> hit 48
@@ -907,35 +960,99 @@ def end_step(state: State) -> tuple[State, Observation]:
         old = state.requests[rid]
         request = dataclasses.replace(old, computed=old.computed + old.scheduled, scheduled=0)
         marks = list(request.registered)
-        for g, group in enumerate(layout.groups):
+        for g in range(len(layout.groups)):
             positions = committed_positions(layout, g, request, old.computed)
-            keys = (
-                block_keys(
-                    request.tokens, group.block_size, request.extras, key_lookahead(layout, group)
-                )
-                if positions
-                else ()
+            if not positions:
+                continue
+            stamp, count = _register(
+                layout, blocks, stamp, g=g, request=request, positions=positions
             )
-            for j in positions:
-                b = request.tables[g][j]
-                if b == NULL_BLOCK:  # released (ALLOC-SKIP-1) before its next token arrived
-                    continue
-                covered = (j + 1) * group.block_size + key_lookahead(layout, group)
-                blocks[b] = dataclasses.replace(
-                    blocks[b],
-                    key=(g, keys[j]),
-                    stamp=stamp,
-                    content=(g, request.tokens[:covered], extras_within(request.extras, covered)),
-                )
-                stamp += 1
-                registered += 1
-            if positions:
-                marks[g] = positions[-1] + 1
-        requests[rid] = dataclasses.replace(request, registered=tuple(marks), checkpoint=0)
+            registered += count
+            marks[g] = positions[-1] + 1
+        requests[rid] = dataclasses.replace(
+            request, registered=tuple(marks), checkpoint=0, published=()
+        )
     return (
-        dataclasses.replace(state, blocks=tuple(blocks), requests=requests, next_stamp=stamp),
-        StepEnded(registered),
+        dataclasses.replace(
+            state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published=0
+        ),
+        StepEnded(registered + state.published),
     )
+
+
+def publish(state: State, request: Request) -> tuple[State, Request]:
+    """ALLOC-VIS-2: Under the same-pass visibility profile the attention positions a chunk
+    completes (ALLOC-COMMIT-1, as if its step had ended) are registered as soon as the chunk
+    is scheduled, so a request looked up later in the same step hits them; a state group's
+    checkpoints still wait for the step's end (ALLOC-VIS-1).
+
+        B=16, step 1: a is scheduled tokens 0..63     a's blocks 0..3 registered now
+                      b (same 64-token prefix + 8)    looks up in step 1 -> hit 64
+        full + state align: the state at 64 is not registered until step 1 ends -> b hits 0
+
+    Why it is sound. The engine runs one forward pass over the step's batch, and in every
+    layer it first writes the KV of all the batch's tokens, then runs attention for all of
+    them: b's attention in layer l reads a's layer-l KV after a wrote it. A state layer has
+    no such order: one kernel reads each request's initial state and writes its
+    checkpoints, with no order between requests, so b could read a's state before a wrote
+    it. The engine's promise behind this profile: no chunk published here leaves the step
+    before its pass runs while another request holds its blocks (ALLOC-VIS-3).
+
+    pre: request.scheduled >= 1 and state.config.visibility is Visibility.SAME_PASS
+    post: __return__[1].registered == request.registered or __return__[1].published
+    """
+    layout = state.config.layout
+    done = dataclasses.replace(request, computed=request.computed + request.scheduled)
+    blocks = list(state.blocks)
+    stamp = state.next_stamp
+    marks = list(request.registered)
+    count = 0
+    for g, group in enumerate(layout.groups):
+        if isinstance(group, MambaState):
+            continue
+        positions = committed_positions(layout, g, done, request.computed)
+        if positions:
+            stamp, added = _register(layout, blocks, stamp, g=g, request=done, positions=positions)
+            count += added
+            marks[g] = positions[-1] + 1
+    if marks == list(request.registered):
+        return state, request
+    published = dataclasses.replace(request, registered=tuple(marks), published=request.registered)
+    new_state = dataclasses.replace(
+        state, blocks=tuple(blocks), next_stamp=stamp, published=state.published + count
+    )
+    return new_state, published
+
+
+def withdraw(state: State, rid: str) -> State:
+    """ALLOC-VIS-3: Releasing a request whose chunk is in flight withdraws the chunk: the
+    blocks ALLOC-VIS-2 published for it lose their keys (the pass that would write them
+    will not run for it), and the release is refused while another request holds one of
+    them, whose hit would read KV that no pass writes.
+
+        a scheduled 0..63, blocks 5 6 7 8 published; b took 5 6 7 (a hit of 48)
+        Preempt(a) before the step ends:  refused (b holds 5)
+        Preempt(a) with no reader:        5 6 7 8 lose their keys, then ALLOC-FREE-1
+
+    pre: rid in state.requests and state.requests[rid].published
+    post: __return__.free == state.free
+    """
+    request = state.requests[rid]
+    blocks = list(state.blocks)
+    for g, start in enumerate(request.published):
+        for j in range(start, request.registered[g]):
+            b = request.tables[g][j]  # a position the chunk writes: never the null block
+            readers = sorted(
+                r for r, other in state.requests.items() if r != rid and b in other.tables[g]
+            )
+            _require(
+                not readers,
+                f"request {rid!r} has a chunk in flight whose block {b} request "
+                f"{readers[0] if readers else ''!r} took as a same-pass hit (ALLOC-VIS-2): "
+                "releasing it now leaves that KV unwritten; end the step first",
+            )
+            blocks[b] = dataclasses.replace(blocks[b], key=None, content=None)
+    return dataclasses.replace(state, blocks=tuple(blocks))
 
 
 def reset_cache(state: State) -> tuple[State, Observation]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from kvcert.spec.alloc import NULL_BLOCK, State, request_keys
+from kvcert.spec.alloc import NULL_BLOCK, State, Visibility, request_keys
 from kvcert.spec.hashing import block_keys, extras_within, key_lookahead
+from kvcert.spec.layout import MambaState
 
 
 def _held(state: State) -> Counter[int]:
@@ -114,19 +115,26 @@ def tables_hold_the_request_tokens(state: State) -> bool:
 
 def uncommitted_blocks_are_not_hittable(state: State) -> bool:
     """INV-VIS-1: No block is registered beyond what its holders have committed: a block
-    written in the current step is not hittable until the step ends.
+    written in the current step is not hittable until the step ends, except, under the
+    same-pass profile, an attention block the chunk in flight completes (ALLOC-VIS-2).
 
-        a: computed 32, scheduled 32 (B=16)    a's positions 2, 3 carry no key
+        a: computed 32, scheduled 32 (B=16)    step-end: a's positions 2, 3 carry no key
+                                               same-pass: full attention's may; state's not
 
     pre: True
     post: isinstance(__return__, bool)
     """
     layout = state.config.layout
+    same_pass = state.config.visibility is Visibility.SAME_PASS
     for request in state.requests.values():
         for g, table in enumerate(request.tables):
-            size = layout.groups[g].block_size
+            group = layout.groups[g]
+            size = group.block_size
+            written = request.computed
+            if same_pass and not isinstance(group, MambaState):
+                written += request.scheduled
             for j, b in enumerate(table):
-                uncommitted = b != NULL_BLOCK and (j + 1) * size > request.computed
+                uncommitted = b != NULL_BLOCK and (j + 1) * size > written
                 if uncommitted and state.blocks[b].key is not None:
                     return False
     return True

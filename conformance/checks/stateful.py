@@ -12,8 +12,9 @@ to the spec, and compares the engine's observation, block tables up to one renam
 per trace. The spec's invariants (§7) are checked after every step.
 
 Only what the engine claims is drawn: group kinds, speculative profiles, extra keys, the
-allocator features (`describe()`), and the eviction profiles among which each run picks one
-(block identities are compared, so at least one eviction profile must be claimed). An engine
+allocator features (`describe()`), and the eviction and visibility profiles among which each
+run picks one (block identities are compared, so at least one eviction profile must be
+claimed; an engine naming no visibility profile is held to step-end). An engine
 with `open(case)` is driven one operation at a time; otherwise the whole trace is replayed
 through `run()` at every step. A failing trace is shrunk and printed as a program, and with
 KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the test extra.
@@ -134,6 +135,8 @@ def save_failure(case: JSON) -> None:
     trace |= {k: case[k] for k in ("layout", "num_blocks", "ops")}
     if "eviction" in case:
         trace["eviction"] = case["eviction"]
+    if "visibility" in case:
+        trace["visibility"] = case["visibility"]
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / "latest-failure.json").write_text(
         json.dumps(trace, indent=1) + "\n", encoding="utf-8"
@@ -166,6 +169,16 @@ def machine_for(
             f"profile; the engine claims {sorted(offered) or 'none'}: claim eviction.lru, "
             "eviction.hybrid or eviction.lru-unkeyed-first"
         )
+    # an engine that names no visibility profile is held to step-end, the only one before
+    # spec 0.4.0 (so older descriptions keep their meaning)
+    visibilities = [v for v in spec.Visibility if f"visibility.{v.value}" in chosen]
+    if not any(p.startswith("visibility.") for p in offered):
+        visibilities = [spec.Visibility.STEP_END]
+    if not visibilities:
+        raise ValueError(
+            f"the engine claims {sorted(offered)}, none of them a visibility profile the "
+            "machine may pick: claim visibility.step-end or visibility.same-pass"
+        )
     extras = [x for x in EXTRAS if all(f"extras.{e.kind.value}" in allowed for e in x)]
     lookaheads = st.integers(0, 3) if "alloc.lookahead" in allowed else st.just(0)
     checkpoints = "alloc.state_checkpoint" in allowed
@@ -188,12 +201,22 @@ def machine_for(
             layout=layouts(allowed),
             blocks=st.integers(4, 96),
             eviction=st.sampled_from(evictions),
+            visibility=st.sampled_from(visibilities),
         )
-        def start(self, layout: Layout, blocks: int, eviction: spec.Eviction) -> None:
-            self.state = spec.initial_state(spec.PoolConfig(layout, blocks, eviction))
+        def start(
+            self,
+            layout: Layout,
+            blocks: int,
+            eviction: spec.Eviction,
+            visibility: spec.Visibility,
+        ) -> None:
+            config = spec.PoolConfig(layout, blocks, eviction, visibility)
+            self.state = spec.initial_state(config)
             self.case = {"suite": "alloc", "layout": layout_to_json(layout), "num_blocks": blocks}
             if eviction is not spec.Eviction.LRU:
                 self.case["eviction"] = eviction.value
+            if visibility is not spec.Visibility.STEP_END:
+                self.case["visibility"] = visibility.value
             self.case["ops"] = []
             opener = getattr(self.engine, "open", None)
             if callable(opener):

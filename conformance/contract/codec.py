@@ -15,7 +15,8 @@ naming the JSON path and what to write instead, so a typo cannot pass.
                                                           past itself, default 1)
 
 Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
-layers' heads and dtype, for engines that plan their own groups from layers.
+layers' heads and dtype, for engines that plan their own groups from layers. Format
+kvcert-vector/3 adds an optional `visibility` to alloc inputs (`visibility_from_json`).
 """
 
 from __future__ import annotations
@@ -233,6 +234,15 @@ def layout_to_json(layout: Layout) -> JSON:
     if layout.draft_reach != 1:  # 1 (EAGLE, one MTP module) is the default: older vectors
         out["draft_reach"] = layout.draft_reach
     return out
+
+
+def visibility_from_json(value: object) -> spec.Visibility:
+    """An alloc case's visibility profile; absent means step-end."""
+    try:
+        return spec.Visibility("step-end" if value is None else str(value))
+    except ValueError:
+        choices = ", ".join(v.value for v in spec.Visibility)
+        raise InputError(f"visibility must be one of {choices}, got {value!r}") from None
 
 
 def eviction_from_json(value: object) -> spec.Eviction:

@@ -53,7 +53,15 @@ FEATURES = (
 )
 # Eviction order is compared only under a profile the engine claims (spec ALLOC-EVICT-1,
 # ALLOC-FREE-1/2, EVICT-HYB-1): which block a new allocation takes is otherwise the engine's.
-PROFILES = ("eviction.lru", "eviction.hybrid", "eviction.lru-unkeyed-first")
+# Visibility (ALLOC-VIS-1, ALLOC-VIS-2) likewise: a case whose answer depends on when a
+# block becomes hittable runs only under the profile the engine claims.
+PROFILES = (
+    "eviction.lru",
+    "eviction.hybrid",
+    "eviction.lru-unkeyed-first",
+    "visibility.step-end",
+    "visibility.same-pass",
+)
 
 
 def claims_everything(name: str) -> JSON:

@@ -17,7 +17,7 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import Session
 from kvcert.conformance.engines import reference_engine
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
-from kvcert.reference import coordinator, groups, manager, tables
+from kvcert.reference import commit, coordinator, groups, manager, tables
 from kvcert.reference.config import DraftKeying, Kind
 
 
@@ -33,6 +33,19 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 class Mutant(ReferenceEngine):
     """The reference with one bug injected whenever it answers, by run() or by a session."""
+
+    # the visibility profile the mutant claims, when its bug is one only under that profile
+    visibility: str | None = None
+
+    def describe(self) -> JSON:
+        described = super().describe()
+        if self.visibility is not None:
+            described["profiles"] = [
+                p
+                for p in described["profiles"]
+                if not p.startswith("visibility.") or p == f"visibility.{self.visibility}"
+            ]
+        return described
 
     def injected(self) -> AbstractContextManager[None]:
         """The patches that make the bug (none by default)."""
@@ -119,7 +132,10 @@ class AllocateBeforeHitsEngine(Mutant):
 
 
 class VisibleBeforeWrittenEngine(Mutant):
-    """vLLM #41838: blocks are registered when scheduled, before their KV is written."""
+    """vLLM #41838: blocks are registered when scheduled, before their KV is written, by an
+    engine that claims step-end visibility."""
+
+    visibility = "step-end"
 
     def injected(self) -> AbstractContextManager[None]:
         original_admit = manager.KVCacheManager.admit
@@ -183,10 +199,40 @@ class DraftReachIgnoredEngine(Mutant):
     def injected(self) -> AbstractContextManager[None]:
         original = reference_engine.config_from_json
 
-        def one_token(layout: JSON, num_blocks: int, eviction: object = "lru") -> Any:
-            return original({**layout, "draft_reach": 1}, num_blocks, eviction)
+        def one_token(
+            layout: JSON, num_blocks: int, eviction: object = "lru", visibility: object = "step-end"
+        ) -> Any:
+            return original({**layout, "draft_reach": 1}, num_blocks, eviction, visibility)
 
         return patched(reference_engine, "config_from_json", one_token)
+
+
+class StatePublishedEngine(Mutant):
+    """Same-pass visibility applied to state groups too: a request scheduled in the step that
+    computes a checkpoint reads a state no kernel has written yet."""
+
+    visibility = "same-pass"
+
+    def injected(self) -> AbstractContextManager[None]:
+        original = commit.Registrar.__init__
+
+        def every_group(self: Any, *args: Any) -> None:
+            original(self, *args)
+            self._attention_groups = [
+                g for g, group in enumerate(self.config.groups) if group.kind is not Kind.CROSS
+            ]
+
+        return patched(commit.Registrar, "__init__", every_group)
+
+
+class WithdrawalForgottenEngine(Mutant):
+    """A request preempted before its pass runs keeps its published blocks hittable: a later
+    request hits KV that was never written."""
+
+    visibility = "same-pass"
+
+    def injected(self) -> AbstractContextManager[None]:
+        return patched(manager.KVCacheManager, "_withdraw", lambda self, rid, request: None)
 
 
 BROKEN = {
@@ -198,4 +244,6 @@ BROKEN = {
     "inner checkpoint ignored": (CheckpointIgnoredEngine, "CKPT-INNER-1"),
     "speculative state blocks ignored": (SpeculativeBlocksIgnoredEngine, "ALLOC-SPEC-1"),
     "draft reach ignored": (DraftReachIgnoredEngine, "HASH-DRAFT-1"),
+    "state published in the same pass": (StatePublishedEngine, "ALLOC-VIS-2"),
+    "withdrawal forgotten": (WithdrawalForgottenEngine, "ALLOC-VIS-3"),
 }

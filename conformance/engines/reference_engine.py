@@ -65,8 +65,11 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
     )
 
 
-def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") -> ref.CacheConfig:
-    """A layout object, pool size and eviction profile as the reference's CacheConfig."""
+def config_from_json(
+    layout: JSON, num_blocks: int, eviction: object = "lru", visibility: object = "step-end"
+) -> ref.CacheConfig:
+    """A layout object, pool size, eviction and visibility profiles as the reference's
+    CacheConfig."""
     check_fields(expect_object(layout, "layout"), "layout", *LAYOUT_FIELDS)
     groups = layout.get("groups")
     if not isinstance(groups, list):
@@ -81,6 +84,10 @@ def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") ->
         profile = ref.Eviction(str(eviction))
     except ValueError as error:
         raise ConfigError(f"bad eviction profile {eviction!r}") from error
+    try:
+        shown = ref.Visibility(str(visibility))
+    except ValueError as error:
+        raise ConfigError(f"bad visibility profile {visibility!r}") from error
     return ref.CacheConfig(
         tuple(group_from_json(g) for g in groups),
         num_blocks,
@@ -88,6 +95,7 @@ def config_from_json(layout: JSON, num_blocks: int, eviction: object = "lru") ->
         max_model_len=None if limit is None else _int(limit, "max_model_len"),
         draft_reach=_int(layout.get("draft_reach", 1), "draft_reach"),
         eviction=profile,
+        visibility=shown,
     )
 
 
@@ -105,8 +113,14 @@ def tables_json(tables: tuple[tuple[int, ...], ...]) -> list[list[int]]:
 class ReferenceSession:
     """One reference allocator answering the alloc suite's JSON operations."""
 
-    def __init__(self, layout: JSON, num_blocks: int, eviction: object = "lru") -> None:
-        self.manager = KVCacheManager(config_from_json(layout, num_blocks, eviction))
+    def __init__(
+        self,
+        layout: JSON,
+        num_blocks: int,
+        eviction: object = "lru",
+        visibility: object = "step-end",
+    ) -> None:
+        self.manager = KVCacheManager(config_from_json(layout, num_blocks, eviction, visibility))
 
     def apply(self, op: JSON) -> JSON:
         """Run one operation; reference errors become {"refused": true}."""
@@ -282,7 +296,12 @@ class ReferenceEngine:
 
     def open(self, case: JSON) -> Session:
         """A session for an alloc case (its layout, pool and profile), an op at a time."""
-        return ReferenceSession(case["layout"], case["num_blocks"], case.get("eviction", "lru"))
+        return ReferenceSession(
+            case["layout"],
+            case["num_blocks"],
+            case.get("eviction", "lru"),
+            case.get("visibility", "step-end"),
+        )
 
     def run(self, case: JSON) -> JSON:
         if case["suite"] == "page":

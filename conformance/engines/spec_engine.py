@@ -15,6 +15,7 @@ from kvcert.conformance.contract.codec import (
     layout_from_json,
     observation_to_json,
     op_from_json,
+    visibility_from_json,
 )
 from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
 from kvcert.conformance.contract.protocol import EngineError, claims_everything
@@ -47,8 +48,13 @@ class SpecEngine:
                 cached = tuple(from_ranges(ranges) for ranges in case["cached"])
                 hit = hybrid_hit(CacheView(layout, case["num_tokens"], cached))
                 return {"hit": hit.length, "blocks": [list(b) for b in hit.blocks]}
-            eviction = eviction_from_json(case.get("eviction"))
-            state = spec.initial_state(spec.PoolConfig(layout, case["num_blocks"], eviction))
+            config = spec.PoolConfig(
+                layout,
+                case["num_blocks"],
+                eviction_from_json(case.get("eviction")),
+                visibility_from_json(case.get("visibility")),
+            )
+            state = spec.initial_state(config)
         except (SpecError, InputError) as error:
             return refused(error)
         observations = []

@@ -155,6 +155,7 @@ def cache_config(
             max_model_len=max_model_len,
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
+            visibility=settings.visibility,
         )
     except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

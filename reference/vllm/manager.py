@@ -4,7 +4,10 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 - Blocks become hittable when the step that writes them has run (ALLOC-VIS-1, ALLOC-COMMIT-1):
   the scheduler calls `end_step()` when the model's output for the step arrives
   (`kvcert.reference.vllm.Scheduler` does), not at allocation. `cache_blocks` is therefore a
-  no-op; vLLM's manager registers blocks before their KV exists.
+  no-op; vLLM's manager registers blocks before their KV exists. With
+  `Settings.visibility` same-pass (KVCERT_VISIBILITY=same-pass, fcfs policy only) attention
+  blocks serve hits from their chunk's scheduling on, as vLLM's do, and state checkpoints
+  still wait for the step's output (ALLOC-VIS-2).
 - Hits follow the hybrid hit (HIT-HYB-1) and the eviction profile of `Settings`.
 - A waiting request whose hit the steps in flight are extending may wait a step instead of
   being admitted without those blocks (`Settings.hold_back`; vLLM does so for state groups).
@@ -627,7 +630,9 @@ class KVCacheManager:
             self._accept_verified(request, progress)
         self._forget(rid)
         if progress is not None:
-            self.core.finish(rid)
+            # vLLM's fcfs policy (same-pass visibility needs it) never releases a chunk of the
+            # step being scheduled, so a chunk in flight was handed to the executor: it runs
+            self.core.finish(rid, dispatched=True)
 
     def _accept_verified(self, request: Any, progress: Progress) -> None:
         """Draft tokens the last step verified and accepted count as computed (the allocator
@@ -677,7 +682,7 @@ class KVCacheManager:
             for b in [b for b, o in self._popped.items() if o == owner]:
                 del self._popped[b]
             if owner is not None and self.core.is_running(owner):
-                self.core.finish(owner)
+                self.core.finish(owner, dispatched=True)
                 self._forget(owner)
 
     def evict_blocks(self, block_ids: set[int]) -> None:

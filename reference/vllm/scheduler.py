@@ -17,6 +17,7 @@ from typing import Any
 from vllm.v1.core.sched import async_scheduler as vllm_async
 from vllm.v1.core.sched import scheduler as vllm_scheduler
 
+from kvcert.reference.config import Visibility
 from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.manager import KVCacheManager
 from kvcert.reference.vllm.settings import Settings
@@ -49,6 +50,15 @@ class _KvcertManaged:
 
     def _check(self, vllm_config: Any) -> None:
         """Refuse a configuration this scheduler class does not serve."""
+        settings = self.settings or Settings.from_env()
+        policy = str(getattr(vllm_config.scheduler_config, "policy", "fcfs")).lower()
+        if settings.visibility is Visibility.SAME_PASS and "fcfs" not in policy:
+            raise UnsupportedConfigError(
+                f"same-pass visibility with the {policy!r} scheduling policy: it preempts "
+                "requests already scheduled in the step, whose blocks a request scheduled after "
+                "them may have hit (spec ALLOC-VIS-3); use --scheduling-policy fcfs or "
+                "KVCERT_VISIBILITY=step-end"
+            )
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         aux = getattr(vllm_config, "aux_output_config", None)
@@ -97,6 +107,7 @@ class Scheduler(_KvcertManaged, vllm_scheduler.Scheduler):  # type: ignore[misc]
     """vLLM 0.33.0's synchronous Scheduler over kvcert's allocator."""
 
     def _check(self, vllm_config: Any) -> None:
+        super()._check(vllm_config)
         if getattr(vllm_config.scheduler_config, "async_scheduling", False):
             raise UnsupportedConfigError(
                 "asynchronous scheduling is on: use kvcert.reference.vllm.AsyncScheduler, "

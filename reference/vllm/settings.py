@@ -7,6 +7,7 @@ environment when no `Settings` is given:
     KVCERT_HASH         sha256 (default) | blake2b
     KVCERT_SPECULATIVE  exact (default) | drop    (draft-layer keying; read with a drafter)
     KVCERT_HOLD_BACK    state (default) | all | never
+    KVCERT_VISIBILITY   step-end (default) | same-pass
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
-from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm, as_choice
+from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm, Visibility, as_choice
 from kvcert.reference.errors import ConfigError
 
 E = TypeVar("E", bound=StrEnum)
@@ -27,6 +28,7 @@ ENVIRONMENT = {
     "hash_algorithm": "KVCERT_HASH",
     "speculative": "KVCERT_SPECULATIVE",
     "hold_back": "KVCERT_HOLD_BACK",
+    "visibility": "KVCERT_VISIBILITY",
 }
 
 
@@ -50,6 +52,10 @@ class Settings:
     # (HIT-SPEC-2, vLLM's EAGLE block drop, which serves stale draft KV: acceptance only)
     speculative: DraftKeying | None = None
     hold_back: HoldBack = HoldBack.STATE
+    # same-pass: attention blocks serve hits from their chunk's scheduling on, as vLLM's own
+    # manager does (spec ALLOC-VIS-2); needs vLLM's fcfs policy, whose preemptions never
+    # drop a chunk already scheduled (the priority policy does: ALLOC-VIS-3)
+    visibility: Visibility = Visibility.STEP_END
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
@@ -59,17 +65,20 @@ class Settings:
             keying = as_choice(DraftKeying, self.speculative, "speculative")
             object.__setattr__(self, "speculative", keying)
         object.__setattr__(self, "hold_back", as_choice(HoldBack, self.hold_back, "hold_back"))
+        visibility = as_choice(Visibility, self.visibility, "visibility")
+        object.__setattr__(self, "visibility", visibility)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE and
-        KVCERT_HOLD_BACK."""
+        """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK
+        and KVCERT_VISIBILITY."""
         env = os.environ if environ is None else environ
         return cls(
             eviction=_choice(env, "eviction", Eviction) or Eviction.LRU,
             hash_algorithm=_choice(env, "hash_algorithm", HashAlgorithm) or HashAlgorithm.SHA256,
             speculative=_choice(env, "speculative", DraftKeying),
             hold_back=_choice(env, "hold_back", HoldBack) or HoldBack.STATE,
+            visibility=_choice(env, "visibility", Visibility) or Visibility.STEP_END,
         )
 
 

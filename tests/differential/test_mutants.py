@@ -39,7 +39,7 @@ def must_fail() -> None:
 
 def test_reused_block_keeps_its_old_key(monkeypatch):
     """Bug: a block popped for new content stays registered (stale hits)."""
-    monkeypatch.setattr(block_pool.BlockPool, "_forget", lambda self, block: None)
+    monkeypatch.setattr(block_pool.BlockPool, "_forget", lambda self, block, evicted=True: None)
     must_fail()
 
 

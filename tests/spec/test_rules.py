@@ -71,6 +71,8 @@ EXPECTED_TAGS = {
     "ALLOC-FREE-2",
     "ALLOC-COMMIT-1",
     "ALLOC-VIS-1",
+    "ALLOC-VIS-2",
+    "ALLOC-VIS-3",
     "ALLOC-RESET-1",
     "EVICT-LIVE-1",
     "EVICT-DEAD-1",
@@ -306,6 +308,33 @@ def exercise_allocator(chosen: Layout) -> None:
     ]
     for profile in alloc.Eviction:
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12, profile)), ops)
+    # ALLOC-VIS-2/3: b reads a's chunk in flight; a's release is refused, c's is withdrawn
+    same_pass = [
+        alloc.Admit("a", prompt, 9),
+        alloc.Admit("b", (*prompt, 5), 9),
+        alloc.Preempt("a"),
+        alloc.Admit("c", tuple(range(20, 29)), 9),
+        alloc.Preempt("c"),
+        alloc.EndStep(),
+        alloc.Extend("b", 2, appended=(6,)),
+        alloc.Finish("a"),
+    ]
+    pool = alloc.PoolConfig(chosen, 12, visibility=alloc.Visibility.SAME_PASS)
+    state = alloc.initial_state(pool)
+    state, _ = alloc.step(state, same_pass[0])
+    state, b = alloc.step(state, same_pass[1])
+    read = (
+        isinstance(b, alloc.Admitted)
+        and any(
+            block in state.requests["a"].tables[g][state.requests["a"].published[g] :]
+            for g, table in enumerate(b.tables)
+            for block in table
+            if block
+        )
+        if "a" in state.requests and state.requests["a"].published
+        else False
+    )
+    run_script(alloc.initial_state(pool), same_pass, frozenset({2}) if read else frozenset())
     aligned = [
         g.block_size
         for g in chosen.groups
@@ -325,8 +354,11 @@ def exercise_allocator(chosen: Layout) -> None:
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12)), drafts)
 
 
-def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:
-    for scripted in ops:
+def run_script(
+    state: alloc.State, ops: list[alloc.Op], refused: frozenset[int] = frozenset()
+) -> None:
+    """Apply `ops`; the ones at the indexes `refused` must be refused, and change nothing."""
+    for index, scripted in enumerate(ops):
         op = scripted
         request = state.requests.get(getattr(op, "rid", ""))
         if isinstance(op, alloc.Finish | alloc.Preempt | alloc.Extend) and request is None:
@@ -337,6 +369,10 @@ def run_script(state: alloc.State, ops: list[alloc.Op]) -> None:
                 continue  # a chunked-only layout hit the prompt without computing it
             if not done:
                 op = alloc.Extend(scripted.rid, scripted.budget)  # prompt not finished yet
+        if index in refused:
+            with pytest.raises(errors.InvalidOp):
+                alloc.step(state, op)
+            continue
         state, _ = alloc.step(state, op)
         assert invariants.violated(state) == []
         checkpoints.branch_point(state, (1, 2, 3, 4, 5, 6, 7, 8, 9, 5), ())

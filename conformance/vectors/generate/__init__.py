@@ -25,6 +25,7 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.vectors.generate.alloc import (
     alloc_scenarios,
     regression_cases,
+    same_pass_twins,
     unkeyed_first_twins,
 )
 from kvcert.conformance.vectors.generate.hit import (
@@ -47,12 +48,19 @@ from kvcert.conformance.vectors.generate.traces import (
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
-FORMAT = "kvcert-vector/2"
+FORMAT = "kvcert-vector/3"
 VECTORS = Path(__file__).resolve().parents[1]  # kvcert/conformance/vectors
 
 
 def suites() -> dict[str, list[JSON]]:
     """Every file's cases, keyed by its path under vectors/."""
+    files = step_end_suites()
+    files["alloc/same-pass.json"] = list(same_pass_twins(files))
+    return files
+
+
+def step_end_suites() -> dict[str, list[JSON]]:
+    """Every file but the same-pass twins, whose cases they replay."""
     return {
         "hit/scenarios.json": list(hit_scenarios()),
         "hit/refusals.json": [c for c in refusals() if c["input"]["suite"] == "hit"],

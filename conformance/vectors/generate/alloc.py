@@ -98,6 +98,7 @@ def alloc_scenarios() -> Iterator[JSON]:
         "vllm#41838",
         "blocks are hittable only after the step that wrote them",
     )
+    yield from same_pass_scenarios()
     yield alloc_case(
         "alloc.two-phase.hits-before-allocation",
         one,
@@ -424,6 +425,49 @@ def alloc_scenarios() -> Iterator[JSON]:
     )
 
 
+def same_pass_scenarios() -> Iterator[JSON]:
+    """The same-pass visibility profile (ALLOC-VIS-2, ALLOC-VIS-3), rule by rule."""
+    yield alloc_case(
+        "alloc.same-pass.window-hit",
+        Layout((FULL, SW)),
+        32,
+        [spec.Admit("a", PROMPT, 64), spec.Admit("b", (*PROMPT, 7), 64), spec.EndStep()],
+        comment="b is looked up in the step that schedules a: it hits a's 32 tokens of both "
+        "attention groups, whose KV the pass writes before any attention reads it",
+        visibility=spec.Visibility.SAME_PASS,
+    )
+    yield alloc_case(
+        "alloc.same-pass.withdrawn",
+        Layout((FULL,)),
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Preempt("a"),
+            spec.Admit("b", (*PROMPT, 7), 64),
+            spec.EndStep(),
+        ],
+        comment="a is preempted before its pass runs: its published blocks lose their keys, "
+        "so b, looked up after, hits nothing",
+        visibility=spec.Visibility.SAME_PASS,
+    )
+    yield alloc_case(
+        "alloc.same-pass.read-writer-stays",
+        Layout((FULL,)),
+        32,
+        [
+            spec.Admit("a", PROMPT, 64),
+            spec.Admit("b", (*PROMPT, 7), 64),
+            spec.Preempt("a"),
+            spec.Finish("a"),
+            spec.EndStep(),
+            spec.Finish("a"),
+        ],
+        comment="b took a's blocks in a's step: releasing a before its pass runs is refused "
+        "(b's hit would read KV nobody writes); after the step it is an ordinary release",
+        visibility=spec.Visibility.SAME_PASS,
+    )
+
+
 def unkeyed_first_twins(cases: Iterator[JSON]) -> Iterator[JSON]:
     """The lru scenarios whose outcome depends on the free order, replayed under the
     lru-unkeyed-first profile (ALLOC-FREE-2), so engines with vLLM 0.25+'s order run them."""
@@ -440,7 +484,32 @@ def unkeyed_first_twins(cases: Iterator[JSON]) -> Iterator[JSON]:
             case.get("comment", ""),
             tuple(case.get("focus", ())),
             eviction=spec.Eviction.LRU_UNKEYED_FIRST,
+            visibility=spec.Visibility(data.get("visibility", "step-end")),
         )
+
+
+def same_pass_twins(files: dict[str, list[JSON]]) -> Iterator[JSON]:
+    """Every alloc case whose answer depends on the visibility profile, replayed under
+    same-pass (ALLOC-VIS-2, ALLOC-VIS-3), so engines that serve a block in the step that
+    schedules its writer (vLLM) are held to that profile on the same traces."""
+    for path, cases in sorted(files.items()):
+        if not path.startswith("alloc/"):
+            continue
+        for case in cases:
+            if "visibility.step-end" not in case["requires"]:
+                continue
+            data = case["input"]
+            yield alloc_case(
+                case["id"].replace("alloc.", "alloc.same-pass.", 1),
+                layout_from_json(data["layout"]),
+                data["num_blocks"],
+                [op_from_json(op) for op in data["ops"]],
+                case.get("origin"),
+                case.get("comment", ""),
+                ("ALLOC-VIS-2", *case.get("focus", ())),
+                eviction=spec.Eviction(data.get("eviction", "lru")),
+                visibility=spec.Visibility.SAME_PASS,
+            )
 
 
 # --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
@@ -463,4 +532,5 @@ def regression_cases() -> Iterator[JSON]:
             saved.get("comment", ""),
             tuple(saved.get("focus", ())),
             eviction=spec.Eviction(saved.get("eviction", "lru")),
+            visibility=spec.Visibility(saved.get("visibility", "step-end")),
         )

@@ -136,6 +136,9 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "hit.cross": ("HIT-CROSS-1",),
     "hit.mamba-none": ("HIT-MAMBA-2",),
     "alloc.visibility": ("ALLOC-VIS-1",),
+    "alloc.same-pass.window-hit": ("ALLOC-VIS-2",),
+    "alloc.same-pass.withdrawn": ("ALLOC-VIS-3",),
+    "alloc.same-pass.read-writer-stays": ("ALLOC-VIS-3",),
     "alloc.two-phase": ("ALLOC-TWO-PHASE-1",),
     "alloc.duplicates": ("ALLOC-LOOKUP-1",),
     "alloc.eviction": ("ALLOC-EVICT-1",),
@@ -252,7 +255,10 @@ def alloc_case(
     comment: str = "",
     focus: tuple[str, ...] = (),
     eviction: spec.Eviction = spec.Eviction.LRU,
+    visibility: spec.Visibility = spec.Visibility.STEP_END,
 ) -> JSON:
+    """An alloc case; it requires its visibility profile only where the other profile
+    answers it differently (a lookup in the step that schedules a block's writer)."""
     case_input: JSON = {
         "suite": "alloc",
         "layout": layout_to_json(layout),
@@ -261,10 +267,27 @@ def alloc_case(
     }
     if eviction is not spec.Eviction.LRU:
         case_input["eviction"] = eviction.value
+    if visibility is not spec.Visibility.STEP_END:
+        case_input["visibility"] = visibility.value
     expect, rules = spec_answer(case_input)
     reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
     needs = requires(layout, ops, reuse, eviction)
+    if visibility_matters(case_input, expect, visibility):
+        needs = sorted([*needs, f"visibility.{visibility.value}"])
     return make_case(case_id, rules, needs, case_input, expect, origin, comment, focus)
+
+
+def visibility_matters(case_input: JSON, expect: JSON, visibility: spec.Visibility) -> bool:
+    """Whether a visibility profile other than `visibility` answers the case otherwise."""
+    for other in spec.Visibility:
+        if other is visibility:
+            continue
+        changed = {k: v for k, v in case_input.items() if k != "visibility"}
+        if other is not spec.Visibility.STEP_END:
+            changed["visibility"] = other.value
+        if spec_answer(changed)[0] != expect:
+            return True
+    return False
 
 
 PROMPT = tuple(range(100, 140))  # the token sequences the hand-written traces share
