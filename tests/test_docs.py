@@ -255,9 +255,11 @@ def tree_folders() -> set[str]:
     """What the layout must name: every top-level folder, and every package folder under the
     four packages (a folder holding an __init__.py)."""
     skip = {"__pycache__"}
+    built = {"build"}  # setuptools' build folder (git-ignored): an engine venv's install makes it
     folders = {
         f"{p.name}/" for p in ROOT.iterdir()
         if p.is_dir() and not p.name.startswith(".") and not p.name.endswith(".egg-info")
+        and p.name not in built
     }  # fmt: skip
     for top in ("spec", "reference", "kernels", "conformance"):
         for init in (ROOT / top).rglob("__init__.py"):

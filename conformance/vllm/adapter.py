@@ -292,7 +292,10 @@ class Session:
         tokens = list(range(1, num_tokens + 2))
         writer = self.new_request("writer", tokens, [])
         step = math.lcm(*(g["block_size"] for g in groups))
-        position: dict[tuple[int, int], int] = {}  # (group, block id) -> writer position
+        # block id -> (group, position) where the writer last held it: a block one group
+        # released uncached (sliding window under sparse retention) may come back in another
+        # group, and only its last place names what it caches
+        held: dict[int, tuple[int, int]] = {}
         done = 0
         while done < len(tokens):
             chunk = min(step, len(tokens) - done)
@@ -302,12 +305,13 @@ class Session:
             for g, table in enumerate(self.manager.get_block_ids("writer")):
                 for j, block_id in enumerate(table):
                     if block_id:
-                        position[(g, block_id)] = j
+                        held[block_id] = (g, j)
             writer.num_computed_tokens += chunk
             done += chunk
             if hasattr(self.manager, "new_step_starts"):
                 self.manager.new_step_starts()
         self.manager.free(writer)
+        position = {(g, block_id): j for block_id, (g, j) in held.items()}
         wanted: dict[int, set[int]] = {}  # manager group -> the blocks its layout groups keep
         for i, g in enumerate(self.owner):
             if wanted.setdefault(g, cached[i]) != cached[i]:
@@ -346,7 +350,10 @@ class VllmEngine:
             "name": name,
             "version": version("vllm"),
             "features": probe_features(self.mode),
-            "profiles": [profile] if (profile := free_order_profile(self.mode)) else [],
+            "profiles": [
+                *([profile] if (profile := free_order_profile(self.mode)) else []),
+                visibility_profile(self.mode),
+            ],
         }
 
     def run(self, case: JSON) -> JSON:
@@ -474,6 +481,19 @@ def free_order_profile(mode: str = "hand") -> str | None:
     return {"[[3]]": "eviction.lru", "[[2]]": "eviction.lru-unkeyed-first"}.get(
         str(answer["admitted"]["tables"])
     )
+
+
+def visibility_profile(mode: str = "hand") -> str:
+    """The visibility profile this release follows, found by a probe: is a block hittable
+    in the step that schedules its writer? (`visibility.same-pass`, ALLOC-VIS-2: vLLM
+    registers blocks in `allocate_slots`; else `visibility.step-end`, ALLOC-VIS-1.)"""
+    session = Session({"groups": [{"kind": "full", "block_size": 4}]}, 16, mode=mode)
+    session.apply({"op": "admit", "rid": "x", "tokens": [1, 2, 3, 4, 5, 6, 7, 8], "budget": 8})
+    answer = session.apply(
+        {"op": "admit", "rid": "y", "tokens": [1, 2, 3, 4, 5, 6, 7, 8, 9], "budget": 9}
+    )
+    served = answer.get("admitted", {}).get("hit", 0)
+    return "visibility.same-pass" if served else "visibility.step-end"
 
 
 def make_engine() -> VllmEngine:

@@ -249,3 +249,28 @@ def test_the_results_tables_in_the_docs_are_the_committed_results(mode):
     MODE`, verbatim."""
     text = (ROOT / "docs" / "engines.md").read_text(encoding="utf-8")
     assert expected.table(mode=mode) in text
+
+
+def test_a_kept_lookahead_block_is_named_only_when_the_tables_agree_elsewhere():
+    kept = "step 4: tables [[1, 2, 4, 5]] are not a consistent renaming of [[1, 2, 4, 0]]"
+    assert expected.cause({"id": "alloc.x", "detail": kept}, None) == "lookahead-kept"
+    other = "step 4: tables [[1, 2, 7, 5]] are not a consistent renaming of [[1, 2, 4, 0]]"
+    assert expected.cause({"id": "alloc.x", "detail": other}, None) != "lookahead-kept"
+    inside = "step 4: tables [[1, 9, 4]] are not a consistent renaming of [[1, 0, 4]]"
+    assert expected.cause({"id": "alloc.x", "detail": inside}, None) != "lookahead-kept"
+
+
+def test_under_same_pass_a_release_in_flight_explains_later_divergences():
+    ops = [
+        {"op": "admit", "rid": "a", "tokens": [1], "budget": 1},
+        {"op": "preempt", "rid": "a"},
+        {"op": "admit", "rid": "b", "tokens": [1, 2], "budget": 2},
+    ]
+    assert expected.released_in_flight_before(ops, 2)
+    assert not expected.released_in_flight_before([*ops[:1], {"op": "end_step"}, *ops[1:]], 3)
+    layout = {"groups": [{"kind": "full", "block_size": 1}]}
+    detail = "step 2: {'admitted': {'hit': 1}} != expected {'admitted': {'hit': 0}}"
+    same_pass = {"input": {"layout": layout, "ops": ops, "visibility": "same-pass"}}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, same_pass) == "preempt-in-flight"
+    step_end = {"input": {"layout": layout, "ops": ops}}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, step_end) == "same-step"
