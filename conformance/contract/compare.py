@@ -52,8 +52,13 @@ def compare_hit(expect: dict[str, Any], answer: object) -> str | None:
     return None
 
 
+LATER_HITS = "; hits differ later too:"  # what compare_alloc appends after a first difference
+
+
 def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
-    """None when every observation matches (tables up to one renaming), else the first diff."""
+    """None when every observation matches (tables up to one renaming), else the first diff,
+    followed, when it is not itself a hit, by every later admission whose hit differs: a
+    difference in registrations or tables never hides a hit the engine did not serve."""
     if refusal := _refusal(expect, answer):
         return None if refusal == "ok" else refusal
     if not isinstance(answer, dict) or not isinstance(answer.get("observations"), list):
@@ -65,7 +70,23 @@ def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
     for step, (want, have) in enumerate(zip(wanted, got, strict=True)):
         difference = compare_observation(renaming, want, have)
         if difference is not None:
-            return f"step {step}: {difference}"
+            later = [
+                f"step {k} ({_hit(h)} != expected {_hit(w)})"
+                for k, (w, h) in enumerate(zip(wanted, got, strict=True))
+                if k >= step and _hit(w) is not None and _hit(h) != _hit(w)
+                and not (k == step and "'hit'" in difference)
+            ]  # fmt: skip
+            return f"step {step}: {difference}" + (
+                f"{LATER_HITS} {', '.join(later)}" if later else ""
+            )
+    return None
+
+
+def _hit(observation: object) -> int | None:
+    """The hit an admission observation reports (None for any other observation)."""
+    if isinstance(observation, dict) and isinstance(observation.get("admitted"), dict):
+        hit = observation["admitted"].get("hit")
+        return hit if isinstance(hit, int) else None
     return None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import sys
 from collections import Counter
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
-from kvcert.conformance.contract.compare import REFUSED_VALID
+from kvcert.conformance.contract.compare import LATER_HITS, REFUSED_VALID
 from kvcert.conformance.vllm import checkout
 
 CAUSES = {
@@ -56,7 +57,8 @@ CAUSES = {
     "registration-unit": "registered count differs in a layout of several block sizes: vLLM "
     "caches in whole units of the hit alignment (seen on 0.33: a B=1 group caches nothing "
     "until the B=2 group's block is full); the spec registers every full block at the step "
-    "end. Hits are alignment-multiples, so none differs",
+    "end. No hit differs: a hit is a multiple of the alignment and needs no block of a partial "
+    "unit (THM-REG-UNIT, proved in kvcert check's pr tier, with its twin)",
     "equal-specs": "vLLM <= 0.28's HybridKVCacheCoordinator asserts that two groups have "
     "different specs (its planner merges equal ones, draft layers included); 0.33 accepts them",
     "preempt-in-flight": "known upstream, open PR vllm#43569 (wrong output, reproduced "
@@ -84,6 +86,18 @@ CAUSES = {
     "free-hit": "a layout where no group reads the whole prefix (short windows, local "
     "chunks): the spec serves the tokens no later token reads without any cached block "
     "(HIT-SW-1, HIT-CHUNK-1); vLLM serves only blocks it finds cached. Degenerate layouts only",
+    "one-token-window": "a sliding window of 1 token (each token attends to itself only) needs "
+    "no cached block for any hit (HIT-SW-1: the W - 1 = 0 tokens before it), but vLLM 0.33 "
+    "caches none of its blocks (reachable_block_mask keeps a tail of 0 blocks) and its "
+    "SlidingWindowManager reports a hit only past a cached block, so every hit is 0 and "
+    "fewer blocks are registered. Degenerate layouts only",
+    "drop-proof-margin": "new (the spec serves less): under drop keying vLLM 0.33's EAGLE "
+    "group matches one block past a candidate hit (eagle_proof_margin), also past the request's "
+    "last token, and drops only that block; so a request whose hit is capped by HIT-LEN-1 keeps "
+    "the plain hit, the block after it vouching for the tokens the last draft KV reads. The "
+    "spec's HIT-SPEC-2 steps down within lengths up to num_tokens - 1 and serves one aligned "
+    "step less. Sound under the same one-writer condition as the drop itself; a spec rule to "
+    "revisit (kvcert.spec.hybrid)",
     "timeout": "the adapter's hit set-up (a writer request computed chunk by chunk) exceeds "
     "the per-case time limit on this release",
     "sparse-retention": "vLLM 0.33's default prefix_cache_retention_interval=0 keeps "
@@ -252,18 +266,55 @@ def traced_cause(trace: dict[str, Any], layout: dict[str, Any], detail: str) -> 
     return None
 
 
+# Causes that say no hit differs: never given to a case whose hits differ later in its trace
+# (compare_alloc lists them after the first difference).
+HITS_UNCHANGED = frozenset(
+    {"registration-unit", "reprefill-all-groups", "lookahead-kept", "lookahead-registration"}
+)
+
+
 def cause(
     result: dict[str, Any], case: dict[str, Any] | None, trace: dict[str, Any] | None = None
 ) -> str:
-    detail = result["detail"]
+    detail, _, later = result["detail"].partition(LATER_HITS)
+    found = _cause(detail, result["id"], case, trace)
+    if later and found in HITS_UNCHANGED:
+        # the first difference says no hit differs, yet one does: the case takes the cause
+        # of its first differing hit, or none
+        step, got, want = re.findall(r"step (\d+) \((\d+|None) != expected (\d+)\)", later)[0]
+        if _proof_margin(case, int(step), got, int(want)):
+            return "drop-proof-margin"
+        first_hit = f"step {step}: hit {got} != expected {want}"
+        hit_cause = _cause(first_hit, result["id"], case, trace)
+        return hit_cause if hit_cause not in HITS_UNCHANGED else "uninvestigated"
+    return found
+
+
+def _proof_margin(case: dict[str, Any] | None, step: int, got: str, want: int) -> bool:
+    """An admission under drop keying where the engine kept a hit that HIT-LEN-1 caps: the
+    plain hit `got` is within the request's last token and one aligned step past it is not."""
+    if case is None or got == "None" or int(got) <= want:
+        return False
+    layout = case["input"]["layout"]
+    op = case["input"]["ops"][step]
+    if layout.get("speculative") != "drop" or op.get("op") != "admit":
+        return False
+    alignment = math.lcm(*(g["block_size"] for g in layout["groups"] if g.get("kind") != "cross"))
+    last = len(op["tokens"]) - 1
+    return int(got) <= last < int(got) + alignment
+
+
+def _cause(
+    detail: str, case_id: str, case: dict[str, Any] | None, trace: dict[str, Any] | None
+) -> str:
     layout = (case or {}).get("input", {}).get("layout", {})
     if trace is not None and (name := traced_cause(trace, layout, detail)):
         return name
-    if result["id"] in VALIDATION:
+    if case_id in VALIDATION:
         return "validation"
-    if result["id"].endswith("isolation.salt-and-lora-do-not-collide"):
+    if case_id.endswith("isolation.salt-and-lora-do-not-collide"):
         return "salt-lora"
-    if result["id"].endswith("mamba-align.checkpoint-at-step-end"):
+    if case_id.endswith("mamba-align.checkpoint-at-step-end"):
         return "align-hold"
     if "aligned_length is not compatible with eagle" in detail:
         return "eagle-block-sizes"
@@ -328,6 +379,10 @@ def cause(
         g.get("kind") in ("full", "mamba") for g in layout.get("groups", [])
     ):
         return "free-hit"
+    if any(
+        g.get("kind") == "sliding_window" and g.get("window") == 1 for g in layout.get("groups", [])
+    ):
+        return "one-token-window"
     step = re.match(r"step (\d+):", detail)
     if case is not None and step:
         ops = case["input"]["ops"]

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.config import (
+    CacheConfig,
+    DraftKeying,
+    GroupConfig,
+    Kind,
+    MambaMode,
+    Visibility,
+)
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.vllm.settings import Settings
 
@@ -155,7 +162,7 @@ def cache_config(
             max_model_len=max_model_len,
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
-            visibility=settings.visibility,
+            visibility=settings.visibility or Visibility.STEP_END,
         )
     except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

@@ -4,8 +4,8 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 - Blocks become hittable when the step that writes them has run (ALLOC-VIS-1, ALLOC-COMMIT-1):
   the scheduler calls `end_step()` when the model's output for the step arrives
   (`kvcert.reference.vllm.Scheduler` does), not at allocation. `cache_blocks` is therefore a
-  no-op; vLLM's manager registers blocks before their KV exists. With
-  `Settings.visibility` same-pass (KVCERT_VISIBILITY=same-pass, fcfs policy only) attention
+  no-op; vLLM's manager registers blocks before their KV exists. With same-pass visibility
+  (kvcert's scheduler picks it under vLLM's fcfs policy, `Settings.for_policy`) attention
   blocks serve hits from their chunk's scheduling on, as vLLM's do, and state checkpoints
   still wait for the step's output (ALLOC-VIS-2).
 - Hits follow the hybrid hit (HIT-HYB-1) and the eviction profile of `Settings`.

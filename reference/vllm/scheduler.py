@@ -17,7 +17,7 @@ from typing import Any
 from vllm.v1.core.sched import async_scheduler as vllm_async
 from vllm.v1.core.sched import scheduler as vllm_scheduler
 
-from kvcert.reference.config import Visibility
+from kvcert.reference.errors import ConfigError
 from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.manager import KVCacheManager
 from kvcert.reference.vllm.settings import Settings
@@ -50,15 +50,6 @@ class _KvcertManaged:
 
     def _check(self, vllm_config: Any) -> None:
         """Refuse a configuration this scheduler class does not serve."""
-        settings = self.settings or Settings.from_env()
-        policy = str(getattr(vllm_config.scheduler_config, "policy", "fcfs")).lower()
-        if settings.visibility is Visibility.SAME_PASS and "fcfs" not in policy:
-            raise UnsupportedConfigError(
-                f"same-pass visibility with the {policy!r} scheduling policy: it preempts "
-                "requests already scheduled in the step, whose blocks a request scheduled after "
-                "them may have hit (spec ALLOC-VIS-3); use --scheduling-policy fcfs or "
-                "KVCERT_VISIBILITY=step-end"
-            )
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         aux = getattr(vllm_config, "aux_output_config", None)
@@ -69,7 +60,12 @@ class _KvcertManaged:
                 "not have: turn it off, or drop --scheduler-cls"
             )
         self._check(vllm_config)
-        manager = functools.partial(KVCacheManager, settings=self.settings)
+        policy = str(getattr(vllm_config.scheduler_config, "policy", "fcfs"))
+        try:
+            settings = (self.settings or Settings.from_env()).for_policy(policy)
+        except ConfigError as why:
+            raise UnsupportedConfigError(str(why)) from why
+        manager = functools.partial(KVCacheManager, settings=settings)
         self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
         with _manager_class(manager):
             super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]

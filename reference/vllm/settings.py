@@ -7,11 +7,13 @@ environment when no `Settings` is given:
     KVCERT_HASH         sha256 (default) | blake2b
     KVCERT_SPECULATIVE  exact (default) | drop    (draft-layer keying; read with a drafter)
     KVCERT_HOLD_BACK    state (default) | all | never
-    KVCERT_VISIBILITY   step-end (default) | same-pass
+    KVCERT_VISIBILITY   same-pass | step-end   (default: same-pass under vLLM's fcfs policy,
+                        step-end under priority; a manager built without a scheduler: step-end)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,8 +56,9 @@ class Settings:
     hold_back: HoldBack = HoldBack.STATE
     # same-pass: attention blocks serve hits from their chunk's scheduling on, as vLLM's own
     # manager does (spec ALLOC-VIS-2); needs vLLM's fcfs policy, whose preemptions never
-    # drop a chunk already scheduled (the priority policy does: ALLOC-VIS-3)
-    visibility: Visibility = Visibility.STEP_END
+    # drop a chunk already scheduled (the priority policy does: ALLOC-VIS-3). None: the
+    # scheduler picks by its policy (`for_policy`)
+    visibility: Visibility | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
@@ -65,8 +68,9 @@ class Settings:
             keying = as_choice(DraftKeying, self.speculative, "speculative")
             object.__setattr__(self, "speculative", keying)
         object.__setattr__(self, "hold_back", as_choice(HoldBack, self.hold_back, "hold_back"))
-        visibility = as_choice(Visibility, self.visibility, "visibility")
-        object.__setattr__(self, "visibility", visibility)
+        if self.visibility is not None:
+            visibility = as_choice(Visibility, self.visibility, "visibility")
+            object.__setattr__(self, "visibility", visibility)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -78,8 +82,25 @@ class Settings:
             hash_algorithm=_choice(env, "hash_algorithm", HashAlgorithm) or HashAlgorithm.SHA256,
             speculative=_choice(env, "speculative", DraftKeying),
             hold_back=_choice(env, "hold_back", HoldBack) or HoldBack.STATE,
-            visibility=_choice(env, "visibility", Visibility) or Visibility.STEP_END,
+            visibility=_choice(env, "visibility", Visibility),
         )
+
+    def for_policy(self, policy: str) -> Settings:
+        """These settings for a scheduler of `policy` (fcfs or priority): the visibility, when
+        none was chosen, is same-pass under fcfs and step-end otherwise; same-pass chosen
+        under another policy is refused (its preemptions drop scheduled chunks)."""
+        fcfs = policy.lower() == "fcfs"
+        if self.visibility is None:
+            chosen = Visibility.SAME_PASS if fcfs else Visibility.STEP_END
+            return dataclasses.replace(self, visibility=chosen)
+        if self.visibility is Visibility.SAME_PASS and not fcfs:
+            raise ConfigError(
+                f"same-pass visibility with the {policy!r} scheduling policy: it preempts "
+                "requests already scheduled in the step, whose blocks a request scheduled after "
+                "them may have hit (spec ALLOC-VIS-3); use --scheduling-policy fcfs or "
+                "KVCERT_VISIBILITY=step-end"
+            )
+        return self
 
 
 def _choice(env: Mapping[str, str], field: str, enum: type[E]) -> E | None:

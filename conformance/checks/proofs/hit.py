@@ -260,6 +260,33 @@ def drop_covers_reach(beyond: int = 0) -> Any:
     return build
 
 
+def registration_unit(factor: int = 1) -> Any:
+    """ALLOC-COMMIT-1 registers each block of a group once it is full. An engine that
+    registers a group's blocks only in whole units of U tokens (a block once the U-aligned
+    unit holding it is computed; vLLM 0.33 across block sizes, with U the hit alignment)
+    serves every request sharing the writer's `computed` tokens the same hybrid hit: a hit
+    length is a multiple of the alignment, so a hit at or below the writer's last whole unit
+    needs no block of the partial unit after it, and a longer one needs a block past
+    `computed`, cached under neither rule. Groups' blocks are registered as mode all and
+    attention do (every full block). `factor` 2: units of twice the alignment, which lose the
+    last aligned length (the twin)."""
+
+    def build() -> tuple[list[Any], Any]:
+        groups, num_tokens, domain = _layout(PR)
+        computed = z3.Int("computed")
+        domain += [computed >= 0, computed <= PR.lmax]
+        unit = _alignment(groups) * factor
+        whole = (computed / unit) * unit  # the tokens of the writer's whole units
+        by_unit = []
+        for g in groups:
+            domain += [g.cached[j] == ((j + 1) * g.size <= computed) for j in range(PR.lmax)]
+            cached = tuple((j + 1) * g.size <= whole for j in range(PR.lmax))
+            by_unit.append(SymGroup(g.kind, g.size, g.window, g.chunk, cached))
+        return domain, spec_hit(groups, num_tokens, PR) == spec_hit(by_unit, num_tokens, PR)
+
+    return build
+
+
 def downward_closed(kind: int) -> Any:
     """Accepting L implies accepting every shorter length aligned to the block size."""
 
@@ -431,6 +458,13 @@ OBLIGATIONS = (
                COUNTEREXAMPLE, "pr", drop_covers_reach(beyond=1),
                twin_of="THM-SPEC-DROP-REACH", rlimit=200_000_000,
                about="a reach past the alignment (refused by Layout) is not covered"),
+    Obligation("THM-REG-UNIT", ("ALLOC-COMMIT-1", "HIT-HYB-1", "HIT-GROUP-1"),
+               "as THM-HYB-SEARCH; one writer, computed 0..8 tokens", PROVED, "pr",
+               registration_unit(), rlimit=200_000_000,
+               about="registering in whole hit-alignment units changes no hit"),
+    Obligation("TWIN-REG-UNIT-DOUBLE", ("ALLOC-COMMIT-1",), "as THM-REG-UNIT", COUNTEREXAMPLE,
+               "pr", registration_unit(factor=2), twin_of="THM-REG-UNIT", rlimit=200_000_000,
+               about="units of twice the alignment lose the writer's last aligned length"),
     Obligation("DRIFT-HIT", ("HIT-GROUP-1", "HIT-HYB-1"), "120 random concrete views", AGREES,
                "pr", drift, about="the hit encodings equal kvcert.spec.hybrid"),
 )  # fmt: skip

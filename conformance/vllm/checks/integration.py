@@ -41,6 +41,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.vllm import runtime
+from kvcert.reference.config import Visibility
 from kvcert.reference.vllm import (
     AsyncScheduler,
     HoldBack,
@@ -194,18 +195,19 @@ def event_checks() -> list[tuple[str, bool, str]]:
     ]
 
 
-def async_checks() -> list[tuple[str, bool, str]]:
+def async_checks(visibility: Visibility) -> list[tuple[str, bool, str]]:
     """kvcert's AsyncScheduler: step 1 prefills A (64 tokens); B (48 other tokens) arrives
     and step 2 (B's prefill; A, asked for one token, needs no other step) is scheduled before
-    step 1's output is read. What a probe of each prompt hits after each output. Ending
-    every step at each output (a broken twin) fails the third check."""
+    step 1's output is read. What a probe of each prompt hits after each output. Under
+    step-end visibility ending every step at each output (a broken twin) fails the third
+    check; under same-pass (fcfs's default) both prefixes are hittable once scheduled."""
     vllm_config = runtime.engine_config(
         runtime.Settings(
             max_len=256, block_size=BLOCK, budget=64, max_num_seqs=4, async_scheduling=True
         )
     )
     vllm_config.cache_config.num_gpu_blocks = 64
-    scheduler = AsyncScheduler(
+    scheduler = AsyncScheduler.configured(Settings(visibility=visibility))(
         vllm_config=vllm_config,
         kv_cache_config=config(),
         structured_output_manager=StructuredOutputManager(vllm_config),
@@ -234,12 +236,20 @@ def async_checks() -> list[tuple[str, bool, str]]:
     after_first = (probe(TOKENS), probe(other))
     scheduler.update_from_output(second, output(second))
     after_second = probe(other)
+    steps = (
+        "step 1 prefills A, step 2 prefills B",
+        scheduled == ({"a": 64}, {"b": 48}),
+        f"{scheduled}",
+    )
+    if visibility is Visibility.SAME_PASS:
+        return [
+            steps,
+            ("both prefixes hittable once scheduled", before == (48, 32), f"{before}"),
+            ("still after step 1's output", after_first == (48, 32), f"{after_first}"),
+            ("still after step 2's output", after_second == 32, f"{after_second}"),
+        ]
     return [
-        (
-            "step 1 prefills A, step 2 prefills B",
-            scheduled == ({"a": 64}, {"b": 48}),
-            f"{scheduled}",
-        ),
+        steps,
         ("nothing hittable before an output", before == (0, 0), f"{before}"),
         (
             "step 1's output: A's blocks (48 tokens), none of B's (step 2 runs)",
@@ -686,7 +696,8 @@ def main() -> int:
     }
     for kind, checks in (
         ("events", event_checks()),
-        ("async", async_checks()),
+        ("async, step-end", async_checks(Visibility.STEP_END)),
+        ("async, same-pass", async_checks(Visibility.SAME_PASS)),
         ("state", state_checks()),
         ("hold-back", hold_back_checks()),
         ("checkpoint", checkpoint_checks()),
