@@ -69,7 +69,8 @@ CAUSES = {
     "committed chunks (ALLOC-VIS-1)",
     "mamba-all-hold": "vLLM keeps only the running Mamba block held in mode all too (older "
     "checkpoints go back to the cache at once); ALLOC-HOLD-1 keeps every position of a mode-all "
-    "state group held. A spec choice to revisit: no later token reads an older checkpoint",
+    "state group held, though no later token reads an older checkpoint: the spec holds more "
+    "than it needs here, a spec rule to revisit (no hit differs)",
     "eagle-drop": "vllm#32802 family: the EAGLE last-block drop loses more than one block. "
     "<= 0.15.0 spirals to 0 (PR #33524 fixed one full plus one other group in 0.16.0); "
     "<= 0.19.1 drops once per group pass and spirals with three or more attention groups "
@@ -106,7 +107,10 @@ CAUSES = {
     "block until it is evicted (ALLOC-COMMIT-1), so vLLM hits less and registers fewer "
     "blocks. Every such case passes with --prefix-cache-retention-interval None (dense), or "
     "then differs exactly as the hand mode does for that mode's cause "
-    "(kvcert.conformance.vllm.trace_causes). A memory-for-hit-rate choice, not a wrong answer",
+    "(kvcert.conformance.vllm.trace_causes). Not judged yet (issue 40): these are hits vLLM "
+    "does not serve under its default, and the spec has no sparse-retention profile yet to "
+    "say which of them a sparse policy owes; until it does, each one counts as open, not as "
+    "accepted",
     "eagle-fallback-drops": "a drafter whose layers vLLM does not identify gets the "
     "release's fallback, every group flagged for EAGLE (0.33: a drafter that does not mark its "
     "layers, mode unmarked; before 0.33 every drafter but DeepSeek-V4's MTP layer): each "
