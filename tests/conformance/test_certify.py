@@ -503,3 +503,17 @@ def test_a_bad_shape_is_an_input_error_naming_where(shape, message):
     mamba = {"groups": [{"kind": "mamba", "block_size": 4, "shape": shape}]}
     with pytest.raises(InputError, match="unknown field"):
         layout_from_json(mamba)
+
+
+def test_an_alloc_case_names_its_visibility_by_value_or_not_at_all():
+    from kvcert.conformance.contract.codec import InputError, visibility_from_json
+    from kvcert.spec import alloc as spec_alloc
+
+    assert visibility_from_json(None) is spec_alloc.Visibility.STEP_END
+    assert visibility_from_json("same-pass") is spec_alloc.Visibility.SAME_PASS
+    for bad in ("SAME_PASS", "eventually", 1):
+        with pytest.raises(InputError, match="visibility must be one of step-end, same-pass"):
+            visibility_from_json(bad)
+    layout = {"groups": [{"kind": "full", "block_size": 4}]}
+    case = {"suite": "alloc", "layout": layout, "num_blocks": 8, "ops": [], "visibility": "x"}
+    assert SpecEngine().run(case).get("refused") is True

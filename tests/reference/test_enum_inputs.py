@@ -17,6 +17,7 @@ from kvcert.reference.config import (
     HashAlgorithm,
     Kind,
     MambaMode,
+    Visibility,
 )
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.events import Stored
@@ -59,6 +60,8 @@ def test_a_draft_keying_given_by_value_keys_drafts_as_the_member_does(keying):
         ("hash_algorithm", "blake2b", HashAlgorithm.BLAKE2B),
         ("eviction", "hybrid", Eviction.HYBRID),
         ("eviction", "lru-unkeyed-first", Eviction.LRU_UNKEYED_FIRST),
+        ("visibility", "same-pass", Visibility.SAME_PASS),
+        ("visibility", "step-end", Visibility.STEP_END),
     ],
 )
 def test_cache_config_turns_value_strings_into_members(field, value, member):
@@ -77,6 +80,9 @@ def test_cache_config_turns_value_strings_into_members(field, value, member):
         ("hash_algorithm", "SHA256"),
         ("eviction", "fifo"),
         ("eviction", 1),
+        ("visibility", "SAME_PASS"),
+        ("visibility", "same_pass"),
+        ("visibility", None),
     ],
 )
 def test_cache_config_refuses_other_values_naming_the_choices(field, value):

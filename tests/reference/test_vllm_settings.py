@@ -28,6 +28,7 @@ def test_settings_come_from_the_environment() -> None:
         ("KVCERT_HASH", "md5"),
         ("KVCERT_SPECULATIVE", "maybe"),
         ("KVCERT_HOLD_BACK", "sometimes"),
+        ("KVCERT_VISIBILITY", "eventually"),
     ],
 )
 def test_a_bad_setting_names_the_variable_and_the_choices(variable: str, value: str) -> None:
@@ -50,3 +51,18 @@ def test_the_vllm_classes_need_vllm() -> None:
             integration.Scheduler  # noqa: B018
     with pytest.raises(AttributeError):
         integration.Nothing  # noqa: B018
+
+
+def test_visibility_follows_the_scheduling_policy_unless_chosen() -> None:
+    """Same-pass under fcfs (it never preempts a scheduled request), step-end under priority
+    (which does: ALLOC-VIS-3); same-pass chosen under priority is refused."""
+    from kvcert.reference.config import Visibility
+
+    unset = Settings.from_env({})
+    assert unset.visibility is None
+    assert unset.for_policy("fcfs").visibility is Visibility.SAME_PASS
+    assert unset.for_policy("priority").visibility is Visibility.STEP_END
+    chosen = Settings.from_env({"KVCERT_VISIBILITY": "step-end"})
+    assert chosen.for_policy("fcfs").visibility is Visibility.STEP_END
+    with pytest.raises(ConfigError, match="same-pass visibility with the 'priority'"):
+        Settings(visibility="same-pass").for_policy("priority")
