@@ -80,7 +80,7 @@ class KVCacheManager:
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
         self._same_pass = config.visibility is Visibility.SAME_PASS
-        self._published = 0  # blocks published (ALLOC-VIS-2) since the last end_step
+        self._published_in_step = 0  # blocks published (ALLOC-VIS-2) since the last end_step
         self._admissions = self._admitted_tokens = self._hit_tokens = self._probes = 0
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
@@ -539,7 +539,7 @@ class KVCacheManager:
         same-pass visibility the attention blocks it completes are hittable from now on."""
         self._in_flight[rid] = self._step if step is None else step
         if self._same_pass and request.computed + request.scheduled >= request.commit_at:
-            self._published += self._commits.publish(self.pool, rid, request)
+            self._published_in_step += self._commits.publish(self.pool, rid, request)
 
     def _freed_by(self, released: Released) -> int:
         """How many blocks releasing `released` returns to the free queue."""
@@ -598,7 +598,7 @@ class KVCacheManager:
         leaves later steps' chunks in flight; None ends every chunk in flight. Returns how
         many blocks became hittable since the last call (same-pass publications included)."""
         self._check_step(step)
-        registered, self._published = self._published, 0
+        registered, self._published_in_step = self._published_in_step, 0
         committing = []
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}

@@ -138,7 +138,7 @@ class State:
     free: tuple[int, ...]  # the free queue, eviction candidate first
     requests: dict[str, Request] = field(default_factory=dict)  # running requests by id
     next_stamp: int = 1  # the stamp the next registration gets
-    published: int = 0  # blocks ALLOC-VIS-2 registered since the last end of step
+    published_in_step: int = 0  # blocks ALLOC-VIS-2 registered since the last end of step
 
 
 # --- operations ----------------------------------------------------------------------------
@@ -974,9 +974,9 @@ def end_step(state: State) -> tuple[State, Observation]:
         )
     return (
         dataclasses.replace(
-            state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published=0
+            state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published_in_step=0
         ),
-        StepEnded(registered + state.published),
+        StepEnded(registered + state.published_in_step),
     )
 
 
@@ -1019,7 +1019,10 @@ def publish(state: State, request: Request) -> tuple[State, Request]:
         return state, request
     published = dataclasses.replace(request, registered=tuple(marks), published=request.registered)
     new_state = dataclasses.replace(
-        state, blocks=tuple(blocks), next_stamp=stamp, published=state.published + count
+        state,
+        blocks=tuple(blocks),
+        next_stamp=stamp,
+        published_in_step=state.published_in_step + count,
     )
     return new_state, published
 

@@ -236,22 +236,26 @@ def layout_to_json(layout: Layout) -> JSON:
     return out
 
 
+P = TypeVar("P", spec.Eviction, spec.Visibility)
+
+
+def _profile_from_json(profiles: type[P], value: object, absent: P, name: str) -> P:
+    """A profile named by its exact value, `absent` when the field is."""
+    try:
+        return absent if value is None else profiles(str(value))
+    except ValueError:
+        choices = ", ".join(p.value for p in profiles)
+        raise InputError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
 def visibility_from_json(value: object) -> spec.Visibility:
     """An alloc case's visibility profile; absent means step-end."""
-    try:
-        return spec.Visibility("step-end" if value is None else str(value))
-    except ValueError:
-        choices = ", ".join(v.value for v in spec.Visibility)
-        raise InputError(f"visibility must be one of {choices}, got {value!r}") from None
+    return _profile_from_json(spec.Visibility, value, spec.Visibility.STEP_END, "visibility")
 
 
 def eviction_from_json(value: object) -> spec.Eviction:
     """An alloc case's eviction profile; absent means lru."""
-    try:
-        return spec.Eviction("lru" if value is None else str(value))
-    except ValueError:
-        choices = ", ".join(e.value for e in spec.Eviction)
-        raise InputError(f"eviction must be one of {choices}, got {value!r}") from None
+    return _profile_from_json(spec.Eviction, value, spec.Eviction.LRU, "eviction")
 
 
 # --- operations and observations ------------------------------------------------------------

@@ -178,19 +178,9 @@ def same_step(ops: list[dict[str, Any]], index: int) -> bool:
 
 
 def released_in_flight(ops: list[dict[str, Any]], index: int) -> bool:
-    """Whether op `index` ends a step in which a request was released after being scheduled."""
-    if ops[index].get("op") != "end_step":
-        return False
-    scheduled: set[str] = set()
-    for op in ops[:index]:
-        kind = op.get("op")
-        if kind == "end_step":
-            scheduled.clear()
-        elif kind in ("admit", "extend"):
-            scheduled.add(str(op.get("rid")))
-        elif kind in ("finish", "preempt") and str(op.get("rid")) in scheduled:
-            return True
-    return False
+    """Whether op `index` ends a step after a request was released in the step that
+    scheduled it (where a step-end engine's registration count shows it)."""
+    return ops[index].get("op") == "end_step" and released_in_flight_before(ops, index)
 
 
 def released_in_flight_before(ops: list[dict[str, Any]], index: int) -> bool:

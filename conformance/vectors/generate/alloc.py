@@ -472,20 +472,8 @@ def unkeyed_first_twins(cases: Iterator[JSON]) -> Iterator[JSON]:
     """The lru scenarios whose outcome depends on the free order, replayed under the
     lru-unkeyed-first profile (ALLOC-FREE-2), so engines with vLLM 0.25+'s order run them."""
     for case in cases:
-        if "eviction.lru" not in case["requires"]:
-            continue
-        data = case["input"]
-        yield alloc_case(
-            case["id"].replace("alloc.", "alloc.unkeyed-first.", 1),
-            layout_from_json(data["layout"]),
-            data["num_blocks"],
-            [op_from_json(op) for op in data["ops"]],
-            case.get("origin"),
-            case.get("comment", ""),
-            tuple(case.get("focus", ())),
-            eviction=spec.Eviction.LRU_UNKEYED_FIRST,
-            visibility=spec.Visibility(data.get("visibility", "step-end")),
-        )
+        if "eviction.lru" in case["requires"]:
+            yield replayed(case, "unkeyed-first", eviction=spec.Eviction.LRU_UNKEYED_FIRST)
 
 
 def same_pass_twins(files: dict[str, list[JSON]]) -> Iterator[JSON]:
@@ -496,20 +484,34 @@ def same_pass_twins(files: dict[str, list[JSON]]) -> Iterator[JSON]:
         if not path.startswith("alloc/"):
             continue
         for case in cases:
-            if "visibility.step-end" not in case["requires"]:
-                continue
-            data = case["input"]
-            yield alloc_case(
-                case["id"].replace("alloc.", "alloc.same-pass.", 1),
-                layout_from_json(data["layout"]),
-                data["num_blocks"],
-                [op_from_json(op) for op in data["ops"]],
-                case.get("origin"),
-                case.get("comment", ""),
-                ("ALLOC-VIS-2", *case.get("focus", ())),
-                eviction=spec.Eviction(data.get("eviction", "lru")),
-                visibility=spec.Visibility.SAME_PASS,
-            )
+            if "visibility.step-end" in case["requires"]:
+                yield replayed(
+                    case, "same-pass", ("ALLOC-VIS-2",), visibility=spec.Visibility.SAME_PASS
+                )
+
+
+def replayed(
+    case: JSON,
+    prefix: str,
+    focus: tuple[str, ...] = (),
+    *,
+    eviction: spec.Eviction | None = None,
+    visibility: spec.Visibility | None = None,
+) -> JSON:
+    """`case`'s trace again under the profiles given (the others as its input names them),
+    as a case whose id gains `prefix` and whose focus `focus`; the spec answers it anew."""
+    data = case["input"]
+    return alloc_case(
+        case["id"].replace("alloc.", f"alloc.{prefix}.", 1),
+        layout_from_json(data["layout"]),
+        data["num_blocks"],
+        [op_from_json(op) for op in data["ops"]],
+        case.get("origin"),
+        case.get("comment", ""),
+        (*focus, *case.get("focus", ())),
+        eviction=eviction or spec.Eviction(data.get("eviction", "lru")),
+        visibility=visibility or spec.Visibility(data.get("visibility", "step-end")),
+    )
 
 
 # --- regressions: traces the stateful machines shrank, curated in conformance/regressions/ ---
