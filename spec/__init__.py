@@ -10,6 +10,7 @@ is their generated index. Sections:
     §4 hybrid      the hit every group can serve                kvcert.spec.hybrid
     §5 hashing     the abstract key chain behind "cached"       kvcert.spec.hashing
     §6 alloc       the allocator: step(state, op)               kvcert.spec.alloc
+    §6b retention  which blocks a request leaves cached         kvcert.spec.retention
     §7 invariants  what every reachable state satisfies         kvcert.spec.invariants
     §8 layers      what one layer stores per block, in bytes    kvcert.spec.layers
     §9 plan        groups, block sizes, one shared page size    kvcert.spec.plan
@@ -45,7 +46,7 @@ from kvcert.spec.layout import (
 )
 from kvcert.spec.view import CacheView
 
-SPEC_VERSION = "0.4.0"
+SPEC_VERSION = "0.5.0"
 
 __all__ = [
     "NULL",

@@ -49,8 +49,10 @@ from kvcert.spec.layout import (
     MambaMode,
     MambaState,
     SlidingWindow,
+    hit_alignment,
     is_draft,
 )
+from kvcert.spec.retention import Retention, is_bounded, junction, kept_positions, retained_lengths
 from kvcert.spec.view import CacheView
 
 NULL_BLOCK = 0  # physical id of the null block
@@ -81,8 +83,27 @@ class PoolConfig:
     num_blocks: int  # physical blocks, the null block included
     eviction: Eviction = Eviction.LRU  # the eviction profile
     visibility: Visibility = Visibility.STEP_END  # the visibility profile
+    retention: Retention = Retention.DENSE  # the retention profile (§6b)
+    retention_interval: int = 0  # sparse only: also keep every multiple of this (0: none)
 
     def __post_init__(self) -> None:
+        retention = as_choice(Retention, self.retention, "retention", InvalidOp)
+        object.__setattr__(self, "retention", retention)
+        interval = self.retention_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            refuse(InvalidOp, f"retention_interval must be an integer >= 0, got {interval!r}")
+        if interval and retention is not Retention.SPARSE:
+            refuse(
+                InvalidOp,
+                f"retention_interval={interval} applies to sparse retention only; "
+                "set retention='sparse' or leave the interval at 0",
+            )
+        if interval and interval % hit_alignment(self.layout):
+            refuse(
+                InvalidOp,
+                f"retention_interval={interval} is not a multiple of the hit alignment "
+                f"{hit_alignment(self.layout)}; no hit could end at it (HIT-GROUP-1)",
+            )
         eviction = as_choice(Eviction, self.eviction, "eviction", InvalidOp)
         object.__setattr__(self, "eviction", eviction)
         visibility = as_choice(Visibility, self.visibility, "visibility", InvalidOp)
@@ -127,6 +148,8 @@ class Request:
     # same-pass (ALLOC-VIS-2): per group, where the positions published for the chunk in
     # flight start (they end at `registered`); () when nothing is published
     published: tuple[int, ...] = ()
+    prompt: int = 0  # tokens it was admitted with (RET-SPARSE-1 retains their boundaries)
+    junction: int = 0  # RET-JUNCTION-1's length, found when it was admitted
 
 
 @dataclass(frozen=True)
@@ -290,6 +313,19 @@ def lookup(
     The cache view is HASH-MATCH-1 over each group's registered keys; HIT-* decide the hit;
     ALLOC-LOOKUP-1 names the physical block behind each used position.
     """
+    view, keys, served = _cache_view(state, tokens, extras)
+    hit = hybrid_hit(view)
+    tables = tuple(
+        tuple(NULL_BLOCK if j is NULL else served[g, keys[g][j]] for j in hit.blocks[g])
+        for g in range(len(view.layout.groups))
+    )
+    return hit.length, tables
+
+
+def _cache_view(
+    state: State, tokens: tuple[int, ...], extras: tuple[Extra, ...]
+) -> tuple[CacheView, tuple[tuple[BlockKey, ...], ...], dict[tuple[int, BlockKey], int]]:
+    """The request's cache view over the registered keys, its keys, and who serves them."""
     layout = state.config.layout
     keys = request_keys(layout, tokens, extras)
     served = served_blocks(state)
@@ -297,12 +333,7 @@ def lookup(
         matched_blocks(keys[g], frozenset(key for group, key in served if group == g))
         for g in range(len(layout.groups))
     )
-    hit = hybrid_hit(CacheView(layout, len(tokens), cached))
-    tables = tuple(
-        tuple(NULL_BLOCK if j is NULL else served[g, keys[g][j]] for j in hit.blocks[g])
-        for g in range(len(layout.groups))
-    )
-    return hit.length, tables
+    return CacheView(layout, len(tokens), cached), keys, served
 
 
 # --- table shape -----------------------------------------------------------------------------
@@ -581,6 +612,9 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         "its span must be within the request's tokens",
     )
     hit, hit_tables = lookup(state, op.tokens, op.extras)
+    junction_at = 0
+    if state.config.retention is Retention.SPARSE:  # a case cites the rules it reaches
+        junction_at = junction(_cache_view(state, op.tokens, op.extras)[0], hit)
     scheduled = min(op.budget, len(op.tokens) - hit)
     _require_checkpoint(layout, hit, hit + scheduled, op.checkpoint)
     request = Request(
@@ -592,6 +626,8 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         hit_tables,
         tuple(len(t) for t in hit_tables),
         op.checkpoint,
+        prompt=len(op.tokens),
+        junction=junction_at,
     )
     return admit_with_hit(state, op.rid, request)
 
@@ -908,6 +944,22 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     return tuple(range(start, max(start, stop)))
 
 
+def retained(config: PoolConfig, g: int, request: Request) -> frozenset[int] | None:
+    """The positions of group g that the retention profile keeps for `request`, or None for
+    all of them (RET-DENSE-1; RET-SPARSE-1/-2 for a bounded group under sparse)."""
+    group = config.layout.groups[g]
+    if config.retention is Retention.DENSE or not is_bounded(group):
+        return None
+    lengths = retained_lengths(
+        config.layout,
+        request.prompt,
+        request.junction,
+        request.computed,
+        config.retention_interval,
+    )
+    return kept_positions(group, lengths)
+
+
 def _register(
     layout: Layout,
     blocks: list[Block],
@@ -916,9 +968,11 @@ def _register(
     g: int,
     request: Request,
     positions: tuple[int, ...],
+    kept: frozenset[int] | None = None,
 ) -> tuple[int, int]:
-    """Give group g's blocks at `positions` their keys and contents, in position order;
-    returns (the next stamp, how many were registered)."""
+    """Give group g's blocks at `positions` their keys and contents, in position order,
+    leaving out those sparse retention does not keep (`kept`, RET-SPARSE-2; None keeps
+    all); returns (the next stamp, how many were registered)."""
     group = layout.groups[g]
     lookahead = key_lookahead(layout, group)
     keys = block_keys(request.tokens, group.block_size, request.extras, lookahead)
@@ -926,6 +980,8 @@ def _register(
     for j in positions:
         b = request.tables[g][j]
         if b == NULL_BLOCK:  # released (ALLOC-SKIP-1) before its next token arrived
+            continue
+        if kept is not None and j not in kept:  # released uncached when its request lets go
             continue
         covered = (j + 1) * group.block_size + lookahead
         blocks[b] = dataclasses.replace(
@@ -965,7 +1021,13 @@ def end_step(state: State) -> tuple[State, Observation]:
             if not positions:
                 continue
             stamp, count = _register(
-                layout, blocks, stamp, g=g, request=request, positions=positions
+                layout,
+                blocks,
+                stamp,
+                g=g,
+                request=request,
+                positions=positions,
+                kept=retained(state.config, g, request),
             )
             registered += count
             marks[g] = positions[-1] + 1
@@ -1012,7 +1074,10 @@ def publish(state: State, request: Request) -> tuple[State, Request]:
             continue
         positions = committed_positions(layout, g, done, request.computed)
         if positions:
-            stamp, added = _register(layout, blocks, stamp, g=g, request=done, positions=positions)
+            kept = retained(state.config, g, done)
+            stamp, added = _register(
+                layout, blocks, stamp, g=g, request=done, positions=positions, kept=kept
+            )
             count += added
             marks[g] = positions[-1] + 1
     if marks == list(request.registered):

@@ -25,6 +25,7 @@ from kvcert.spec import (
     layers,
     page_layout,
     plan,
+    retention,
 )
 
 RULE_MODULES: tuple[ModuleType, ...] = (
@@ -32,6 +33,7 @@ RULE_MODULES: tuple[ModuleType, ...] = (
     hybrid,
     hashing,
     alloc,
+    retention,
     eviction,
     checkpoints,
     invariants,

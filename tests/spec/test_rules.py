@@ -35,6 +35,7 @@ from kvcert.spec import (
     layout,
     page_layout,
     plan,
+    retention,
     view,
 )
 from kvcert.spec.hashing import Extra, ExtraKind
@@ -74,6 +75,10 @@ EXPECTED_TAGS = {
     "ALLOC-VIS-2",
     "ALLOC-VIS-3",
     "ALLOC-RESET-1",
+    "RET-DENSE-1",
+    "RET-SPARSE-1",
+    "RET-SPARSE-2",
+    "RET-JUNCTION-1",
     "EVICT-LIVE-1",
     "EVICT-DEAD-1",
     "EVICT-HYB-1",
@@ -204,6 +209,7 @@ def test_every_contract_holds_on_every_small_case():
         view,
         spec_package,
         alloc,
+        retention,
         eviction,
         checkpoints,
         invariants,
@@ -308,6 +314,11 @@ def exercise_allocator(chosen: Layout) -> None:
     ]
     for profile in alloc.Eviction:
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12, profile)), ops)
+    # RET-*: the same trace keeping only retained blocks, with and without an interval
+    step = hit_alignment(chosen)
+    for interval in (0, step):
+        sparse = alloc.PoolConfig(chosen, 12, retention="sparse", retention_interval=interval)
+        run_script(alloc.initial_state(sparse), ops)
     # ALLOC-VIS-2/3: b reads a's chunk in flight; a's release is refused, c's is withdrawn
     same_pass = [
         alloc.Admit("a", prompt, 9),

@@ -1,0 +1,153 @@
+"""§6b Retention: which blocks a request leaves cached, and so which later hits it is owed.
+
+A full-attention hit needs every block before it, so a full-attention group keeps them all.
+A *bounded* group (sliding window, chunked local, state) needs only a few blocks before a
+hit (HIT-SW-1, HIT-CHUNK-1, HIT-MAMBA-1): keeping all of them spends memory on hits nobody
+can reach. The retention profile says which of them stay cached:
+
+* `dense` (RET-DENSE-1): every committed block, until it is evicted. The profile the rest of
+  the spec assumed before retention had a name.
+* `sparse` (RET-SPARSE-1/-2, RET-JUNCTION-1): only the blocks some hit at a *retained
+  length* needs. The promise, stated to the user who picks it:
+
+      memory: a bounded group keeps O(1) blocks per retained length, not one per block;
+      hits:   each of these later requests gets the hit it gets under dense retention,
+              while the blocks stay cached --
+              - the re-send of the prompt                 (hit floor_A(p - 1))
+              - a request extending the prompt            (hit floor_A(p))
+              - a request sharing the prefix the request found cached when it was
+                admitted and diverging after it (the junction, RET-JUNCTION-1)
+              - any request sharing a multiple of the retention interval N (when N > 0);
+              under the drop speculative profile (HIT-SPEC-2), the step below each of
+              them too, which the drop serves.
+      given up: every other length inside the request, and its decoded tokens beyond the
+              interval multiples (a multi-turn follow-up hits at the prompt's end).
+
+An engine's mask is judged by this promise: a block it leaves out that a retained length
+needs is a lost hit, whatever its code intended. Hits themselves are still decided by the
+unchanged HIT-* rules over what is registered, so "owed" is not a second hit rule.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from kvcert.spec.acceptance import group_accepts, needed_blocks
+from kvcert.spec.hashing import key_lookahead
+from kvcert.spec.layout import (
+    ChunkedLocal,
+    Group,
+    Layout,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+    hit_alignment,
+    is_cacheable,
+)
+from kvcert.spec.view import CacheView
+
+
+class Retention(StrEnum):
+    """Which committed blocks of bounded groups stay cached (a profile an engine declares)."""
+
+    DENSE = "dense"  # every committed block (RET-DENSE-1)
+    SPARSE = "sparse"  # only those a retained length needs (RET-SPARSE-1, RET-SPARSE-2)
+
+
+BOUNDED_KINDS = (SlidingWindow, ChunkedLocal, MambaState)
+
+
+def is_bounded(group: Group) -> bool:
+    """RET-DENSE-1: Under dense retention every group registers every position
+    ALLOC-COMMIT-1 commits; under sparse retention that stays true for every group whose hit
+    needs all blocks before it (full attention, latent attention, cross attention), and only
+    sliding-window, chunked-local and state groups (bounded: a hit needs a few blocks before
+    it) keep less.
+
+        full B=16, 64 tokens computed:       registers 0 1 2 3 under either profile
+        SW B=16 W=32, dense:                 registers 0 1 2 3
+        SW B=16 W=32, sparse, prompt 64:     registers 1 2 3 (RET-SPARSE-2)
+
+    pre: True
+    post: __return__ == isinstance(group, (SlidingWindow, ChunkedLocal, MambaState))
+    """
+    return isinstance(group, BOUNDED_KINDS)
+
+
+def junction(view: CacheView, hit: int) -> int:
+    """RET-JUNCTION-1: A request's junction is the longest multiple of the hit alignment, up
+    to HIT-LEN-1's limit, at which some one group holds the request's prefix (it accepts the
+    length and needs at least one block there) when it is admitted, if that is longer than
+    the hit it got (else 0): the prefix it shares with a cached request that a bounded group
+    had not kept.
+
+        full B=16 cached {0..5}, SW W=32 cached {}:   full alone accepts 96
+        request of 120 tokens, hit 0                  -> junction 96
+        a third request sharing 96 tokens then hits 96 (RET-SPARSE-1 keeps it)
+        chunked C=64 accepts 64 needing nothing:      no evidence of a shared prefix
+
+    pre: hit >= 0
+    post: __return__ == 0 or __return__ > hit
+    """
+    layout = view.layout
+    step = hit_alignment(layout)
+    longest = max(
+        (
+            length
+            for length in range(step, view.num_tokens, step)
+            for i, group in enumerate(layout.groups)
+            if is_cacheable(group)
+            and needed_blocks(group, length)
+            and group_accepts(group, view.cached[i], length)
+        ),
+        default=0,
+    )
+    return longest if longest > hit else 0
+
+
+def retained_lengths(
+    layout: Layout, prompt: int, junction_at: int, computed: int, interval: int
+) -> frozenset[int]:
+    """RET-SPARSE-1: The retained lengths of a request with a prompt of p tokens are its
+    re-send hit floor_A(p - max(1, r)), its extension hit floor_A(p - r), its junction
+    (RET-JUNCTION-1) and, when the interval N > 0, every multiple of N up to its computed
+    tokens, with each one's step below (minus A) under the drop speculative profile.
+
+    A is the hit alignment, r the tokens past a block exact draft keys cover (HASH-DRAFT-1;
+    0 without them), which the prompt must hold for a draft block to have a key; 0 is left
+    out (the empty hit needs nothing).
+
+        A=16, p=100, junction 48, N=0:       {96 (re-send), 96 (extension), 48}
+        A=16, p=96:                          re-send 80, extension 96
+        drop, p=96:                          {64, 80, 96}
+        exact, r=2, p=97:                    re-send 80, extension 80
+        N=64, computed 200 (decoded too):    adds 64, 128, 192
+
+    pre: prompt >= 1 and junction_at >= 0 and computed >= 0 and interval >= 0
+    post: all(length > 0 and length % hit_alignment(layout) == 0 for length in __return__)
+    """
+    step = hit_alignment(layout)
+    reach = max(key_lookahead(layout, group) for group in layout.groups)
+    resend, extension = prompt - max(1, reach), prompt - reach
+    lengths = {resend // step * step, extension // step * step, junction_at // step * step}
+    if interval:
+        lengths.update(range(interval, computed + 1, interval))
+    if layout.speculative is Speculative.DROP:
+        lengths.update({length - step for length in lengths})
+    return frozenset(length for length in lengths if length > 0)
+
+
+def kept_positions(group: Group, lengths: frozenset[int]) -> frozenset[int]:
+    """RET-SPARSE-2: Under sparse retention a bounded group registers a committed position
+    only if a hit at one of the request's retained lengths needs it (HIT-SW-1, HIT-CHUNK-1,
+    HIT-MAMBA-1); the others are released uncached.
+
+        SW B=16 W=32, lengths {96}:          needs [65, 96) -> positions 4 5
+        SW B=16 W=32, lengths {48, 96}:      positions 1 2 4 5    (3: in neither window)
+        state B=16, lengths {48, 96}:        positions 2 5        (the checkpoints at 48, 96)
+        chunked B=16 C=64, lengths {96}:     positions 4 5        (chunk 64..127 before 96)
+
+    pre: is_bounded(group)
+    post: all(p >= 0 for p in __return__)
+    """
+    return frozenset(j for length in lengths for j in needed_blocks(group, length))
