@@ -13,6 +13,7 @@ from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
 from kvcert.reference.events import Stored
 from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.requests import Request
+from kvcert.reference.retention import keeps_less, kept_positions, retained_lengths
 
 
 class Registrar:
@@ -26,6 +27,7 @@ class Registrar:
         self.lookahead = lookahead
         self.commit_delay = commit_delay
         self._sizes = [g.block_size for g in config.groups]
+        self._keeps_less = [keeps_less(config, g) for g in config.groups]  # RET-SPARSE-2
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
         # the groups ALLOC-VIS-2 publishes: attention kinds (a cross group registers nothing)
         self._attention_groups = [
@@ -84,15 +86,27 @@ class Registrar:
             if block != NULL_BLOCK and pool.key_of(block) is not None
         ]
 
+    def kept(self, g: int, request: Request) -> frozenset[int] | None:
+        """The positions of group g that sparse retention keeps for `request` as computed so
+        far, or None: every committed one (RET-DENSE-1). Implements RET-SPARSE-2."""
+        if not self._keeps_less[g]:
+            return None
+        lengths = retained_lengths(
+            self.config, request.prompt_length, request.junction, request.computed
+        )
+        return kept_positions(self.config.groups[g], lengths)
+
     def _register_run(
         self, pool: BlockPool, rid: str, request: Request, g: int, positions: range
     ) -> int:
-        """Register group g's blocks at `positions` (in order) under the request's keys."""
+        """Register group g's blocks at `positions` (in order) under the request's keys,
+        those sparse retention keeps (`kept`)."""
         group = self.config.groups[g]
         chain = request.chains[g]
         table = request.tables[g]
         registered = 0
-        if not pool.tracking and pool.events is None and chain is not None:
+        kept = self.kept(g, request)
+        if kept is None and not pool.tracking and pool.events is None and chain is not None:
             keys = chain.keys_between(group.block_size, positions.start, positions.stop)
             if len(keys) < len(positions):  # pragma: no cover - as below
                 raise RuntimeError(f"no digest for a committed block of group {g}")
@@ -103,6 +117,8 @@ class Registrar:
         for j in positions:
             block = table[j]
             if block == NULL_BLOCK:  # released before its next token arrived
+                continue
+            if kept is not None and j not in kept:  # released uncached when let go
                 continue
             key = chain.key(group.block_size, j) if chain else None
             if key is None:  # pragma: no cover - committed tokens are always digested
@@ -130,6 +146,9 @@ class Registrar:
                 positions = list(self.committed(g, group, request, before))
                 if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
                     positions += [q // group.block_size - 1 for q in inner]
+                kept = self.kept(g, request)
+                if kept is not None:
+                    positions = [j for j in positions if j in kept]
                 for j in positions:
                     key = chain.key(group.block_size, j)
                     if table[j] != NULL_BLOCK and key is not None:
@@ -154,9 +173,13 @@ class Registrar:
         registered = 0
         group, chain, table = self.config.groups[g], request.chains[g], request.tables[g]
         track, events = pool.tracking, pool.events
+        kept = self.kept(g, request)
         for q in inner:
             j = q // group.block_size - 1
             if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
+                continue
+            if kept is not None and j not in kept:
+                request.registered[g] = j + 1
                 continue
             key = chain.key(group.block_size, j) if chain else None
             if key is None:  # pragma: no cover - committed tokens are always digested

@@ -75,6 +75,13 @@ class Visibility(StrEnum):
     SAME_PASS = "same-pass"  # attention blocks from their chunk's scheduling on
 
 
+class Retention(StrEnum):
+    """Which committed blocks of bounded groups stay cached (spec RET-DENSE-1, RET-SPARSE-2)."""
+
+    DENSE = "dense"  # every committed block
+    SPARSE = "sparse"  # only those a hit at a retained length needs
+
+
 class HashAlgorithm(StrEnum):
     """Collision-resistant digests for block keys."""
 
@@ -163,6 +170,10 @@ class CacheConfig:
     # same-pass: the engine writes each layer's KV for the whole batch before that layer's
     # attention, and never drops a scheduled chunk another request hit (spec ALLOC-VIS-2/3)
     visibility: Visibility = Visibility.STEP_END
+    # sparse: sliding-window, chunked and state groups keep only the blocks a hit at a
+    # retained length needs (re-send, extension, junction, interval multiples; spec §6b)
+    retention: Retention = Retention.DENSE
+    retention_interval: int = 0  # sparse only: also retain every multiple of this (0: none)
     count_dead_evictions: bool = False  # track EVICT-DEAD-1 under lru too (hybrid always does)
     # bytes of recent prompts' digest chains kept so a shared prefix is hashed once
     # (kvcert.reference.hashing.DigestMemo); 0 turns the memo off
@@ -186,6 +197,7 @@ class CacheConfig:
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
         visibility = as_choice(Visibility, self.visibility, "visibility")
         object.__setattr__(self, "visibility", visibility)
+        object.__setattr__(self, "retention", as_choice(Retention, self.retention, "retention"))
         if (
             isinstance(self.num_blocks, bool)
             or not isinstance(self.num_blocks, int)
@@ -234,6 +246,7 @@ class CacheConfig:
             )
         if not isinstance(self.record_events, bool):
             raise ConfigError(f"record_events must be True or False, got {self.record_events!r}")
+        self._check_retention_interval()
         length = self.max_model_len
         if length is not None and (
             isinstance(length, bool) or not isinstance(length, int) or length < 1
@@ -247,6 +260,23 @@ class CacheConfig:
                 f"sizes) but a request of max_model_len={self.max_model_len} can reuse at most "
                 f"{self.max_model_len - 1}: prefix caching could never hit; choose smaller "
                 "blocks or a longer max_model_len"
+            )
+
+    def _check_retention_interval(self) -> None:
+        interval = self.retention_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            raise ConfigError(
+                f"retention_interval must be an integer >= 0 (0: none), got {interval!r}"
+            )
+        if interval and self.retention is not Retention.SPARSE:
+            raise ConfigError(
+                f"retention_interval={interval} applies to sparse retention only; set "
+                "retention='sparse' or leave the interval at 0"
+            )
+        if interval % self.alignment:
+            raise ConfigError(
+                f"retention_interval={interval} is not a multiple of the hit alignment "
+                f"{self.alignment} (the lcm of the block sizes); no hit could end at it"
             )
 
     @property

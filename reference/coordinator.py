@@ -105,6 +105,36 @@ def find_hit(
     return hit, tables
 
 
+def longest_single_group(
+    config: CacheConfig, num_tokens: int, keys: Keys[K], served: Served[K]
+) -> int:
+    """The longest multiple of the alignment, up to num_tokens - 1, at which some one group
+    holds the request's prefix (accepts it, needing at least one block there): where the
+    shared prefix ends for the group that kept the most of it. The caller's junction when it
+    exceeds the hit. Implements RET-JUNCTION-1."""
+    alignment = config.alignment
+    top = (num_tokens - 1) // alignment * alignment
+    longest = 0
+    for g, group in enumerate(config.groups):
+        if group.kind is Kind.CROSS or (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE):
+            continue
+        if group.kind is Kind.FULL:
+            size = group.block_size
+            prefix = _cached_prefix(served[g], keys[g], (num_tokens - 1) // size)
+            length = len(prefix) * size // alignment * alignment
+        else:
+            refusal = _refuser([group], [_Presence(served[g], keys[g])])
+            length = top
+            while length > longest:  # the first accepted length that needs a block
+                found = _first_two(length, alignment, refusal)
+                length = found[0] if found else 0
+                if first_needed(group, length) < length // group.block_size:
+                    break
+                length -= alignment
+        longest = max(longest, length)
+    return longest
+
+
 def _cached_prefix(served: ServedMap[K], keys: Sequence[K], cap: int) -> list[int]:
     """The blocks serving keys[0], keys[1], ... up to the first key not served (at most
     `cap`). One dictionary probe per key, in C, in runs that double in length: a prefix of

@@ -27,8 +27,8 @@ from operator import itemgetter
 from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
-from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Visibility
-from kvcert.reference.coordinator import find_hit
+from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
+from kvcert.reference.coordinator import find_hit, longest_single_group
 from kvcert.reference.errors import (
     ConfigError,
     MaxLengthError,
@@ -80,6 +80,7 @@ class KVCacheManager:
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
         self._same_pass = config.visibility is Visibility.SAME_PASS
+        self._junctions = config.retention is Retention.SPARSE  # RET-JUNCTION-1 is kept
         self._published_in_step = 0  # blocks published (ALLOC-VIS-2) since the last end_step
         self._admissions = self._admitted_tokens = self._hit_tokens = self._probes = 0
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
@@ -131,6 +132,13 @@ class KVCacheManager:
                 self.config, len(prompt), keys, self.pool.served, limit=max_hit
             )
         return hit, tables
+
+    def _junction(self, prompt: Prompt, hit: int) -> int:
+        """Where the prompt's longest single-group match ends, when past its hit (else 0):
+        what sparse retention keeps for the next request sharing it. RET-JUNCTION-1."""
+        keys = self._keying.keys(prompt.chains)
+        longest = longest_single_group(self.config, len(prompt), keys, self.pool.served)
+        return longest if longest > hit else 0
 
     def lookup_after_steps(
         self,
@@ -271,6 +279,8 @@ class KVCacheManager:
         hits = [b for t in tables for b in t if b != NULL_BLOCK]
         reviving = list(map(self.pool.ref_count.__getitem__, hits)).count(0)  # free hit blocks
         request = Request(prompt)
+        if self._junctions:
+            request.junction = self._junction(prompt, hit)
         request.computed = hit
         request.scheduled = min(budget, len(prompt) - hit)
         request.lookahead = lookahead

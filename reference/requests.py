@@ -91,8 +91,10 @@ class Request:
         "decoding",
         "extras",
         "held_from",
+        "junction",
         "lookahead",
         "pipelined",
+        "prompt_length",
         "published",
         "quiet_end",
         "quiet_slots",
@@ -131,3 +133,5 @@ class Request:
         self.quiet_slots = self.quiet_slots_floor = 0
         self.commit_at = 0  # no block is committed before `computed` reaches this
         self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
+        self.prompt_length = len(prompt.tokens)  # sparse retention keeps its boundaries
+        self.junction = 0  # RET-JUNCTION-1's length when admitted (sparse retention only)

@@ -163,6 +163,7 @@ def cache_config(
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
             visibility=settings.visibility or Visibility.STEP_END,
+            retention=settings.retention,
         )
     except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

@@ -9,6 +9,9 @@ environment when no `Settings` is given:
     KVCERT_HOLD_BACK    state (default) | all | never
     KVCERT_VISIBILITY   same-pass | step-end   (default: same-pass under vLLM's fcfs policy,
                         step-end under priority; a manager built without a scheduler: step-end)
+    KVCERT_RETENTION    dense (default) | sparse   (which window and state blocks stay cached:
+                        spec RET-DENSE-1 / RET-SPARSE-2; vLLM's own default is sparse, kvcert's
+                        dense keeps every hit vLLM's does and more, for more cached memory)
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
-from kvcert.reference.config import DraftKeying, Eviction, HashAlgorithm, Visibility, as_choice
+from kvcert.reference.config import (
+    DraftKeying,
+    Eviction,
+    HashAlgorithm,
+    Retention,
+    Visibility,
+    as_choice,
+)
 from kvcert.reference.errors import ConfigError
 
 E = TypeVar("E", bound=StrEnum)
@@ -31,6 +41,7 @@ ENVIRONMENT = {
     "speculative": "KVCERT_SPECULATIVE",
     "hold_back": "KVCERT_HOLD_BACK",
     "visibility": "KVCERT_VISIBILITY",
+    "retention": "KVCERT_RETENTION",
 }
 
 
@@ -59,6 +70,9 @@ class Settings:
     # drop a chunk already scheduled (the priority policy does: ALLOC-VIS-3). None: the
     # scheduler picks by its policy (`for_policy`)
     visibility: Visibility | None = None
+    # dense keeps every committed window and state block cached until evicted; sparse only
+    # those a hit at a retained length needs (spec §6b), saving memory, losing other hits
+    retention: Retention = Retention.DENSE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
@@ -71,11 +85,12 @@ class Settings:
         if self.visibility is not None:
             visibility = as_choice(Visibility, self.visibility, "visibility")
             object.__setattr__(self, "visibility", visibility)
+        object.__setattr__(self, "retention", as_choice(Retention, self.retention, "retention"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK
-        and KVCERT_VISIBILITY."""
+        """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK,
+        KVCERT_VISIBILITY and KVCERT_RETENTION."""
         env = os.environ if environ is None else environ
         return cls(
             eviction=_choice(env, "eviction", Eviction) or Eviction.LRU,
@@ -83,6 +98,7 @@ class Settings:
             speculative=_choice(env, "speculative", DraftKeying),
             hold_back=_choice(env, "hold_back", HoldBack) or HoldBack.STATE,
             visibility=_choice(env, "visibility", Visibility),
+            retention=_choice(env, "retention", Retention) or Retention.DENSE,
         )
 
     def for_policy(self, policy: str) -> Settings:

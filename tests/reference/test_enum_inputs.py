@@ -17,6 +17,7 @@ from kvcert.reference.config import (
     HashAlgorithm,
     Kind,
     MambaMode,
+    Retention,
     Visibility,
 )
 from kvcert.reference.errors import ConfigError
@@ -164,3 +165,35 @@ def test_placement_and_pool_eviction_take_their_choices_by_value():
     assert BlockPool(8, "hybrid").queue is not None  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="eviction must be one of"):
         BlockPool(8, "mru")  # type: ignore[arg-type]
+
+
+def sibling_hit(retention: object) -> int:
+    """A 13-token prompt is cached; a sibling shares its first 5 tokens. Dense retention kept
+    the window block it needs; sparse kept only the prompt's re-send and extension windows."""
+    window = GroupConfig(Kind.SLIDING_WINDOW, 4, window=8)
+    config = CacheConfig((GroupConfig(Kind.FULL, 4), window), 32, retention=retention)  # type: ignore[arg-type]
+    manager = KVCacheManager(config)
+    assert isinstance(manager.admit("w", list(range(100, 113)), 64), Scheduled)
+    manager.end_step()
+    manager.finish("w")
+    return manager.lookup([*range(100, 105), *range(900, 910)])[0]
+
+
+@pytest.mark.parametrize(("value", "hit"), [(Retention.DENSE, 4), ("dense", 4), ("sparse", 0)])
+def test_retention_by_member_or_value(value: object, hit: int) -> None:
+    assert sibling_hit(value) == hit
+
+
+@pytest.mark.parametrize(
+    ("retention", "interval", "reason"),
+    [
+        ("sparce", 0, "retention"),
+        ("dense", 4, "sparse retention only"),
+        ("sparse", -4, "an integer >= 0"),
+        ("sparse", 6, "not a multiple of the hit alignment"),
+        ("sparse", 4.0, "an integer >= 0"),
+    ],
+)
+def test_bad_retention_is_refused(retention: object, interval: object, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        CacheConfig((TARGET,), 8, retention=retention, retention_interval=interval)  # type: ignore[arg-type]

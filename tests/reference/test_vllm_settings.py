@@ -66,3 +66,15 @@ def test_visibility_follows_the_scheduling_policy_unless_chosen() -> None:
     assert chosen.for_policy("fcfs").visibility is Visibility.STEP_END
     with pytest.raises(ConfigError, match="same-pass visibility with the 'priority'"):
         Settings(visibility="same-pass").for_policy("priority")
+
+
+def test_retention_is_dense_unless_chosen_and_taken_by_value() -> None:
+    from kvcert.reference.config import Retention
+
+    assert Settings.from_env({}).retention is Retention.DENSE
+    assert Settings.from_env({"KVCERT_RETENTION": "sparse"}).retention is Retention.SPARSE
+    assert Settings(retention="sparse").retention is Retention.SPARSE
+    with pytest.raises(ConfigError, match="KVCERT_RETENTION='thin' is not one of: dense, sparse"):
+        Settings.from_env({"KVCERT_RETENTION": "thin"})
+    with pytest.raises(ConfigError, match="retention"):
+        Settings(retention="thin")

@@ -1,0 +1,47 @@
+"""Sparse retention: which committed blocks of a bounded group stay cached.
+
+Implements spec §6b: RET-SPARSE-1 (`retained_lengths`), RET-SPARSE-2 (`kept_positions`);
+RET-JUNCTION-1's search lives with the hit search (`coordinator.longest_single_group`).
+Only sliding-window, chunked-local and state groups keep less than every committed block
+(RET-DENSE-1); the registrar asks `kept_positions` once per registration it makes for them.
+"""
+
+from __future__ import annotations
+
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, Retention
+from kvcert.reference.groups import first_needed
+
+BOUNDED = (Kind.SLIDING_WINDOW, Kind.CHUNKED_LOCAL, Kind.MAMBA)
+
+
+def keeps_less(config: CacheConfig, group: GroupConfig) -> bool:
+    """Whether the retention profile leaves some of this group's committed blocks uncached."""
+    return config.retention is Retention.SPARSE and group.kind in BOUNDED
+
+
+def retained_lengths(
+    config: CacheConfig, prompt: int, junction: int, computed: int
+) -> frozenset[int]:
+    """The hit lengths a request's blocks stay cached for: re-send floor_A(p - max(1, r)),
+    extension floor_A(p - r) (r: the tokens past a block exact draft keys cover, else 0), its
+    junction, the interval's multiples up to `computed`, and under drop keying the step
+    below each. Implements RET-SPARSE-1."""
+    step = config.alignment
+    exact = config.speculative is DraftKeying.EXACT
+    reach = config.draft_reach if exact else 0
+    resend, extension = prompt - max(1, reach), prompt - reach
+    lengths = {resend // step * step, extension // step * step, junction // step * step}
+    if config.retention_interval:
+        lengths.update(range(config.retention_interval, computed + 1, config.retention_interval))
+    if config.speculative is DraftKeying.DROP:
+        lengths.update([length - step for length in lengths])
+    return frozenset(length for length in lengths if length > 0)
+
+
+def kept_positions(group: GroupConfig, lengths: frozenset[int]) -> frozenset[int]:
+    """The positions a hit at one of `lengths` needs in `group`: the run from
+    `first_needed` to the block before the length. Implements RET-SPARSE-2."""
+    size = group.block_size
+    return frozenset(
+        j for length in lengths for j in range(first_needed(group, length), length // size)
+    )
