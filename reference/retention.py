@@ -15,7 +15,8 @@ BOUNDED = (Kind.SLIDING_WINDOW, Kind.CHUNKED_LOCAL, Kind.MAMBA)
 
 
 def keeps_less(config: CacheConfig, group: GroupConfig) -> bool:
-    """Whether the retention profile leaves some of this group's committed blocks uncached."""
+    """Whether the retention profile leaves some of this group's committed blocks uncached:
+    only sparse retention, only in bounded groups. Implements RET-DENSE-1."""
     return config.retention is Retention.SPARSE and group.kind in BOUNDED
 
 

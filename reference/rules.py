@@ -3,8 +3,8 @@
 ethereum/execution-specs pairs each optimised function with the specification's by name; here
 the pairing is this table, keyed by rule tag (kvcert.reference never imports the spec, so the
 tags are plain strings). Every function listed says `Implements TAG` in its docstring, and
-tests/differential/test_rules_table.py checks that every HIT-, HASH-, ALLOC-, EVICT-, CKPT-,
-BRANCH- and PAGE- rule of the spec (bar the byte-address rules, which kvcert.kernels
+tests/differential/test_rules_table.py checks that every HIT-, HASH-, ALLOC-, RET-, EVICT-,
+CKPT-, BRANCH- and PAGE- rule of the spec (bar the byte-address rules, which kvcert.kernels
 implements) has an entry.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcert.reference import coordinator, groups, hashing, planner, scheduling
+from kvcert.reference import coordinator, groups, hashing, planner, retention, scheduling
 from kvcert.reference.block_pool import BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.eviction import FreeQueue, HybridQueue, UnkeyedFirstQueue
@@ -58,6 +58,10 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "ALLOC-VIS-1": (KVCacheManager.end_step,),
     "ALLOC-VIS-2": (Registrar.publish,),
     "ALLOC-VIS-3": (KVCacheManager._withdraw,),
+    "RET-DENSE-1": (retention.keeps_less,),
+    "RET-SPARSE-1": (retention.retained_lengths,),
+    "RET-SPARSE-2": (retention.kept_positions, Registrar.kept),
+    "RET-JUNCTION-1": (coordinator.longest_single_group, KVCacheManager._junction),
     "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
     "EVICT-LIVE-1": (BlockPool.is_dead,),
     "EVICT-DEAD-1": (BlockPool.is_dead, Registrar.prerequisites),

@@ -8,7 +8,7 @@ import inspect
 from kvcert.reference.rules import IMPLEMENTED_BY
 from kvcert.spec.rules import all_rules
 
-FAMILIES = ("HIT-", "HASH-", "ALLOC-", "EVICT-", "CKPT-", "BRANCH-", "PAGE-")
+FAMILIES = ("HIT-", "HASH-", "ALLOC-", "RET-", "EVICT-", "CKPT-", "BRANCH-", "PAGE-")
 KERNELS = ("PAGE-ADDR-", "PAGE-SLOT-")  # byte addresses: implemented by kvcert.kernels
 
 
