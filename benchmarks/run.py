@@ -53,7 +53,7 @@ LAYOUTS = {
 
 def config_of(layout, num_blocks, eviction="lru"):
     """A spec layout as the reference's configuration (through the vector JSON)."""
-    return config_from_json(layout_to_json(layout), num_blocks, eviction)
+    return config_from_json(layout_to_json(layout), num_blocks, {"eviction": eviction})
 
 
 def hashing_every_time(config: CacheConfig) -> CacheConfig:

@@ -1,6 +1,6 @@
 """The vector files a certification reads: the manifest, each file's checks, and its cases.
 
-    {"format": "kvcert-vector/3", "spec_version": "0.4.0", "retired_ids": [...],
+    {"format": "kvcert-vector/4", "spec_version": "0.5.0", "retired_ids": [...],
      "files": {"hit/scenarios.json": {"sha256": "<64 hex>", "cases": 12}, ...}}
 
 A malformed manifest is the user's input error (`InputError`: nothing can run, and the
@@ -33,7 +33,7 @@ VECTORS: Traversable = resources.files("kvcert.conformance.vectors")
 SCHEMA: Traversable = (
     resources.files("kvcert.conformance.contract") / "schema" / "vector.schema.json"
 )
-MANIFEST_FORMAT = "kvcert-vector/3"
+MANIFEST_FORMAT = "kvcert-vector/4"
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CLAIMABLE = frozenset(FEATURES) | frozenset(PROFILES)
 

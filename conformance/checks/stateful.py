@@ -12,9 +12,10 @@ to the spec, and compares the engine's observation, block tables up to one renam
 per trace. The spec's invariants (§7) are checked after every step.
 
 Only what the engine claims is drawn: group kinds, speculative profiles, extra keys, the
-allocator features (`describe()`), and the eviction and visibility profiles among which each
-run picks one (block identities are compared, so at least one eviction profile must be
-claimed; an engine naming no visibility profile is held to step-end). An engine
+allocator features (`describe()`), and the eviction, visibility and retention profiles
+among which each run picks one (block identities are compared, so at least one eviction
+profile must be claimed; an engine naming no visibility profile is held to step-end, none
+naming a retention profile to dense). An engine
 with `open(case)` is driven one operation at a time; otherwise the whole trace is replayed
 through `run()` at every step. A failing trace is shrunk and printed as a program, and with
 KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the test extra.
@@ -64,7 +65,8 @@ from kvcert.spec import (
 )
 from kvcert.spec import alloc as spec
 from kvcert.spec.invariants import violated
-from kvcert.spec.layout import is_cacheable
+from kvcert.spec.layout import hit_alignment, is_cacheable
+from kvcert.spec.retention import Retention
 
 BASES = (
     tuple(range(1, 41)),
@@ -135,8 +137,9 @@ def save_failure(case: JSON) -> None:
     trace |= {k: case[k] for k in ("layout", "num_blocks", "ops")}
     if "eviction" in case:
         trace["eviction"] = case["eviction"]
-    if "visibility" in case:
-        trace["visibility"] = case["visibility"]
+    for profile in ("visibility", "retention", "retention_interval"):
+        if profile in case:
+            trace[profile] = case[profile]
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / "latest-failure.json").write_text(
         json.dumps(trace, indent=1) + "\n", encoding="utf-8"
@@ -179,6 +182,16 @@ def machine_for(
             f"the engine claims {sorted(offered)}, none of them a visibility profile the "
             "machine may pick: claim visibility.step-end or visibility.same-pass"
         )
+    # likewise dense retention, the only one before spec 0.5.0
+    retentions = [r for r in Retention if f"retention.{r.value}" in chosen]
+    if not any(p.startswith("retention.") for p in offered):
+        retentions = [Retention.DENSE]
+    if not retentions:
+        raise ValueError(
+            f"the engine claims {sorted(offered)}, none of them a retention profile the "
+            "machine may pick: claim retention.dense or retention.sparse"
+        )
+    intervals = "retention.sparse-interval" in chosen and Retention.SPARSE in retentions
     extras = [x for x in EXTRAS if all(f"extras.{e.kind.value}" in allowed for e in x)]
     lookaheads = st.integers(0, 3) if "alloc.lookahead" in allowed else st.just(0)
     checkpoints = "alloc.state_checkpoint" in allowed
@@ -202,21 +215,33 @@ def machine_for(
             blocks=st.integers(4, 96),
             eviction=st.sampled_from(evictions),
             visibility=st.sampled_from(visibilities),
+            retention=st.sampled_from(retentions),
+            interval_steps=st.integers(0, 2) if intervals else st.just(0),
         )
         def start(
             self,
+            *,
             layout: Layout,
             blocks: int,
             eviction: spec.Eviction,
             visibility: spec.Visibility,
+            retention: Retention,
+            interval_steps: int,
         ) -> None:
-            config = spec.PoolConfig(layout, blocks, eviction, visibility)
+            interval = 0
+            if retention is Retention.SPARSE:
+                interval = interval_steps * hit_alignment(layout)
+            config = spec.PoolConfig(layout, blocks, eviction, visibility, retention, interval)
             self.state = spec.initial_state(config)
             self.case = {"suite": "alloc", "layout": layout_to_json(layout), "num_blocks": blocks}
             if eviction is not spec.Eviction.LRU:
                 self.case["eviction"] = eviction.value
             if visibility is not spec.Visibility.STEP_END:
                 self.case["visibility"] = visibility.value
+            if retention is not Retention.DENSE:
+                self.case["retention"] = retention.value
+            if interval:
+                self.case["retention_interval"] = interval
             self.case["ops"] = []
             opener = getattr(self.engine, "open", None)
             if callable(opener):

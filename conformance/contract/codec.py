@@ -16,7 +16,8 @@ naming the JSON path and what to write instead, so a typo cannot pass.
 
 Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
 layers' heads and dtype, for engines that plan their own groups from layers. Format
-kvcert-vector/3 adds an optional `visibility` to alloc inputs (`visibility_from_json`).
+kvcert-vector/3 adds an optional `visibility` to alloc inputs (`visibility_from_json`), /4 an
+optional `retention` (`retention_from_json`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.retention import Retention
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -236,7 +238,7 @@ def layout_to_json(layout: Layout) -> JSON:
     return out
 
 
-P = TypeVar("P", spec.Eviction, spec.Visibility)
+P = TypeVar("P", spec.Eviction, spec.Visibility, Retention)
 
 
 def _profile_from_json(profiles: type[P], value: object, absent: P, name: str) -> P:
@@ -251,6 +253,21 @@ def _profile_from_json(profiles: type[P], value: object, absent: P, name: str) -
 def visibility_from_json(value: object) -> spec.Visibility:
     """An alloc case's visibility profile; absent means step-end."""
     return _profile_from_json(spec.Visibility, value, spec.Visibility.STEP_END, "visibility")
+
+
+def retention_from_json(value: object) -> Retention:
+    """An alloc case's retention profile; absent means dense."""
+    return _profile_from_json(Retention, value, Retention.DENSE, "retention")
+
+
+def retention_interval_from_json(value: object) -> int:
+    """An alloc case's retention interval; absent means 0 (none). Range checks are the
+    spec's (PoolConfig), so an engine is judged on refusing them."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"retention_interval must be an integer, got {value!r}")
+    return value
 
 
 def eviction_from_json(value: object) -> spec.Eviction:

@@ -54,13 +54,18 @@ FEATURES = (
 # Eviction order is compared only under a profile the engine claims (spec ALLOC-EVICT-1,
 # ALLOC-FREE-1/2, EVICT-HYB-1): which block a new allocation takes is otherwise the engine's.
 # Visibility (ALLOC-VIS-1, ALLOC-VIS-2) likewise: a case whose answer depends on when a
-# block becomes hittable runs only under the profile the engine claims.
+# block becomes hittable runs only under the profile the engine claims. Retention (RET-*)
+# too: which blocks stay cached; `retention.sparse-interval` is sparse retention with a
+# positive `retention_interval`, claimed by engines whose interval can be set.
 PROFILES = (
     "eviction.lru",
     "eviction.hybrid",
     "eviction.lru-unkeyed-first",
     "visibility.step-end",
     "visibility.same-pass",
+    "retention.dense",
+    "retention.sparse",
+    "retention.sparse-interval",
 )
 
 

@@ -17,7 +17,7 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import Session
 from kvcert.conformance.engines import reference_engine
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
-from kvcert.reference import commit, coordinator, groups, manager, tables
+from kvcert.reference import commit, coordinator, groups, manager, retention, tables
 from kvcert.reference.config import DraftKeying, Kind
 
 
@@ -34,17 +34,21 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 class Mutant(ReferenceEngine):
     """The reference with one bug injected whenever it answers, by run() or by a session."""
 
-    # the visibility profile the mutant claims, when its bug is one only under that profile
+    # the visibility and retention profiles the mutant claims, when its bug is one only
+    # under that profile
     visibility: str | None = None
+    retention: str | None = None
 
     def describe(self) -> JSON:
         described = super().describe()
-        if self.visibility is not None:
-            described["profiles"] = [
-                p
-                for p in described["profiles"]
-                if not p.startswith("visibility.") or p == f"visibility.{self.visibility}"
-            ]
+        for family in ("visibility", "retention"):
+            claimed = getattr(self, family)
+            if claimed is not None:
+                described["profiles"] = [
+                    p
+                    for p in described["profiles"]
+                    if not p.startswith(f"{family}.") or p == f"{family}.{claimed}"
+                ]
         return described
 
     def injected(self) -> AbstractContextManager[None]:
@@ -199,10 +203,8 @@ class DraftReachIgnoredEngine(Mutant):
     def injected(self) -> AbstractContextManager[None]:
         original = reference_engine.config_from_json
 
-        def one_token(
-            layout: JSON, num_blocks: int, eviction: object = "lru", visibility: object = "step-end"
-        ) -> Any:
-            return original({**layout, "draft_reach": 1}, num_blocks, eviction, visibility)
+        def one_token(layout: JSON, num_blocks: int, profiles: Any = None) -> Any:
+            return original({**layout, "draft_reach": 1}, num_blocks, profiles)
 
         return patched(reference_engine, "config_from_json", one_token)
 
@@ -235,6 +237,34 @@ class WithdrawalForgottenEngine(Mutant):
         return patched(manager.KVCacheManager, "_withdraw", lambda self, rid, request: None)
 
 
+class RetentionShortEngine(Mutant):
+    """Sparse retention keeping each retained length's blocks but the first one: a window one
+    block short, so the re-send of a prompt finds its window incomplete and hits less."""
+
+    retention = "sparse"
+
+    def injected(self) -> AbstractContextManager[None]:
+        original = retention.kept_positions
+
+        def one_short(group: Any, lengths: frozenset[int]) -> frozenset[int]:
+            kept = original(group, lengths)
+            firsts = {min(original(group, frozenset({length})), default=-1) for length in lengths}
+            return kept - firsts
+
+        return patched(commit, "kept_positions", one_short)
+
+
+class JunctionForgottenEngine(Mutant):
+    """Sparse retention without the junction: a request that found a shared prefix only a
+    full-attention group kept leaves it uncached in its bounded groups, so every later
+    request sharing that prefix misses it again (the spiral of 0% hits)."""
+
+    retention = "sparse"
+
+    def injected(self) -> AbstractContextManager[None]:
+        return patched(manager.KVCacheManager, "_junction", lambda self, prompt, hit: 0)
+
+
 BROKEN = {
     "per-group speculative drop": (PerGroupDropEngine, "HIT-SPEC-2"),
     "sliding window without -1": (WindowOffByOneEngine, "HIT-SW-1"),
@@ -246,4 +276,6 @@ BROKEN = {
     "draft reach ignored": (DraftReachIgnoredEngine, "HASH-DRAFT-1"),
     "state published in the same pass": (StatePublishedEngine, "ALLOC-VIS-2"),
     "withdrawal forgotten": (WithdrawalForgottenEngine, "ALLOC-VIS-3"),
+    "retention mask one block short": (RetentionShortEngine, "RET-SPARSE-2"),
+    "junction forgotten": (JunctionForgottenEngine, "RET-JUNCTION-1"),
 }

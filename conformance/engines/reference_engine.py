@@ -8,7 +8,9 @@ KVCacheManager, page plans through its planner.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
+from typing import Any
 
 from kvcert.conformance.contract.codec import (
     JSON,
@@ -65,11 +67,14 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
     )
 
 
+PROFILE_FIELDS = ("eviction", "visibility", "retention", "retention_interval")
+
+
 def config_from_json(
-    layout: JSON, num_blocks: int, eviction: object = "lru", visibility: object = "step-end"
+    layout: JSON, num_blocks: int, profiles: Mapping[str, Any] | None = None
 ) -> ref.CacheConfig:
-    """A layout object, pool size, eviction and visibility profiles as the reference's
-    CacheConfig."""
+    """A layout object, pool size and an alloc case's profile fields (PROFILE_FIELDS, each
+    absent meaning its default) as the reference's CacheConfig, which checks the values."""
     check_fields(expect_object(layout, "layout"), "layout", *LAYOUT_FIELDS)
     groups = layout.get("groups")
     if not isinstance(groups, list):
@@ -80,22 +85,14 @@ def config_from_json(
     except ValueError as error:
         raise ConfigError(f"bad speculative keying {speculative!r}") from error
     limit = layout.get("max_model_len")
-    try:
-        profile = ref.Eviction(str(eviction))
-    except ValueError as error:
-        raise ConfigError(f"bad eviction profile {eviction!r}") from error
-    try:
-        shown = ref.Visibility(str(visibility))
-    except ValueError as error:
-        raise ConfigError(f"bad visibility profile {visibility!r}") from error
+    chosen = {k: v for k, v in (profiles or {}).items() if k in PROFILE_FIELDS}
     return ref.CacheConfig(
         tuple(group_from_json(g) for g in groups),
         num_blocks,
         speculative=keying,
         max_model_len=None if limit is None else _int(limit, "max_model_len"),
         draft_reach=_int(layout.get("draft_reach", 1), "draft_reach"),
-        eviction=profile,
-        visibility=shown,
+        **chosen,
     )
 
 
@@ -117,10 +114,10 @@ class ReferenceSession:
         self,
         layout: JSON,
         num_blocks: int,
-        eviction: object = "lru",
-        visibility: object = "step-end",
+        profiles: Mapping[str, Any] | None = None,
     ) -> None:
-        self.manager = KVCacheManager(config_from_json(layout, num_blocks, eviction, visibility))
+        config = config_from_json(layout, num_blocks, profiles)
+        self.manager = KVCacheManager(config)
 
     def apply(self, op: JSON) -> JSON:
         """Run one operation; reference errors become {"refused": true}."""
@@ -296,12 +293,7 @@ class ReferenceEngine:
 
     def open(self, case: JSON) -> Session:
         """A session for an alloc case (its layout, pool and profile), an op at a time."""
-        return ReferenceSession(
-            case["layout"],
-            case["num_blocks"],
-            case.get("eviction", "lru"),
-            case.get("visibility", "step-end"),
-        )
+        return ReferenceSession(case["layout"], case["num_blocks"], case)
 
     def run(self, case: JSON) -> JSON:
         if case["suite"] == "page":

@@ -15,6 +15,8 @@ from kvcert.conformance.contract.codec import (
     layout_from_json,
     observation_to_json,
     op_from_json,
+    retention_from_json,
+    retention_interval_from_json,
     visibility_from_json,
 )
 from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
@@ -53,6 +55,8 @@ class SpecEngine:
                 case["num_blocks"],
                 eviction_from_json(case.get("eviction")),
                 visibility_from_json(case.get("visibility")),
+                retention_from_json(case.get("retention")),
+                retention_interval_from_json(case.get("retention_interval")),
             )
             state = spec.initial_state(config)
         except (SpecError, InputError) as error:

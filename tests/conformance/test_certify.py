@@ -162,6 +162,7 @@ def test_vectors_alone_cover_every_branch_of_the_behavioural_spec(tmp_path):
     modules = [
         "acceptance",
         "alloc",
+        "retention",
         "errors",
         "hashing",
         "hybrid",

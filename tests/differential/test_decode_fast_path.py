@@ -79,7 +79,7 @@ def both(
     ),
 )
 def decode_workload(layout, blocks, eviction, script):
-    config = config_from_json(layout_to_json(layout), blocks, eviction)
+    config = config_from_json(layout_to_json(layout), blocks, {"eviction": eviction})
     pair = (KVCacheManager(config), GeneralPathOnly(config))
     running: dict[str, int] = {}
     serial = 0

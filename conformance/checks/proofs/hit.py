@@ -287,6 +287,71 @@ def registration_unit(factor: int = 1) -> Any:
     return build
 
 
+def _needed_at(group: SymGroup, length: int, j: int) -> Any:
+    """Whether a hit of the concrete `length` needs block j of a bounded group (HIT-SW-1,
+    HIT-CHUNK-1, HIT-MAMBA-1; False for a length the group's blocks do not divide)."""
+    branches = []
+    for size in SIZES:
+        if length % size or j >= length // size:
+            continue
+        chunk_first = z3.Or(
+            [z3.And(group.chunk == c, j >= length // c * c // size) for c in CHUNKS]
+        )
+        kinds = {
+            SW: _needed_sw_tokens(group, length, size, j),
+            CHUNKED: chunk_first,
+            STATE: z3.BoolVal(j == length // size - 1),
+        }
+        rule = z3.Or([z3.And(group.kind == k, r) for k, r in kinds.items()])
+        branches.append(z3.And(group.size == size, rule))
+    return z3.Or(branches) if branches else z3.BoolVal(False)
+
+
+def retention_owed(drop: bool = False, extension: bool = True, step_below: bool = True) -> Any:
+    """RET-SPARSE-1/-2's promise: a writer computes a p-token prompt and finishes; a request
+    sharing all p tokens (the re-send, n = p, or an extension, n > p) gets the same hit (under
+    `drop`, the same HIT-SPEC-2 hit) whether the writer's bounded groups (sliding window,
+    chunked, state in mode all) registered every full block (dense) or only the blocks a hit
+    at a retained length needs (sparse: floor_A(p - 1), floor_A(p), and under drop the step
+    below each). Twins: without the extension length (`extension=False`) or without the
+    step below under drop (`step_below=False`)."""
+
+    def build() -> tuple[list[Any], Any]:
+        groups, num_tokens, domain = _layout(PR)
+        prompt = z3.Int("prompt")
+        domain += [prompt >= 1, prompt <= num_tokens]
+        alignment = _alignment(groups)
+        ends = [(prompt - 1) / alignment * alignment]
+        if extension:
+            ends.append(prompt / alignment * alignment)
+        if drop and step_below:
+            ends += [end - alignment for end in ends]
+
+        def retained(length: int) -> Any:
+            return z3.And(length > 0, z3.Or([length == end for end in ends]))
+
+        sparse = []
+        for g in groups:
+            domain += [g.cached[j] == ((j + 1) * g.size <= prompt) for j in range(PR.lmax)]
+            bounded = z3.Or(g.kind == SW, g.kind == CHUNKED, g.kind == STATE)
+            kept = [
+                z3.Or([z3.And(retained(n), _needed_at(g, n, j)) for n in range(PR.lmax + 1)])
+                for j in range(PR.lmax)
+            ]
+            cached = tuple(
+                z3.And(g.cached[j], z3.Or(z3.Not(bounded), kept[j])) for j in range(PR.lmax)
+            )
+            sparse.append(SymGroup(g.kind, g.size, g.window, g.chunk, cached))
+        dense_hit = spec_hit(groups, num_tokens, PR)
+        sparse_hit = spec_hit(sparse, num_tokens, PR)
+        if drop:
+            dense_hit = spec_drop(groups, num_tokens, PR, dense_hit)
+            sparse_hit = spec_drop(sparse, num_tokens, PR, sparse_hit)
+        return domain, dense_hit == sparse_hit
+
+    return build
+
+
 def downward_closed(kind: int) -> Any:
     """Accepting L implies accepting every shorter length aligned to the block size."""
 
@@ -465,6 +530,21 @@ OBLIGATIONS = (
     Obligation("TWIN-REG-UNIT-DOUBLE", ("ALLOC-COMMIT-1",), "as THM-REG-UNIT", COUNTEREXAMPLE,
                "pr", registration_unit(factor=2), twin_of="THM-REG-UNIT", rlimit=200_000_000,
                about="units of twice the alignment lose the writer's last aligned length"),
+    Obligation("THM-RET-OWED", ("RET-SPARSE-1", "RET-SPARSE-2", "HIT-HYB-1"),
+               "as THM-HYB-SEARCH; one writer of 1..9 tokens, mode-all state", PROVED, "pr",
+               retention_owed(), rlimit=200_000_000,
+               about="sparse retention serves the re-send and extensions their dense hit"),
+    Obligation("THM-RET-OWED-DROP", ("RET-SPARSE-1", "RET-SPARSE-2", "HIT-SPEC-2"),
+               "as THM-RET-OWED", PROVED, "pr", retention_owed(drop=True), rlimit=200_000_000,
+               about="and so does the drop, with the step below each retained length"),
+    Obligation("TWIN-RET-NO-EXTENSION", ("RET-SPARSE-1",), "as THM-RET-OWED", COUNTEREXAMPLE,
+               "pr", retention_owed(extension=False), twin_of="THM-RET-OWED",
+               rlimit=200_000_000,
+               about="keeping only the re-send's length loses an aligned prompt's extension"),
+    Obligation("TWIN-RET-NO-STEP-BELOW", ("RET-SPARSE-1",), "as THM-RET-OWED", COUNTEREXAMPLE,
+               "pr", retention_owed(drop=True, step_below=False),
+               twin_of="THM-RET-OWED-DROP", rlimit=200_000_000,
+               about="under drop, the retained lengths alone leave no step below to serve"),
     Obligation("DRIFT-HIT", ("HIT-GROUP-1", "HIT-HYB-1"), "120 random concrete views", AGREES,
                "pr", drift, about="the hit encodings equal kvcert.spec.hybrid"),
 )  # fmt: skip

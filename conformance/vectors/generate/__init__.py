@@ -39,6 +39,11 @@ from kvcert.conformance.vectors.generate.hit import (
 )
 from kvcert.conformance.vectors.generate.page import page_refusals, page_scenarios, random_plans
 from kvcert.conformance.vectors.generate.refusals import refusals
+from kvcert.conformance.vectors.generate.retention import (
+    interval_traces,
+    owed_hit_traces,
+    sparse_twins,
+)
 from kvcert.conformance.vectors.generate.traces import (
     checkpoint_traces,
     draft_reach_traces,
@@ -48,7 +53,7 @@ from kvcert.conformance.vectors.generate.traces import (
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
-FORMAT = "kvcert-vector/3"
+FORMAT = "kvcert-vector/4"
 VECTORS = Path(__file__).resolve().parents[1]  # kvcert/conformance/vectors
 
 
@@ -56,11 +61,19 @@ def suites() -> dict[str, list[JSON]]:
     """Every file's cases, keyed by its path under vectors/."""
     files = step_end_suites()
     files["alloc/same-pass.json"] = list(same_pass_twins(files))
+    files["alloc/sparse.json"] = list(sparse_twins(files))
     return files
 
 
+def owed_cases() -> list[JSON]:
+    """The owed-hit families, and again under vLLM 0.25+'s free order where block ids
+    depend on it (their hits do not: the pool never evicts)."""
+    owed = [*owed_hit_traces(), *interval_traces()]
+    return [*owed, *unkeyed_first_twins(iter(owed))]
+
+
 def step_end_suites() -> dict[str, list[JSON]]:
-    """Every file but the same-pass twins, whose cases they replay."""
+    """Every file but the same-pass and sparse twins, whose cases they replay."""
     return {
         "hit/scenarios.json": list(hit_scenarios()),
         "hit/refusals.json": [c for c in refusals() if c["input"]["suite"] == "hit"],
@@ -84,6 +97,7 @@ def step_end_suites() -> dict[str, list[JSON]]:
         ),
         "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
+        "alloc/owed.json": owed_cases(),
         "page/scenarios.json": list(page_scenarios()),
         "page/refusals.json": list(page_refusals()),
         "page/random.json": list(random_plans(60)),

@@ -25,6 +25,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.retention import Retention
 
 
 def served(rid: str, tokens: tuple[int, ...]) -> list[spec.Op]:
@@ -497,6 +498,7 @@ def replayed(
     *,
     eviction: spec.Eviction | None = None,
     visibility: spec.Visibility | None = None,
+    retention: Retention | None = None,
 ) -> JSON:
     """`case`'s trace again under the profiles given (the others as its input names them),
     as a case whose id gains `prefix` and whose focus `focus`; the spec answers it anew."""
@@ -511,6 +513,8 @@ def replayed(
         (*focus, *case.get("focus", ())),
         eviction=eviction or spec.Eviction(data.get("eviction", "lru")),
         visibility=visibility or spec.Visibility(data.get("visibility", "step-end")),
+        retention=retention or Retention(data.get("retention", "dense")),
+        retention_interval=data.get("retention_interval", 0),
     )
 
 
@@ -535,4 +539,6 @@ def regression_cases() -> Iterator[JSON]:
             tuple(saved.get("focus", ())),
             eviction=spec.Eviction(saved.get("eviction", "lru")),
             visibility=spec.Visibility(saved.get("visibility", "step-end")),
+            retention=Retention(saved.get("retention", "dense")),
+            retention_interval=saved.get("retention_interval", 0),
         )

@@ -29,6 +29,7 @@ from kvcert.spec import (
     SpecError,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.retention import Retention
 from kvcert.spec.rules import all_rules
 
 
@@ -256,9 +257,13 @@ def alloc_case(
     focus: tuple[str, ...] = (),
     eviction: spec.Eviction = spec.Eviction.LRU,
     visibility: spec.Visibility = spec.Visibility.STEP_END,
+    retention: Retention = Retention.DENSE,
+    retention_interval: int = 0,
 ) -> JSON:
-    """An alloc case; it requires its visibility profile only where the other profile
-    answers it differently (a lookup in the step that schedules a block's writer)."""
+    """An alloc case; it requires its visibility and retention profiles only where another
+    profile answers it differently (a lookup in the step that schedules a block's writer; a
+    hit on a bounded group's block sparse retention leaves uncached); a positive retention
+    interval always requires `retention.sparse-interval`."""
     case_input: JSON = {
         "suite": "alloc",
         "layout": layout_to_json(layout),
@@ -267,24 +272,39 @@ def alloc_case(
     }
     if eviction is not spec.Eviction.LRU:
         case_input["eviction"] = eviction.value
-    if visibility is not spec.Visibility.STEP_END:
-        case_input["visibility"] = visibility.value
+    for name, profile in (("visibility", visibility), ("retention", retention)):
+        if profile is not PROFILE_DEFAULTS[name]:
+            case_input[name] = profile.value
+    if retention_interval:
+        case_input["retention_interval"] = retention_interval
     expect, rules = spec_answer(case_input)
     reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
     needs = requires(layout, ops, reuse, eviction)
-    if visibility_matters(case_input, expect, visibility):
-        needs = sorted([*needs, f"visibility.{visibility.value}"])
+    for name, profile in (("visibility", visibility), ("retention", retention)):
+        if retention_interval and name == "retention":
+            needs = sorted([*needs, "retention.sparse-interval"])
+        elif profile_matters(case_input, expect, name):
+            needs = sorted([*needs, f"{name}.{profile.value}"])
     return make_case(case_id, rules, needs, case_input, expect, origin, comment, focus)
 
 
-def visibility_matters(case_input: JSON, expect: JSON, visibility: spec.Visibility) -> bool:
-    """Whether a visibility profile other than `visibility` answers the case otherwise."""
-    for other in spec.Visibility:
-        if other is visibility:
+PROFILE_DEFAULTS: dict[str, spec.Visibility | Retention] = {
+    "visibility": spec.Visibility.STEP_END,
+    "retention": Retention.DENSE,
+}
+
+
+def profile_matters(case_input: JSON, expect: JSON, name: str) -> bool:
+    """Whether another profile of the family `name` (visibility, retention) than the one
+    `case_input` names answers the case otherwise."""
+    default = PROFILE_DEFAULTS[name]
+    chosen = case_input.get(name, default.value)
+    for other in type(default):
+        if other.value == chosen:
             continue
-        changed = {k: v for k, v in case_input.items() if k != "visibility"}
-        if other is not spec.Visibility.STEP_END:
-            changed["visibility"] = other.value
+        changed = {k: v for k, v in case_input.items() if k != name}
+        if other is not default:
+            changed[name] = other.value
         if spec_answer(changed)[0] != expect:
             return True
     return False

@@ -175,6 +175,25 @@ def refusals() -> Iterator[JSON]:
         "num_blocks must be an integer",
         ("kind.full",),
     )
+    window = {"kind": "sliding_window", "block_size": 16, "window": 32}
+    for name, retention, interval, why in (
+        ("retention-interval-negative", "sparse", -16, "an interval is an integer >= 0"),
+        ("retention-interval-dense", "dense", 16, "an interval applies to sparse retention"),
+        ("retention-interval-unaligned", "sparse", 8, "no hit ends at 8: not a multiple of 16"),
+    ):
+        yield raw_case(
+            f"alloc.refuse.{name}",
+            {
+                "suite": "alloc",
+                "layout": {"groups": [full, window]},
+                "num_blocks": 16,
+                "retention": retention,
+                "retention_interval": interval,
+                "ops": [],
+            },
+            why,
+            ("kind.full", "kind.sliding_window", "retention.sparse-interval"),
+        )
     bad_extras = [
         {"kind": "cache_salt", "value": "s", "start": 0, "end": 4},
         {"kind": "multimodal", "value": "img"},
