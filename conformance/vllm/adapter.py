@@ -230,7 +230,10 @@ class Session:
         if len(tokens) > self.max_model_len:
             return REFUSED
         request = self.new_request(rid, tokens, list(op.get("extras", ())))
-        blocks, hit = self.manager.get_computed_blocks(request)[:2]
+        found = self.manager.get_computed_blocks(request)
+        blocks, hit = found[:2]
+        if hasattr(request, "shared_prefix_boundary"):  # 0.33: the scheduler keeps the
+            request.shared_prefix_boundary = found[2]  # junction sparse retention pins
         chunk = min(budget, len(tokens) - hit)
         ok, needed, free = self.allocate(request, chunk, hit, blocks, lookahead)
         if not ok:
@@ -286,17 +289,11 @@ class Session:
 
     # --- the hit suite -----------------------------------------------------------------------
 
-    def hit(self, num_tokens: int, cached: list[set[int]]) -> JSON:
-        """Make exactly `cached` hittable, then look a request of `num_tokens` tokens up."""
-        groups = self.layout["groups"]
-        tokens = list(range(1, num_tokens + 2))
+    def _write(self, tokens: list[int], step: int, held: dict[int, tuple[int, int]]) -> None:
+        """Compute `tokens` as one request, `step` tokens per step, and finish it, noting in
+        `held` where each block it held sat."""
         writer = self.new_request("writer", tokens, [])
-        step = math.lcm(*(g["block_size"] for g in groups))
-        # block id -> (group, position) where the writer last held it: a block one group
-        # released uncached (sliding window under sparse retention) may come back in another
-        # group, and only its last place names what it caches
-        held: dict[int, tuple[int, int]] = {}
-        done = 0
+        done = 0  # no hit taken: every writer computes (and so caches) its own blocks
         while done < len(tokens):
             chunk = min(step, len(tokens) - done)
             ok, _, _ = self.allocate(writer, chunk)
@@ -311,6 +308,24 @@ class Session:
             if hasattr(self.manager, "new_step_starts"):
                 self.manager.new_step_starts()
         self.manager.free(writer)
+
+    def hit(self, num_tokens: int, cached: list[set[int]]) -> JSON:
+        """Make exactly `cached` hittable, then look a request of `num_tokens` tokens up."""
+        groups = self.layout["groups"]
+        tokens = list(range(1, num_tokens + 2))
+        step = math.lcm(*(g["block_size"] for g in groups))
+        # block id -> (group, position) where a writer last held it: a block one group
+        # released uncached (sliding window under sparse retention) may come back in another
+        # group, and only its last place names what it caches
+        held: dict[int, tuple[int, int]] = {}
+        # Under sparse retention a writer leaves its bounded groups' blocks cached only
+        # around its own re-send and extension lengths (spec RET-SPARSE-1), so one writer
+        # per aligned length plays the view: each prompt ends one token past its length.
+        # Blocks no aligned hit needs stay uncached; no hit or block list reads them.
+        sparse = getattr(self.manager.coordinator, "retention_interval", None) is not None
+        ends = [*range(step + 1, num_tokens + 1, step), len(tokens)] if sparse else [len(tokens)]
+        for end in ends:
+            self._write(tokens[:end], step, held)
         position = {(g, block_id): j for block_id, (g, j) in held.items()}
         wanted: dict[int, set[int]] = {}  # manager group -> the blocks its layout groups keep
         for i, g in enumerate(self.owner):
@@ -353,6 +368,7 @@ class VllmEngine:
             "profiles": [
                 *([profile] if (profile := free_order_profile(self.mode)) else []),
                 visibility_profile(self.mode),
+                retention_profile(self.mode),
             ],
         }
 
@@ -494,6 +510,26 @@ def visibility_profile(mode: str = "hand") -> str:
     )
     served = answer.get("admitted", {}).get("hit", 0)
     return "visibility.same-pass" if served else "visibility.step-end"
+
+
+@cache
+def retention_profile(mode: str = "hand") -> str:
+    """The retention profile this release follows, found by a probe: a writer computes 13
+    tokens (blocks of 4, a window of 8) and finishes; does a sibling sharing its first 5
+    tokens hit 4? Under dense retention (RET-DENSE-1) the window block it needs stays cached;
+    under sparse (RET-SPARSE-2) only the blocks of the writer's re-send and extension do, and
+    the sibling hits 0 (vLLM's default prefix_cache_retention_interval=0 in planned modes)."""
+    window = {"kind": "sliding_window", "block_size": 4, "window": 8}
+    layout = {"groups": [{"kind": "full", "block_size": 4}, window]}
+    session = Session(layout, 32, mode=mode)
+    prompt = list(range(100, 113))
+    session.apply({"op": "admit", "rid": "w", "tokens": prompt, "budget": 13})
+    session.apply({"op": "end_step"})
+    session.apply({"op": "finish", "rid": "w"})
+    sibling = [*prompt[:5], *range(900, 910)]
+    answer = session.apply({"op": "admit", "rid": "s", "tokens": sibling, "budget": 15})
+    served = answer.get("admitted", {}).get("hit", 0)
+    return "retention.dense" if served else "retention.sparse"
 
 
 def make_engine() -> VllmEngine:

@@ -4,10 +4,12 @@
 
 For every case the report lists as failed or errored, the case is run again through the same
 planned mode with one engine argument changed from vLLM's default at a time (each only where
-the release has it), with the other draft marking, with both, and in the hand mode. A case
-that then passes follows that flag: the difference is vLLM's default behaviour, not the
-adapter's and not chance. A case that then fails exactly as in the hand mode has the flag's
-difference on top of the hand mode's (known) one. The trace file (case id -> the flags under
+the release has it), with the other draft marking, with both, with each fix of a vLLM bug
+in PATCHES applied, and in the hand mode. A case that then passes follows that flag or fix:
+the difference is vLLM's default behaviour (or that bug), not the adapter's and not
+chance; a flag never accepts a difference by itself (kvcert.conformance.vllm.expected). A
+case that then fails exactly as in the hand mode has the flag's difference on top of the
+hand mode's (known) one. The trace file (case id -> the flags under
 which it passes, those under which it fails as the hand mode does, whether the hand mode
 passes) is what kvcert.conformance.vllm.expected reads to name the cause of each planned-mode
 difference.
@@ -16,13 +18,16 @@ difference.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
-from kvcert.conformance.contract.compare import compare_alloc, compare_hit
+from kvcert.conformance.contract.compare import compare_alloc, compare_hit, hits_match
 from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.adapter import VllmEngine
 
@@ -48,6 +53,71 @@ def candidate_flags() -> dict[str, tuple[tuple[str, str, Any], ...]]:
     return out
 
 
+@contextmanager
+def extension_boundary() -> Iterator[None]:
+    """vLLM with the fix for the lost extension boundary: without EAGLE its
+    `replay_boundaries` returns only `num_prompt_tokens - 1`, so a block-aligned prompt's
+    extension length floor_A(p) (spec RET-SPARSE-1) keeps no window; patched, it returns
+    both, as its own docstring says it should."""
+    coordinator: Any = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    original = coordinator.replay_boundaries
+
+    def both(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> Any:
+        found = original(num_prompt_tokens, scheduler_block_size, use_eagle)
+        return found if use_eagle else tuple(sorted({*found, num_prompt_tokens}))
+
+    coordinator.replay_boundaries = both
+    try:
+        yield
+    finally:
+        coordinator.replay_boundaries = original
+
+
+@contextmanager
+def lookahead_boundary() -> Iterator[None]:
+    """vLLM with the fix for EAGLE boundaries that ignore the hash lookahead: its EAGLE
+    `replay_boundaries` keeps the tail ending one block past floor(p - 1) - B and floor(p) - B,
+    but under lookahead block hashes (k tokens past a block) that block has no hash until
+    k tokens follow it, so when the prompt ends within them the retained window is never
+    complete (spec RET-SPARSE-1 retains floor_A(p - max(1, r)) and floor_A(p - r)); patched,
+    the boundaries are those of a prompt k - 1 tokens shorter."""
+    coordinator: Any = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    cls = coordinator.KVCacheCoordinator
+    original_cache, original_replay = cls.cache_blocks, coordinator.replay_boundaries
+
+    def cache_blocks(self: Any, request: Any, num_computed_tokens: int) -> Any:
+        lag = max(0, self.block_pool.num_hash_lookahead_tokens - 1)
+
+        def shorter(num_prompt_tokens: int, block: int, use_eagle: bool) -> Any:
+            return original_replay(max(1, num_prompt_tokens - lag), block, use_eagle)
+
+        coordinator.replay_boundaries = shorter
+        try:
+            return original_cache(self, request, num_computed_tokens)
+        finally:
+            coordinator.replay_boundaries = original_replay
+
+    cls.cache_blocks = cache_blocks
+    try:
+        yield
+    finally:
+        cls.cache_blocks = original_cache
+
+
+def has_replay_boundaries() -> bool:
+    """Whether the release has sparse retention's replay boundaries (0.33)."""
+    module = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
+    return hasattr(module, "replay_boundaries")
+
+
+# Fixes of vLLM bugs, by name, each with whether the release has the code it fixes: a case
+# that passes with one applied differs because of that bug
+PATCHES: dict[str, tuple[Callable[[], bool], Callable[[], AbstractContextManager[None]]]] = {
+    "extension-boundary": (has_replay_boundaries, extension_boundary),
+    "lookahead-replay": (has_replay_boundaries, lookahead_boundary),
+}
+
+
 def difference(engine: VllmEngine, case: dict[str, Any]) -> str | None:
     """The first difference from the vector's expectation (None: the case passes)."""
     try:
@@ -61,7 +131,13 @@ def difference(engine: VllmEngine, case: dict[str, Any]) -> str | None:
 
 def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
     cases = {c["id"]: c for _, c, _ in iter_cases() if c is not None}
-    failing = [r["id"] for r in report["results"] if r["status"] in ("failed", "errored")]
+    # a case that ran out of time is not re-run: without the runner's limit it could run for
+    # as long again per variant, and a timeout shows no difference to trace
+    failing = [
+        r["id"]
+        for r in report["results"]
+        if r["status"] in ("failed", "errored") and "TimeoutError" not in r.get("detail", "")
+    ]
     flags = candidate_flags()
     other = "unmarked" if mode == "marked" else "marked"
     engines = {name: VllmEngine(mode, f) for name, f in flags.items()}
@@ -77,6 +153,10 @@ def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
         hand_difference = difference(hand, case)
         planned_difference = difference(VllmEngine(mode), case)
         found = {name: difference(e, case) for name, e in engines.items()}
+        for name, (applies, fix) in PATCHES.items():
+            if applies():
+                with fix():
+                    found[name] = difference(VllmEngine(mode), case)
         out[case_id] = {
             "passes_with": [name for name, d in found.items() if d is None],
             # flags that turn a planned-only difference into exactly the hand mode's: the
@@ -87,6 +167,13 @@ def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
                 if d is not None and d == hand_difference != planned_difference
             ],
             "hand": hand_difference is None,
+            # where every admission's hit is the spec's, registrations aside: a fix that
+            # restores the hits names the bug that lost them
+            "hits_match_with": [
+                name
+                for name, d in found.items()
+                if case["input"]["suite"] == "alloc" and hits_match(d)
+            ],
         }
     return out
 

@@ -46,15 +46,22 @@ def test_every_planned_mode_file_has_its_trace_and_results():
 # serve (0 where the spec serves 4 to 8), found once a registration-count difference stopped
 # hiding the later hits of its trace (issue 40). A ratchet: an entry may only leave this list
 # (traced to a cause, or passing), and no other case may be uninvestigated.
+# Differences traced to no cause yet, per expected file: a ratchet that may only shrink (a
+# new entry needs new vectors or a new release, and the closing note that names it). None
+# of them is a hit: in each, every admission's hit is the spec's under the sparse retention
+# vLLM declares, and only registrations or block identities differ.
+REGISTRATIONS_OPEN = {
+    "alloc.sparse.sliding-window.release-with-nulls",
+    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p12.sibling-at-4",
+    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p12.sibling-at-8",
+    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p13.sibling-at-4",
+}
 OPEN_LOST_HITS = {
-    f"0.33.0/expected-{mode}.json": {
-        "alloc.draft-reach-lru-unkeyed-first.001",
-        "alloc.draft-reach-lru-unkeyed-first.014",
-        "alloc.same-pass.draft-reach-lru-unkeyed-first.023",
-        "alloc.same-pass.random-lru-unkeyed-first.024",
-        "alloc.same-pass.random.051",
-    }
-    for mode in ("planned", "planned-unmarked")
+    "0.33.0/expected-planned.json": REGISTRATIONS_OPEN,
+    "0.33.0/expected-planned-unmarked.json": {
+        *REGISTRATIONS_OPEN,
+        "alloc.sparse.same-pass.draft-reach-lru-unkeyed-first.023",
+    },
 }
 
 
