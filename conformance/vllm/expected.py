@@ -107,8 +107,9 @@ CAUSES = {
     "branch keeps both). Minimal repro: alloc.unkeyed-first.owed.sw.p12.extension (a 12-token "
     "prompt, blocks of 4, window 8: the 15-token extension hits 8, owed 12). The case passes "
     "with both positions returned (kvcert.conformance.vllm.trace_causes.extension_boundary). "
-    "Upstream: not reported as of 2026-11-26; the neighbouring vllm#57610 (a divergence "
-    "inside the last alignment block) is another sparse-retention loss",
+    "Upstream: vllm#54713 (merged) made the EAGLE branch keep both positions for the "
+    "block-aligned re-send; this non-EAGLE half is not reported (searched 2026-11-26), and "
+    "vllm#57610 (a divergence inside the last alignment block) is another loss",
     "sparse-lookahead-boundary": "new (a lost hit under the sparse retention vLLM declares): "
     "with EAGLE, vLLM 0.33's replay_boundaries keeps the window ending one block past "
     "floor(p - 1) - B and floor(p) - B, the block its EAGLE match peeks at; under lookahead "
@@ -118,8 +119,9 @@ CAUSES = {
     "repro: alloc.sparse.unkeyed-first.owed.sw-exact-k2.p13.re-send (13 tokens, blocks of 4, "
     "window 8, 2 draft tokens: hit 0, owed 8). Every hit matches with the boundaries of a "
     "prompt k - 1 tokens shorter (kvcert.conformance.vllm.trace_causes.lookahead_boundary); "
-    "registrations still differ by reprefill-all-groups. Upstream: not reported as of "
-    "2026-11-26 (RFC vllm#50438 describes the lookahead hashes, not this retention loss)",
+    "registrations still differ by reprefill-all-groups. Upstream: not reported (searched "
+    "2026-11-26); vllm#53945 and vllm#54713 placed the EAGLE boundaries and vllm#57444 (open) "
+    "refines them for fine-grained hashes, none for the k-token lookahead of RFC vllm#50438",
     "lookahead-boundary": "vLLM 0.33's lookahead block hashes (the default with EAGLE) key every "
     "group's block with the token after it, so under its sparse retention a sibling that "
     "diverges right after a retained boundary misses that boundary's block in every group, "
