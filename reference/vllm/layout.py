@@ -24,6 +24,7 @@ from kvcert.reference.config import (
     GroupConfig,
     Kind,
     MambaMode,
+    Retention,
     Visibility,
 )
 from kvcert.reference.errors import ConfigError
@@ -122,6 +123,16 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
     )
 
 
+def _retention(kv_cache_config: Any, settings: Settings) -> dict[str, Any]:
+    """The retention profile: vLLM's positive retention interval when one is set (kvcert
+    keeps the blocks spec RET-SPARSE-1 retains, every multiple of it among them), else the
+    settings'."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if isinstance(interval, int) and interval > 0:
+        return {"retention": Retention.SPARSE, "retention_interval": interval}
+    return {"retention": settings.retention}
+
+
 def cache_config(
     kv_cache_config: Any,
     max_model_len: int,
@@ -138,7 +149,9 @@ def cache_config(
     say, unless `settings.speculative` asks for the drop: exact keys are sound for the
     drafter's KV, vLLM's drop is not (kvcert fuzz finds stale draft KV under it).
     `draft_reach`: the tokens after a position its draft KV reads (vLLM's
-    `num_prefill_lookahead_tokens`: k for k MTP modules)."""
+    `num_prefill_lookahead_tokens`: k for k MTP modules). A positive
+    `--prefix-cache-retention-interval` is honoured as sparse retention with that interval;
+    None and vLLM's default 0 leave the retention to `settings` (dense unless chosen)."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
@@ -163,7 +176,7 @@ def cache_config(
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
             visibility=settings.visibility or Visibility.STEP_END,
-            retention=settings.retention,
+            **_retention(kv_cache_config, settings),
         )
     except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

@@ -11,7 +11,8 @@ environment when no `Settings` is given:
                         step-end under priority; a manager built without a scheduler: step-end)
     KVCERT_RETENTION    dense (default) | sparse   (which window and state blocks stay cached:
                         spec RET-DENSE-1 / RET-SPARSE-2; vLLM's own default is sparse, kvcert's
-                        dense keeps every hit vLLM's does and more, for more cached memory)
+                        dense keeps every hit vLLM's does and more, for more cached memory;
+                        a positive --prefix-cache-retention-interval is honoured as sparse)
 """
 
 from __future__ import annotations

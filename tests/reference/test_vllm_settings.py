@@ -78,3 +78,25 @@ def test_retention_is_dense_unless_chosen_and_taken_by_value() -> None:
         Settings.from_env({"KVCERT_RETENTION": "thin"})
     with pytest.raises(ConfigError, match="retention"):
         Settings(retention="thin")
+
+
+def test_a_positive_vllm_retention_interval_is_honoured_not_ignored() -> None:
+    """--prefix-cache-retention-interval N > 0 becomes sparse retention with interval N;
+    None and vLLM's default 0 leave the choice to the settings."""
+    from types import SimpleNamespace
+
+    from kvcert.reference.config import Retention
+    from kvcert.reference.vllm.layout import _retention
+
+    sparse = Settings(retention="sparse")
+    assert _retention(SimpleNamespace(prefix_cache_retention_interval=64), Settings()) == {
+        "retention": Retention.SPARSE,
+        "retention_interval": 64,
+    }
+    assert _retention(SimpleNamespace(prefix_cache_retention_interval=0), Settings()) == {
+        "retention": Retention.DENSE
+    }
+    assert _retention(SimpleNamespace(prefix_cache_retention_interval=None), sparse) == {
+        "retention": Retention.SPARSE
+    }
+    assert _retention(SimpleNamespace(), Settings()) == {"retention": Retention.DENSE}
