@@ -323,7 +323,10 @@ class Session:
         # per aligned length plays the view: each prompt ends one token past its length.
         # Blocks no aligned hit needs stay uncached; no hit or block list reads them.
         sparse = getattr(self.manager.coordinator, "retention_interval", None) is not None
-        ends = [*range(step + 1, num_tokens + 1, step), len(tokens)] if sparse else [len(tokens)]
+        bounded = {"sliding_window", "chunked_local", "mamba"} & {g["kind"] for g in groups}
+        ends = [len(tokens)]
+        if sparse and bounded:  # full attention keeps every block: one writer holds them
+            ends = [*range(step + 1, num_tokens + 1, step), len(tokens)]
         for end in ends:
             self._write(tokens[:end], step, held)
         position = {(g, block_id): j for block_id, (g, j) in held.items()}
