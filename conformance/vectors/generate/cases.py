@@ -278,7 +278,11 @@ def alloc_case(
     if retention_interval:
         case_input["retention_interval"] = retention_interval
     expect, rules = spec_answer(case_input)
-    reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction)
+    # a freed block handed out again, or (where the profiles above free blocks unkeyed in
+    # the op that allocates) any answer another free order gives otherwise
+    reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction) or profile_matters(
+        case_input, expect, "eviction"
+    )
     needs = requires(layout, ops, reuse, eviction)
     for name, profile in (("visibility", visibility), ("retention", retention)):
         if retention_interval and name == "retention":
@@ -288,14 +292,15 @@ def alloc_case(
     return make_case(case_id, rules, needs, case_input, expect, origin, comment, focus)
 
 
-PROFILE_DEFAULTS: dict[str, spec.Visibility | Retention] = {
+PROFILE_DEFAULTS: dict[str, spec.Eviction | spec.Visibility | Retention] = {
+    "eviction": spec.Eviction.LRU,
     "visibility": spec.Visibility.STEP_END,
     "retention": Retention.DENSE,
 }
 
 
 def profile_matters(case_input: JSON, expect: JSON, name: str) -> bool:
-    """Whether another profile of the family `name` (visibility, retention) than the one
+    """Whether another profile of the family `name` (eviction, visibility, retention) than the one
     `case_input` names answers the case otherwise."""
     default = PROFILE_DEFAULTS[name]
     chosen = case_input.get(name, default.value)

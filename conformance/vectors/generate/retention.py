@@ -5,9 +5,10 @@ Owed-hit families (`owed_hit_traces`): a writer computes a prompt of p tokens an
 then one follower looks it up. Followers: the re-send, an extension, and siblings that
 share the first d tokens and diverge at a block boundary, inside a block and one token
 before the next boundary, each followed by a third request sharing the same d tokens (the
-junction, RET-JUNCTION-1). p runs one below, at and one above a multiple of the hit
-alignment; layouts cover sliding window, state, chunked local, block sizes whose lcm exceeds
-a block, and draft groups under both speculative profiles with draft_reach 1 to 3.
+junction, RET-JUNCTION-1), and under exact keying the draft's keyed tokens past it. p runs
+one below, at and one above a multiple of the hit alignment; layouts cover sliding window,
+state, chunked local, block sizes whose lcm exceeds a block, and draft groups under both
+speculative profiles with draft_reach 1 to 3.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def owed_hit_traces() -> Iterator[JSON]:
         for prompt_length in (3 * step - 1, 3 * step, 3 * step + 1):
             prompt = tuple(range(WRITER, WRITER + prompt_length))
             writer: list[spec.Op] = [spec.Admit("w", prompt, 256), spec.EndStep(), spec.Finish("w")]
-            for follower, ops in followers(prompt, step):
+            for follower, ops in followers(prompt, step, keyed_past(layout)):
                 yield alloc_case(
                     f"alloc.owed.{name}.p{prompt_length}.{follower}",
                     layout,
@@ -76,7 +77,7 @@ def interval_traces() -> Iterator[JSON]:
         step = hit_alignment(layout)
         prompt = tuple(range(WRITER, WRITER + 3 * step + 1))
         writer: list[spec.Op] = [spec.Admit("w", prompt, 256), spec.EndStep(), spec.Finish("w")]
-        for follower, ops in followers(prompt, step):
+        for follower, ops in followers(prompt, step, keyed_past(layout)):
             if follower.startswith("sibling"):
                 yield alloc_case(
                     f"alloc.sparse-interval.{name}.p{len(prompt)}.{follower}",
@@ -90,13 +91,24 @@ def interval_traces() -> Iterator[JSON]:
                 )
 
 
-def followers(prompt: tuple[int, ...], step: int) -> Iterator[tuple[str, list[spec.Op]]]:
-    """The requests after the writer, each family's ops."""
+def keyed_past(layout: Layout) -> int:
+    """The tokens past a block that exact draft keys cover (HASH-DRAFT-1): a request reuses
+    a block at a junction only if it shares them too."""
+    return layout.draft_reach if layout.speculative is Speculative.EXACT else 0
+
+
+def followers(
+    prompt: tuple[int, ...], step: int, keyed: int = 0
+) -> Iterator[tuple[str, list[spec.Op]]]:
+    """The requests after the writer, each family's ops. The third request of a sibling
+    family shares the sibling's tokens up to the junction and the `keyed` tokens past it,
+    so that the junction's blocks (RET-JUNCTION-1) can serve it under every keying."""
     yield "re-send", [spec.Admit("f", prompt, 256)]
     yield "extension", [spec.Admit("f", (*prompt, 7, 8, 9), 256)]
     for shared in (step, step + 1, 2 * step - 1, 2 * step):
         sibling = (*prompt[:shared], *range(900, 900 + len(prompt) - shared + 2))
-        third = (*prompt[:shared], *range(800, 800 + len(prompt) - shared + 2))
+        kept = max(shared, shared // step * step + keyed)
+        third = (*sibling[:kept], *range(800, 800 + len(prompt) - kept + 2))
         yield (
             f"sibling-at-{shared}",
             [
@@ -122,4 +134,12 @@ def sparse_twins(files: dict[str, list[JSON]]) -> Iterator[JSON]:
                     if "sibling" in case["id"]
                     else ("RET-SPARSE-2",)
                 )
-                yield replayed(case, "sparse", focus, retention=Retention.SPARSE)
+                twin = replayed(case, "sparse", focus, retention=Retention.SPARSE)
+                yield twin
+                if "eviction.lru" in twin["requires"] and "eviction.lru" not in case["requires"]:
+                    # blocks sparse retention frees unkeyed make the free order matter where
+                    # dense keyed them: the trace again under vLLM 0.25+'s order
+                    first = replayed(
+                        case, "unkeyed-first", eviction=spec.Eviction.LRU_UNKEYED_FIRST
+                    )
+                    yield replayed(first, "sparse", focus, retention=Retention.SPARSE)
