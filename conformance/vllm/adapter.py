@@ -128,7 +128,7 @@ class Session:
         kwargs: JSON = {"enable_caching": True, "use_eagle": eagle}
         reach = self.layout.get("draft_reach", 1)
         if reach != 1:
-            if not _accepts(init, "num_prefill_lookahead"):
+            if not runtime.has_multi_module_mtp():
                 raise Unsupported("this release has no multi-module MTP (a drafter reading "
                                   "more than one token ahead)")  # fmt: skip
             kwargs["num_prefill_lookahead"] = reach
@@ -314,21 +314,28 @@ class Session:
         groups = self.layout["groups"]
         tokens = list(range(1, num_tokens + 2))
         step = math.lcm(*(g["block_size"] for g in groups))
-        # block id -> (group, position) where a writer last held it: a block one group
-        # released uncached (sliding window under sparse retention) may come back in another
-        # group, and only its last place names what it caches
+        # block id -> (group, position) where the writer last held it: a block one group
+        # released uncached may come back in another group, and only its last place names
+        # what it caches
         held: dict[int, tuple[int, int]] = {}
-        # Under sparse retention a writer leaves its bounded groups' blocks cached only
-        # around its own re-send and extension lengths (spec RET-SPARSE-1), so one writer
-        # per aligned length plays the view: each prompt ends one token past its length.
-        # Blocks no aligned hit needs stay uncached; no hit or block list reads them.
-        sparse = getattr(self.manager.coordinator, "retention_interval", None) is not None
-        bounded = {"sliding_window", "chunked_local", "mamba"} & {g["kind"] for g in groups}
-        ends = [len(tokens)]
-        if sparse and bounded:  # full attention keeps every block: one writer holds them
-            ends = [*range(step + 1, num_tokens + 1, step), len(tokens)]
-        for end in ends:
-            self._write(tokens[:end], step, held)
+        # The hit suite judges the lookup, given what is cached; what a request leaves cached
+        # is the retention profile's question, which the alloc suite judges (alloc/owed.json).
+        # Under sparse retention a writer leaves its bounded groups' blocks cached only around
+        # its own replay lengths (spec RET-SPARSE-1), so a view such as every window of a
+        # 374k-token prompt would take one writer per aligned length, each computing the
+        # whole prefix. The writer therefore caches densely (the coordinator's retention
+        # interval is read only when blocks are cached or allocated, never by the lookup),
+        # and the reader looks up under the release's own retention setting.
+        coordinator = self.manager.coordinator
+        sparse = getattr(coordinator, "retention_interval", None) is not None
+        retention = coordinator.retention_interval if sparse else None
+        if sparse:
+            coordinator.retention_interval = None
+        try:
+            self._write(tokens, step, held)
+        finally:
+            if sparse:
+                coordinator.retention_interval = retention
         position = {(g, block_id): j for block_id, (g, j) in held.items()}
         wanted: dict[int, set[int]] = {}  # manager group -> the blocks its layout groups keep
         for i, g in enumerate(self.owner):

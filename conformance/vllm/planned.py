@@ -124,6 +124,10 @@ def planned(
     layout's."""
     groups = layout["groups"]
     reach = layout.get("draft_reach", 1)
+    if reach != 1 and not runtime.has_multi_module_mtp():
+        raise Unsupported(
+            "this release has no multi-module MTP (a drafter reading more than one token ahead)"
+        )
     attention = [g["block_size"] for g in groups if g["kind"] in KINDS]
     settings = runtime.Settings(
         max_len=layout.get("max_model_len") or 1 << 20,

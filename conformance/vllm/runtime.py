@@ -138,6 +138,14 @@ def has_lookahead_hashes() -> bool:
     return "disable_lookahead_block_hashes" in fields
 
 
+def has_multi_module_mtp() -> bool:
+    """Whether this release's KV-cache manager knows a drafter that reads more than one token
+    ahead (multi-module MTP, vllm#50062: `num_prefill_lookahead`); before it an MTP drafter
+    of k tokens is one module run k times, whose draft KV depends on the next token only."""
+    init = vllm().KVCacheManager.__init__
+    return "num_prefill_lookahead" in inspect.signature(init).parameters
+
+
 @cache
 def _model_config(max_len: int, attention_chunk_size: int | None = None) -> Any:
     """One weightless model config per shape (older releases probe the hub on every build,
