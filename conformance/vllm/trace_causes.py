@@ -1,18 +1,18 @@
-"""Trace each difference of a planned-mode certification to the vLLM flag it follows.
+"""Trace each difference of a certification to the vLLM flag or bug it follows.
 
     .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.trace_causes REPORT MODE TRACE.json
 
-For every case the report lists as failed or errored, the case is run again through the same
-planned mode with one engine argument changed from vLLM's default at a time (each only where
-the release has it), with the other draft marking, with both, with each fix of a vLLM bug
-in PATCHES applied, and in the hand mode. A case that then passes follows that flag or fix:
-the difference is vLLM's default behaviour (or that bug), not the adapter's and not
-chance; a flag never accepts a difference by itself (kvcert.conformance.vllm.expected). A
-case that then fails exactly as in the hand mode has the flag's difference on top of the
-hand mode's (known) one. The trace file (case id -> the flags under
-which it passes, those under which it fails as the hand mode does, whether the hand mode
-passes) is what kvcert.conformance.vllm.expected reads to name the cause of each planned-mode
-difference.
+MODE is `marked` or `unmarked` (a planned mode) or `hand`. For every case the report lists as
+failed or errored, the case is run again with each fix of a vLLM bug in PATCHES applied and,
+in a planned mode, with one engine argument changed from vLLM's default at a time (each only
+where the release has it), with the other draft marking, with both, and in the hand mode. A
+case that then passes follows that flag or fix: the difference is vLLM's default behaviour
+(or that bug), not the adapter's and not chance; a flag never accepts a difference by itself
+(kvcert.conformance.vllm.expected). A case that then fails exactly as in the hand mode has
+the flag's difference on top of the hand mode's (known) one. The trace file (case id -> the
+flags and fixes under which it passes, those under which it fails as the hand mode does,
+those under which every hit is the spec's, whether the hand mode passes) is what
+kvcert.conformance.vllm.expected reads to name the cause of each difference.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -104,6 +105,75 @@ def lookahead_boundary() -> Iterator[None]:
         cls.cache_blocks = original_cache
 
 
+@contextmanager
+def target_junction() -> Iterator[None]:
+    """vLLM with the junction found from the target tokens: under lookahead block hashes
+    every group's key covers the k tokens after its block, so two prompts that share a
+    prefix but not the token after it share no key in any group, and `get_computed_blocks`
+    pins no junction (its `shared_prefix_boundary` is the longest single-group hit) where
+    the full-attention group holds the prefix (spec RET-JUNCTION-1). Patched, the junction
+    is the longest prefix an earlier prompt shares, floored to the hit alignment, where it
+    lies past the hit: what keys without the lookahead for target groups would find (the
+    design of vLLM's open PR #50897)."""
+    module: Any = importlib.import_module("vllm.v1.core.kv_cache_manager")
+    cls = module.KVCacheManager
+    original = cls.get_computed_blocks
+    seen: list[list[int]] = []
+
+    def get_computed_blocks(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, request, *args, **kwargs)
+        prompt = list(request.prompt_token_ids or ())
+        shared = max((_common_prefix(prompt, p) for p in seen), default=0)
+        seen.append(prompt)
+        if len(found) != 3 or not self.coordinator.block_pool.num_hash_lookahead_tokens:
+            return found
+        blocks, hit, boundary = found
+        unit = self.coordinator.scheduler_block_size
+        junction = min(shared, len(prompt) - 1) // unit * unit
+        return blocks, hit, max(boundary, junction) if junction > hit else boundary
+
+    cls.get_computed_blocks = get_computed_blocks
+    try:
+        yield
+    finally:
+        cls.get_computed_blocks = original
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@contextmanager
+def blocks_at_hit() -> Iterator[None]:
+    """vLLM with every group's block list cut back to the common hit, as 0.33 cuts them: up
+    to 0.28 one group's list may run past the hit (the hybrid coordinator does not cut the
+    group it found first), and allocate_slots then counts those blocks as computed."""
+    module: Any = importlib.import_module("vllm.v1.core.kv_cache_manager")
+    cls = module.KVCacheManager
+    original = cls.get_computed_blocks
+
+    def get_computed_blocks(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, request, *args, **kwargs)
+        blocks, hit = found[0], found[1]
+        groups = self.kv_cache_config.kv_cache_groups
+        cut = tuple(
+            list(group_blocks)[: hit // groups[i].kv_cache_spec.block_size]
+            for i, group_blocks in enumerate(blocks.blocks)
+        )
+        return (type(blocks)(cut), *found[1:])
+
+    cls.get_computed_blocks = get_computed_blocks
+    try:
+        yield
+    finally:
+        cls.get_computed_blocks = original
+
+
 def has_replay_boundaries() -> bool:
     """Whether the release has sparse retention's replay boundaries (0.33)."""
     module = importlib.import_module("vllm.v1.core.kv_cache_coordinator")
@@ -115,6 +185,8 @@ def has_replay_boundaries() -> bool:
 PATCHES: dict[str, tuple[Callable[[], bool], Callable[[], AbstractContextManager[None]]]] = {
     "extension-boundary": (has_replay_boundaries, extension_boundary),
     "lookahead-replay": (has_replay_boundaries, lookahead_boundary),
+    "target-junction": (has_replay_boundaries, target_junction),
+    "blocks-at-hit": (lambda: True, blocks_at_hit),
 }
 
 
@@ -129,6 +201,16 @@ def difference(engine: VllmEngine, case: dict[str, Any]) -> str | None:
     return COMPARE[case["input"]["suite"]](case["expect"], answer)
 
 
+def _later(patched: str | None, base: str | None) -> bool:
+    """Whether `patched` first differs at a later op than `base` (None: not at all)."""
+    if base is None:
+        return False
+    if patched is None:
+        return True
+    now, before = (re.match(r"step (\d+):", d) for d in (patched, base))
+    return now is not None and before is not None and int(now[1]) > int(before[1])
+
+
 def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
     cases = {c["id"]: c for _, c, _ in iter_cases() if c is not None}
     # a case that ran out of time is not re-run: without the runner's limit it could run for
@@ -138,12 +220,14 @@ def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
         for r in report["results"]
         if r["status"] in ("failed", "errored") and "TimeoutError" not in r.get("detail", "")
     ]
-    flags = candidate_flags()
-    other = "unmarked" if mode == "marked" else "marked"
-    engines = {name: VllmEngine(mode, f) for name, f in flags.items()}
-    engines["other-marking"] = VllmEngine(other)
-    for name, f in flags.items():  # two causes at once: a flag together with the other marking
-        engines[f"{name}+other-marking"] = VllmEngine(other, f)
+    engines: dict[str, VllmEngine] = {}
+    if mode != "hand":  # engine arguments and the draft marking reach vLLM through its planner
+        flags = candidate_flags()
+        other = "unmarked" if mode == "marked" else "marked"
+        engines = {name: VllmEngine(mode, f) for name, f in flags.items()}
+        engines["other-marking"] = VllmEngine(other)
+        for name, f in flags.items():  # a flag together with the other marking
+            engines[f"{name}+other-marking"] = VllmEngine(other, f)
     hand = VllmEngine("hand")
     out: dict[str, Any] = {}
     for case_id in failing:
@@ -173,6 +257,13 @@ def trace(report: dict[str, Any], mode: str) -> dict[str, Any]:
                 name
                 for name, d in found.items()
                 if case["input"]["suite"] == "alloc" and hits_match(d)
+            ],
+            # fixes under which the case first differs at a later op (or not at all): the
+            # first difference is that bug's, whatever differs after it
+            "first_difference_fixed_by": [
+                name
+                for name in PATCHES
+                if name in found and _later(found[name], planned_difference)
             ],
         }
     return out

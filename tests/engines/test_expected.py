@@ -42,27 +42,10 @@ def test_every_planned_mode_file_has_its_trace_and_results():
         assert (path.parent / f"RESULTS{mode}.md").is_file(), path
 
 
-# Differences no cause explains yet, per expected file: hits vLLM 0.33's planned modes do not
-# serve (0 where the spec serves 4 to 8), found once a registration-count difference stopped
-# hiding the later hits of its trace (issue 40). A ratchet: an entry may only leave this list
-# (traced to a cause, or passing), and no other case may be uninvestigated.
 # Differences traced to no cause yet, per expected file: a ratchet that may only shrink (a
-# new entry needs new vectors or a new release, and the closing note that names it). None
-# of them is a hit: in each, every admission's hit is the spec's under the sparse retention
-# vLLM declares, and only registrations or block identities differ.
-REGISTRATIONS_OPEN = {
-    "alloc.sparse.sliding-window.release-with-nulls",
-    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p12.sibling-at-4",
-    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p12.sibling-at-8",
-    "alloc.sparse.unkeyed-first.owed.sw-exact-k1.p13.sibling-at-4",
-}
-OPEN_LOST_HITS = {
-    "0.33.0/expected-planned.json": REGISTRATIONS_OPEN,
-    "0.33.0/expected-planned-unmarked.json": {
-        *REGISTRATIONS_OPEN,
-        "alloc.sparse.same-pass.draft-reach-lru-unkeyed-first.023",
-    },
-}
+# new entry needs new vectors or a new release, and the closing note that names it). Empty:
+# every difference of every pinned release and mode has its cause.
+OPEN_LOST_HITS: dict[str, set[str]] = {}
 
 
 @pytest.mark.parametrize(
@@ -298,8 +281,11 @@ def test_under_same_pass_a_release_in_flight_explains_later_divergences():
     detail = "step 2: {'admitted': {'hit': 1}} != expected {'admitted': {'hit': 0}}"
     same_pass = {"input": {"layout": layout, "ops": ops, "visibility": "same-pass"}}
     assert expected.cause({"id": "alloc.x", "detail": detail}, same_pass) == "preempt-in-flight"
-    step_end = {"input": {"layout": layout, "ops": ops}}
+    step_end = {"input": {"layout": layout, "ops": ops}, "requires": ["visibility.step-end"]}
     assert expected.cause({"id": "alloc.x", "detail": detail}, step_end) == "same-step"
+    # a case the visibility profile does not decide cannot differ by a same-step hit
+    either = {"input": {"layout": layout, "ops": ops}, "requires": []}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, either) != "same-step"
 
 
 def test_a_later_hit_difference_is_never_hidden_by_a_registration_count():
@@ -359,3 +345,107 @@ def test_no_cause_excuses_a_difference_as_a_choice():
         body = path.read_text(encoding="utf-8").lower()
         assert "not a wrong answer" not in body, path
         assert "choice" not in body, path
+
+
+def _trace(**found: list[str]) -> dict:
+    return {"passes_with": [], "as_hand_with": [], "hand": False, "hits_match_with": [], **found}
+
+
+def test_a_lost_junction_is_named_only_where_the_target_junction_restores_the_hits():
+    groups = [{"kind": "full", "block_size": 4}, {"kind": "sliding_window", "block_size": 4,
+              "window": 8}, {"kind": "sliding_window", "block_size": 4, "window": 8,
+              "draft": True}]  # fmt: skip
+    case = {"input": {"layout": {"groups": groups, "speculative": "exact"}, "ops": [{}] * 7}}
+    detail = (
+        "step 1: {'step_ended': {'registered': 6}} != expected {'step_ended': {'registered': 7}}"
+        "; hits differ later too: step 6 (0 != expected 4)"
+    )
+    restored = _trace(hits_match_with=["target-junction"])
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case, restored) == (
+        "lookahead-junction"
+    )
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case, _trace()) == ("uninvestigated")
+
+
+def test_a_successor_copy_needs_two_earlier_requests_differing_after_the_block():
+    groups = [{"kind": "full", "block_size": 4}, {"kind": "full", "block_size": 4, "draft": True}]
+    writer = {"op": "admit", "rid": "w", "tokens": [1, 2, 3, 4, 5, 6], "budget": 9}
+    sibling = {"op": "admit", "rid": "s", "tokens": [1, 2, 3, 4, 9, 9], "budget": 9}
+    reader = {"op": "admit", "rid": "t", "tokens": [1, 2, 3, 4, 9, 7], "budget": 9}
+    case = {"input": {"layout": {"groups": groups, "speculative": "exact"},
+                      "ops": [writer, sibling, reader]}}  # fmt: skip
+    assert expected._successor_copy(case, 2)
+    plain = {**case, "input": {**case["input"], "ops": [writer, {**sibling, "tokens": [8] * 6},
+                                                        reader]}}  # fmt: skip
+    assert not expected._successor_copy(plain, 2)
+    detail = "step 2: tables [[1, 9]] are not a consistent renaming of [[1, 2]]"
+    equal = _trace()
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case, equal) == "lookahead-copy"
+    assert expected.cause({"id": "alloc.x", "detail": detail}, plain, equal) == "uninvestigated"
+
+
+def test_a_window_edge_held_is_named_only_with_multi_module_drafts():
+    detail = (
+        "step 6: tables [[0, 0, 5, 6, 7], [8, 9]] are not a consistent renaming of "
+        "[[0, 0, 0, 6, 7], [8, 9]]"
+    )
+    groups = [{"kind": "sliding_window", "block_size": 2, "window": 4},
+              {"kind": "full", "block_size": 2, "draft": True}]  # fmt: skip
+    reach = {"input": {"layout": {"groups": groups, "speculative": "drop", "draft_reach": 2},
+                       "ops": [{}] * 7}}  # fmt: skip
+    assert expected.cause({"id": "alloc.x", "detail": detail}, reach) == "reprefill-window-held"
+    one = {"input": {"layout": {"groups": groups, "speculative": "drop"}, "ops": [{}] * 7}}
+    assert expected.cause({"id": "alloc.x", "detail": detail}, one) != "reprefill-window-held"
+    elsewhere = detail.replace("5, 6, 7], [8", "5, 6, 8], [8", 1)
+    assert expected.cause({"id": "alloc.x", "detail": elsewhere}, reach) != (
+        "reprefill-window-held"
+    )
+    state = [{"kind": "mamba", "block_size": 2, "mode": "align"}, groups[1]]
+    mamba = {"input": {"layout": {"groups": state, "speculative": "drop", "draft_reach": 2},
+                       "ops": [{}] * 7}}  # fmt: skip
+    assert expected.cause({"id": "alloc.x", "detail": detail}, mamba) != "reprefill-window-held"
+
+
+def test_same_step_mamba_hits_waits_and_lookahead_blocks_are_told_apart():
+    groups = [
+        {"kind": "mamba", "block_size": 2, "mode": "align"},
+        {"kind": "full", "block_size": 2},
+    ]
+    ops = [{"op": "admit", "rid": "a", "tokens": [1, 2, 3], "budget": 3},
+           {"op": "admit", "rid": "b", "tokens": [1, 2, 3, 4], "budget": 4}]  # fmt: skip
+    case = {"input": {"layout": {"groups": groups}, "ops": ops, "num_blocks": 14}, "requires": []}
+    served = "step 1: {'admitted': {'hit': 2}} != expected {'admitted': {'hit': 0}}"
+    assert expected.cause({"id": "alloc.x", "detail": served}, case) == "mamba-same-step"
+    held_back = "step 1: {'waiting': {'needed': 22, 'free': 11}} != expected {'admitted': {}}"
+    assert expected.cause({"id": "alloc.x", "detail": held_back}, case) == "mamba-same-step-wait"
+    room = "step 1: {'waiting': {'needed': 12, 'free': 11}} != expected {'admitted': {}}"
+    assert expected.cause({"id": "alloc.x", "detail": room}, case) == "uninvestigated"
+    all_mode = [{"kind": "mamba", "block_size": 4, "mode": "all"}, groups[1]]
+    ahead = [ops[0], {**ops[1], "lookahead": 1}]
+    lookahead = {"input": {"layout": {"groups": all_mode}, "ops": ahead, "num_blocks": 14}}
+    more = "step 1: {'waiting': {'needed': 12, 'free': 5}} != expected {'waiting': {'needed': 11}}"
+    assert expected.cause({"id": "alloc.x", "detail": more}, lookahead) == (
+        "mamba-lookahead-blocks"
+    )
+    no_lookahead = {"input": {**lookahead["input"], "ops": ops}}
+    assert expected.cause({"id": "alloc.x", "detail": more}, no_lookahead) == "uninvestigated"
+
+
+def test_an_engine_that_waits_where_the_spec_admits_with_no_hit_loses_no_hit():
+    groups = [{"kind": "full", "block_size": 2}, {"kind": "full", "block_size": 4}]
+    case = {"input": {"layout": {"groups": groups}, "ops": [{"op": "end_step"}, {}, {}]}}
+    first = (
+        "step 0: {'step_ended': {'registered': 1}} != expected {'step_ended': {'registered': 2}}"
+    )
+    waited = first + "; hits differ later too: step 2 (None != expected 0)"
+    assert expected.cause({"id": "alloc.x", "detail": waited}, case) == "registration-unit"
+    lost = first + "; hits differ later too: step 2 (None != expected 2)"
+    assert expected.cause({"id": "alloc.x", "detail": lost}, case) == "uninvestigated"
+
+
+def test_blocks_past_the_hit_are_named_where_cutting_them_restores_the_case():
+    case = {"input": {"layout": {"groups": [{"kind": "full", "block_size": 2}]}, "ops": [{}]}}
+    detail = "step 0: {'waiting': {'needed': 6, 'free': 1}} != expected {'waiting': {'needed': 7}}"
+    cut = _trace(passes_with=["blocks-at-hit"])
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case, cut) == "blocks-past-hit"
+    assert expected.cause({"id": "alloc.x", "detail": detail}, case, _trace()) == "uninvestigated"
