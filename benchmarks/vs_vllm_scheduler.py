@@ -7,7 +7,8 @@ kvcert.reference.vllm.Scheduler` or `.AsyncScheduler`): the same workload throug
 Scheduler (`schedule()` then `update_from_output()` with a played model runner), once with
 each manager, alternately, in the same process; each time is the fastest of its side's rounds
 and the ratio is vLLM's time / kvcert's (above 1: kvcert's is faster). Every request must
-finish and each side serve the same hits in every round, or nothing is reported. Both modes:
+finish and each side serve the same hits in every round, and kvcert at least vLLM's hit
+tokens, or nothing is reported (exit 1). Both modes:
 synchronous, and asynchronous as vLLM's engine drives its AsyncScheduler (step N+1 scheduled
 before step N's output is read).
 
@@ -177,6 +178,11 @@ def main() -> int:
                 seen.setdefault(side, (hits, steps))
                 if seen[side] != (hits, steps) or scheduler.has_requests():
                     raise SystemExit(f"{side} served differently between rounds")
+        if seen["kvcert"][0] < seen["vLLM"][0]:
+            raise SystemExit(
+                f"kvcert's manager served {seen['kvcert'][0]} hit tokens, fewer than vLLM's "
+                f"{seen['vLLM'][0]} on the same workload (issue 40: at least vLLM's hits)"
+            )
         best = {side: min(t) for side, t in times.items()}
         ratios = [a / b for a, b in zip(times["vLLM"], times["kvcert"], strict=True)]
         mode = "asynchronous" if asynchronous else "synchronous"
