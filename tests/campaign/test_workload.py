@@ -312,9 +312,10 @@ def test_every_broken_twin_says_what_it_breaks_and_ci_plays_it():
     assert not MUTANTS.keys() & KVCERT_MUTANTS.keys()
     assert set(CAUGHT_AS.values()) <= {"target", "state", "draft"}
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
-    line = next(x for x in ci.splitlines() if x.startswith("for mutant in"))
+    lines = [x.strip() for x in ci.splitlines()]
+    line = next(x for x in lines if x.startswith("for mutant in"))
     assert set(line.split(" in ", 1)[1].split(";")[0].split()) == set(MUTANTS)
-    twins = next(x for x in ci.splitlines() if x.startswith("for twin in"))
+    twins = next(x for x in lines if x.startswith("for twin in"))
     assert set(twins.split(" in ", 1)[1].split(";")[0].split()) == set(KVCERT_MUTANTS)
     assert '--kvcert --mutant "$twin"' in ci
     assert ".fuzz/kvcert-mutant-$twin.json" in ci  # what check.py --kvcert reads
