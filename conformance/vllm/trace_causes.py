@@ -114,7 +114,8 @@ def target_junction() -> Iterator[None]:
     the full-attention group holds the prefix (spec RET-JUNCTION-1). Patched, the junction
     is the longest prefix an earlier prompt shares, floored to the hit alignment, where it
     lies past the hit: what keys without the lookahead for target groups would find (the
-    design of vLLM's open PR #50897)."""
+    design of vLLM's open PR #50897). A request looked up again (after waiting) counts its
+    own earlier prompt, which pins its re-send length, a boundary vLLM keeps anyway."""
     module: Any = importlib.import_module("vllm.v1.core.kv_cache_manager")
     cls = module.KVCacheManager
     original = cls.get_computed_blocks
