@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 REPORT_FORMAT = "kvcert-fuzz/1"
 # summed over workloads
-COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted", "state_copies")
+COUNTS = ("preemptions", "hit_tokens", "drafts", "accepted", "state_copies", "served_tokens",
+          "owed_tokens", "beyond_tokens", "lost_hits")  # fmt: skip
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -96,7 +97,7 @@ def campaign(
         **({"state_drafts": True} if state_drafts and not kvcert else {}),
         **({"mtp": True} if mtp and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
-        "preemptions": 0, "hit_tokens": 0, "drafts": 0, "accepted": 0, "state_copies": 0,
+        **dict.fromkeys(COUNTS, 0),
         "stalled": [],
         "unreachable": {},
         "violations": [],  # every finding, crashes included (the format's name for them)
@@ -128,7 +129,7 @@ def campaign(
                 "seed": seed,
                 "found_after_runs": report["runs"],
                 "found_after_seconds": round(found, 2),
-                "kind": kind[0],  # unsound | crash
+                "kind": kind[0],  # unsound | crash | lost
                 "role": kind[1],  # target | draft: whose KV the unsound read found
                 "keying": outcome.keying,  # the EAGLE keying played (exact | drop | None)
                 "violation": outcome.finding,
@@ -158,8 +159,9 @@ def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
     if len(set(merged["seeds"])) != len(merged["seeds"]):
         raise InputError("--merge: two reports played the same seed (overlapping shards)")
     merged["runs"] = sum(r["runs"] for r in reports)
-    for key in COUNTS:  # reports from before speculative decoding have no draft counts
-        merged[key] = sum(r.get(key, 0) for r in reports)
+    for key in COUNTS:  # older reports lack the later counts: kept only where one has it
+        if any(key in r for r in reports):
+            merged[key] = sum(r.get(key, 0) for r in reports)
     merged["stalled"] = sorted(s for r in reports for s in r["stalled"])
     merged["unreachable"] = {}
     for r in reports:
@@ -192,6 +194,12 @@ def render(report: dict[str, Any]) -> str:
         f"hit tokens, {report.get('accepted', 0):,} of {report.get('drafts', 0):,} drafts "
         f"accepted; {len(report['violations'])} finding(s)"
     ]
+    if "owed_tokens" in report:
+        lines.append(
+            f"  completeness: owed {report['owed_tokens']:,} hit tokens at admissions, served "
+            f"{report['served_tokens']:,}; {report['lost_hits']:,} admission(s) lost a hit; "
+            f"{report['beyond_tokens']:,} tokens served past what was owed (not a finding)"
+        )
     if report.get("state_copies"):
         lines.append(
             f"  {report['state_copies']:,} passes verifying drafts crossed a state block "
@@ -225,11 +233,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def finding_role(finding: dict[str, Any]) -> str:
-    """`crash`, or what the unsound read found: the served model's KV (`target`) or Mamba
-    state (`state`), or the drafter's KV (`draft`). Reports from before roles were recorded
-    hold target reads only."""
-    if finding.get("kind") == "crash":
-        return "crash"
+    """`crash`, `lost` (a lost hit), or what the unsound read found: the served model's KV
+    (`target`) or Mamba state (`state`), or the drafter's KV (`draft`). Reports from before
+    roles were recorded hold target reads only."""
+    if finding.get("kind") in ("crash", "lost"):
+        return str(finding["kind"])
     return str(finding.get("role") or "target")
 
 
@@ -238,6 +246,8 @@ def finding_class(finding: dict[str, Any]) -> str:
     role = finding_role(finding)
     if role == "crash":
         return "engine crash"
+    if role == "lost":
+        return "lost hit"
     if role == "state":
         return "unsound read of Mamba state"
     keying = f", {finding['keying']} keying" if finding.get("keying") else ""
@@ -294,22 +304,25 @@ def _report(path: Path) -> dict[str, Any]:
 
 
 def _save(report: dict[str, Any], directory: Path) -> None:
-    """Each shrunk finding as a regression file, with whether it is found unfixed and fixed
-    (what kvcert.conformance.vllm.campaign.check replays it against)."""
+    """Each shrunk finding as a regression file, with whether a finding of its kind (sound-
+    ness, or a lost hit) is found unfixed and fixed (what kvcert.conformance.vllm.campaign.check
+    replays it against)."""
     directory.mkdir(parents=True, exist_ok=True)
     for v in report["violations"]:
         workload = Workload.from_json(v["shrunk"]["workload"])
-        expect = {key: play(workload, fix).finding is not None
+        kind = "lost" if v["kind"] == "lost" else "unsound"
+        expect = {key: play(workload, fix).found(kind)
                   for key, fix in (("unfixed", False), ("fixed", True))}  # fmt: skip
         release = report["engine"].split()[-1]
         target = directory / f"vllm-{release}-seed-{v['seed']}.json"
-        body = {"engine": report["engine"], "expect": expect, **v["shrunk"]}
+        body = {"engine": report["engine"], "kind": kind, "expect": expect, **v["shrunk"]}
         target.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
         print(f"regression written to {target}")
 
 
 def replay(args: argparse.Namespace) -> int:
-    """`--replay FILE...`: exit 1 when any saved workload still violates soundness."""
+    """`--replay FILE...`: exit 1 when any saved workload still has a finding of its kind
+    (soundness; a lost hit for a file of kind `lost`)."""
     release = _engine_release()
     failed = 0
     for path in args.replay:
@@ -319,10 +332,11 @@ def replay(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InputError(f"--replay {path}: not a kvcert fuzz regression ({error})") from error
         outcome = play(workload, args.fix, args.mutant, args.kvcert)
-        verdict = outcome.finding or (
-            f"not played: {outcome.unreachable}" if outcome.unreachable else "sound"
-        )
-        failed += outcome.finding is not None
+        kind = body.get("kind", "unsound")
+        verdict = outcome.finding if outcome.found(kind) else (
+            f"not played: {outcome.unreachable}" if outcome.unreachable else f"no {kind} finding"
+        )  # fmt: skip
+        failed += outcome.found(kind)
         served = " (fixed)" if args.fix else " (kvcert's manager)" if args.kvcert else ""
         print(f"{path} on vllm {release}{served}: {verdict}, {outcome.hit_tokens} hit tokens")
     return 1 if failed else 0

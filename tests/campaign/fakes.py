@@ -36,6 +36,7 @@ class FakeScheduler:
     ) -> SimpleNamespace:
         """One step scheduling `counts[rid]` tokens of each request (advancing its count as
         the scheduler does), the `new` ones sent whole, with their scheduled drafts."""
+        hits = {rid: self.requests[rid].num_computed_tokens for rid in new}
         for rid, count in counts.items():
             self.requests[rid].num_computed_tokens += count
         cached = [rid for rid in counts if rid not in new]
@@ -45,10 +46,16 @@ class FakeScheduler:
         return SimpleNamespace(
             num_scheduled_tokens=dict(counts),
             scheduled_new_reqs=[
-                SimpleNamespace(req_id=rid, block_ids=self._appended(rid)) for rid in new
+                SimpleNamespace(
+                    req_id=rid, block_ids=self._appended(rid), num_computed_tokens=hits[rid]
+                )
+                for rid in new
             ],
             scheduled_cached_reqs=SimpleNamespace(
-                req_ids=cached, resumed_req_ids=set(), new_block_ids=appended
+                req_ids=cached,
+                resumed_req_ids=set(),
+                new_block_ids=appended,
+                num_computed_tokens=[self.requests[r].num_computed_tokens for r in cached],
             ),
             scheduled_spec_decode_tokens={r: list(d) for r, d in (drafts or {}).items() if d},
         )

@@ -19,9 +19,13 @@ from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.campaign.fix import fixed
 from kvcert.conformance.vllm.campaign.ledger import Group
 from kvcert.conformance.vllm.campaign.mutants import KVCERT_MUTANTS, MUTANTS
+from kvcert.conformance.vllm.campaign.owed import Profiles
 from kvcert.conformance.vllm.layers import kind_of, spec_of, state_spec_of
 from kvcert.reference.vllm import AsyncScheduler, Scheduler, UnsupportedConfigError
+from kvcert.spec.alloc import Visibility
 from kvcert.spec.layers import AttentionKind, StateLayer
+from kvcert.spec.layout import Speculative
+from kvcert.spec.retention import Retention
 
 
 class Unreachable(Exception):
@@ -130,6 +134,32 @@ def build(
             )
         )
     return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
+
+
+def declared_profiles(scheduler: Any, workload: Workload, kvcert: bool) -> Profiles:
+    """The profiles the manager serving the workload declares, which the completeness
+    oracle holds it to. kvcert's manager: its configuration's. vLLM's: same-pass visibility
+    (it registers blocks in `allocate_slots`; every pinned release's probe says so,
+    docs/engines.md), sparse retention where its coordinator has a retention interval (0.28
+    on; None would be dense), and the release's draft keying (`keying_of`)."""
+    manager = scheduler.kv_cache_manager
+    if kvcert:
+        config = manager.core.config
+        drafting = config.speculative is not None and workload.spec_tokens > 0
+        return Profiles(
+            Visibility(config.visibility.value),
+            Retention(config.retention.value),
+            config.retention_interval,
+            Speculative(config.speculative.value) if drafting else None,
+        )
+    interval = getattr(getattr(manager, "coordinator", None), "retention_interval", None)
+    keying = keying_of(workload)
+    return Profiles(
+        Visibility.SAME_PASS,
+        Retention.DENSE if interval is None else Retention.SPARSE,
+        interval or 0,
+        Speculative(keying) if keying else None,
+    )
 
 
 def _runner_checkpoints(

@@ -87,6 +87,36 @@ def identities(tokens: list[int], end: int) -> list[bytes]:
     return out
 
 
+Slot = tuple[int, str, int, int]  # (group, role, block, offset)
+
+
+class Slots(dict[Slot, bytes]):
+    """slot -> identity of the KV (or state) written there, stamping each block with the
+    pass that last changed it: (request, step, the pass's end). The completeness oracle
+    (`campaign.owed`) reads the stamps (visibility, retention) and re-indexes the blocks
+    marked dirty since it last looked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamp: tuple[str, int, int] = ("", -1, 0)  # the pass writing now
+        self.stamps: dict[tuple[int, int], tuple[str, int, int]] = {}  # (group, block) ->
+        self.dirty: set[tuple[int, int]] = set()
+
+    def __setitem__(self, slot: Slot, ident: bytes) -> None:
+        if self.get(slot) != ident:
+            block = (slot[0], slot[2])
+            self.stamps[block] = self.stamp
+            self.dirty.add(block)
+        super().__setitem__(slot, ident)
+
+    def pop(self, slot: Slot, default: Any = None) -> Any:
+        if slot in self:
+            block = (slot[0], slot[2])
+            self.stamps[block] = self.stamp
+            self.dirty.add(block)
+        return super().pop(slot, default)
+
+
 @dataclass
 class _Pending:
     """One output of the runner the scheduler has not taken yet."""
@@ -121,7 +151,7 @@ class Ledger:
     groups: list[Group]
     seed: int = 0
     spec_tokens: int = 0
-    slots: dict[tuple[int, str, int, int], bytes] = field(default_factory=dict)
+    slots: Slots = field(default_factory=Slots)
     unapplied: dict[str, list[_Pending]] = field(default_factory=dict)
     proposed: dict[str, list[int]] = field(default_factory=dict)  # the drafter's last drafts
     # the runner's running-state block index per request (vLLM's `mamba_state_idx`)
@@ -198,6 +228,7 @@ class Ledger:
         violation = None
         sampled = []
         for one in passes:
+            self.slots.stamp = (one.rid, one.step, one.end)
             violation = violation or self._check_table(one) or self._check_reads(one)
             tokens, after = self._sample(one)
             sampled.append(tokens)
@@ -290,8 +321,12 @@ class Ledger:
                 held = table[source] if source < len(table) else -1  # no such block
                 # a null block (or none: the runner's row is zero-padded) holds no state
                 if current < len(table) and table[current]:
-                    copies.append(((g, "s", table[current], 0), self.slots.get((g, "s", held, 0))))
-        for slot, state in copies:
+                    state = self.slots.get((g, "s", held, 0))
+                    copies.append(
+                        ((one.rid, one.step, one.end), (g, "s", table[current], 0), state)
+                    )
+        for stamp, slot, state in copies:
+            self.slots.stamp = stamp
             if state is None:
                 self.slots.pop(slot, None)
             else:

@@ -19,11 +19,13 @@ from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.campaign.build import (
     Unreachable,
     build,
+    declared_profiles,
     drafter_modules,
     first_line,
     keying_of,
 )
 from kvcert.conformance.vllm.campaign.ledger import Ledger
+from kvcert.conformance.vllm.campaign.owed import Oracle
 
 MAX_STEPS = 400
 
@@ -40,6 +42,11 @@ class Outcome:
     steps: int = 0
     preemptions: int = 0
     hit_tokens: int = 0  # tokens the scheduler took from the prefix cache
+    served_tokens: int = 0  # hit tokens of every admission, resumed requests' included
+    owed_tokens: int = 0  # tokens the spec owed the same admissions (`campaign.owed`)
+    beyond_tokens: int = 0  # tokens served past what was owed (not a finding)
+    lost: str | None = None  # the first lost hit, in words (a finding when sound otherwise)
+    lost_hits: int = 0  # admissions served less than they were owed
     stalled: bool = False  # MAX_STEPS reached with requests left (not a violation)
     drafts: int = 0  # draft tokens the scheduler sent for verification
     accepted: int = 0  # of which the runner accepted
@@ -49,15 +56,26 @@ class Outcome:
 
     @property
     def finding(self) -> str | None:
-        """What this run found, in words (None: sound, or not played)."""
-        return self.violation or self.crash
+        """What this run found, in words (None: sound and complete, or not played): an
+        unsound read or a crash first, else the first lost hit."""
+        return self.violation or self.crash or self.lost
+
+    def found(self, kind: str = "unsound") -> bool:
+        """Whether the run has a finding a regression file of `kind` records: an unsound
+        read or a crash (soundness: every file from before lost hits), or a lost hit."""
+        if kind == "lost":
+            return self.lost is not None
+        return self.violation is not None or self.crash is not None
 
     @property
     def kind(self) -> tuple[str, str | None] | None:
-        """The finding's class, which shrinking keeps: ("unsound", role) or ("crash", None)."""
+        """The finding's class, which shrinking keeps: ("unsound", role), ("crash", None) or
+        ("lost", None)."""
         if self.violation is not None:
             return ("unsound", self.role)
-        return ("crash", None) if self.crash is not None else None
+        if self.crash is not None:
+            return ("crash", None)
+        return ("lost", None) if self.lost is not None else None
 
 
 class EngineCrash(Exception):
@@ -77,7 +95,13 @@ def _engine(step: int, call: str) -> Iterator[None]:
 
 
 def _client(
-    scheduler: Any, workload: Workload, arrivals: list[Any], step: int, hasher: Any
+    scheduler: Any,
+    workload: Workload,
+    arrivals: list[Any],
+    step: int,
+    hasher: Any,
+    *,
+    oracle: Oracle,
 ) -> None:
     """What the API server hands EngineCore before `step`: new requests, aborts, resets."""
     v = runtime.vllm()
@@ -96,13 +120,25 @@ def _client(
                 scheduler.finish_requests(rid, v.RequestStatus.FINISHED_ABORTED)
     if step in workload.resets:
         with _engine(step, "reset_prefix_cache()"):
-            scheduler.reset_prefix_cache()
+            if scheduler.reset_prefix_cache() is not False:  # it refuses while blocks are used
+                oracle.reset()
 
 
 def _runner_output(ids: list[str], sampled: list[list[int]]) -> Any:
     return runtime.vllm().ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
     )
+
+
+def _take(scheduler: Any, ledger: Ledger, oracle: Oracle, step: int, done: Any) -> Any:
+    """Give the scheduler one step's runner output back (`done`: that step, its scheduler
+    output, the runner's output); returns the runner's output."""
+    done_step, done_output, done_runner = done
+    with _engine(step, "update_from_output()"):
+        scheduler.update_from_output(done_output, done_runner)
+    ledger.applied(done_runner)
+    oracle.applied = done_step
+    return done_runner
 
 
 def play(
@@ -119,20 +155,19 @@ def play(
         groups, workload.seed, workload.spec_tokens, checkpoints=checkpoints,
         modules=drafter_modules(workload),
     )  # fmt: skip
+    oracle = Oracle(groups, declared_profiles(scheduler, workload, kvcert), ledger.modules)
     outcome = Outcome(keying=keying_of(workload))
-    pending: list[Any] = []  # (output, runner output) not yet given back: async scheduling
+    # (step, output, runner output) not yet given back: async scheduling
+    pending: list[Any] = []
     depth = 2 if workload.async_scheduling else 1
     arrivals = list(workload.arrivals)
     try:
         for step in range(MAX_STEPS):
             outcome.steps = step
-            _client(scheduler, workload, arrivals, step, hasher)
+            _client(scheduler, workload, arrivals, step, hasher, oracle=oracle)
             if not scheduler.has_requests():  # EngineCore steps only while there is work
                 while pending:
-                    done_output, done_runner = pending.pop(0)
-                    with _engine(step, "update_from_output()"):
-                        scheduler.update_from_output(done_output, done_runner)
-                    ledger.applied(done_runner)
+                    _take(scheduler, ledger, oracle, step, pending.pop(0))
                 if not scheduler.has_requests():
                     if not arrivals:
                         return outcome
@@ -141,6 +176,8 @@ def play(
                 output = scheduler.schedule()
             for new in output.scheduled_new_reqs:
                 outcome.hit_tokens += new.num_computed_tokens
+            for lost in oracle.judge(scheduler, output, step, ledger.slots):
+                outcome.lost = outcome.lost or lost.text
             outcome.preemptions += len(getattr(output, "preempted_req_ids", ()) or ())
             executed = output.total_num_scheduled_tokens > 0
             runner_output = v.EMPTY
@@ -150,14 +187,11 @@ def play(
                 if violation is not None:
                     outcome.violation, outcome.role = violation.text, violation.role
                     return outcome
-            pending.append((output, runner_output))
+            pending.append((step, output, runner_output))
             # EngineCore.step_with_batch_queue: keep the queue filling while work goes on
             if len(pending) < depth and (executed or scheduler.has_requests()):
                 continue
-            done_output, done_runner = pending.pop(0)
-            with _engine(step, "update_from_output()"):
-                scheduler.update_from_output(done_output, done_runner)
-            ledger.applied(done_runner)
+            done_runner = _take(scheduler, ledger, oracle, step, pending.pop(0))
             if workload.spec_tokens and depth == 1 and executed:  # EngineCore.post_step
                 drafts = ledger.draft_ids(done_runner)
                 with _engine(step, "update_draft_token_ids()"):
@@ -173,3 +207,6 @@ def play(
             ledger.accepted,
             ledger.state_copies,
         )
+        outcome.served_tokens, outcome.owed_tokens = oracle.served_tokens, oracle.owed_tokens
+        outcome.beyond_tokens = oracle.beyond_tokens
+        outcome.lost_hits = len(oracle.lost)

@@ -116,6 +116,28 @@ def _kvcert_draft_reach_ignored(wired: Any) -> None:
         manager.core = type(manager.core)(dataclasses.replace(config, draft_reach=1))
 
 
+def _kvcert_block_multiple_unregistered(wired: Any) -> None:
+    """ALLOC-COMMIT-1 off by one at block multiples: a full-attention block whose chunk ends
+    exactly at its end is passed over and never registered (a checkpoint skipped at an exact
+    block multiple). Every read stays sound; only later hits are lost, which the
+    completeness oracle must catch."""
+    registrar = wired.scheduler.kv_cache_manager.core._commits
+    register_run = registrar._register_run
+
+    def skipping(pool: Any, rid: str, request: Any, g: int, positions: range) -> int:
+        group = registrar.config.groups[g]
+        ends_here = positions.stop * group.block_size == request.computed
+        if group.kind is Kind.FULL and ends_here:
+            registered: int = register_run(
+                pool, rid, request, g, range(positions.start, positions.stop - 1)
+            )
+            request.registered[g] = positions.stop  # passed over for good
+            return registered
+        return int(register_run(pool, rid, request, g, positions))
+
+    registrar._register_run = skipping
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -128,8 +150,10 @@ KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-checkpoint-a-block-early": _kvcert_checkpoint_a_block_early,
     "kvcert-no-draft-state-blocks": _kvcert_no_draft_state_blocks,
     "kvcert-draft-reach-ignored": _kvcert_draft_reach_ignored,
+    "kvcert-block-multiple-unregistered": _kvcert_block_multiple_unregistered,
 }
-# what each twin's violations read (`command.finding_role`): the drafter's KV or Mamba state
+# what each twin's findings are (`command.finding_role`): an unsound read of the drafter's
+# KV, Mamba state or the target's KV, or a lost hit
 CAUGHT_AS: dict[str, str] = {
     "no-eagle-drop": "draft",
     "no-lookahead-hashes": "draft",
@@ -139,4 +163,5 @@ CAUGHT_AS: dict[str, str] = {
     "kvcert-checkpoint-a-block-early": "state",
     "kvcert-no-draft-state-blocks": "state",
     "kvcert-draft-reach-ignored": "draft",
+    "kvcert-block-multiple-unregistered": "lost",
 }
