@@ -80,11 +80,16 @@ def _readmitted_ids(output: Any) -> set[str]:
 def identities(tokens: list[int], end: int) -> list[bytes]:
     """identity[p]: a digest of tokens[0..p], what target KV at position p is a function of
     (and draft KV at p - 1)."""
-    out, previous = [], b""
-    for token in tokens[:end]:
+    return extend_identities([], tokens[:end])
+
+
+def extend_identities(ident: list[bytes], tokens: list[int]) -> list[bytes]:
+    """`ident`, the identities of a prefix of `tokens`, extended in place to all of them."""
+    previous = ident[-1] if ident else b""
+    for token in tokens[len(ident) :]:
         previous = hashlib.sha256(previous + token.to_bytes(4, "little", signed=True)).digest()
-        out.append(previous)
-    return out
+        ident.append(previous)
+    return ident
 
 
 Slot = tuple[int, str, int, int]  # (group, role, block, offset)

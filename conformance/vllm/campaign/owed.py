@@ -24,11 +24,10 @@ served Y", with the groups and blocks that made X owed. Engine-free like the led
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.vllm.campaign.ledger import Group, Slots
+from kvcert.conformance.vllm.campaign.ledger import Group, Slots, extend_identities
 from kvcert.spec.alloc import Visibility
 from kvcert.spec.errors import InvalidOp, as_choice
 from kvcert.spec.hashing import key_lookahead
@@ -120,7 +119,6 @@ class Oracle:
     lost: list[LostHit] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        drafting = self.profiles.speculative is not None
         self.layout = layout_of(self.groups, self.profiles.speculative, self.modules)
         # per group, the (role, shift, slots per block) a block's content covers
         self._roles = [self._roles_of(g) for g in self.groups]
@@ -131,7 +129,6 @@ class Oracle:
         self._admissions: dict[str, list[tuple[int, int, int]]] = {}
         self._tokens: dict[str, tuple[list[int], list[bytes]]] = {}
         self._slots = Slots()
-        self._drafting = drafting
         # (request, step) -> the last step taken then: a pass in flight (async scheduling)
         # when its request was released (preempted, finished, aborted)
         self._orphaned: dict[tuple[str, int], int] = {}
@@ -206,16 +203,12 @@ class Oracle:
         self._slots.dirty.clear()
 
     def _identities(self, rid: str, tokens: list[int]) -> list[bytes]:
-        """The ledger's identities of the request's tokens (kvcert...ledger.identities),
-        extended as the request grows."""
+        """The ledger's identities of the request's tokens, extended as the request grows
+        (computed afresh should its tokens ever change)."""
         known, ident = self._tokens.get(rid, ([], []))
         if tokens[: len(known)] != known:
-            known, ident = [], []
-        previous = ident[-1] if ident else b""
-        for token in tokens[len(known) :]:
-            previous = hashlib.sha256(previous + token.to_bytes(4, "little", signed=True)).digest()
-            ident.append(previous)
-        self._tokens[rid] = (list(tokens), ident)
+            ident = []
+        self._tokens[rid] = (list(tokens), extend_identities(ident, tokens))
         return ident
 
     # --- the profiles ---------------------------------------------------------------------
