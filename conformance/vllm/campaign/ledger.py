@@ -104,7 +104,8 @@ class Slots(dict[Slot, bytes]):
     def __init__(self) -> None:
         super().__init__()
         self.stamp: tuple[str, int, int] = ("", -1, 0)  # the pass writing now
-        self.stamps: dict[tuple[int, int], tuple[str, int, int]] = {}  # (group, block) ->
+        # (group, block) -> the stamp of the pass that last changed one of its slots
+        self.stamps: dict[tuple[int, int], tuple[str, int, int]] = {}
         self.dirty: set[tuple[int, int]] = set()
 
     def __setitem__(self, slot: Slot, ident: bytes) -> None:

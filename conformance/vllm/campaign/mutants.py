@@ -128,8 +128,8 @@ def _kvcert_block_multiple_unregistered(wired: Any) -> None:
         group = registrar.config.groups[g]
         ends_here = positions.stop * group.block_size == request.computed
         if group.kind is Kind.FULL and ends_here:
-            registered: int = register_run(
-                pool, rid, request, g, range(positions.start, positions.stop - 1)
+            registered = int(
+                register_run(pool, rid, request, g, range(positions.start, positions.stop - 1))
             )
             request.registered[g] = positions.stop  # passed over for good
             return registered
