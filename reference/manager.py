@@ -241,6 +241,7 @@ class KVCacheManager:
         fit_tokens: int | None = None,
         fit_keep_free: int = 0,
         checkpoint: int = 0,
+        verifies_drafts: bool = False,
     ) -> Scheduled | Waiting:
         """Look a new request up, take its hit, allocate for its first chunk.
 
@@ -254,7 +255,10 @@ class KVCacheManager:
         holds at once while computing its first `fit_tokens` tokens in chunks of `budget` fit
         now (vLLM's whole-prompt admission gate; windows recycle their blocks). `checkpoint`:
         a block boundary inside the first chunk whose state the engine's kernel saves in
-        passing (CKPT-INNER-1), or 0."""
+        passing (CKPT-INNER-1), or 0. `verifies_drafts`: the first chunk ends at the last
+        known token and the engine also runs draft rows in it (vLLM pads a one-token prefill
+        with them), so it is a decode chunk whose state groups hold ALLOC-SPEC-1's positions
+        for those drafts' states."""
         inputs.request_id(rid)
         prompt = self._prepared(tokens, extras)
         if rid in self._requests:
@@ -284,8 +288,11 @@ class KVCacheManager:
         request.computed = hit
         request.scheduled = min(budget, len(prompt) - hit)
         request.lookahead = lookahead
+        request.decoding = verifies_drafts and hit + request.scheduled == len(prompt)
         if checkpoint:
-            self._planner.check_checkpoint(hit, hit + request.scheduled, checkpoint)
+            self._planner.check_checkpoint(
+                hit, hit + request.scheduled, checkpoint, request.decoding
+            )
             request.checkpoints = [checkpoint]
         request.tables = tables
         request.registered = [len(t) for t in tables]

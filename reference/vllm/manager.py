@@ -356,6 +356,9 @@ class KVCacheManager:
             fit_tokens=min(known, self.max_model_len) if must_fit else None,
             fit_keep_free=watermark,
             checkpoint=checkpoint,
+            # vLLM pads a prefill that reaches the last token with draft rows, whose states
+            # its runner puts after the running state's (ALLOC-SPEC-1)
+            verifies_drafts=num_new_tokens > budget,
         )
         if not isinstance(result, Scheduled):
             self._convert_events()  # evictions an admission that did not fit never made

@@ -436,3 +436,31 @@ def test_a_misplaced_checkpoint_is_refused_and_changes_nothing() -> None:
     with pytest.raises(RequestStateError, match="state group in mode align"):
         plain.admit("r", PROMPT, 40, checkpoint=16)
     assert not plain.is_running("r")
+
+
+def test_a_first_chunk_that_verifies_drafts_holds_their_state_blocks():
+    """ALLOC-SPEC-1 from the first chunk: a request admitted one token short of its prompt's
+    end, whose engine pads that chunk with draft rows (vLLM does), holds the state blocks the
+    drafts' states go to after the running state's; the same admission without drafts holds
+    the running state's block only, and so does a chunk that stops before the last token."""
+    spare = 2
+    state = GroupConfig(Kind.MAMBA, 16, mode=MambaMode.ALIGN, speculative_blocks=spare)
+    config = CacheConfig((FULL, state), 64)
+    prompt = PROMPT[:33]  # a hit of 32 leaves the last token to compute
+    tables = {}
+    for verifies, cached in ((True, True), (False, True), (True, False)):
+        m = KVCacheManager(config)
+        if cached:
+            m.admit("w", prompt, 32)
+            m.end_step()
+            m.finish("w")
+        # with the hit: one token, the last; without: 32 tokens, stopping one short
+        result = m.admit("r", prompt, 32, lookahead=spare, verifies_drafts=verifies)
+        assert isinstance(result, Scheduled)
+        assert result.hit == (32 if cached else 0)
+        tables[verifies, cached] = m.block_tables("r")[1]
+    running = 2  # the block of token 32 (of token 31 without the hit)
+    held = tables[True, True]
+    assert all(held[running : running + spare + 1]), held
+    assert not any(tables[False, True][running + 1 :]), tables[False, True]
+    assert not any(tables[True, False][running:]), tables[True, False]
