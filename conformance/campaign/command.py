@@ -80,15 +80,18 @@ def campaign(
     state_checkpoints: bool = False,
     state_drafts: bool = False,
     mtp: bool = False,
+    families: bool = False,
 ) -> dict[str, Any]:
     """Play every seed's workload; shrink each violation. The report is JSON-ready.
     `state_checkpoints` (always with `kvcert`): most Qwen3.5 seeds are served by a backend
     that saves state inside a prefill; `state_drafts` (always with `kvcert`): half the state
     hybrids' seeds decode with drafts (`generate`); `mtp` (always with `kvcert`): half the
-    drafted attention-only seeds run a multi-module MTP drafter."""
+    drafted attention-only seeds run a multi-module MTP drafter; `families` (always with
+    `kvcert`): about half the later requests take a shape lost hits show on."""
     state_checkpoints = state_checkpoints or kvcert
     state_drafts = state_drafts or kvcert
     mtp = mtp or kvcert
+    families = families or kvcert
     start = time.perf_counter()
     report: dict[str, Any] = {
         "format": REPORT_FORMAT, "engine": f"vllm {_engine_release()}", "fix": fix,
@@ -96,6 +99,7 @@ def campaign(
         **({"state_checkpoints": True} if state_checkpoints and not kvcert else {}),
         **({"state_drafts": True} if state_drafts and not kvcert else {}),
         **({"mtp": True} if mtp and not kvcert else {}),
+        **({"families": True} if families and not kvcert else {}),
         "shrink_budget": shrink_budget, "seeds": seeds, "runs": 0,
         **dict.fromkeys(COUNTS, 0),
         "stalled": [],
@@ -103,9 +107,8 @@ def campaign(
         "violations": [],  # every finding, crashes included (the format's name for them)
     }  # fmt: skip
     for seed in seeds:
-        workload = generate(
-            seed, state_checkpoints=state_checkpoints, state_drafts=state_drafts, mtp=mtp
-        )
+        workload = generate(seed, state_checkpoints=state_checkpoints,
+                            state_drafts=state_drafts, mtp=mtp, families=families)  # fmt: skip
         outcome = play(workload, fix, mutant, kvcert)
         report["runs"] += 1
         if outcome.unreachable is not None:
@@ -188,6 +191,8 @@ def render(report: dict[str, Any]) -> str:
         fix += ", state hybrids decoding with drafts"
     if report.get("mtp"):
         fix += ", multi-module MTP drafters"
+    if report.get("families"):
+        fix += ", lost-hit workload families"
     lines = [
         f"kvcert fuzz: {report['engine']}{fix}: {report['runs']} workloads, {span}, in "
         f"{report['seconds']} s; {report['preemptions']} preemptions, {report['hit_tokens']:,} "
@@ -281,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
         seeds = [s for s in range(args.start, args.start + args.runs) if s % n == k - 1]
         report = campaign(seeds, args.fix, args.shrink_budget, args.mutant, args.kvcert,
                           state_checkpoints=args.state_checkpoints,
-                          state_drafts=args.state_drafts, mtp=args.mtp)  # fmt: skip
+                          state_drafts=args.state_drafts, mtp=args.mtp,
+                          families=args.families)  # fmt: skip
     print(render(report), end="")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -373,6 +379,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--mtp", action="store_true",
                         help="serve half the drafted attention-only seeds with a multi-module "
                         "MTP drafter of 2-3 modules (always on with --kvcert)")  # fmt: skip
+    parser.add_argument("--families", action="store_true",
+                        help="rewrite about half the later requests into shapes lost hits "
+                        "show on: re-sends, multi-turn follow-ups, siblings diverging at a "
+                        "block boundary +-1, prefixes of exactly k blocks +-1 (always on with "
+                        "--kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

@@ -129,6 +129,26 @@ def generate(
     state_checkpoints: bool = False,
     state_drafts: bool = False,
     mtp: bool = False,
+    *,
+    families: bool = False,
+) -> Workload:
+    """`_generate`'s workload; with `families`, about half its later requests are rewritten
+    into the shapes that reach lost hits (`_lost_hit_families`, a stream of its own: the
+    other options' workloads are unchanged)."""
+    workload = _generate(seed, models, state_checkpoints, state_drafts, mtp)
+    if not families:
+        return workload
+    unit = state_block_size(workload.model) // 16 if workload.model in STATE_MODELS else 1
+    rng = random.Random(f"kvcert-fuzz-families:{seed}")
+    return _lost_hit_families(workload, rng, 16 * unit)
+
+
+def _generate(
+    seed: int,
+    models: tuple[str, ...],
+    state_checkpoints: bool,
+    state_drafts: bool,
+    mtp: bool,
 ) -> Workload:
     """A random workload: requests that share prefixes (so lookups hit), arriving over a few
     steps, in a pool small enough that the scheduler must preempt, with chunked prefill.
@@ -266,6 +286,45 @@ def _near_misses(workload: Workload, rng: random.Random) -> Workload:
         prompt = (*source[:cut], differing, *arrivals[i].prompt)
         arrivals[i] = dataclasses.replace(arrivals[i], prompt=prompt)
     return _with_arrivals(workload, arrivals, 16)
+
+
+FAMILIES = ("re-send", "multi-turn", "sibling", "aligned")
+
+
+def _lost_hit_families(workload: Workload, rng: random.Random, block: int) -> Workload:
+    """About half the requests after the first are rewritten from an earlier one's prompt
+    into a shape a lost hit shows on: its re-send (in the same step, as a shared system
+    prompt arrives, or later); a multi-turn follow-up (the prompt, an answer, the next turn);
+    a sibling diverging just before, at or just after a block boundary; or a re-send of a
+    prefix of exactly k blocks, or one token more or less. The pool grows by the blocks they
+    add, keeping the drawn margin."""
+    arrivals = list(workload.arrivals)
+    for i in range(1, len(arrivals)):
+        if rng.random() >= 0.5:
+            continue
+        source = arrivals[rng.randrange(i)]
+        tokens, family = source.prompt, rng.choice(FAMILIES)
+        blocks = len(tokens) // block
+        if family == "re-send":
+            prompt = tokens
+        elif family == "multi-turn":
+            answer = rng.randint(1, source.max_tokens)
+            turn = rng.randint(1, 2 * block)
+            prompt = (*tokens, *(rng.randrange(VOCAB) for _ in range(answer + turn)))
+        elif blocks < 1:
+            continue
+        elif family == "sibling":
+            cut = block * rng.randint(1, blocks) + rng.choice((-1, 0, 1))
+            cut = min(cut, len(tokens) - 1)
+            differing = (tokens[cut] + 1) % VOCAB
+            suffix = (rng.randrange(VOCAB) for _ in range(rng.randint(1, 2 * block)))
+            prompt = (*tokens[:cut], differing, *suffix)
+        else:  # aligned
+            prompt = tokens[: max(1, block * rng.randint(1, blocks) + rng.choice((-1, 0, 1)))]
+        step = source.step + rng.choice((0, 0, 1, 3, 6))
+        arrivals[i] = dataclasses.replace(arrivals[i], prompt=tuple(prompt), step=step)
+    arrivals.sort(key=lambda a: a.step)
+    return _with_arrivals(workload, arrivals, block)
 
 
 def _with_arrivals(workload: Workload, arrivals: list[Arrival], block: int) -> Workload:

@@ -17,6 +17,7 @@ from kvcert.conformance.campaign.workload import (
     OTHER_MODELS,
     SPEC_KEYINGS,
     STATE_MODELS,
+    VOCAB,
     Workload,
     generate,
     shrink,
@@ -198,6 +199,53 @@ def test_mtp_drafters_are_drawn_only_when_asked_and_change_only_drafted_seeds():
             )
     assert drawn >= tiered(20, 200)
     assert near >= drawn // 2, (near, drawn)
+
+
+def _family(arrival, others, block):
+    """Which lost-hit family `arrival` is of, judged against the other arrivals (None: of
+    none)."""
+    p = arrival.prompt
+    for other in others:
+        q = other.prompt
+        if p == q:
+            return "re-send"
+        if len(p) > len(q) and p[: len(q)] == q:
+            return "multi-turn"
+        if len(p) < len(q) and q[: len(p)] == p and len(p) % block in (0, 1, block - 1):
+            return "aligned"
+        cut = next((i for i, (x, y) in enumerate(zip(p, q, strict=False)) if x != y), None)
+        if cut is not None and cut % block in (0, 1, block - 1) and p[cut] == (q[cut] + 1) % VOCAB:
+            return "sibling"
+    return None
+
+
+def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
+    """`--families` (always on with `--kvcert`) rewrites about half the later requests of a
+    seed from an earlier one's prompt: re-sends, multi-turn follow-ups, siblings diverging
+    one token before, at or after a block boundary, prefixes of exactly k blocks +- 1. The
+    rest of the workload is the one drawn without it, the pool keeps its margin, and every
+    family is drawn."""
+    seen = set()
+    for seed in range(tiered(200, 2000)):
+        plain, families = generate(seed), generate(seed, families=True)
+        assert generate(seed, families=False) == plain
+        block = state_block_size(plain.model) if plain.model in STATE_MODELS else 16
+        before = {a.rid: a for a in plain.arrivals}
+        assert {a.rid for a in families.arrivals} == set(before)
+        assert [a.step for a in families.arrivals] == sorted(a.step for a in families.arrivals)
+        longest = max(len(a.prompt) + a.max_tokens for a in families.arrivals)
+        assert families.usable_blocks * block >= longest
+        for arrival in families.arrivals:
+            drawn = before[arrival.rid]
+            if arrival == drawn:
+                continue
+            assert (arrival.priority, arrival.max_tokens) == (drawn.priority, drawn.max_tokens)
+            others = [a for a in families.arrivals if a.rid != arrival.rid]
+            family = _family(arrival, others, block)
+            assert family is not None, (seed, arrival.rid)
+            seen.add(family)
+        assert Workload.from_json(json.loads(json.dumps(families.to_json()))) == families
+    assert seen == {"re-send", "multi-turn", "sibling", "aligned"}
 
 
 def test_every_workload_is_served_with_a_max_model_len_vllm_accepts():
