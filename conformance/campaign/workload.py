@@ -15,6 +15,7 @@ from typing import Any
 
 from kvcert.conformance.contract.plans import plan_input_from_json
 from kvcert.conformance.tools.catalog import load_model
+from kvcert.spec.layers import AttentionKind, StateLayer
 from kvcert.spec.plan import anchor_block_size
 
 # Attention-only bundled models whose layers vLLM's own planner can group (no state layers,
@@ -51,6 +52,10 @@ class Arrival:
     prompt: tuple[int, ...]
     priority: int
     max_tokens: int
+    # a multi-turn follow-up: the next turn of request `follows`, sent once that request has
+    # finished (and not before `step`), its prompt being that request's prompt, the tokens the
+    # engine answered, then `prompt`
+    follows: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,19 +82,49 @@ class Workload:
     # the drafter with spec_tokens: "eagle" (one head, run once per draft), or "mtp" (one MTP
     # module per draft token, module i reading i tokens ahead: vLLM re-prefills its KV)
     drafter: str = "eagle"
+    # sparse retention with an interval of this many hit-alignment units (the lcm of the
+    # served groups' block sizes, so that both managers accept it): vLLM's
+    # --prefix-cache-retention-interval (0.33; VLLM_PREFIX_CACHE_RETENTION_INTERVAL before),
+    # which kvcert's drop-in honours when positive, 0 being asked of it as
+    # KVCERT_RETENTION=sparse. None: each manager's default (vLLM 0.33: sparse with interval
+    # 0; 0.25-0.28: dense; kvcert: dense)
+    retention_units: int | None = None
+
+    def __post_init__(self) -> None:
+        earlier: set[str] = set()
+        for arrival in self.arrivals:
+            if arrival.follows is not None and arrival.follows not in earlier:
+                raise ValueError(
+                    f"request {arrival.rid!r} follows {arrival.follows!r}, which is not a "
+                    "request listed before it: a follow-up comes after what it follows"
+                )
+            earlier.add(arrival.rid)
 
     def to_json(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
-        if not self.state_checkpoints:  # every workload before the option reads the same
+        # every workload drawn before an option reads the same without it
+        if not self.state_checkpoints:
             del body["state_checkpoints"]
         if self.drafter == "eagle":
             del body["drafter"]
+        if self.retention_units is None:
+            del body["retention_units"]
+        for arrival in body["arrivals"]:
+            if arrival["follows"] is None:
+                del arrival["follows"]
         return body
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Workload:
         arrivals = tuple(
-            Arrival(a["step"], a["rid"], tuple(a["prompt"]), a["priority"], a["max_tokens"])
+            Arrival(
+                a["step"],
+                a["rid"],
+                tuple(a["prompt"]),
+                a["priority"],
+                a["max_tokens"],
+                a.get("follows"),
+            )
             for a in obj["arrivals"]
         )
         fields = {k: v for k, v in obj.items() if k not in ("arrivals", "aborts", "resets")}
@@ -105,7 +140,7 @@ class Workload:
         """The max_model_len the campaign serves the workload with: its longest request (prompt
         and output) rounded up to 256 tokens, 256 at least, and never below the long-prefill
         threshold (vLLM refuses a threshold above max_model_len)."""
-        longest = max(len(a.prompt) + a.max_tokens for a in self.arrivals)
+        longest = longest_request(self.arrivals)
         return max(256, -(-max(longest, self.long_prefill) // 256) * 256)
 
     @property
@@ -117,10 +152,36 @@ class Workload:
         events = len(self.aborts) + len(self.resets)
         settings = (self.usable_blocks + 4 * self.async_scheduling + self.long_prefill // 16
                     + 2 * self.spec_tokens + (self.spec_keying != "default")
-                    + self.state_checkpoints + (self.drafter != "eagle"))  # fmt: skip
+                    + self.state_checkpoints + (self.drafter != "eagle")
+                    + (self.retention_units is not None)
+                    + sum(a.follows is not None for a in self.arrivals))  # fmt: skip
         steps = sum(a.step for a in self.arrivals)
         return (1000 * len(self.arrivals) + tokens + 100 * events + steps + settings
                 + (self.policy != "fcfs"))  # fmt: skip
+
+
+def request_lengths(arrivals: tuple[Arrival, ...] | list[Arrival]) -> dict[str, int]:
+    """The most tokens each request can hold (prompt and output); a follow-up's prompt holds
+    the whole conversation it follows (a request it follows that is not among `arrivals`
+    adds nothing: the loop then sends the turn alone)."""
+    by_rid = {a.rid: a for a in arrivals}
+    lengths: dict[str, int] = {}
+
+    def length(arrival: Arrival) -> int:
+        if arrival.rid not in lengths:
+            source = by_rid.get(arrival.follows) if arrival.follows is not None else None
+            before = length(source) if source is not None else 0
+            lengths[arrival.rid] = before + len(arrival.prompt) + arrival.max_tokens
+        return lengths[arrival.rid]
+
+    for arrival in arrivals:
+        length(arrival)
+    return lengths
+
+
+def longest_request(arrivals: tuple[Arrival, ...] | list[Arrival]) -> int:
+    """The most tokens any one request can hold (`request_lengths`)."""
+    return max(request_lengths(arrivals).values())
 
 
 def generate(
@@ -133,14 +194,16 @@ def generate(
     families: bool = False,
 ) -> Workload:
     """`_generate`'s workload; with `families`, about half its later requests are rewritten
-    into the shapes that reach lost hits (`_lost_hit_families`, a stream of its own: the
-    other options' workloads are unchanged)."""
+    into the shapes that reach lost hits (`_lost_hit_families`) and some seeds ask for sparse
+    retention with an interval (`_retention`), each from a stream of its own: the other
+    options' workloads are unchanged."""
     workload = _generate(seed, models, state_checkpoints, state_drafts, mtp)
     if not families:
         return workload
     unit = state_block_size(workload.model) // 16 if workload.model in STATE_MODELS else 1
     rng = random.Random(f"kvcert-fuzz-families:{seed}")
-    return _lost_hit_families(workload, rng, 16 * unit)
+    workload = _lost_hit_families(workload, rng, 16 * unit)
+    return _retention(workload, random.Random(f"kvcert-fuzz-retention:{seed}"))
 
 
 def _generate(
@@ -206,11 +269,15 @@ def state_block_size(model: str) -> int:
     `Platform._align_hybrid_block_size` computes (16 x cdiv(state page, 16 x attention bytes
     per token)) and kvcert's PAGE-ANCHOR-1 gives; tests/campaign/test_workload.py checks the
     two agree on every state model, and LMCache's documented 544 for Qwen3.5-0.8B."""
+    return anchor_block_size(_plan_input(model))
+
+
+def _plan_input(model: str) -> Any:
+    """The bundled model's layers as the spec's planner reads them (bf16 KV)."""
     layers = list(load_model(model).layers)
-    plan_input = plan_input_from_json(
+    return plan_input_from_json(
         {"layers": layers, "kv_cache_dtype": "bf16", "memory_bytes": 1 << 30}
     )
-    return anchor_block_size(plan_input)
 
 
 def _draw(rng: random.Random, seed: int, models: tuple[str, ...], unit: int) -> Workload:
@@ -288,16 +355,18 @@ def _near_misses(workload: Workload, rng: random.Random) -> Workload:
     return _with_arrivals(workload, arrivals, 16)
 
 
-FAMILIES = ("re-send", "multi-turn", "sibling", "aligned")
+FAMILIES = ("re-send", "extension", "multi-turn", "sibling", "aligned")
 
 
 def _lost_hit_families(workload: Workload, rng: random.Random, block: int) -> Workload:
     """About half the requests after the first are rewritten from an earlier one's prompt
     into a shape a lost hit shows on: its re-send (in the same step, as a shared system
-    prompt arrives, or later); a multi-turn follow-up (the prompt, an answer, the next turn);
-    a sibling diverging just before, at or just after a block boundary; or a re-send of a
-    prefix of exactly k blocks, or one token more or less. The pool grows by the blocks they
-    add, keeping the drawn margin."""
+    prompt arrives, or later); an extension (the prompt and a few tokens more, as a client
+    that regenerates an answer sends); a multi-turn follow-up (sent once the earlier request
+    has finished: its prompt, the answer the engine gave, the next turn); a sibling diverging
+    just before, at or just after a block boundary; or a re-send of a prefix of exactly k
+    blocks, or one token more or less. The pool grows by the blocks they add, keeping the
+    drawn margin."""
     arrivals = list(workload.arrivals)
     for i in range(1, len(arrivals)):
         if rng.random() >= 0.5:
@@ -305,12 +374,15 @@ def _lost_hit_families(workload: Workload, rng: random.Random, block: int) -> Wo
         source = arrivals[rng.randrange(i)]
         tokens, family = source.prompt, rng.choice(FAMILIES)
         blocks = len(tokens) // block
+        follows = None
         if family == "re-send":
             prompt = tokens
+        elif family == "extension":
+            extra = rng.randint(1, source.max_tokens + 2 * block)
+            prompt = (*tokens, *(rng.randrange(VOCAB) for _ in range(extra)))
         elif family == "multi-turn":
-            answer = rng.randint(1, source.max_tokens)
-            turn = rng.randint(1, 2 * block)
-            prompt = (*tokens, *(rng.randrange(VOCAB) for _ in range(answer + turn)))
+            prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 2 * block)))
+            follows = source.rid
         elif blocks < 1:
             continue
         elif family == "sibling":
@@ -322,9 +394,24 @@ def _lost_hit_families(workload: Workload, rng: random.Random, block: int) -> Wo
         else:  # aligned
             prompt = tokens[: max(1, block * rng.randint(1, blocks) + rng.choice((-1, 0, 1)))]
         step = source.step + rng.choice((0, 0, 1, 3, 6))
-        arrivals[i] = dataclasses.replace(arrivals[i], prompt=tuple(prompt), step=step)
-    arrivals.sort(key=lambda a: a.step)
+        arrivals[i] = dataclasses.replace(
+            arrivals[i], prompt=tuple(prompt), step=step, follows=follows
+        )
+    arrivals.sort(key=lambda a: a.step)  # stable: a follow-up stays after what it follows
     return _with_arrivals(workload, arrivals, block)
+
+
+def _retention(workload: Workload, rng: random.Random) -> Workload:
+    """About a third of the seeds whose model has a sliding-window or state layer (the groups
+    retention applies to) ask for sparse retention with an interval of 0 to 3 hit-alignment
+    units."""
+    bounded = any(
+        getattr(x, "kind", None) is AttentionKind.SLIDING_WINDOW or isinstance(x, StateLayer)
+        for x in _plan_input(workload.model).layers
+    )
+    if not bounded or rng.random() >= 1 / 3:
+        return workload
+    return dataclasses.replace(workload, retention_units=rng.randint(0, 3))
 
 
 def _with_arrivals(workload: Workload, arrivals: list[Arrival], block: int) -> Workload:
@@ -332,7 +419,7 @@ def _with_arrivals(workload: Workload, arrivals: list[Arrival], block: int) -> W
     `block`-token blocks beyond its longest request."""
 
     def blocks(requests: tuple[Arrival, ...] | list[Arrival]) -> int:
-        return -(-max(len(a.prompt) + a.max_tokens for a in requests) // block)
+        return -(-longest_request(requests) // block)
 
     usable = workload.usable_blocks - blocks(workload.arrivals) + blocks(arrivals)
     return dataclasses.replace(workload, arrivals=tuple(arrivals), usable_blocks=usable)
@@ -342,9 +429,12 @@ def smaller(workload: Workload) -> Iterator[Workload]:
     """Workloads one simplification away, the biggest cuts first."""
     replace = dataclasses.replace
     for i in range(len(workload.arrivals)):
-        rest = workload.arrivals[:i] + workload.arrivals[i + 1 :]
+        gone = workload.arrivals[i].rid
+        rest = tuple(  # its follow-ups are sent alone
+            dataclasses.replace(a, follows=None) if a.follows == gone else a
+            for a in workload.arrivals[:i] + workload.arrivals[i + 1 :]
+        )
         if rest:
-            gone = workload.arrivals[i].rid
             aborts = tuple(x for x in workload.aborts if x[1] != gone)
             # without a request the pool may need to shrink too, to keep the same pressure
             for fewer in (0, 1, 2, 4):
@@ -369,6 +459,8 @@ def smaller(workload: Workload) -> Iterator[Workload]:
         yield replace(workload, long_prefill=0)
     if workload.policy != "fcfs":
         yield replace(workload, policy="fcfs")
+    if workload.retention_units is not None:
+        yield replace(workload, retention_units=None)
     if workload.spec_tokens > 1:
         yield replace(workload, spec_tokens=workload.spec_tokens - 1)
     if workload.spec_keying != "default":
@@ -385,6 +477,8 @@ def _simpler(arrival: Arrival) -> Iterator[Arrival]:
         yield replace(arrival, prompt=arrival.prompt[:-1])
     if arrival.step:
         yield replace(arrival, step=arrival.step - 1)
+    if arrival.follows is not None:
+        yield replace(arrival, follows=None)
 
 
 def shrink(workload: Workload, fails: Callable[[Workload], bool], budget: int = 400) -> Workload:

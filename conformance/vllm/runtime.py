@@ -238,7 +238,7 @@ def engine_config(settings: Settings) -> Any:
     extra: dict[str, Any] = {}
     if settings.speculative is not None:
         extra["speculative_config"] = speculative_config(settings)
-    with _environment(settings.flags_for("env")):
+    with environment(settings.flags_for("env")):
         config = _vllm_config(settings, extra)
     # the engine core resolves one layout from the attention backends; the page math and the
     # scheduler ignore which
@@ -247,7 +247,7 @@ def engine_config(settings: Settings) -> Any:
 
 
 @contextmanager
-def _environment(variables: dict[str, Any]) -> Iterator[None]:
+def environment(variables: dict[str, Any]) -> Iterator[None]:
     """vLLM's environment variables (VLLM_*) set while its config reads them."""
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update({name: str(value) for name, value in variables.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,8 +19,10 @@ from kvcert.conformance.campaign.workload import (
     SPEC_KEYINGS,
     STATE_MODELS,
     VOCAB,
+    Arrival,
     Workload,
     generate,
+    request_lengths,
     shrink,
     smaller,
     state_block_size,
@@ -205,12 +208,14 @@ def _family(arrival, others, block):
     """Which lost-hit family `arrival` is of, judged against the other arrivals (None: of
     none)."""
     p = arrival.prompt
+    if arrival.follows is not None:
+        return "multi-turn" if arrival.follows in {o.rid for o in others} else None
     for other in others:
         q = other.prompt
         if p == q:
             return "re-send"
         if len(p) > len(q) and p[: len(q)] == q:
-            return "multi-turn"
+            return "extension"
         if len(p) < len(q) and q[: len(p)] == p and len(p) % block in (0, 1, block - 1):
             return "aligned"
         cut = next((i for i, (x, y) in enumerate(zip(p, q, strict=False)) if x != y), None)
@@ -221,20 +226,32 @@ def _family(arrival, others, block):
 
 def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
     """`--families` (always on with `--kvcert`) rewrites about half the later requests of a
-    seed from an earlier one's prompt: re-sends, multi-turn follow-ups, siblings diverging
-    one token before, at or after a block boundary, prefixes of exactly k blocks +- 1. The
-    rest of the workload is the one drawn without it, the pool keeps its margin, and every
-    family is drawn."""
-    seen = set()
+    seed from an earlier one's prompt: re-sends, extensions, multi-turn follow-ups (sent
+    after the request they follow, with its answer), siblings diverging one token before, at
+    or after a block boundary, prefixes of exactly k blocks +- 1; and about a third of the
+    seeds whose model has a sliding-window or state layer ask for sparse retention with an
+    interval of 0-3 alignment units. The rest of the workload is the one drawn without it,
+    the pool keeps its margin over the longest conversation, and every family is drawn."""
+    seen, units = set(), set()
     for seed in range(tiered(200, 2000)):
         plain, families = generate(seed), generate(seed, families=True)
         assert generate(seed, families=False) == plain
+        assert plain.retention_units is None
+        units.add(families.retention_units)
         block = state_block_size(plain.model) if plain.model in STATE_MODELS else 16
         before = {a.rid: a for a in plain.arrivals}
         assert {a.rid for a in families.arrivals} == set(before)
         assert [a.step for a in families.arrivals] == sorted(a.step for a in families.arrivals)
-        longest = max(len(a.prompt) + a.max_tokens for a in families.arrivals)
-        assert families.usable_blocks * block >= longest
+        lengths = request_lengths(families.arrivals)
+        for arrival in families.arrivals:
+            if arrival.follows is not None:
+                source = next(a for a in families.arrivals if a.rid == arrival.follows)
+                assert source.step <= arrival.step
+                assert lengths[arrival.rid] == (
+                    lengths[source.rid] + len(arrival.prompt) + arrival.max_tokens
+                )
+        assert families.usable_blocks * block >= max(lengths.values())
+        assert families.max_model_len >= max(lengths.values())
         for arrival in families.arrivals:
             drawn = before[arrival.rid]
             if arrival == drawn:
@@ -245,7 +262,28 @@ def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
             assert family is not None, (seed, arrival.rid)
             seen.add(family)
         assert Workload.from_json(json.loads(json.dumps(families.to_json()))) == families
-    assert seen == {"re-send", "multi-turn", "sibling", "aligned"}
+    assert seen == {"re-send", "extension", "multi-turn", "sibling", "aligned"}
+    assert units == {None, 0, 1, 2, 3}
+
+
+def test_a_follow_up_names_a_request_before_it_and_shrinking_sends_it_alone():
+    """A follow-up must follow a request listed before it (a ValueError says which, not a
+    hang in the loop); removing the request it follows while shrinking sends the turn alone,
+    and dropping the link is itself a simplification."""
+    first = Arrival(0, "r0", (1, 2, 3), 0, 4)
+    turn = Arrival(1, "r1", (9,), 0, 2, follows="r0")
+    workload = Workload(1, "llama-3.1-8b", "fcfs", False, 4, 32, 0, (first, turn))
+    assert request_lengths(workload.arrivals) == {"r0": 7, "r1": 10}
+    with pytest.raises(ValueError, match="'r1' follows 'r0', which is not a request listed"):
+        dataclasses.replace(workload, arrivals=(turn, first))
+    candidates = list(smaller(workload))
+    alone = [w for w in candidates if [a.rid for a in w.arrivals] == ["r1"]]
+    assert alone
+    assert all(w.arrivals[0].follows is None for w in alone)
+    assert any(w.arrivals[1:] == (dataclasses.replace(turn, follows=None),) for w in candidates)
+    assert all(w.size < workload.size for w in candidates)
+    assert Workload.from_json(json.loads(json.dumps(workload.to_json()))) == workload
+    assert "follows" not in json.dumps(workload.to_json()["arrivals"][0])
 
 
 def test_every_workload_is_served_with_a_max_model_len_vllm_accepts():
@@ -360,7 +398,7 @@ def test_every_broken_twin_says_what_it_breaks_and_ci_plays_it():
     assert not MUTANTS.keys() & KVCERT_MUTANTS.keys()
     assert set(CAUGHT_AS.values()) <= {"target", "state", "draft", "lost"}
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
-    lines = [x.strip() for x in ci.splitlines()]
+    lines = [" ".join(x.split()) for x in ci.replace("\\\n", " ").splitlines()]
     line = next(x for x in lines if x.startswith("for mutant in"))
     assert set(line.split(" in ", 1)[1].split(";")[0].split()) == set(MUTANTS)
     twins = next(x for x in lines if x.startswith("for twin in"))

@@ -9,6 +9,8 @@ layers, block sizes from `resolve_kv_cache_block_sizes`, the scheduler class fro
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +23,7 @@ from kvcert.conformance.vllm.campaign.ledger import Group
 from kvcert.conformance.vllm.campaign.mutants import KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.vllm.campaign.owed import Profiles
 from kvcert.conformance.vllm.layers import kind_of, spec_of, state_spec_of
-from kvcert.reference.vllm import AsyncScheduler, Scheduler, UnsupportedConfigError
+from kvcert.reference.vllm import AsyncScheduler, Scheduler, Settings, UnsupportedConfigError
 from kvcert.spec.alloc import Visibility
 from kvcert.spec.layers import AttentionKind, StateLayer
 from kvcert.spec.layout import Speculative
@@ -61,25 +63,7 @@ def build(
     )
     modules = drafter_modules(workload)
     layers = _served_layers(plan_input.layers, workload.spec_tokens > 0, modules)
-    stateful = any(isinstance(x, StateLayer) for x in layers)
-    block_size = state_block_size(workload.model) if stateful else 16
-    settings = runtime.Settings(
-        max_len=workload.max_model_len,
-        budget=workload.budget,
-        block_size=block_size,
-        policy=workload.policy,
-        async_scheduling=workload.async_scheduling,
-        long_prefill=workload.long_prefill,
-        speculative=keying_of(workload),
-        spec_tokens=max(workload.spec_tokens, 1),
-        drafter=workload.drafter,
-        attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
-        # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
-        # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
-        flags=(("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", block_size))
-        if stateful
-        else (),
-    )
+    settings = _engine_settings(workload, layers)
     try:
         config = runtime.engine_config(settings)
     except (ValueError, NotImplementedError) as why:  # pydantic's errors are ValueErrors
@@ -100,7 +84,9 @@ def build(
     for i, layer in enumerate(layers):
         if isinstance(layer, StateLayer):
             specs[f"model.layers.{i}.mixer"] = _drafting(
-                _saving(state_spec_of(layer, block_size, page), workload.state_checkpoints),
+                _saving(
+                    state_spec_of(layer, settings.block_size, page), workload.state_checkpoints
+                ),
                 workload.spec_tokens,
             )
     specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
@@ -108,9 +94,17 @@ def build(
     cls = None
     if fix:
         cls = fixed(config.scheduler_config.get_scheduler_cls())
-    wired = (_wire_kvcert if kvcert else runtime.wire)(
-        config, kv_groups, workload.usable_blocks, cls
-    )
+    variables = _ask_retention(config, kv_groups, workload.retention_units)
+    try:
+        with runtime.environment(variables):  # 0.25-0.28 read the interval as the core starts
+            wire = runtime.wire
+            if kvcert:
+                wire = functools.partial(_wire_kvcert, sparse=workload.retention_units == 0)
+            wired = wire(config, kv_groups, workload.usable_blocks, cls)
+    except ValueError as why:  # the coordinator's own check of the interval asked for
+        if workload.retention_units is None:
+            raise
+        raise Unreachable(f"vLLM refuses the engine arguments: {first_line(why)}") from None
     if mutant is not None:
         {**MUTANTS, **KVCERT_MUTANTS}[mutant](wired)
     groups = []
@@ -134,6 +128,49 @@ def build(
             )
         )
     return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
+
+
+def _engine_settings(workload: Workload, layers: list[Any]) -> runtime.Settings:
+    """The engine arguments `vllm serve` is given for the workload."""
+    stateful = any(isinstance(x, StateLayer) for x in layers)
+    block_size = state_block_size(workload.model) if stateful else 16
+    # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
+    # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
+    align = (("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", block_size))
+    settings = runtime.Settings(
+        max_len=workload.max_model_len,
+        budget=workload.budget,
+        block_size=block_size,
+        policy=workload.policy,
+        async_scheduling=workload.async_scheduling,
+        long_prefill=workload.long_prefill,
+        speculative=keying_of(workload),
+        spec_tokens=max(workload.spec_tokens, 1),
+        drafter=workload.drafter,
+        attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
+        flags=align if stateful else (),
+    )
+    return settings
+
+
+def _ask_retention(config: Any, kv_groups: list[Any], units: int | None) -> dict[str, Any]:
+    """Ask this release for sparse retention with an interval of `units` hit-alignment
+    units (`Workload.retention_units`; the alignment is the lcm of the groups' block sizes):
+    0.33's `--prefix-cache-retention-interval` is set on `config`; for 0.25-0.28 the
+    returned environment (VLLM_PREFIX_CACHE_RETENTION_INTERVAL) must be set as the
+    scheduler is built. None asks nothing (the release's default). Unreachable on a release
+    that has neither."""
+    if units is None:
+        return {}
+    interval = units * math.lcm(*(g.kv_cache_spec.block_size for g in kv_groups))
+    if hasattr(config.cache_config, "prefix_cache_retention_interval"):
+        config.cache_config.prefix_cache_retention_interval = interval
+        return {}
+    import vllm.envs  # noqa: PLC0415 - a release venv's
+
+    if "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in vllm.envs.environment_variables:
+        return {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": interval}
+    raise Unreachable(f"this vLLM has no prefix-cache retention interval (asked for {interval})")
 
 
 def declared_profiles(scheduler: Any, workload: Workload, kvcert: bool) -> Profiles:
@@ -218,11 +255,17 @@ def _drafting(spec: Any, spec_tokens: int) -> Any:
     return dataclasses.replace(spec, num_speculative_blocks=spec_tokens)
 
 
-def _wire_kvcert(config: Any, kv_groups: list[Any], usable_blocks: int, _: Any) -> Any:
+def _wire_kvcert(
+    config: Any, kv_groups: list[Any], usable_blocks: int, _: Any, *, sparse: bool = False
+) -> Any:
     """The scheduler wired with kvcert.reference.vllm's Scheduler, or its AsyncScheduler
     when the workload schedules asynchronously (its manager refuses what it does not serve:
-    then the workload is unreachable, as at `vllm serve`)."""
+    then the workload is unreachable, as at `vllm serve`). A retention interval of 0 asks
+    it for sparse retention (KVCERT_RETENTION=sparse): it takes vLLM's 0 for vLLM's
+    default, which it leaves to its own settings (dense)."""
     cls = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler
+    if sparse:
+        cls = cls.configured(dataclasses.replace(Settings.from_env(), retention=Retention.SPARSE))
     try:
         return runtime.wire(config, kv_groups, usable_blocks, cls)
     except UnsupportedConfigError as why:

@@ -102,16 +102,28 @@ def _client(
     hasher: Any,
     *,
     oracle: Oracle,
+    sent: dict[str, Any],
 ) -> None:
-    """What the API server hands EngineCore before `step`: new requests, aborts, resets."""
+    """What the API server hands EngineCore before `step`: new requests (a follow-up once
+    the request it follows has finished), aborts, resets. `sent`: the requests sent so far."""
     v = runtime.vllm()
     for arrival in [a for a in arrivals if a.step <= step]:
+        history: list[int] = []
+        if arrival.follows in sent:
+            source = sent[arrival.follows]
+            if source.request_id in scheduler.requests:  # still answering: the turn waits
+                continue
+            history = list(source.all_token_ids)  # its prompt and the answer it was given
+        elif arrival.follows is not None and any(a.rid == arrival.follows for a in arrivals):
+            continue  # what it follows has not arrived yet
         arrivals.remove(arrival)
         params = v.SamplingParams(max_tokens=arrival.max_tokens, ignore_eos=True)
         options = {"priority": arrival.priority, "block_hasher": hasher}
         if "eos_token_id" in inspect.signature(v.Request.__init__).parameters:
             options["eos_token_id"] = None  # <= 0.16
-        request = v.Request(arrival.rid, list(arrival.prompt), params, None, **options)
+        prompt = [*history, *arrival.prompt]
+        request = v.Request(arrival.rid, prompt, params, None, **options)
+        sent[arrival.rid] = request
         with _engine(step, "add_request()"):
             scheduler.add_request(request)
     for when, rid in workload.aborts:
@@ -161,10 +173,11 @@ def play(
     pending: list[Any] = []
     depth = 2 if workload.async_scheduling else 1
     arrivals = list(workload.arrivals)
+    sent: dict[str, Any] = {}
     try:
         for step in range(MAX_STEPS):
             outcome.steps = step
-            _client(scheduler, workload, arrivals, step, hasher, oracle=oracle)
+            _client(scheduler, workload, arrivals, step, hasher, oracle=oracle, sent=sent)
             if not scheduler.has_requests():  # EngineCore steps only while there is work
                 while pending:
                     _take(scheduler, ledger, oracle, step, pending.pop(0))

@@ -138,6 +138,21 @@ def _kvcert_block_multiple_unregistered(wired: Any) -> None:
     registrar._register_run = skipping
 
 
+def _kvcert_retention_one_block_short(wired: Any) -> None:
+    """RET-SPARSE-2 one block short: under sparse retention each bounded group's kept mask
+    loses its lowest position, the first block some retained length's hit needs. Every read
+    stays sound; the hits at that length are lost, which the completeness oracle must
+    catch on the seeds that ask for sparse retention (`Workload.retention_interval`)."""
+    registrar = wired.scheduler.kv_cache_manager.core._commits
+    kept = registrar.kept
+
+    def short(g: int, request: Any) -> frozenset[int] | None:
+        positions = kept(g, request)
+        return positions - {min(positions)} if positions else positions
+
+    registrar.kept = short
+
+
 # each changes the wired scheduler or hasher in place
 MUTANTS: dict[str, Callable[[Any], None]] = {
     "no-eagle-drop": _no_eagle_drop,
@@ -151,6 +166,7 @@ KVCERT_MUTANTS: dict[str, Callable[[Any], None]] = {
     "kvcert-no-draft-state-blocks": _kvcert_no_draft_state_blocks,
     "kvcert-draft-reach-ignored": _kvcert_draft_reach_ignored,
     "kvcert-block-multiple-unregistered": _kvcert_block_multiple_unregistered,
+    "kvcert-retention-one-block-short": _kvcert_retention_one_block_short,
 }
 # what each twin's findings are (`command.finding_role`): an unsound read of the drafter's
 # KV, Mamba state or the target's KV, or a lost hit
@@ -164,4 +180,5 @@ CAUGHT_AS: dict[str, str] = {
     "kvcert-no-draft-state-blocks": "state",
     "kvcert-draft-reach-ignored": "draft",
     "kvcert-block-multiple-unregistered": "lost",
+    "kvcert-retention-one-block-short": "lost",
 }
