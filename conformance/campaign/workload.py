@@ -194,15 +194,17 @@ def generate(
     families: bool = False,
 ) -> Workload:
     """`_generate`'s workload; with `families`, about half its later requests are rewritten
-    into the shapes that reach lost hits (`_lost_hit_families`) and some seeds ask for sparse
-    retention with an interval (`_retention`), each from a stream of its own: the other
-    options' workloads are unchanged."""
+    into the shapes that reach lost hits (`_lost_hit_families`), some seeds get the smallest
+    pool that serves them (`_pressure`) and some ask for sparse retention with an interval
+    (`_retention`), each from a stream of its own: the other options' workloads are
+    unchanged."""
     workload = _generate(seed, models, state_checkpoints, state_drafts, mtp)
     if not families:
         return workload
     unit = state_block_size(workload.model) // 16 if workload.model in STATE_MODELS else 1
     rng = random.Random(f"kvcert-fuzz-families:{seed}")
     workload = _lost_hit_families(workload, rng, 16 * unit)
+    workload = _pressure(workload, random.Random(f"kvcert-fuzz-pressure:{seed}"), 16 * unit)
     return _retention(workload, random.Random(f"kvcert-fuzz-retention:{seed}"))
 
 
@@ -399,6 +401,18 @@ def _lost_hit_families(workload: Workload, rng: random.Random, block: int) -> Wo
         )
     arrivals.sort(key=lambda a: a.step)  # stable: a follow-up stays after what it follows
     return _with_arrivals(workload, arrivals, block)
+
+
+def _pressure(workload: Workload, rng: random.Random, block: int) -> Workload:
+    """A quarter of the seeds get the smallest pool the drawn ones can have: one block per
+    group beyond the longest conversation. The groups share the pool, so the blocks the
+    next request takes evict some groups' cached blocks and leave others' (a hit is the
+    shortest over the groups)."""
+    if rng.random() >= 1 / 4:
+        return workload
+    return dataclasses.replace(
+        workload, usable_blocks=-(-longest_request(workload.arrivals) // block) + 1
+    )
 
 
 def _retention(workload: Workload, rng: random.Random) -> Workload:

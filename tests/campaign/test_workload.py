@@ -231,8 +231,9 @@ def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
     or after a block boundary, prefixes of exactly k blocks +- 1; and about a third of the
     seeds whose model has a sliding-window or state layer ask for sparse retention with an
     interval of 0-3 alignment units. The rest of the workload is the one drawn without it,
-    the pool keeps its margin over the longest conversation, and every family is drawn."""
-    seen, units = set(), set()
+    the pool keeps its margin over the longest conversation (on a quarter of the seeds, the
+    smallest: one block), and every family is drawn."""
+    seen, units, tight = set(), set(), 0
     for seed in range(tiered(200, 2000)):
         plain, families = generate(seed), generate(seed, families=True)
         assert generate(seed, families=False) == plain
@@ -251,6 +252,7 @@ def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
                     lengths[source.rid] + len(arrival.prompt) + arrival.max_tokens
                 )
         assert families.usable_blocks * block >= max(lengths.values())
+        tight += families.usable_blocks == -(-max(lengths.values()) // block) + 1
         assert families.max_model_len >= max(lengths.values())
         for arrival in families.arrivals:
             drawn = before[arrival.rid]
@@ -264,6 +266,7 @@ def test_lost_hit_families_are_drawn_only_when_asked_and_each_has_its_shape():
         assert Workload.from_json(json.loads(json.dumps(families.to_json()))) == families
     assert seen == {"re-send", "extension", "multi-turn", "sibling", "aligned"}
     assert units == {None, 0, 1, 2, 3}
+    assert tiered(200, 2000) // 8 < tight < tiered(200, 2000) // 2
 
 
 def test_a_follow_up_names_a_request_before_it_and_shrinking_sends_it_alone():
