@@ -12,6 +12,8 @@ class FakeRequest:
     request_id: str
     all_token_ids: list[int]
     num_computed_tokens: int = 0
+    num_prompt_tokens: int | None = None
+    max_tokens: int | None = None  # None: no limit
 
 
 @dataclass

@@ -182,3 +182,21 @@ def test_mtp_re_prefill_without_the_requests_own_inputs_writes_garbage_below_its
     assert violation is not None
     assert violation.role == "draft"
     assert "position 6 of group 0 (draft layers, block 2)" in violation.text
+
+
+def test_mtp_reads_after_the_output_that_finishes_the_request_are_not_checked():
+    """A drafter run after a pass whose output finishes the request proposes drafts no pass
+    verifies: near max_tokens the scheduler schedules fewer drafts than the modules proposed
+    (or, under async scheduling, runs a pass after the finishing output), so the last
+    modules may read KV computed from a draft never scheduled (here module 2 at position 4
+    read draft token 7). Not a finding when the request ends there (prompt 5 + max_tokens 1),
+    and the same read is one when the request goes on (its twin)."""
+    for limit, flagged in ((1, False), (None, True)):
+        s, ledger = FakeScheduler(), _mtp()
+        s.add("a", [1, 2, 3, 4, 5], [1, 2, 3])
+        s.requests["a"].num_prompt_tokens, s.requests["a"].max_tokens = 5, limit
+        ledger.forward(s, s.schedule("a", 5, new=True), 0)  # samples token 5, drafts 6, 7, 8
+        _, violation = ledger.forward(s, s.schedule("a", 1), 1)  # no drafts scheduled
+        assert (violation is not None) == flagged, limit
+        if flagged:
+            assert "MTP module" in violation.text

@@ -134,3 +134,29 @@ def test_reset_forgets_everything_written():
     s.add("b", list(PROMPT), [4, 5, 6])
     assert _step(s, ledger, oracle, s.schedule("b", 9, new=True), 1) == []
     assert oracle.owed_tokens == 0
+
+
+def test_under_async_a_block_completed_by_a_token_in_flight_commits_once_it_is_taken():
+    """Async scheduling: a's decode pass of position 7 is scheduled while the pass that
+    sampled token 7 still runs, and completes block 1, which the engine can key once that
+    output is taken. b, admitted after a finished, is owed both blocks. Its twin: judged on
+    the scheduler's tokens alone (no runner's), the pass reaches only position 6 and the
+    block is not owed; and b admitted while that pass's output is not taken yet is owed
+    block 0 only."""
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    for runner, taken, owed in ((True, True, 8), (False, True, 4), (True, False, 4)):
+        s, ledger, oracle = _run([Group(BLOCK, "full")], Profiles(Visibility.SAME_PASS))
+        tokens = ledger.tokens if runner else None
+        s.add("a", list(prompt), [1, 2])
+        output = s.schedule("a", 7, new=True)
+        oracle.judge(s, output, 0, ledger.slots, tokens)
+        (sampled,), _ = ledger.forward(s, output, 0)
+        output = s.schedule("a", 1)  # position 7, whose token the runner alone knows yet
+        oracle.judge(s, output, 1, ledger.slots, tokens)
+        ledger.forward(s, output, 1)
+        s.requests["a"].all_token_ids += sampled  # step 0's output taken
+        ledger.unapplied["a"].pop(0)
+        oracle.applied = 1 if taken else 0
+        s.add("b", [*prompt, *sampled, 60, 61], [3, 4, 5])
+        _step(s, ledger, oracle, s.schedule("b", 11, new=True), 2, applied=False)
+        assert oracle.owed_tokens == owed, (runner, taken)

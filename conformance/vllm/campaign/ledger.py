@@ -143,10 +143,24 @@ class _Pass:
     known: list[int]  # the request's tokens as the runner knows them
     drafts: list[int]  # the drafts the pass verifies (after the last known token)
     tables: Any  # the request's block table per group
+    # the tokens the request ends at (prompt and max_tokens outputs; None: no limit). Near
+    # it the scheduler verifies fewer drafts than the modules propose (the outputs left
+    # less the bonus token; none once the request is finished, or under async scheduling
+    # for a pass run after the output that finishes it), and a module whose draft no pass
+    # verifies is not checked: what it reads may come from drafts never scheduled
+    limit: int | None = None
 
     @property
     def end(self) -> int:
         return self.start + self.count
+
+
+def _limit(request: Any) -> int | None:
+    """The tokens a request ends at: its prompt and max_tokens outputs (None: no limit, as
+    the tests script requests)."""
+    outputs = getattr(request, "max_tokens", None)
+    prompt = getattr(request, "num_prompt_tokens", None)
+    return prompt + outputs if isinstance(outputs, int) and isinstance(prompt, int) else None
 
 
 @dataclass
@@ -228,6 +242,7 @@ class Ledger:
                     self.tokens(request),
                     self._drafts(rid, output.scheduled_spec_decode_tokens.get(rid, ())),
                     scheduler.kv_cache_manager.get_block_ids(rid),
+                    _limit(request),
                 )
             )
         self._carry_states(passes)
@@ -273,6 +288,9 @@ class Ledger:
         if reprefilled and one.rid not in self.mtp_cached:  # another request's cached inputs
             chain[first + 1 : one.start + 1] = [UNKNOWN] * (one.start - first)
         self.mtp_cached.add(one.rid)
+        # the drafts a next pass can verify: the scheduler caps them at the outputs left
+        # less the bonus token; module s proposes draft s
+        verified = self.modules if one.limit is None else one.limit - len(after) - 1
         reach = max(stop, first + 1) + self.modules
         written = identities(chain + [UNKNOWN] * (reach - len(chain)), reach)
         known = identities(after + [UNKNOWN] * (reach - len(after)), reach)
@@ -282,7 +300,7 @@ class Ledger:
                 continue
             for module in range(self.modules):
                 role = f"d{module}"
-                for p in group.needs(first):
+                for p in group.needs(first) if module < verified else ():
                     slot = (g, role, table[p // group.block_size], p % group.block_size)
                     if violation is None and self.slots.get(slot) != known[p + 1 + module]:
                         violation = Violation(

@@ -189,7 +189,7 @@ def play(
                 output = scheduler.schedule()
             for new in output.scheduled_new_reqs:
                 outcome.hit_tokens += new.num_computed_tokens
-            for lost in oracle.judge(scheduler, output, step, ledger.slots):
+            for lost in oracle.judge(scheduler, output, step, ledger.slots, ledger.tokens):
                 outcome.lost = outcome.lost or lost.text
             outcome.preemptions += len(getattr(output, "preempted_req_ids", ()) or ())
             executed = output.total_num_scheduled_tokens > 0

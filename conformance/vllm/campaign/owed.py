@@ -24,6 +24,7 @@ served Y", with the groups and blocks that made X owed. Engine-free like the led
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,39 +214,45 @@ class Oracle:
 
     # --- the profiles ---------------------------------------------------------------------
 
-    def _commits(self, g: int, j: int, reached: int, known: int) -> bool:
+    def _commits(self, g: int, j: int, reached: int) -> bool:
         """ALLOC-COMMIT-1: block j is complete once its tokens are computed; a draft group's
-        waits for the draft_reach - 1 tokens after it to be computed too and, under exact
-        keying, for its key's tokens to be known."""
-        group, size = self.layout.groups[g], self.groups[g].block_size
-        if not is_draft(group):
-            return reached >= (j + 1) * size
-        end = (j + 1) * size
-        return reached >= end + self.layout.draft_reach - 1 and known >= end + key_lookahead(
-            self.layout, group
-        )
+        waits for the draft_reach - 1 tokens after it to be computed too."""
+        end = (j + 1) * self.groups[g].block_size
+        if is_draft(self.layout.groups[g]):
+            end += self.layout.draft_reach - 1
+        return reached >= end
+
+    def _keyed(self, g: int, j: int, known: int) -> bool:
+        """Whether the engine can key block j of group g with `known` tokens of the request
+        known to it: the block's own, and under exact keying the tokens a draft key covers
+        past it (HASH-DRAFT-1)."""
+        end = (j + 1) * self.groups[g].block_size
+        return known >= end + key_lookahead(self.layout, self.layout.groups[g])
 
     def _visible(self, g: int, j: int, stamp: Stamp) -> bool:
         """ALLOC-VIS-2 publishes an attention block from the scheduling of the chunk that
         commits it on (and a chunk already handed to the executor keeps it, ALLOC-VIS-3);
         otherwise a block commits when that chunk's step ends (ALLOC-VIS-1), which the spec
         defines for a request still running then: a pass that ran after its request was
-        released commits nothing."""
+        released commits nothing. A block commits at the first chunk that completes it with
+        its key's tokens known (ALLOC-COMMIT-1). The spec's steps are synchronous, so a
+        chunk's tokens are known when it is scheduled; under async scheduling a chunk can
+        complete a block whose last tokens are still in flight then, and the engine can key
+        it only once that pass's output is taken, when it commits under either visibility."""
         rid, step, _ = stamp
-        commit = next(
-            (
-                (s, before)
-                for s, reached, known, before in self._progress.get(rid, ())
-                if s >= step and self._commits(g, j, reached, known)
-            ),
-            None,
-        )
-        if commit is None:
-            return False
-        released = self._orphaned.get((rid, commit[0]))
-        if self.profiles.visibility is Visibility.SAME_PASS and self.groups[g].kind != "mamba":
-            return self._entered(commit[1], self.applied if released is None else released)
-        return released is None and commit[0] <= self.applied
+        for at, reached, known, before in self._progress.get(rid, ()):
+            if at < step or not self._commits(g, j, reached):
+                continue
+            released = self._orphaned.get((rid, at))
+            if self._keyed(g, j, known):
+                if self.profiles.visibility is Visibility.SAME_PASS and (
+                    self.groups[g].kind != "mamba"
+                ):
+                    return self._entered(before, self.applied if released is None else released)
+                return released is None and at <= self.applied
+            if self._keyed(g, j, reached):  # its tokens in flight when it was scheduled
+                return released is None and at <= self.applied
+        return False
 
     def _entered(self, before: int, applied: int | None = None) -> bool:
         """Whether a chunk has entered the allocator, whose steps are synchronous: at once,
@@ -274,11 +281,20 @@ class Oracle:
         self._refresh()
         self._evicted.update(self._keys)
 
-    def judge(self, scheduler: Any, output: Any, step: int, slots: Slots) -> list[LostHit]:
+    def judge(
+        self,
+        scheduler: Any,
+        output: Any,
+        step: int,
+        slots: Slots,
+        runner_tokens: Callable[[Any], list[int]] | None = None,
+    ) -> list[LostHit]:
         """Judge the admissions of one `schedule()` output, in the order it scheduled them
         (running requests first, then the waiting queue: `num_scheduled_tokens`' order);
         between two, what the earlier one was handed (evictions) and, under same-pass, what
-        its chunk will write. Returns the lost hits found."""
+        its chunk will write. `runner_tokens`: a request's tokens as the runner knows them
+        (under async scheduling, also those sampled by passes whose output is not taken
+        yet; default: the scheduler's). Returns the lost hits found."""
         self._slots = slots
         self._refresh()
         released = set(getattr(output, "preempted_req_ids", ()) or ())
@@ -301,8 +317,10 @@ class Oracle:
             tokens = list(request.all_token_ids)
             ident = self._identities(rid, tokens)
             tables = scheduler.kv_cache_manager.get_block_ids(rid)
-            # the scheduler counted the chunk already, the drafts it verifies included
-            reached = min(request.num_computed_tokens, len(tokens))
+            # the scheduler counted the chunk already, the drafts it verifies included; the
+            # runner computes KV only from tokens it knows
+            known_to_runner = len(runner_tokens(request)) if runner_tokens else len(tokens)
+            reached = min(request.num_computed_tokens, known_to_runner)
             progress = self._progress.setdefault(rid, [])
             before = progress[-1][0] if progress else -1
             if rid in admitted:  # looked up before its own chunk was scheduled
@@ -354,7 +372,7 @@ class Oracle:
             for j in range(min(len(table), end // size)):
                 key = self._wanted_key(g, j, ident)
                 block = table[j]
-                if key is None or block <= 0 or not self._commits(g, j, end, len(ident)):
+                if key is None or block <= 0 or not self._commits(g, j, end):
                     continue
                 if self._keys.get((g, block)) != key:
                     upcoming[g].setdefault(key, []).append((block, stamp))
