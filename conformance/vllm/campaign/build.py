@@ -68,28 +68,7 @@ def build(
         config = runtime.engine_config(settings)
     except (ValueError, NotImplementedError) as why:  # pydantic's errors are ValueErrors
         raise Unreachable(f"vLLM refuses the engine arguments: {first_line(why)}") from None
-    marks = runtime.marks_draft_layers()
-    specs, drafter = {}, set()
-    for i, layer in enumerate(layers):
-        if isinstance(layer, StateLayer):
-            continue
-        name = f"model.layers.{i}.attn"
-        spec = spec_of(layer, plan_input.dtype, settings.block_size)
-        if _is_draft(layer):
-            drafter.add(name)
-            if marks:  # 0.33's drafters mark their layers
-                spec = dataclasses.replace(spec, is_draft=True)
-        specs[name] = spec
-    page = max(spec.page_size_bytes for spec in specs.values())
-    for i, layer in enumerate(layers):
-        if isinstance(layer, StateLayer):
-            specs[f"model.layers.{i}.mixer"] = _drafting(
-                _saving(
-                    state_spec_of(layer, settings.block_size, page), workload.state_checkpoints
-                ),
-                workload.spec_tokens,
-            )
-    specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
+    specs, drafter = _layer_specs(workload, layers, plan_input.dtype, settings.block_size)
     kv_groups = runtime.plan(config, specs)
     cls = None
     if fix:
@@ -128,6 +107,34 @@ def build(
             )
         )
     return wired.scheduler, groups, wired.hasher, _runner_checkpoints(config, wired, groups)
+
+
+def _layer_specs(
+    workload: Workload, layers: list[Any], dtype: Any, block_size: int
+) -> tuple[dict[str, Any], set[str]]:
+    """(the release's KV-cache spec of every served layer by its name, in layer order; the
+    names of the drafter's layers)."""
+    marks = runtime.marks_draft_layers()
+    specs, drafter = {}, set()
+    for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            continue
+        name = f"model.layers.{i}.attn"
+        spec = spec_of(layer, dtype, block_size)
+        if _is_draft(layer):
+            drafter.add(name)
+            if marks:  # 0.33's drafters mark their layers
+                spec = dataclasses.replace(spec, is_draft=True)
+        specs[name] = spec
+    page = max(spec.page_size_bytes for spec in specs.values())
+    for i, layer in enumerate(layers):
+        if isinstance(layer, StateLayer):
+            specs[f"model.layers.{i}.mixer"] = _drafting(
+                _saving(state_spec_of(layer, block_size, page), workload.state_checkpoints),
+                workload.spec_tokens,
+            )
+    specs = dict(sorted(specs.items(), key=lambda item: int(item[0].split(".")[2])))
+    return specs, drafter
 
 
 def _engine_settings(workload: Workload, layers: list[Any]) -> runtime.Settings:
