@@ -91,3 +91,51 @@ def test_the_fix_adds_no_target_finding():
             return {f["seed"] for f in report["violations"] if finding_role(f) == "target"}
 
         assert targets(pair[True]) <= targets(pair[False]), release
+
+
+def test_every_pinned_release_has_its_completeness_run_and_kvcerts_serves_the_same():
+    """`--fix --families` on every release (0.33.0 with every workload option), and kvcert's
+    drop-in on 0.33.0's very workloads: the same seeds and options, no finding, no lost hit."""
+    reports = dict(results.completeness_reports()[:-1])
+    releases = sorted(p.parent.name for p in ROOT.glob("engines/vllm/*/requirements.txt"))
+    assert sorted(reports, key=lambda r: tuple(map(int, r.split(".")))) == sorted(
+        releases, key=lambda r: tuple(map(int, r.split(".")))
+    )
+    for release, report in reports.items():
+        assert report["engine"] == f"vllm {release}"
+        assert (report["fix"], report["families"]) == (True, True)
+        assert report["runs"] == len(report["seeds"]) >= 2000
+        assert report["owed_tokens"] > 0
+        assert report["served_tokens"] > 0
+    kvcert = json.loads((ROOT / "engines/vllm/0.33.0/fuzz-kvcert.json").read_text())
+    vllm = reports["0.33.0"]
+    assert kvcert["seeds"] == vllm["seeds"]
+    assert all(vllm.get(o) for o in ("state_checkpoints", "state_drafts", "mtp"))
+    assert kvcert["violations"] == []
+    assert kvcert["lost_hits"] == 0
+
+
+def test_the_completeness_table_is_generated_from_the_reports():
+    text = (CAMPAIGN / "RESULTS.md").read_text(encoding="utf-8")
+    inside = text.split(results.OWED_BEGIN, 1)[1].split(results.OWED_END, 1)[0]
+    assert inside.strip() == results.completeness_table().strip()
+
+
+def test_every_lost_hit_has_its_cause_and_results_md_traces_each():
+    """kvcert.conformance.vllm.campaign.causes named the cause of every lost hit of the
+    committed completeness runs (or none: then its shrunk repro is committed and RESULTS.md
+    names it), and RESULTS.md explains every cause found."""
+    text = " ".join((CAMPAIGN / "RESULTS.md").read_text(encoding="utf-8").split())
+    for release, report in results.completeness_reports():
+        for finding in report["violations"]:
+            if finding_role(finding) != "lost":
+                continue
+            assert "cause" in finding, (release, finding["seed"])
+            cause = finding["cause"]
+            if cause is None:
+                repro = f"vllm-{release}-seed-{finding['seed']}-lost-hit.json"
+                assert (CAMPAIGN / repro).is_file(), repro
+                assert repro in text, repro
+            else:
+                for name in cause.split(" + "):
+                    assert f"**{name.split(' (')[0]}**" in text, name

@@ -1,15 +1,18 @@
-"""engines/vllm/campaign/RESULTS.md's table, from the committed `kvcert fuzz` reports.
+"""engines/vllm/campaign/RESULTS.md's tables, from the committed `kvcert fuzz` reports.
 
-    python -m kvcert.conformance.vllm.campaign.results            # print the table
-    python -m kvcert.conformance.vllm.campaign.results --write    # rewrite it inside RESULTS.md
+    python -m kvcert.conformance.vllm.campaign.results            # print the tables
+    python -m kvcert.conformance.vllm.campaign.results --write    # rewrite them in RESULTS.md
     python -m kvcert.conformance.vllm.campaign.results --headline 0.33.0   # docs/campaign.md's
     python -m kvcert.conformance.vllm.campaign.results --import REPORT.json  # commit a run's report
 
 Each release directory holds the JSON reports of two runs (`kvcert fuzz --runs N --json
 REPORT.json`, and the same with `--fix`), made in that release's venv and imported as
 fuzz.json and fuzz-fix.json without the shrunk workloads (the seed regenerates each; `--save`
-writes them as regression files). The table is their summary, so every figure in RESULTS.md
-(and docs/campaign.md's, which a test checks against it) is what a committed report says.
+writes them as regression files). The completeness table reads a third run per release,
+`--fix --families` (fuzz-families.json; on 0.33.0 with every workload option, so that its
+workloads are those of kvcert's drop-in run, fuzz-kvcert.json, its last row). The tables are
+their summary, so every figure in RESULTS.md (and docs/campaign.md's, which a test checks
+against it) is what a committed report says.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from kvcert.conformance.vllm import checkout
 HERE = checkout() / "engines" / "vllm" / "campaign"  # RESULTS.md beside the regressions
 RELEASES = HERE.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+OWED_BEGIN, OWED_END = "<!-- completeness:begin -->", "<!-- completeness:end -->"
+# the options a report records, in the order `kvcert fuzz` is given them
+OPTIONS = ("kvcert", "fix", "families", "state_checkpoints", "state_drafts", "mtp")
 
 
 def _version_key(path: Path) -> tuple[int, ...]:
@@ -44,8 +50,33 @@ def reports() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _findings(report: dict[str, Any]) -> str:
-    found = report["violations"]
+def completeness_reports() -> list[tuple[str, dict[str, Any]]]:
+    """(release, report) for every committed `--fix --families` run, releases in order, then
+    kvcert's drop-in run on the same workloads."""
+    out = []
+    for release in sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()),
+                          key=_version_key):  # fmt: skip
+        path = release / "fuzz-families.json"
+        if path.is_file():
+            out.append((release.name, json.loads(path.read_text(encoding="utf-8"))))
+    for release in sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()),
+                          key=_version_key):  # fmt: skip
+        path = release / "fuzz-kvcert.json"
+        if path.is_file():
+            out.append((release.name, json.loads(path.read_text(encoding="utf-8"))))
+    return out
+
+
+def command(report: dict[str, Any]) -> str:
+    """The `kvcert fuzz` command line a report is the run of."""
+    line = f"kvcert fuzz --runs {report['runs']}"
+    line += "".join(f" --{name.replace('_', '-')}" for name in OPTIONS if report.get(name))
+    budget = report.get("shrink_budget", 400)  # the default; older reports do not say
+    return line + (f" --shrink-budget {budget}" if budget != 400 else "")
+
+
+def _findings(report: dict[str, Any], kinds: tuple[str, ...] | None = None) -> str:
+    found = [v for v in report["violations"] if kinds is None or finding_role(v) in kinds]
     if not found:
         return "0"
     counts = Counter(finding_class(v) for v in found)
@@ -72,15 +103,53 @@ def table() -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for release, report in reports():
-        command = f"kvcert fuzz --runs {report['runs']}" + (" --fix" if report["fix"] else "")
-        budget = report.get("shrink_budget", 400)  # the default; older reports do not say
-        command += f" --shrink-budget {budget}" if budget != 400 else ""
         drafts = f"{report.get('accepted', 0):,} of {report.get('drafts', 0):,}"
-        unplayed = sum(len(s) for s in report.get("unreachable", {}).values())
         lines.append(
-            f"| {release} | `{command}` | {report['runs']:,} | {report['seconds']} | "
-            f"{report['preemptions']:,} | {drafts} | {unplayed} | {_findings(report)} | "
-            f"{_first(report)} |"
+            f"| {release} | `{command(report)}` | {report['runs']:,} | {report['seconds']} | "
+            f"{report['preemptions']:,} | {drafts} | {_unplayed(report)} | "
+            f"{_findings(report)} | {_first(report)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _lost_by_cause(report: dict[str, Any]) -> str:
+    """The lost-hit findings by the cause kvcert.conformance.vllm.campaign.causes named
+    (`--annotate`); "not yet traced" where it named none."""
+    lost = [v for v in report["violations"] if finding_role(v) == "lost"]
+    if not lost:
+        return "0"
+    by_cause: dict[str, list[int]] = {}
+    for finding in lost:
+        cause = finding.get("cause", "not classified")
+        by_cause.setdefault(cause or "not yet traced", []).append(finding["seed"])
+    parts = []
+    for cause, seeds in sorted(by_cause.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(map(str, seeds[:4])) + (", ..." if len(seeds) > 4 else "")
+        parts.append(f"{len(seeds)} {cause} ({shown})")
+    return "; ".join(parts)
+
+
+def _unplayed(report: dict[str, Any]) -> int:
+    return sum(len(seeds) for seeds in report.get("unreachable", {}).values())
+
+
+def completeness_table() -> str:
+    """The markdown table of the completeness oracle: one row per `--fix --families` run,
+    then kvcert's drop-in on the same workloads."""
+    lines = [
+        "| release | manager | command | workloads | not played | owed hit tokens | served | "
+        "served past owed | admissions that lost a hit | lost hits (seeds) | "
+        "other findings (seeds) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for release, report in completeness_reports():
+        manager = "kvcert's drop-in" if report.get("kvcert") else "vLLM's, fixed"
+        lines.append(
+            f"| {release} | {manager} | `{command(report)}` | {report['runs']:,} | "
+            f"{_unplayed(report)} | {report['owed_tokens']:,} | {report['served_tokens']:,} | "
+            f"{report['beyond_tokens']:,} | {report['lost_hits']:,} | "
+            f"{_lost_by_cause(report)} | "
+            f"{_findings(report, ('target', 'draft', 'state', 'crash'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -128,26 +197,45 @@ def headline(release: str) -> str:
     return f"On {release}, {plain['runs']:,} workloads give {tally}; with the fix, {_tally(fixed)}."
 
 
+def _report_name(report: dict[str, Any]) -> str:
+    """Where a run's report is committed: fuzz.json (plain), fuzz-fix.json (--fix),
+    fuzz-families.json (--fix --families), fuzz-kvcert.json (--kvcert)."""
+    if report.get("kvcert"):
+        return "fuzz-kvcert.json"
+    if report.get("families"):
+        if not report["fix"]:
+            raise SystemExit("the completeness table reads --fix --families runs only")
+        return "fuzz-families.json"
+    if any(report.get(name) for name in ("state_checkpoints", "state_drafts", "mtp")):
+        raise SystemExit("the soundness table reads plain and --fix runs only")
+    return "fuzz-fix.json" if report["fix"] else "fuzz.json"
+
+
 def import_report(path: Path) -> Path:
     """Copy a run's report into its release's directory, shrunk workloads left out."""
     report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     release: str = report["engine"].split()[-1]
     if report.get("mutant") or not (RELEASES / release).is_dir():
-        raise SystemExit(f"{path}: not a plain or --fix run on a pinned vLLM release")
+        raise SystemExit(f"{path}: not a run of vLLM's or kvcert's manager on a pinned release")
     for finding in report["violations"]:
         finding["shrunk"].pop("workload", None)
-    target = RELEASES / release / ("fuzz-fix.json" if report["fix"] else "fuzz.json")
+    target = RELEASES / release / _report_name(report)
     seeds = json.dumps(report.pop("seeds"))  # one line, not one per seed
     text = json.dumps({"seeds": "SEEDS", **report}, indent=1).replace('"SEEDS"', seeds, 1)
     target.write_text(text + "\n", encoding="utf-8")
     return target
 
 
+def _replaced(text: str, begin: str, end: str, body: str) -> str:
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
 def write(path: Path = HERE / "RESULTS.md") -> None:
-    text = path.read_text(encoding="utf-8")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{table()}{END}{tail}", encoding="utf-8")
+    text = _replaced(path.read_text(encoding="utf-8"), BEGIN, END, table())
+    text = _replaced(text, OWED_BEGIN, OWED_END, completeness_table())
+    path.write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
@@ -159,7 +247,7 @@ def main(argv: list[str]) -> int:
         for path in argv[1:]:
             print(f"imported as {import_report(Path(path))}")
     else:
-        print(table(), end="")
+        print(table() + "\n" + completeness_table(), end="")
     return 0
 
 
