@@ -2,7 +2,10 @@
 # Branch coverage of vLLM's KV-cache modules reached by the conformance suite and the
 # soundness campaign, for one release: installs coverage (pinned in constraints.txt) into the
 # release venv, runs `kvcert certify` in every adapter mode the release has expected results
-# for (vllm, vllm-planned, vllm-planned-unmarked) and `kvcert fuzz` under it, and writes
+# for (vllm, vllm-planned, vllm-planned-unmarked) and `kvcert fuzz` under it (every workload
+# option on: the lost-hit families with their retention intervals and follow-ups, state
+# backends saving checkpoints inside a prefill, state hybrids decoding with drafts,
+# multi-module MTP drafters; findings are not shrunk: only what runs is measured), and writes
 # the per-file report to .engines/vllm-VERSION.coverage.txt and the JSON to
 # .engines/vllm-VERSION.coverage.json (kvcert.conformance.vllm.coverage turns it into COVERAGE.md).
 # Usage: scripts/engine-coverage.sh 0.33.0 [fuzz runs, default 2000]
@@ -31,7 +34,8 @@ for mode in planned planned-unmarked; do   # the same vectors through vLLM's own
     --xfails "engines/vllm/$version/expected-$mode.json" > /dev/null || true
 done
 "${cov[@]}" run --rcfile="$rc" --append --branch --data-file="$data" --include="$include" \
-  -m kvcert.conformance.cli fuzz --runs "$runs" > /dev/null || true
+  -m kvcert.conformance.cli fuzz --runs "$runs" --families --state-checkpoints --state-drafts \
+  --mtp --shrink-budget 0 > /dev/null || true
 "${cov[@]}" report --rcfile="$rc" --data-file="$data" --show-missing \
   > ".engines/vllm-$version.coverage.txt"
 "${cov[@]}" json --rcfile="$rc" --data-file="$data" -o ".engines/vllm-$version.coverage.json" \

@@ -25,5 +25,52 @@ def test_the_readme_quotes_the_measured_coverage():
     open_work = re.search(r"OPEN: fine-grained partial hits (\d+)", coverage)
     assert open_work is not None
     assert f"{open_work[1]} branches of fine-grained partial hits are open work" in readme
+    all_, in_scope = map(
+        int, re.search(r"outside the suite\) \| (\d+) \| (\d+) \|", coverage).groups()
+    )
+    assert f"{in_scope} of {all_} are covered ({in_scope / all_:.0%})" in readme
     # every uncovered function has a reason: no row is left untraced
     assert "not yet traced" not in coverage
+
+
+def test_the_scope_figure_counts_only_branches_of_hits_allocation_and_freeing(tmp_path):
+    """The second figure's denominator: branches of functions no reason places outside the
+    suite (here `find_longest_cache_hit`, 3 branches, 2 run); `__init__` (start-up) and a
+    statistics helper (observability) count in the first figure only."""
+    from kvcert.conformance.vllm.coverage import render
+
+    source = tmp_path / "vllm" / "v1" / "core" / "kv_cache_manager.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "class Manager:\n"  # 1
+        "    def __init__(self, a):\n"  # 2
+        "        if a:\n"  # 3
+        "            pass\n"  # 4
+        "    def find_longest_cache_hit(self, b):\n"  # 5
+        "        if b:\n"  # 6
+        "            return 1\n"  # 7
+        "        return 0\n"  # 8
+        "    def make_prefix_cache_stats(self, c):\n"  # 9
+        "        if c:\n"  # 10
+        "            return 2\n",  # 11
+        encoding="utf-8",
+    )
+    report = {
+        "files": {
+            str(source): {
+                "summary": {"num_branches": 6, "covered_branches": 3},
+                "executed_branches": [[3, 4], [6, 7], [6, 8]],
+                "missing_branches": [[3, -2], [6, -5], [10, 11]],
+                "missing_lines": [11],
+            }
+        }
+    }
+    text = _squeeze(render(report, "9.9.9"))
+    assert "| **all five** | 6 | 3 | **50%** |" in text
+    assert "outside the suite) | 3 | 2 | **67%** |" in text
+    assert "it is not met" in text
+    assert "`Manager.find_longest_cache_hit` | 1 | 0 | not yet traced" in text
+
+
+def _squeeze(text: str) -> str:
+    return " ".join(text.split())
