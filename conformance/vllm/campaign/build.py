@@ -184,8 +184,9 @@ def declared_profiles(scheduler: Any, workload: Workload, kvcert: bool) -> Profi
     """The profiles the manager serving the workload declares, which the completeness
     oracle holds it to. kvcert's manager: its configuration's. vLLM's: same-pass visibility
     (it registers blocks in `allocate_slots`; every pinned release's probe says so,
-    docs/engines.md), sparse retention where its coordinator has a retention interval (0.28
-    on; None would be dense), and the release's draft keying (`keying_of`)."""
+    docs/engines.md), sparse retention where its coordinator has a retention interval (0.33's
+    default 0; 0.25-0.28 only when asked, their default None being dense), and the release's
+    draft keying (`keying_of`)."""
     manager = scheduler.kv_cache_manager
     if kvcert:
         config = manager.core.config
