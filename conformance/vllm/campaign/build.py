@@ -23,6 +23,7 @@ from kvcert.conformance.vllm.campaign.ledger import Group
 from kvcert.conformance.vllm.campaign.mutants import KVCERT_MUTANTS, MUTANTS
 from kvcert.conformance.vllm.campaign.owed import Profiles
 from kvcert.conformance.vllm.layers import kind_of, spec_of, state_spec_of
+from kvcert.reference.config import Retention as KvcertRetention
 from kvcert.reference.vllm import AsyncScheduler, Scheduler, Settings, UnsupportedConfigError
 from kvcert.spec.alloc import Visibility
 from kvcert.spec.layers import AttentionKind, StateLayer
@@ -273,7 +274,8 @@ def _wire_kvcert(
     default, which it leaves to its own settings (dense)."""
     cls = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler
     if sparse:
-        cls = cls.configured(dataclasses.replace(Settings.from_env(), retention=Retention.SPARSE))
+        sparse_settings = dataclasses.replace(Settings.from_env(), retention=KvcertRetention.SPARSE)
+        cls = cls.configured(sparse_settings)
     try:
         return runtime.wire(config, kv_groups, usable_blocks, cls)
     except UnsupportedConfigError as why:

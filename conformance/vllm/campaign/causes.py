@@ -100,12 +100,12 @@ def reachable_extension() -> Iterator[None]:
         return classmethod(mask)
 
     for cls, original in originals.items():
-        cls.reachable_block_mask = patched(original.__func__)
+        setattr(cls, "reachable_block_mask", patched(original.__func__))  # noqa: B010
     try:
         yield
     finally:
         for cls, original in originals.items():
-            cls.reachable_block_mask = original
+            setattr(cls, "reachable_block_mask", original)  # noqa: B010
 
 
 def _before_replay_boundaries() -> bool:

@@ -147,7 +147,7 @@ def _kvcert_retention_one_block_short(wired: Any) -> None:
     kept = registrar.kept
 
     def short(g: int, request: Any) -> frozenset[int] | None:
-        positions = kept(g, request)
+        positions: frozenset[int] | None = kept(g, request)
         return positions - {min(positions)} if positions else positions
 
     registrar.kept = short
