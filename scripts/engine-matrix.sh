@@ -2,8 +2,8 @@
 # The long tier: every engine release that has a lock under engines/, one after another
 # (each venv is ~3 GB and cached in .engines/). Exits non-zero if any release deviates from
 # its expected results, if the preempt-in-flight repro stops reproducing on a vLLM release, or
-# if the soundness campaign (kvcert fuzz) cannot run on one; prints one line per release
-# (three for vLLM).
+# if the soundness or completeness campaign (kvcert fuzz) cannot run on one; prints one line
+# per check (each adapter mode, and for vLLM the repro, both campaigns and the regressions).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -46,6 +46,25 @@ for dir in engines/*/*/; do
       status=1
       echo "FAIL vllm $version fuzz (exit $code):"
       echo "$fuzz" | tail -20
+    fi
+    # The completeness campaign (the lost-hit oracle on its workload families, with the
+    # fix), every lost hit then named by its cause (reported: a lost hit is a finding about
+    # the release; causes exits 1 on one it cannot name, which engines/vllm/campaign/RESULTS.md
+    # must then list with its repro); 0.33.0 with every workload option, as --kvcert plays.
+    options=(--fix --families)
+    [ "$version" = 0.33.0 ] && options+=(--state-checkpoints --state-drafts --mtp)
+    report=".engines/vllm-$version.fuzz-families.json"
+    owed=$(".engines/vllm-$version/bin/kvcert" fuzz --runs 2000 --shrink-budget 40 "${options[@]}" \
+      --json "$report" 2>&1)
+    code=$?
+    if [ $code -le 1 ]; then
+      named=$(".engines/vllm-$version/bin/python" -m kvcert.conformance.vllm.campaign.causes \
+        "$report" --annotate 2>&1 | tail -1)
+      echo "ok   vllm $version completeness: $(echo "$owed" | grep '^  completeness') ($named)"
+    else
+      status=1
+      echo "FAIL vllm $version completeness (exit $code):"
+      echo "$owed" | tail -20
     fi
     # the release's committed campaign regressions replay as their files record
     if checked=$(".engines/vllm-$version/bin/python" -m kvcert.conformance.vllm.campaign.check \
