@@ -4,10 +4,10 @@
     ... causes REPORT.json --annotate   # also write each finding's cause into the report
 
 For every lost-hit finding of a `kvcert fuzz --json` report (run in this venv, its shrunk
-workloads still in it), the shrunk workload is played again with each known bug's fix
-applied (one at a time, then all together): those of kvcert.conformance.vllm.trace_causes,
-named as kvcert.conformance.vllm.expected names the differences they explain, and the
-campaign's own `sparse-resume-prompt` below; then with the drop keying in place of the
+workloads still in it), the shrunk workload is played again with the known bugs' fixes
+applied (one at a time, then the smallest sets of them): those of
+kvcert.conformance.vllm.trace_causes, named as kvcert.conformance.vllm.expected names the
+differences they explain, and the campaign's own below; then with the drop keying in place of the
 release's lookahead block hashes (`lookahead-boundary`, a flag: the oracle then holds the
 run to the drop profile); then without the drafter (`drafter`, a feature, not a fix).
 The first under which the workload plays with no finding names the cause. A lost hit none
