@@ -381,9 +381,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "MTP drafter of 2-3 modules (always on with --kvcert)")  # fmt: skip
     parser.add_argument("--families", action="store_true",
                         help="rewrite about half the later requests into shapes lost hits "
-                        "show on: re-sends, multi-turn follow-ups, siblings diverging at a "
-                        "block boundary +-1, prefixes of exactly k blocks +-1 (always on with "
-                        "--kvcert)")  # fmt: skip
+                        "show on: re-sends, extensions, multi-turn follow-ups sent with the "
+                        "engine's answer, siblings diverging at a block boundary +-1, prefixes "
+                        "of exactly k blocks +-1; and give some seeds the smallest pool or a "
+                        "sparse retention interval (always on with --kvcert)")  # fmt: skip
     parser.add_argument(
         "--mutant",
         choices=sorted({*MUTANTS, *KVCERT_MUTANTS}),

@@ -145,7 +145,7 @@ def _engine_settings(workload: Workload, layers: list[Any]) -> runtime.Settings:
     # a hybrid with state layers caches prefixes in align mode (what vLLM picks for a model
     # without Mamba `all` support, e.g. Qwen3.5's GDN; the only mode from 0.33)
     align = (("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", block_size))
-    settings = runtime.Settings(
+    return runtime.Settings(
         max_len=workload.max_model_len,
         budget=workload.budget,
         block_size=block_size,
@@ -158,7 +158,6 @@ def _engine_settings(workload: Workload, layers: list[Any]) -> runtime.Settings:
         attention_chunk_size=next((x.chunk for x in layers if getattr(x, "chunk", None)), None),
         flags=align if stateful else (),
     )
-    return settings
 
 
 def _ask_retention(config: Any, kv_groups: list[Any], units: int | None) -> dict[str, Any]:

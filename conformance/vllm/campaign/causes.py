@@ -8,8 +8,8 @@ workloads still in it), the shrunk workload is played again with the known bugs'
 applied (one at a time, then the smallest sets of them): those of
 kvcert.conformance.vllm.trace_causes, named as kvcert.conformance.vllm.expected names the
 differences they explain, and the campaign's own below; then with the drop keying in place of the
-release's lookahead block hashes (`lookahead-boundary`, a flag: the oracle then holds the
-run to the drop profile); then without the drafter (`drafter`, a feature, not a fix).
+release's lookahead block hashes (0.33: `lookahead-boundary`, a flag: the oracle then holds
+the run to the drop profile); then without the drafter (`drafter`, a feature, not a fix).
 The first under which the workload plays with no finding names the cause. A lost hit none
 explains is printed as unexplained and the command exits 1: a new mechanism cannot hide in
 a known class. Played with the report's `--fix` setting. With `--annotate` each lost-hit
@@ -31,7 +31,7 @@ from typing import Any
 
 from kvcert.conformance.campaign.command import finding_role
 from kvcert.conformance.campaign.workload import Workload
-from kvcert.conformance.vllm import trace_causes
+from kvcert.conformance.vllm import runtime, trace_causes
 from kvcert.conformance.vllm.campaign.loop import play
 
 
@@ -159,7 +159,7 @@ def cause_of(workload: Workload, fix: bool) -> str | None:
     the same workload served without its drafter, on releases before 0.33 the EAGLE drop
     every flagged group takes, kvcert.conformance.vllm.expected's eagle-fallback-drops);
     None when nothing does."""
-    found = _fixed_cause(workload, fix) if _fixes() else None
+    found = _fixed_cause(workload, fix)
     if found is not None:
         return found
     if workload.spec_tokens and _clean(dataclasses.replace(workload, spec_tokens=0), fix):
@@ -176,7 +176,8 @@ def _fixed_cause(workload: Workload, fix: bool) -> str | None:
             with _applied([fixes[name] for name in names]):
                 if _clean(workload, fix):
                     return " + ".join(names)
-    if workload.spec_tokens and workload.spec_keying != "drop":
+    # before 0.33 the release's keying is the drop already: no lookahead hashes to turn off
+    if workload.spec_tokens and workload.spec_keying != "drop" and runtime.has_lookahead_hashes():
         dropped = dataclasses.replace(workload, spec_keying="drop")
         if _clean(dropped, fix):
             return "lookahead-boundary"

@@ -5,7 +5,8 @@
     python -m kvcert.conformance.vllm.campaign.check --kvcert REPORTS_DIR  # kvcert's manager
 
 REPORTS_DIR holds the `--json` reports of 400-seed runs of `kvcert fuzz` (`plain.json`,
-`fix.json`, `families.json` made with `--fix --families`, and `mutant-NAME.json` for each
+`fix.json`, `families.json` made with `--fix --families --state-checkpoints --state-drafts
+--mtp` (kvcert's own workloads), and `mutant-NAME.json` for each
 broken twin, made with `--fix --mutant NAME`).
 Required, each with its reason:
 

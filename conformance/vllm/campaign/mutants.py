@@ -142,7 +142,7 @@ def _kvcert_retention_one_block_short(wired: Any) -> None:
     """RET-SPARSE-2 one block short: under sparse retention each bounded group's kept mask
     loses its lowest position, the first block some retained length's hit needs. Every read
     stays sound; the hits at that length are lost, which the completeness oracle must
-    catch on the seeds that ask for sparse retention (`Workload.retention_interval`)."""
+    catch on the seeds that ask for sparse retention (`Workload.retention_units`)."""
     registrar = wired.scheduler.kv_cache_manager.core._commits
     kept = registrar.kept
 

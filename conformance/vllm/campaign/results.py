@@ -38,33 +38,31 @@ def _version_key(path: Path) -> tuple[int, ...]:
     return tuple(int(x) for x in path.name.split("."))
 
 
+def _releases() -> list[Path]:
+    """The pinned release directories, in release order."""
+    return sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()), key=_version_key)
+
+
+def _committed(names: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """(release, report) for each committed report of these names, by release."""
+    return [
+        (release.name, json.loads((release / name).read_text(encoding="utf-8")))
+        for release in _releases()
+        for name in names
+        if (release / name).is_file()
+    ]
+
+
 def reports() -> list[tuple[str, dict[str, Any]]]:
     """(release, report) for every committed report, releases in order, unfixed first."""
-    out = []
-    for release in sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()),
-                          key=_version_key):  # fmt: skip
-        for name in ("fuzz.json", "fuzz-fix.json"):
-            path = release / name
-            if path.is_file():
-                out.append((release.name, json.loads(path.read_text(encoding="utf-8"))))
-    return out
+    return _committed(("fuzz.json", "fuzz-fix.json"))
 
 
 def completeness_reports() -> list[tuple[str, dict[str, Any]]]:
     """(release, report) for every committed `--fix --families` run, releases in order, then
     kvcert's drop-in run on the same workloads."""
-    out = []
-    for release in sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()),
-                          key=_version_key):  # fmt: skip
-        path = release / "fuzz-families.json"
-        if path.is_file():
-            out.append((release.name, json.loads(path.read_text(encoding="utf-8"))))
-    for release in sorted((d for d in RELEASES.iterdir() if d.name[0].isdigit()),
-                          key=_version_key):  # fmt: skip
-        path = release / "fuzz-kvcert.json"
-        if path.is_file():
-            out.append((release.name, json.loads(path.read_text(encoding="utf-8"))))
-    return out
+    families = _committed(("fuzz-families.json",))
+    return families + _committed(("fuzz-kvcert.json",))
 
 
 def command(report: dict[str, Any]) -> str:
