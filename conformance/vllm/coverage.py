@@ -175,18 +175,25 @@ TRACED: dict[str, tuple[str, str]] = {
         "default, and their final-segment case",
     ),
     **dict.fromkeys(
-        (
-            "MambaManager.__init__",
-            "MambaManager.has_positionally_stable_blocks",
-            "MambaManager._remove_blocks_in_range",
-            "MambaManager.pop_blocks_for_free",
-            "MambaManager.cache_blocks",
-        ),
+        ("MambaManager.__init__", "MambaManager.has_positionally_stable_blocks"),
         (
             "start-up configuration",
             "Mamba cache modes other than align (`none`, `all`): vLLM serves every bundled "
             "state hybrid with prefix caching in align mode, the only branch the campaign's "
             "state workloads take",
+        ),
+    ),
+    **dict.fromkeys(
+        (
+            "MambaManager._remove_blocks_in_range",
+            "MambaManager.pop_blocks_for_free",
+            "MambaManager.cache_blocks",
+        ),
+        (
+            "open: state groups",
+            "only the branches of Mamba cache modes other than align (`none`, `all`), which "
+            "no bundled state hybrid is served in; the functions free and cache align mode's "
+            "blocks, so these branches count as uncovered hits, allocation and freeing",
         ),
     ),
     "MambaManager.find_longest_cache_hit": (
