@@ -34,6 +34,7 @@ def all_cases():
     return [case for _, case, error in iter_cases() if not error]
 
 
+@pytest.mark.slow
 def test_vectors_are_fresh():
     """A spec change that alters behaviour shows up as a vector diff: regenerate and commit.
     In its own process: regenerating every vector under the coverage tracer costs minutes,
@@ -164,6 +165,7 @@ def test_reference_over_stdio_passes_every_vector():
     assert report.ok, render_report(report)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_each_broken_engine_fails_and_the_report_names_its_rule(name):
     engine_class, rule = BROKEN[name]
@@ -174,6 +176,7 @@ def test_each_broken_engine_fails_and_the_report_names_its_rule(name):
     assert rule in named, text
 
 
+@pytest.mark.slow
 def test_vectors_alone_cover_every_branch_of_the_behavioural_spec(tmp_path):
     """Coverage gate: the spec as an engine, driven by the vectors only, takes every branch of
     the modules engines exercise (invariants and the rule index are checked by tests/spec).
@@ -277,6 +280,7 @@ def test_missing_features_skip_with_a_reason_and_are_counted():
     assert len(report.results) == len(all_cases())
 
 
+@pytest.mark.slow
 def test_expected_failures_are_strict_and_stale_entries_fail():
     case_id = all_cases()[0]["id"]
     xpassed = run_vectors(ReferenceEngine(), xfails={case_id: "thought broken"})

@@ -39,6 +39,7 @@ def test_broken_engines_fail_the_shipped_machine(name):
         run_state_machine_as_test(machine_for(engine_class), settings=search)
 
 
+@pytest.mark.slow
 def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
     """KVCERT_REGRESSION_DIR keeps the minimal failing trace; gen turns it into a vector that
     the broken engine fails and the reference passes."""
