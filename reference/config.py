@@ -282,4 +282,9 @@ class CacheConfig:
     @property
     def alignment(self) -> int:
         """Every hit is a multiple of this (lcm of the cacheable block sizes)."""
-        return math.lcm(*(g.block_size for g in self.groups if g.kind is not Kind.CROSS))
+        return hit_alignment(self.groups)
+
+
+def hit_alignment(groups: tuple[GroupConfig, ...]) -> int:
+    """The tokens every hit is a multiple of: the lcm of the cacheable groups' block sizes."""
+    return math.lcm(*(g.block_size for g in groups if g.kind is not Kind.CROSS))

@@ -741,6 +741,37 @@ class KVCacheManager:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
         return tuple(tuple(t) for t in self._running(rid).tables)
 
+    def cached_block(self, prompt: Sequence[int] | Prompt, group: int, end: int) -> int | None:
+        """The block a lookup would get for group `group`'s block of `prompt` that ends at
+        token `end` (ALLOC-LOOKUP-1), or None: nothing cached there, or no block of that
+        group ends at `end`."""
+        prepared = self._prepared(prompt, ())
+        size = self._group_size(group)
+        inputs.position(end, "end")
+        chain = prepared.chains[group]
+        if chain is None or end % size or not 0 < end <= len(prepared):
+            return None
+        key = chain.key(size, end // size - 1)
+        return None if key is None else self.pool.lookup(group, key)
+
+    def _group_size(self, group: int) -> int:
+        count = len(self.config.groups)
+        if type(group) is not int or not 0 <= group < count:
+            raise RequestStateError(
+                f"group must be a group index in [0, {count}) (the order of "
+                f"CacheConfig.groups), got {group!r}"
+            )
+        return self.config.groups[group].block_size
+
+    def running(self) -> tuple[str, ...]:
+        """The ids of the requests holding blocks, in admission order."""
+        return tuple(self._requests)
+
+    def scheduled_checkpoints(self, rid: str) -> tuple[int, ...]:
+        """The inner checkpoints (CKPT-INNER-1) of running request `rid`'s chunks scheduled
+        and not yet ended, oldest first."""
+        return tuple(self._running(rid).checkpoints)
+
     def block_at(self, rid: str, group: int, position: int) -> int:
         """The block running request `rid` holds at `position` of group `group`'s table
         (NULL_BLOCK where it holds none, or past the table's end)."""
@@ -758,12 +789,7 @@ class KVCacheManager:
 
     def _group_table(self, rid: str, group: int) -> list[int]:
         request = self._running(rid)
-        count = len(request.tables)
-        if type(group) is not int or not 0 <= group < count:
-            raise RequestStateError(
-                f"group must be a group index in [0, {count}) (the order of "
-                f"CacheConfig.groups), got {group!r}"
-            )
+        self._group_size(group)  # a valid group index
         return request.tables[group]
 
     def stats(self) -> Stats:

@@ -26,6 +26,7 @@ from kvcert.reference.config import (
     MambaMode,
     Retention,
     Visibility,
+    hit_alignment,
 )
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.vllm.settings import Settings
@@ -123,14 +124,43 @@ def group_config(index: int, group: Any, draft: bool) -> GroupConfig:
     )
 
 
-def _retention(kv_cache_config: Any, settings: Settings) -> dict[str, Any]:
-    """The retention profile: vLLM's positive retention interval when one is set (kvcert
-    keeps the blocks spec RET-SPARSE-1 retains, every multiple of it among them), else the
-    settings'."""
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if isinstance(interval, int) and interval > 0:
+def retention_profile(
+    interval: object, groups: tuple[GroupConfig, ...], default: Retention | None
+) -> dict[str, Any]:
+    """vLLM's prefix-cache retention interval as kvcert's retention profile (RET-SPARSE-1).
+
+    vLLM's meaning: None keeps every block (dense); 0 keeps only the blocks a replay or a
+    junction needs; N > 0 also every multiple of N. `default` is what None and 0 become
+    instead: the start-up value, where vLLM's default 0 cannot be told from a chosen one and
+    kvcert's own default profile (the settings', dense unless chosen) applies. An interval
+    that cannot take effect is refused, as vLLM refuses it: a positive one needs a
+    sliding-window or state group (full attention and chunked local attention cache densely
+    in vLLM)."""
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int) or interval < 0
+    ):
+        raise UnsupportedConfigError(
+            f"prefix_cache_retention_interval must be None (dense) or a non-negative "
+            f"integer, got {interval!r}"
+        )
+    alignment = hit_alignment(groups)
+    if interval and interval % alignment:
+        raise UnsupportedConfigError(
+            f"prefix_cache_retention_interval={interval} must be a multiple of "
+            f"scheduler_block_size ({alignment}, the lcm of the block sizes): no hit could "
+            "end at it"
+        )
+    if interval and not any(g.kind in (Kind.SLIDING_WINDOW, Kind.MAMBA) for g in groups):
+        raise UnsupportedConfigError(
+            f"prefix_cache_retention_interval={interval} has no effect: the model has no "
+            "sliding-window or Mamba group; set it to 0"
+        )
+    if interval:
         return {"retention": Retention.SPARSE, "retention_interval": interval}
-    return {"retention": settings.retention}
+    if default is not None:
+        return {"retention": default, "retention_interval": 0}
+    sparse = interval == 0
+    return {"retention": Retention.SPARSE if sparse else Retention.DENSE, "retention_interval": 0}
 
 
 def cache_config(
@@ -151,7 +181,8 @@ def cache_config(
     `draft_reach`: the tokens after a position its draft KV reads (vLLM's
     `num_prefill_lookahead_tokens`: k for k MTP modules). A positive
     `--prefix-cache-retention-interval` is honoured as sparse retention with that interval;
-    None and vLLM's default 0 leave the retention to `settings` (dense unless chosen)."""
+    None and vLLM's default 0 leave the retention to `settings` (dense unless chosen;
+    `retention_profile`)."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
@@ -166,6 +197,8 @@ def cache_config(
     configs = tuple(
         group_config(i, g, draft) for i, (g, draft) in enumerate(zip(groups, marked, strict=True))
     )
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    retention = retention_profile(interval, configs, settings.retention)
     try:
         return CacheConfig(
             configs,
@@ -176,7 +209,7 @@ def cache_config(
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
             visibility=settings.visibility or Visibility.STEP_END,
-            **_retention(kv_cache_config, settings),
+            **retention,
         )
     except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +40,19 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
-from kvcert.reference.config import Kind
+from kvcert.reference.config import Kind, Retention
 from kvcert.reference.errors import KVCacheError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Publishing, convert
 from kvcert.reference.vllm.extras import request_extras
-from kvcert.reference.vllm.layout import UnsupportedConfigError, cache_config, state_spec_types
+from kvcert.reference.vllm.layout import (
+    UnsupportedConfigError,
+    cache_config,
+    retention_profile,
+    state_spec_types,
+)
 from kvcert.reference.vllm.settings import HoldBack, Settings
 
 
@@ -69,17 +74,83 @@ class _Tracked:
     # in and its inner checkpoint (or 0)
     pending: deque[tuple[int, int, int, int]] = field(default_factory=deque)
     publishing: Publishing | None = None  # what its BlockStored events name (with events on)
+    inner: int = 0  # the inner checkpoint its latest chunk reserves (0: none)
+
+
+class _Tables(Mapping[str, list[Any]]):
+    """One group's `req_to_blocks` as vLLM's tests read it, computed from kvcert's tables: a
+    running request's table as vLLM's block objects (the null block where kvcert holds none);
+    a request that holds nothing reads as an empty table, as vLLM's defaultdict does."""
+
+    def __init__(self, owner: KVCacheManager, group: int) -> None:
+        self._owner = owner
+        self._group = group
+
+    def __getitem__(self, rid: str) -> list[Any]:
+        core = self._owner.core
+        if not core.is_running(rid):
+            return []
+        blocks = self._owner.blocks
+        return [blocks[b] for b in core.block_tables(rid)[self._group]]
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self._owner.core.is_running(rid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner.core.running())
+
+    def __len__(self) -> int:
+        return len(self._owner.core.running())
+
+
+class _Checkpoints(Mapping[str, tuple[int, int]]):
+    """A state group's `_checkpoints` as vLLM's tests read it: per request whose latest
+    scheduled chunk reserves an inner checkpoint (CKPT-INNER-1), its position and the table
+    column holding it. vLLM keeps an entry until the request's next allocation; kvcert's
+    ends with the step that writes the checkpoint."""
+
+    def __init__(self, owner: KVCacheManager, block_size: int) -> None:
+        self._owner = owner
+        self._block_size = block_size
+
+    def _latest(self, rid: object) -> int:
+        return self._owner.reserved_inner_checkpoint(rid) if isinstance(rid, str) else 0
+
+    def __getitem__(self, rid: str) -> tuple[int, int]:
+        position = self._latest(rid)
+        if not position:
+            raise KeyError(rid)
+        return position, position // self._block_size - 1
+
+    def __iter__(self) -> Iterator[str]:
+        return (rid for rid in self._owner.core.running() if self._latest(rid))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class _Group:
-    """What vLLM's scheduler reads of a per-group manager: its block size and spec."""
+    """What vLLM's scheduler and tests read of a per-group manager: its block size and spec,
+    and read-only views of kvcert's state under vLLM's names (the hit alignment, the tables,
+    a state group's reserved inner checkpoints)."""
 
     retains_longer_hit = False
 
-    def __init__(self, index: int, group: Any) -> None:
+    def __init__(self, owner: KVCacheManager, index: int, group: Any) -> None:
+        self._owner = owner
         self.kv_cache_group_id = index
         self.kv_cache_spec = group.kv_cache_spec
         self.block_size = group.kv_cache_spec.block_size
+        self.req_to_blocks = _Tables(owner, index)
+        self._null_block = owner.blocks[0]  # the object tables hold where nothing is held
+        if owner.core.config.groups[index].kind is Kind.MAMBA:
+            self._checkpoints = _Checkpoints(owner, self.block_size)
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """Every hit is a multiple of this many tokens (kvcert hits whole blocks of every
+        group, HIT-HYB-1: the lcm of the block sizes)."""
+        return self._owner.core.config.alignment
 
 
 class _Coordinator:
@@ -90,7 +161,18 @@ class _Coordinator:
 
     def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
         self._owner = owner
-        self.single_type_managers = [_Group(i, g) for i, g in enumerate(groups)]
+        self.single_type_managers = [_Group(owner, i, g) for i, g in enumerate(groups)]
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The retention profile in vLLM's terms: None dense, else sparse retention's
+        interval (0: only the blocks a replay or a junction needs)."""
+        config = self._owner.core.config
+        return None if config.retention is Retention.DENSE else config.retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        self._owner.set_retention_interval(interval)
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
         """Free blocks the running request still needs to hold `num_tokens` tokens (the
@@ -116,6 +198,14 @@ class _Pool:
     def get_usage(self) -> float:
         usable = self.num_gpu_blocks - 1  # the null block is never handed out
         return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+
+    def get_cached_block(
+        self, block_hash: Any, kv_cache_group_ids: Sequence[int]
+    ) -> list[Any] | None:
+        """Per group, the block kvcert's cache serves for the tokens vLLM's `block_hash`
+        names, or None when any group has none (vLLM's meaning); needs
+        `Settings.vllm_hash_view`, which remembers what each hash names."""
+        return self._owner.cached_blocks(block_hash, kv_cache_group_ids)
 
     def free_blocks(self, blocks: Iterable[Any]) -> None:
         """Release what `pop_blocks_for_free` handed out (and nothing else)."""
@@ -215,6 +305,69 @@ class KVCacheManager:
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
+        # vLLM block hash -> (the request it was computed for, the tokens it covers), with
+        # settings.vllm_hash_view on: what `block_pool.get_cached_block` reads
+        self._hash_view: dict[Any, tuple[Any, int]] | None = (
+            {} if self.settings.vllm_hash_view else None
+        )
+
+    def set_retention_interval(self, interval: int | None) -> None:
+        """Change the retention profile as vLLM reads an interval (`retention_profile`; None
+        dense, 0 sparse), before the first request: a cache built under one profile keeps
+        blocks another would have released, so it is refused once anything ran or is held."""
+        core = self.core
+        stats = core.stats()
+        if self._tracked or core.step or stats.running_requests or stats.admissions or stats.probes:
+            raise IntegrationError(
+                "the retention interval is fixed once requests have been looked up or "
+                "admitted; set it before the first request (--prefix-cache-retention-interval)"
+            )
+        profile = retention_profile(interval, core.config.groups, None)
+        self.core = Core(dataclasses.replace(core.config, **profile))
+
+    def _remember_hashes(self, request: Any) -> None:
+        """Record what each of vLLM's block hashes of `request` names (hash view on)."""
+        view = self._hash_view
+        if view is None:
+            return
+        size = self.hash_block_size
+        for i, block_hash in enumerate(getattr(request, "block_hashes", ())):
+            view.setdefault(block_hash, (request, (i + 1) * size))
+
+    def cached_blocks(self, block_hash: Any, group_ids: Sequence[int]) -> list[Any] | None:
+        """Per group in `group_ids`, the block kvcert serves for the tokens vLLM's
+        `block_hash` covers, or None when any group serves none (vLLM's `get_cached_block`).
+        A hash no request allocated through this manager carried names tokens kvcert never
+        cached: None."""
+        if self._hash_view is None:
+            raise IntegrationError(
+                "get_cached_block reads vLLM's block hashes, which kvcert does not key by: "
+                "turn KVCERT_VLLM_HASH_VIEW=on (Settings.vllm_hash_view) to let the manager "
+                "remember what each hash names"
+            )
+        named = self._hash_view.get(block_hash)
+        if named is None:
+            return None
+        request, end = named
+        # all its tokens: a draft group's key also covers the tokens after the block
+        prompt = self.core.prompt(request.all_token_ids, request_extras(request))
+        found = []
+        for group in group_ids:
+            block = self.core.cached_block(prompt, group, end)
+            if block is None:
+                return None
+            found.append(self.blocks[block])
+        return found
+
+    def reserved_inner_checkpoint(self, rid: str) -> int:
+        """The inner checkpoint (CKPT-INNER-1) request `rid`'s latest chunk reserves, while
+        that chunk is scheduled and not yet ended; 0 for none."""
+        tracked = self._tracked.get(rid)
+        if tracked is None or not tracked.inner or not self.core.is_running(rid):
+            return 0
+        pending = [checkpoint for *_, checkpoint in tracked.pending]
+        held = (*self.core.scheduled_checkpoints(rid), *pending)
+        return tracked.inner if tracked.inner in held else 0
 
     # -- stats ------------------------------------------------------------------------------
 
@@ -309,6 +462,7 @@ class KVCacheManager:
         do not fit. vLLM counts draft tokens in `num_new_tokens`; kvcert computes only known
         tokens and holds slots for the drafts as lookahead."""
         del new_computed_blocks, skip_zeroing_group_ids  # the hit is re-derived and checked
+        self._remember_hashes(request)
         if num_external_computed_tokens or delay_cache_blocks:
             raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
         if num_encoder_tokens:
@@ -346,6 +500,7 @@ class KVCacheManager:
             return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
         checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget)
+        self._tracked[rid].inner = checkpoint
         result = self.core.admit(
             rid,
             prompt,
@@ -412,11 +567,11 @@ class KVCacheManager:
         appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
         budget = real_end - computed
         if budget < 1:  # only draft (or diffusion canvas) positions: slots, nothing computed
+            tracked.inner = 0
             return self._handed_out(rid, self.core.reserve(rid, slots))
         start = request.num_computed_tokens
-        checkpoint = self._checkpoint(request, start, end, real_end) or self._crossed(
-            computed, real_end, appended
-        )
+        tracked.inner = self._checkpoint(request, start, end, real_end)
+        checkpoint = tracked.inner or self._crossed(computed, real_end, appended)
         result = self.core.extend(
             rid, budget, appended, max(slots - real_end, 0), checkpoint=checkpoint
         )
@@ -501,6 +656,7 @@ class KVCacheManager:
         computation once the steps before it have ended (`start_pending`)."""
         rid, start = request.request_id, request.num_computed_tokens
         checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens))
+        self._tracked[rid].inner = checkpoint
         result = self.core.reserve(rid, slots, chunk_end=end, checkpoint=checkpoint)
         if not isinstance(result, Scheduled):
             return None

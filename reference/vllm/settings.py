@@ -13,6 +13,10 @@ environment when no `Settings` is given:
                         spec RET-DENSE-1 / RET-SPARSE-2; vLLM's own default is sparse, kvcert's
                         dense keeps every hit vLLM's does and more, for more cached memory;
                         a positive --prefix-cache-retention-interval is honoured as sparse)
+    KVCERT_VLLM_HASH_VIEW  off (default) | on   (the manager remembers which request and
+                        length each of vLLM's block hashes names, so `block_pool.
+                        get_cached_block` can answer with kvcert's cache; costs a dict entry
+                        per hashed block and keeps those requests alive: for vLLM's tests)
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ ENVIRONMENT = {
     "hold_back": "KVCERT_HOLD_BACK",
     "visibility": "KVCERT_VISIBILITY",
     "retention": "KVCERT_RETENTION",
+    "vllm_hash_view": "KVCERT_VLLM_HASH_VIEW",
 }
 
 
@@ -74,6 +79,8 @@ class Settings:
     # dense keeps every committed window and state block cached until evicted; sparse only
     # those a hit at a retained length needs (spec §6b), saving memory, losing other hits
     retention: Retention = Retention.DENSE
+    # remember what vLLM's block hashes name (an inspection view, never a hit decision)
+    vllm_hash_view: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eviction", as_choice(Eviction, self.eviction, "eviction"))
@@ -87,11 +94,13 @@ class Settings:
             visibility = as_choice(Visibility, self.visibility, "visibility")
             object.__setattr__(self, "visibility", visibility)
         object.__setattr__(self, "retention", as_choice(Retention, self.retention, "retention"))
+        if not isinstance(self.vllm_hash_view, bool):
+            raise ConfigError(f"vllm_hash_view must be True or False, got {self.vllm_hash_view!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Settings from KVCERT_EVICTION, KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK,
-        KVCERT_VISIBILITY and KVCERT_RETENTION."""
+        KVCERT_VISIBILITY, KVCERT_RETENTION and KVCERT_VLLM_HASH_VIEW."""
         env = os.environ if environ is None else environ
         return cls(
             eviction=_choice(env, "eviction", Eviction) or Eviction.LRU,
@@ -100,6 +109,7 @@ class Settings:
             hold_back=_choice(env, "hold_back", HoldBack) or HoldBack.STATE,
             visibility=_choice(env, "visibility", Visibility),
             retention=_choice(env, "retention", Retention) or Retention.DENSE,
+            vllm_hash_view=_switch(env, "vllm_hash_view"),
         )
 
     def for_policy(self, policy: str) -> Settings:
@@ -131,3 +141,12 @@ def _choice(env: Mapping[str, str], field: str, enum: type[E]) -> E | None:
     except ValueError:
         choices = ", ".join(e.value for e in enum)
         raise ConfigError(f"{name}={raw!r} is not one of: {choices}") from None
+
+
+def _switch(env: Mapping[str, str], field: str) -> bool:
+    """An on/off variable (off when unset or empty)."""
+    name = ENVIRONMENT[field]
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "on", "off"):
+        raise ConfigError(f"{name}={env[name]!r} is not one of: on, off")
+    return raw == "on"

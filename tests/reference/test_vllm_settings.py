@@ -80,23 +80,33 @@ def test_retention_is_dense_unless_chosen_and_taken_by_value() -> None:
         Settings(retention="thin")
 
 
-def test_a_positive_vllm_retention_interval_is_honoured_not_ignored() -> None:
-    """--prefix-cache-retention-interval N > 0 becomes sparse retention with interval N;
-    None and vLLM's default 0 leave the choice to the settings."""
-    from types import SimpleNamespace
+def test_a_vllm_retention_interval_is_honoured_not_ignored() -> None:
+    """--prefix-cache-retention-interval N > 0 becomes sparse retention with interval N; at
+    start-up None and vLLM's default 0 leave the choice to the settings, and an interval set
+    later (vLLM's tests set the coordinator's) means what it means in vLLM: None dense, 0
+    sparse. An interval that cannot act, or is not one, is refused."""
+    from kvcert.reference.config import GroupConfig, Kind, Retention
+    from kvcert.reference.vllm.layout import UnsupportedConfigError, retention_profile
 
-    from kvcert.reference.config import Retention
-    from kvcert.reference.vllm.layout import _retention
+    hybrid = (GroupConfig(Kind.FULL, 16), GroupConfig(Kind.SLIDING_WINDOW, 16, window=32))
+    full = (GroupConfig(Kind.FULL, 16),)
+    sparse, dense = Retention.SPARSE, Retention.DENSE
+    assert retention_profile(64, hybrid, dense) == {"retention": sparse, "retention_interval": 64}
+    assert retention_profile(0, hybrid, dense) == {"retention": dense, "retention_interval": 0}
+    assert retention_profile(None, hybrid, sparse) == {"retention": sparse, "retention_interval": 0}
+    assert retention_profile(0, hybrid, None) == {"retention": sparse, "retention_interval": 0}
+    assert retention_profile(None, hybrid, None) == {"retention": dense, "retention_interval": 0}
+    assert retention_profile(0, full, None) == {"retention": sparse, "retention_interval": 0}
+    for bad, where in ((16, full), (-16, hybrid), (24, hybrid), ("16", hybrid), (True, hybrid)):
+        with pytest.raises(UnsupportedConfigError, match="retention_interval"):
+            retention_profile(bad, where, None)
 
-    sparse = Settings(retention="sparse")
-    assert _retention(SimpleNamespace(prefix_cache_retention_interval=64), Settings()) == {
-        "retention": Retention.SPARSE,
-        "retention_interval": 64,
-    }
-    assert _retention(SimpleNamespace(prefix_cache_retention_interval=0), Settings()) == {
-        "retention": Retention.DENSE
-    }
-    assert _retention(SimpleNamespace(prefix_cache_retention_interval=None), sparse) == {
-        "retention": Retention.SPARSE
-    }
-    assert _retention(SimpleNamespace(), Settings()) == {"retention": Retention.DENSE}
+
+def test_the_hash_view_is_off_unless_switched_on() -> None:
+    assert Settings.from_env({}).vllm_hash_view is False
+    assert Settings.from_env({"KVCERT_VLLM_HASH_VIEW": "on"}).vllm_hash_view is True
+    assert Settings.from_env({"KVCERT_VLLM_HASH_VIEW": "off"}).vllm_hash_view is False
+    with pytest.raises(ConfigError, match="KVCERT_VLLM_HASH_VIEW='yes' is not one of: on, off"):
+        Settings.from_env({"KVCERT_VLLM_HASH_VIEW": "yes"})
+    with pytest.raises(ConfigError, match="vllm_hash_view must be True or False"):
+        Settings(vllm_hash_view="on")  # type: ignore[arg-type]

@@ -4,10 +4,14 @@ kvcert's manager swapped in.
 Before any test module is imported, vLLM's KVCacheManager and its two schedulers are replaced
 where the tests (and vLLM's code) look them up, by kvcert.reference.vllm's classes: the
 manager everywhere, the Scheduler and the AsyncScheduler by kvcert's subclasses (which
-register a step's blocks when its output arrives). No test file is edited.
+register a step's blocks when its output arrives). No test file is edited. The manager's
+hash view is turned on (KVCERT_VLLM_HASH_VIEW=on): the tests read the cache by vLLM's block
+hashes (`block_pool.get_cached_block`), and the view remembers what each names.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from vllm.v1.core import kv_cache_manager
@@ -17,6 +21,7 @@ from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ["KVCERT_VLLM_HASH_VIEW"] = "on"  # read when each manager is built
     kv_cache_manager.KVCacheManager = KVCacheManager
     scheduler.KVCacheManager = KVCacheManager
     scheduler.Scheduler = Scheduler
