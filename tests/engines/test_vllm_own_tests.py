@@ -142,3 +142,22 @@ def test_the_docs_quote_the_campaign_through_kvcerts_scheduler() -> None:
         f"{report['state_copies']:,} passes verifying drafts that crossed a state block "
         "boundary (ALLOC-SPEC-2)"
     ) in quoted
+
+
+def test_each_refused_feature_says_what_the_spec_would_need() -> None:
+    """Every reason beginning `refused` gets its paragraph from refusals.json; one without is
+    reported UNEXPLAINED (which --write refuses to publish)."""
+    from kvcert.conformance.vllm.own_tests.report import _needs
+
+    text = (RELEASE / "VLLM_TESTS.md").read_text(encoding="utf-8")
+    reasons = [why for _, why in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)]
+    refusals = json.loads(
+        (ROOT / "engines/vllm/own_tests/refusals.json").read_text(encoding="utf-8")
+    )
+    paragraphs = _needs(reasons, refusals)
+    assert paragraphs
+    assert not any(p.startswith("UNEXPLAINED") for p in paragraphs)
+    needed = text.split("## What the spec would need for each refused feature")[1]
+    assert all(p in needed.split("## The tests, by reason")[0] for p in paragraphs)
+    orphan = _needs(["refused: a FancySpec group"], refusals)
+    assert orphan == ["UNEXPLAINED refusal: refused: a FancySpec group"]

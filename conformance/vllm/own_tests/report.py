@@ -21,6 +21,7 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvcert.conformance.vllm import checkout
@@ -124,11 +125,28 @@ def _explained(test: str, text: str, explained: dict[str, str]) -> str:
     return reason(text)
 
 
+def _needs(reasons: Iterable[str], refusals: dict[str, str]) -> list[str]:
+    """Per refused reason present, its paragraph from refusals.json (what the spec would have
+    to define to serve the feature), in the order of the file; a refused reason no entry
+    matches gets an UNEXPLAINED line."""
+    refused = sorted({why for why in reasons if why.startswith("refused")})
+    paragraphs = {
+        key: text
+        for key, text in refusals.items()
+        if not key.startswith("_") and any(re.search(key, why) for why in refused)
+    }
+    missing = [
+        why for why in refused if not any(re.search(k, why) for k in refusals if k[0] != "_")
+    ]
+    return [*paragraphs.values(), *(f"UNEXPLAINED refusal: {why}" for why in missing)]
+
+
 def render(
     version: str,
     vllm: dict[str, tuple[str, str]],
     ours: dict[str, tuple[str, str]],
     explained: dict[str, str],
+    refusals: dict[str, str],
 ) -> str:
     files: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for test, (status, _) in vllm.items():
@@ -184,6 +202,11 @@ def render(
     lines += ["| tests | reason |", "|---|---|"]
     for why, ids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         lines.append(f"| {len(ids)} | {why} |")
+    lines += ["", "## What the spec would need for each refused feature", ""]
+    for paragraph in _needs(by_reason, refusals):
+        lines += [paragraph, ""]
+    lines.pop()
+    lines += ["", "## The tests, by reason"]
     for why, ids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         lines += ["", f"### {why}", ""]
         lines += [f"- `{t.removeprefix('tests/v1/core/')}`" for t in sorted(ids)]
@@ -235,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     vllm = outcomes(runs / "vllm.xml")
     explained_path = root / "engines/vllm/own_tests/explained.json"
     explained = json.loads(explained_path.read_text(encoding="utf-8"))
-    text = render(args.version, vllm, ours, explained)
-    unexplained = [line for line in text.splitlines() if line.startswith("### UNEXPLAINED")]
+    refusals_path = root / "engines/vllm/own_tests/refusals.json"
+    refusals = json.loads(refusals_path.read_text(encoding="utf-8"))
+    text = render(args.version, vllm, ours, explained, refusals)
+    unexplained = [
+        line for line in text.splitlines() if line.startswith(("### UNEXPLAINED", "UNEXPLAINED"))
+    ]
     (release / "VLLM_TESTS.md").write_text(text, encoding="utf-8")
     expected_path.write_text(
         json.dumps({"kvcert": {t: s for t, (s, _) in sorted(ours.items())}}, indent=0) + "\n",
@@ -246,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if unexplained:
         print(
             f"{len(unexplained)} reason(s) UNEXPLAINED: classify them (REASONS or "
-            "explained.json) or fix kvcert",
+            "explained.json; a refusal's paragraph in refusals.json) or fix kvcert",
             file=sys.stderr,
         )
         return 1
