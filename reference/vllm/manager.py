@@ -16,7 +16,8 @@ Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
 so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
 encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups outside
-vLLM's align cache mode (`kvcert.reference.vllm.layout`). KV events announce what becomes
+vLLM's align cache mode (`kvcert.reference.vllm.layout`), a `--prefix-match-unit` finer than
+kvcert's whole-block hits. KV events announce what becomes
 hittable when it does (at `end_step`).
 
 Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
@@ -30,13 +31,14 @@ known (`start_pending`, called after each output).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, partial_hash_hits_enabled
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
@@ -54,6 +56,9 @@ from kvcert.reference.vllm.layout import (
     state_spec_types,
 )
 from kvcert.reference.vllm.settings import HoldBack, Settings
+
+_log = logging.getLogger(__name__)
+_COARSER_SAID: set[tuple[int, int]] = set()  # the coarser-hits warnings already logged
 
 
 class IntegrationError(KVCacheError):
@@ -234,6 +239,8 @@ class KVCacheManager:
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
         settings: Settings | None = None,
+        *,
+        prefix_match_unit: int | None = None,
     ) -> None:
         del max_in_flight_tokens  # vLLM's own sizing
         refused = {
@@ -266,6 +273,7 @@ class KVCacheManager:
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
         self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
+        self._check_match_unit(prefix_match_unit, groups, dcp_world_size)
         self.num_kv_cache_groups = len(groups)
         self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
         self.blocks[0].is_null = True
@@ -310,6 +318,33 @@ class KVCacheManager:
         self._hash_view: dict[Any, tuple[Any, int]] | None = (
             {} if self.settings.vllm_hash_view else None
         )
+
+    def _check_match_unit(self, unit: int | None, groups: Any, dcp_world_size: int) -> None:
+        """kvcert's hits end at whole blocks of every group (HIT-GROUP-1: multiples of the
+        lcm of the block sizes). A `--prefix-match-unit` finer than that asks for sub-block
+        hits, which it does not serve: refused, never ignored. Without one, vLLM may still
+        serve sub-block hits on its own (align-mode state blocks longer than the hash
+        block): kvcert's hits are then coarser than vLLM's, which it says at start-up."""
+        alignment = self.core.config.alignment
+        if unit is not None and unit < alignment:
+            raise UnsupportedConfigError(
+                f"--prefix-match-unit {unit} asks for hits inside blocks; the kvcert manager "
+                f"serves hits at whole blocks of every group ({alignment} tokens): unset it, "
+                f"set it to {alignment}, or drop --scheduler-cls"
+            )
+        coarser = (self.hash_block_size, alignment)
+        if (
+            self.hash_block_size < alignment
+            and coarser not in _COARSER_SAID
+            and partial_hash_hits_enabled(groups, self.hash_block_size, dcp_world_size)
+        ):
+            _COARSER_SAID.add(coarser)  # once per process and pair of sizes
+            _log.warning(
+                "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
+                "manager serves them at whole blocks of every group (every %d tokens)",
+                self.hash_block_size,
+                alignment,
+            )
 
     def set_retention_interval(self, interval: int | None) -> None:
         """Change the retention profile as vLLM reads an interval (`retention_profile`; None

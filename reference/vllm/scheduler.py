@@ -65,7 +65,8 @@ class _KvcertManaged:
             settings = (self.settings or Settings.from_env()).for_policy(policy)
         except ConfigError as why:
             raise UnsupportedConfigError(str(why)) from why
-        manager = functools.partial(KVCacheManager, settings=settings)
+        unit = getattr(vllm_config.cache_config, "prefix_match_unit", None)
+        manager = functools.partial(KVCacheManager, settings=settings, prefix_match_unit=unit)
         self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
         with _manager_class(manager):
             super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]

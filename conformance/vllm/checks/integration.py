@@ -322,6 +322,21 @@ def routed_experts_scheduler() -> Any:
     )
 
 
+def match_unit_scheduler(unit: int) -> Any:
+    """kvcert's Scheduler for a full-attention + Mamba (align) model with state blocks of 32
+    served with --prefix-match-unit `unit` (sub-block hits when finer than 32)."""
+    vllm_config = state_config()
+    vllm_config.cache_config.prefix_match_unit = unit
+    state = dataclasses.replace(STATE, block_size=2 * BLOCK)
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(FULL, state),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=unit,
+    )
+
+
 def run_step(
     scheduler: Any, prompts: dict[str, list[int]], seen: Callable[[Any], None] | None = None
 ) -> Any:
@@ -784,7 +799,7 @@ def main() -> int:
         failed += got != want
         print(f"{'ok  ' if got == want else 'FAIL'} keying, {name}: hit {got} (want {want})")
     mamba = MambaSpec(block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,))
-    refusals = {
+    refusals: dict[str, Callable[[], Any]] = {
         "a Mamba group outside align mode": lambda: KVCacheManager(
             config(FULL, mamba), 256, BLOCK, BLOCK
         ),
@@ -792,6 +807,7 @@ def main() -> int:
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
         "routed-experts capture": routed_experts_scheduler,
+        "a --prefix-match-unit inside the blocks": functools.partial(match_unit_scheduler, BLOCK),
     }
     for kind, checks in (
         ("events", event_checks()),
@@ -814,6 +830,12 @@ def main() -> int:
         why = refused(build)
         failed += why is None
         print(f"{'ok  ' if why else 'FAIL'} refused, {name}: {why or 'accepted'}")
+    whole = refused(functools.partial(match_unit_scheduler, 2 * BLOCK))
+    failed += whole is not None
+    print(
+        f"{'FAIL' if whole else 'ok  '} served, a --prefix-match-unit of whole blocks"
+        + (f": {whole}" if whole else "")
+    )
     return 1 if failed else 0
 
 
