@@ -742,11 +742,9 @@ class KVCacheManager:
         return tuple(tuple(t) for t in self._running(rid).tables)
 
     def cached_block(self, prompt: Sequence[int] | Prompt, group: int, end: int) -> int | None:
-        """The block a lookup would get for group `group`'s block of `prompt` that ends at
-        token `end` (ALLOC-LOOKUP-1), or None: nothing cached there, or no block of that
-        group ends at `end`."""
-        prepared = self._prepared(prompt, ())
-        size = self._group_size(group)
+        """The block a lookup gets for group `group`'s block of `prompt` ending at token `end`
+        (ALLOC-LOOKUP-1); None when none is cached there or no block of the group ends there."""
+        prepared, size = self._prepared(prompt, ()), self._group_size(group)
         inputs.position(end, "end")
         chain = prepared.chains[group]
         if chain is None or end % size or not 0 < end <= len(prepared):
@@ -757,10 +755,7 @@ class KVCacheManager:
     def _group_size(self, group: int) -> int:
         count = len(self.config.groups)
         if type(group) is not int or not 0 <= group < count:
-            raise RequestStateError(
-                f"group must be a group index in [0, {count}) (the order of "
-                f"CacheConfig.groups), got {group!r}"
-            )
+            raise RequestStateError(f"group must be in [0, {count}) (a group index), got {group!r}")
         return self.config.groups[group].block_size
 
     def running(self) -> tuple[str, ...]:
@@ -768,8 +763,7 @@ class KVCacheManager:
         return tuple(self._requests)
 
     def scheduled_checkpoints(self, rid: str) -> tuple[int, ...]:
-        """The inner checkpoints (CKPT-INNER-1) of running request `rid`'s chunks scheduled
-        and not yet ended, oldest first."""
+        """Request `rid`'s inner checkpoints (CKPT-INNER-1) in chunks not yet ended."""
         return tuple(self._running(rid).checkpoints)
 
     def block_at(self, rid: str, group: int, position: int) -> int:

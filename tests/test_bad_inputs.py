@@ -58,12 +58,12 @@ LIBRARY: dict[str, tuple[Callable[[], object], type[Exception], str]] = {
     "block_at past the groups": (
         lambda: running_manager().block_at("a", 5, 0),
         RequestStateError,
-        r"group must be a group index in \[0, 2\)",
+        r"group must be in \[0, 2\) \(a group index\)",
     ),
     "block_at group -1 (once another group's block)": (
         lambda: running_manager().block_at("a", -1, 0),
         RequestStateError,
-        r"group must be a group index in \[0, 2\)",
+        r"group must be in \[0, 2\) \(a group index\)",
     ),
     "block_at position -1": (
         lambda: running_manager().block_at("a", 0, -1),

@@ -16,6 +16,8 @@ corrupt outputs.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from kvcert.reference.config import (
@@ -30,6 +32,9 @@ from kvcert.reference.config import (
 )
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.vllm.settings import Settings
+
+_log = logging.getLogger(__name__)
+_COARSER_SAID: set[tuple[int, int]] = set()  # the coarser-hits warnings already logged
 
 
 class UnsupportedConfigError(ConfigError):
@@ -161,6 +166,36 @@ def retention_profile(
         return {"retention": default, "retention_interval": 0}
     sparse = interval == 0
     return {"retention": Retention.SPARSE if sparse else Retention.DENSE, "retention_interval": 0}
+
+
+def check_match_unit(
+    unit: int | None, alignment: int, hash_block_size: int, groups: Sequence[Any]
+) -> None:
+    """kvcert's hits end at whole blocks of every group (HIT-GROUP-1: multiples of the lcm
+    `alignment`). A `--prefix-match-unit` finer than that asks for sub-block hits, which it
+    does not serve: refused, never ignored. Without one, vLLM may still serve sub-block hits
+    on its own (align-mode state blocks longer than the hash block, vLLM's
+    `partial_hash_hits_enabled`): kvcert's hits are then coarser than vLLM's, which it says
+    once per process at start-up."""
+    if unit is not None and unit < alignment:
+        raise UnsupportedConfigError(
+            f"--prefix-match-unit {unit} asks for hits inside blocks; the kvcert manager "
+            f"serves hits at whole blocks of every group ({alignment} tokens): unset it, "
+            f"set it to {alignment}, or drop --scheduler-cls"
+        )
+    coarser = (hash_block_size, alignment)
+    if hash_block_size >= alignment or coarser in _COARSER_SAID:
+        return
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
+
+    if partial_hash_hits_enabled(groups, hash_block_size):
+        _COARSER_SAID.add(coarser)
+        _log.warning(
+            "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
+            "manager serves them at whole blocks of every group (every %d tokens)",
+            hash_block_size,
+            alignment,
+        )
 
 
 def cache_config(

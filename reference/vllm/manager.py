@@ -31,18 +31,17 @@ known (`start_pending`, called after each output).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, partial_hash_hits_enabled
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
-from kvcert.reference.config import Kind, Retention
+from kvcert.reference.config import Kind
 from kvcert.reference.errors import KVCacheError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
@@ -52,13 +51,12 @@ from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import (
     UnsupportedConfigError,
     cache_config,
+    check_match_unit,
     retention_profile,
     state_spec_types,
 )
+from kvcert.reference.vllm.parts import CoordinatorView, HashView, PoolView
 from kvcert.reference.vllm.settings import HoldBack, Settings
-
-_log = logging.getLogger(__name__)
-_COARSER_SAID: set[tuple[int, int]] = set()  # the coarser-hits warnings already logged
 
 
 class IntegrationError(KVCacheError):
@@ -80,141 +78,6 @@ class _Tracked:
     pending: deque[tuple[int, int, int, int]] = field(default_factory=deque)
     publishing: Publishing | None = None  # what its BlockStored events name (with events on)
     inner: int = 0  # the inner checkpoint its latest chunk reserves (0: none)
-
-
-class _Tables(Mapping[str, list[Any]]):
-    """One group's `req_to_blocks` as vLLM's tests read it, computed from kvcert's tables: a
-    running request's table as vLLM's block objects (the null block where kvcert holds none);
-    a request that holds nothing reads as an empty table, as vLLM's defaultdict does."""
-
-    def __init__(self, owner: KVCacheManager, group: int) -> None:
-        self._owner = owner
-        self._group = group
-
-    def __getitem__(self, rid: str) -> list[Any]:
-        core = self._owner.core
-        if not core.is_running(rid):
-            return []
-        blocks = self._owner.blocks
-        return [blocks[b] for b in core.block_tables(rid)[self._group]]
-
-    def __contains__(self, rid: object) -> bool:
-        return isinstance(rid, str) and self._owner.core.is_running(rid)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._owner.core.running())
-
-    def __len__(self) -> int:
-        return len(self._owner.core.running())
-
-
-class _Checkpoints(Mapping[str, tuple[int, int]]):
-    """A state group's `_checkpoints` as vLLM's tests read it: per request whose latest
-    scheduled chunk reserves an inner checkpoint (CKPT-INNER-1), its position and the table
-    column holding it. vLLM keeps an entry until the request's next allocation; kvcert's
-    ends with the step that writes the checkpoint."""
-
-    def __init__(self, owner: KVCacheManager, block_size: int) -> None:
-        self._owner = owner
-        self._block_size = block_size
-
-    def _latest(self, rid: object) -> int:
-        return self._owner.reserved_inner_checkpoint(rid) if isinstance(rid, str) else 0
-
-    def __getitem__(self, rid: str) -> tuple[int, int]:
-        position = self._latest(rid)
-        if not position:
-            raise KeyError(rid)
-        return position, position // self._block_size - 1
-
-    def __iter__(self) -> Iterator[str]:
-        return (rid for rid in self._owner.core.running() if self._latest(rid))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class _Group:
-    """What vLLM's scheduler and tests read of a per-group manager: its block size and spec,
-    and read-only views of kvcert's state under vLLM's names (the hit alignment, the tables,
-    a state group's reserved inner checkpoints)."""
-
-    retains_longer_hit = False
-
-    def __init__(self, owner: KVCacheManager, index: int, group: Any) -> None:
-        self._owner = owner
-        self.kv_cache_group_id = index
-        self.kv_cache_spec = group.kv_cache_spec
-        self.block_size = group.kv_cache_spec.block_size
-        self.req_to_blocks = _Tables(owner, index)
-        self._null_block = owner.blocks[0]  # the object tables hold where nothing is held
-        if owner.core.config.groups[index].kind is Kind.MAMBA:
-            self._checkpoints = _Checkpoints(owner, self.block_size)
-
-    @property
-    def cache_hit_alignment_tokens(self) -> int:
-        """Every hit is a multiple of this many tokens (kvcert hits whole blocks of every
-        group, HIT-HYB-1: the lcm of the block sizes)."""
-        return self._owner.core.config.alignment
-
-
-class _Coordinator:
-    """The part of vLLM's coordinator its scheduler reads directly."""
-
-    enable_partial_hash_hits = False
-    eagle_group_ids: tuple[int, ...] = ()
-
-    def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
-        self._owner = owner
-        self.single_type_managers = [_Group(owner, i, g) for i, g in enumerate(groups)]
-
-    @property
-    def retention_interval(self) -> int | None:
-        """The retention profile in vLLM's terms: None dense, else sparse retention's
-        interval (0: only the blocks a replay or a junction needs)."""
-        config = self._owner.core.config
-        return None if config.retention is Retention.DENSE else config.retention_interval
-
-    @retention_interval.setter
-    def retention_interval(self, interval: int | None) -> None:
-        self._owner.set_retention_interval(interval)
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
-        """Free blocks the running request still needs to hold `num_tokens` tokens (the
-        scheduler's reservation for in-flight prefills)."""
-        core = self._owner.core
-        return core.blocks_to_reach(request_id, num_tokens) if core.is_running(request_id) else 0
-
-
-class _Pool:
-    """The part of vLLM's block pool its scheduler reads directly: free counts and the
-    deferred release of blocks `pop_blocks_for_free` handed out."""
-
-    def __init__(self, owner: KVCacheManager) -> None:
-        self._owner = owner
-        self.num_gpu_blocks = owner.core.config.num_blocks
-        self.hash_block_size = owner.hash_block_size
-        self.null_block = owner.blocks[0]
-        self.enable_caching = owner.enable_caching
-
-    def get_num_free_blocks(self) -> int:
-        return self._owner.core.pool.num_free
-
-    def get_usage(self) -> float:
-        usable = self.num_gpu_blocks - 1  # the null block is never handed out
-        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
-
-    def get_cached_block(
-        self, block_hash: Any, kv_cache_group_ids: Sequence[int]
-    ) -> list[Any] | None:
-        """Per group, the block kvcert's cache serves for the tokens vLLM's `block_hash`
-        names, or None when any group has none (vLLM's meaning); needs
-        `Settings.vllm_hash_view`, which remembers what each hash names."""
-        return self._owner.cached_blocks(block_hash, kv_cache_group_ids)
-
-    def free_blocks(self, blocks: Iterable[Any]) -> None:
-        """Release what `pop_blocks_for_free` handed out (and nothing else)."""
-        self._owner.release_popped(block.block_id for block in blocks)
 
 
 class KVCacheManager:
@@ -273,15 +136,15 @@ class KVCacheManager:
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
         self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
-        self._check_match_unit(prefix_match_unit, groups, dcp_world_size)
+        check_match_unit(prefix_match_unit, self.core.config.alignment, hash_block_size, groups)
         self.num_kv_cache_groups = len(groups)
         self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
         self.blocks[0].is_null = True
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
-        self.coordinator = _Coordinator(self, groups)
-        self.block_pool = _Pool(self)
+        self.coordinator = CoordinatorView(self, groups)
+        self.block_pool = PoolView(self)
         self._zeroed = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._new_ids: list[int] = []  # attention blocks handed out, for the worker to zero
         self._tracked: dict[str, _Tracked] = {}  # one record per request vLLM asked about
@@ -313,38 +176,8 @@ class KVCacheManager:
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
-        # vLLM block hash -> (the request it was computed for, the tokens it covers), with
-        # settings.vllm_hash_view on: what `block_pool.get_cached_block` reads
-        self._hash_view: dict[Any, tuple[Any, int]] | None = (
-            {} if self.settings.vllm_hash_view else None
-        )
-
-    def _check_match_unit(self, unit: int | None, groups: Any, dcp_world_size: int) -> None:
-        """kvcert's hits end at whole blocks of every group (HIT-GROUP-1: multiples of the
-        lcm of the block sizes). A `--prefix-match-unit` finer than that asks for sub-block
-        hits, which it does not serve: refused, never ignored. Without one, vLLM may still
-        serve sub-block hits on its own (align-mode state blocks longer than the hash
-        block): kvcert's hits are then coarser than vLLM's, which it says at start-up."""
-        alignment = self.core.config.alignment
-        if unit is not None and unit < alignment:
-            raise UnsupportedConfigError(
-                f"--prefix-match-unit {unit} asks for hits inside blocks; the kvcert manager "
-                f"serves hits at whole blocks of every group ({alignment} tokens): unset it, "
-                f"set it to {alignment}, or drop --scheduler-cls"
-            )
-        coarser = (self.hash_block_size, alignment)
-        if (
-            self.hash_block_size < alignment
-            and coarser not in _COARSER_SAID
-            and partial_hash_hits_enabled(groups, self.hash_block_size, dcp_world_size)
-        ):
-            _COARSER_SAID.add(coarser)  # once per process and pair of sizes
-            _log.warning(
-                "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
-                "manager serves them at whole blocks of every group (every %d tokens)",
-                self.hash_block_size,
-                alignment,
-            )
+        # what vLLM's block hashes name, with settings.vllm_hash_view on (get_cached_block)
+        self._hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
 
     def set_retention_interval(self, interval: int | None) -> None:
         """Change the retention profile as vLLM reads an interval (`retention_profile`; None
@@ -360,39 +193,17 @@ class KVCacheManager:
         profile = retention_profile(interval, core.config.groups, None)
         self.core = Core(dataclasses.replace(core.config, **profile))
 
-    def _remember_hashes(self, request: Any) -> None:
-        """Record what each of vLLM's block hashes of `request` names (hash view on)."""
-        view = self._hash_view
-        if view is None:
-            return
-        size = self.hash_block_size
-        for i, block_hash in enumerate(getattr(request, "block_hashes", ())):
-            view.setdefault(block_hash, (request, (i + 1) * size))
-
     def cached_blocks(self, block_hash: Any, group_ids: Sequence[int]) -> list[Any] | None:
         """Per group in `group_ids`, the block kvcert serves for the tokens vLLM's
-        `block_hash` covers, or None when any group serves none (vLLM's `get_cached_block`).
-        A hash no request allocated through this manager carried names tokens kvcert never
-        cached: None."""
+        `block_hash` covers, or None when any group serves none (vLLM's `get_cached_block`;
+        `HashView`)."""
         if self._hash_view is None:
             raise IntegrationError(
                 "get_cached_block reads vLLM's block hashes, which kvcert does not key by: "
                 "turn KVCERT_VLLM_HASH_VIEW=on (Settings.vllm_hash_view) to let the manager "
                 "remember what each hash names"
             )
-        named = self._hash_view.get(block_hash)
-        if named is None:
-            return None
-        request, end = named
-        # all its tokens: a draft group's key also covers the tokens after the block
-        prompt = self.core.prompt(request.all_token_ids, request_extras(request))
-        found = []
-        for group in group_ids:
-            block = self.core.cached_block(prompt, group, end)
-            if block is None:
-                return None
-            found.append(self.blocks[block])
-        return found
+        return self._hash_view.blocks(self, block_hash, group_ids)
 
     def reserved_inner_checkpoint(self, rid: str) -> int:
         """The inner checkpoint (CKPT-INNER-1) request `rid`'s latest chunk reserves, while
@@ -497,7 +308,8 @@ class KVCacheManager:
         do not fit. vLLM counts draft tokens in `num_new_tokens`; kvcert computes only known
         tokens and holds slots for the drafts as lookahead."""
         del new_computed_blocks, skip_zeroing_group_ids  # the hit is re-derived and checked
-        self._remember_hashes(request)
+        if self._hash_view is not None:
+            self._hash_view.remember(request)
         if num_external_computed_tokens or delay_cache_blocks:
             raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
         if num_encoder_tokens:

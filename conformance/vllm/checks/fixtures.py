@@ -1,0 +1,64 @@
+"""The small models the vLLM integration checks build: block size, prompt, group specs, engine
+config (vLLM 0.33.0's own objects), and how a refusal is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+from vllm.v1.request import Request
+
+from kvcert.conformance.vllm import runtime
+from kvcert.reference.vllm import UnsupportedConfigError
+
+BLOCK = 16
+TOKENS = list(range(100, 164))  # 64 tokens: 3 blocks can hit (the last token is computed)
+FULL = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+
+
+def config(*specs: Any) -> KVCacheConfig:
+    groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs or (FULL,))]
+    return KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def request(rid: str, **extra: Any) -> Request:
+    tokens = extra.pop("tokens", TOKENS)
+    return Request(rid, tokens, SamplingParams(max_tokens=1), None, **extra)
+
+
+STATE = MambaSpec(
+    block_size=BLOCK, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align"
+)
+
+
+def state_config(asynchronous: bool = False) -> Any:
+    """A full-attention + Mamba (align) model's engine config: blocks of 16, a 128-token
+    step budget, 64 blocks."""
+    vllm_config = runtime.engine_config(
+        runtime.Settings(
+            max_len=256,
+            block_size=BLOCK,
+            budget=128,
+            max_num_seqs=128,  # vLLM's default
+            async_scheduling=asynchronous,
+            flags=(("cache", "mamba_cache_mode", "align"), ("cache", "mamba_block_size", BLOCK)),
+        )
+    )
+    vllm_config.cache_config.num_gpu_blocks = 64
+    return vllm_config
+
+
+def refused(build: Callable[[], Any]) -> str | None:
+    try:
+        build()
+    except UnsupportedConfigError as why:
+        return str(why)
+    return None

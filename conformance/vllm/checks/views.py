@@ -1,0 +1,138 @@
+"""What vLLM's own tests read and set on the drop-in, on vLLM 0.33.0's objects: the
+coordinator's retention interval (honoured in vLLM's meaning before the first request,
+refused after or where it cannot act), the read-only views of kvcert's state under vLLM's
+names (tables, hit alignment, the blocks cached for one of vLLM's block hashes), and
+`--prefix-match-unit` (refused where it asks for hits inside blocks). Run by
+`kvcert.conformance.vllm.checks.integration`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from kvcert.conformance.vllm.checks.fixtures import (
+    BLOCK,
+    FULL,
+    STATE,
+    TOKENS,
+    config,
+    refused,
+    request,
+    state_config,
+)
+from kvcert.reference.config import Retention
+from kvcert.reference.vllm import IntegrationError, KVCacheManager, Scheduler, Settings
+
+
+def match_unit_scheduler(unit: int) -> Any:
+    """kvcert's Scheduler for a full-attention + Mamba (align) model with state blocks of 32
+    served with --prefix-match-unit `unit` (sub-block hits when finer than 32)."""
+    vllm_config = state_config()
+    vllm_config.cache_config.prefix_match_unit = unit
+    state = dataclasses.replace(STATE, block_size=2 * BLOCK)
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=config(FULL, state),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=unit,
+    )
+
+
+def retention_checks() -> list[tuple[str, bool, str]]:
+    """vLLM's tests set the coordinator's `retention_interval` after building the manager: the
+    drop-in honours it in vLLM's meaning (None dense, 0 and N sparse) before the first request,
+    reads it back, and refuses it with a typed error afterwards or where it cannot act."""
+
+    def manager(*specs: Any) -> Any:
+        return KVCacheManager(config(*specs), 256, BLOCK, BLOCK)
+
+    checks: list[tuple[str, bool, str]] = []
+    built = manager(FULL, STATE)
+    checks.append(("dense by default", built.coordinator.retention_interval is None, ""))
+    for interval, retention in (
+        (0, Retention.SPARSE),
+        (32, Retention.SPARSE),
+        (None, Retention.DENSE),
+    ):
+        built.coordinator.retention_interval = interval
+        got = (built.coordinator.retention_interval, built.core.config.retention)
+        checks.append((f"set to {interval}", got == (interval, retention), f"got {got}"))
+    built.get_computed_blocks(request("r"))
+    try:
+        built.coordinator.retention_interval = 0
+        late = "accepted"
+    except IntegrationError as why:
+        late = str(why)
+    checks.append(("refused once a request was looked up", late != "accepted", late))
+    bad: tuple[tuple[tuple[Any, ...], object], ...] = (
+        ((FULL, STATE), "16"),
+        ((FULL, STATE), -16),
+        ((FULL, STATE), 24),
+        ((FULL,), 16),
+    )
+    for specs, value in bad:
+        coordinator = manager(*specs).coordinator
+        refusal = refused(functools.partial(setattr, coordinator, "retention_interval", value))
+        checks.append(
+            (f"refused {value!r} on {len(specs)} group(s)", refusal is not None, "accepted")
+        )
+    return checks
+
+
+def view_checks() -> list[tuple[str, bool, str]]:
+    """The read-only views vLLM's tests read, computed from kvcert's state: a group's tables
+    (`req_to_blocks`), its hit alignment, and the blocks kvcert serves for one of vLLM's
+    block hashes (`block_pool.get_cached_block`, with the hash view on): none before the step
+    writing them ends (ALLOC-VIS-1), the table's blocks after."""
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    settings = Settings(vllm_hash_view=True)
+    manager = KVCacheManager(config(FULL, STATE), 256, BLOCK, BLOCK, settings=settings)
+    a = Request("a", TOKENS, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    manager.allocate_slots(a, a.num_tokens)
+    tables = manager.get_block_ids("a")
+    views = [
+        [b.block_id for b in g.req_to_blocks["a"]] for g in manager.coordinator.single_type_managers
+    ]
+    pool = manager.block_pool
+    early = pool.get_cached_block(a.block_hashes[1], [0])
+    manager.end_step()
+    attention = pool.get_cached_block(a.block_hashes[1], [0])
+    state = pool.get_cached_block(a.block_hashes[3], [0, 1])
+    mid_state = pool.get_cached_block(a.block_hashes[1], [0, 1])
+    unknown = pool.get_cached_block(b"\x00" * 32, [0])
+    alignment = manager.coordinator.single_type_managers[0].cache_hit_alignment_tokens
+    manager.free(a)
+    freed = manager.coordinator.single_type_managers[0].req_to_blocks
+    try:
+        KVCacheManager(config(), 256, BLOCK, BLOCK).block_pool.get_cached_block(b"", [0])
+        without = "answered"
+    except IntegrationError as why:
+        without = str(why)
+    return [
+        ("req_to_blocks is the table", views == [list(t) for t in tables], f"{views} {tables}"),
+        ("nothing cached before the step ends", early is None, f"{early}"),
+        (
+            "the table's block once it ends",
+            [b.block_id for b in attention or ()] == [tables[0][1]],
+            f"{attention} vs {tables[0][1]}",
+        ),
+        (
+            "every group's block at the prompt's end",
+            [b.block_id for b in state or ()] == [tables[0][3], tables[1][3]],
+            f"{state} vs {tables}",
+        ),
+        ("no state block inside the prompt", mid_state is None, f"{mid_state}"),
+        ("an unknown hash names nothing cached", unknown is None, f"{unknown}"),
+        ("hits align to whole blocks", alignment == BLOCK, f"{alignment}"),
+        ("a freed request holds nothing", "a" not in freed and freed["a"] == [], f"{freed}"),
+        ("refused with the hash view off", without != "answered", without),
+    ]

@@ -1,0 +1,189 @@
+"""The parts of vLLM's KVCacheManager its scheduler and tests read, over kvcert's state.
+
+vLLM's scheduler reads a few attributes of the manager's coordinator, its per-group managers
+and its block pool; vLLM's tests read more. Each is a read-only view computed from the
+reference allocator's state (no second bookkeeping) with vLLM's meaning, so a test that reads
+it judges kvcert's tables, checkpoints and hits. What has no kvcert meaning is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvcert.reference.config import Kind, Retention
+from kvcert.reference.vllm.extras import request_extras
+
+if TYPE_CHECKING:
+    from kvcert.reference.vllm.manager import KVCacheManager
+
+
+class TablesView(Mapping[str, list[Any]]):
+    """One group's `req_to_blocks` as vLLM's tests read it, computed from kvcert's tables: a
+    running request's table as vLLM's block objects (the null block where kvcert holds none);
+    a request that holds nothing reads as an empty table, as vLLM's defaultdict does."""
+
+    def __init__(self, owner: KVCacheManager, group: int) -> None:
+        self._owner = owner
+        self._group = group
+
+    def __getitem__(self, rid: str) -> list[Any]:
+        core = self._owner.core
+        if not core.is_running(rid):
+            return []
+        blocks = self._owner.blocks
+        return [blocks[b] for b in core.block_tables(rid)[self._group]]
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self._owner.core.is_running(rid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner.core.running())
+
+    def __len__(self) -> int:
+        return len(self._owner.core.running())
+
+
+class CheckpointsView(Mapping[str, tuple[int, int]]):
+    """A state group's `_checkpoints` as vLLM's tests read it: per request whose latest
+    scheduled chunk reserves an inner checkpoint (CKPT-INNER-1), its position and the table
+    column holding it. vLLM keeps an entry until the request's next allocation; kvcert's
+    ends with the step that writes the checkpoint."""
+
+    def __init__(self, owner: KVCacheManager, block_size: int) -> None:
+        self._owner = owner
+        self._block_size = block_size
+
+    def _latest(self, rid: object) -> int:
+        return self._owner.reserved_inner_checkpoint(rid) if isinstance(rid, str) else 0
+
+    def __getitem__(self, rid: str) -> tuple[int, int]:
+        position = self._latest(rid)
+        if not position:
+            raise KeyError(rid)
+        return position, position // self._block_size - 1
+
+    def __iter__(self) -> Iterator[str]:
+        return (rid for rid in self._owner.core.running() if self._latest(rid))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class GroupView:
+    """What vLLM's scheduler and tests read of a per-group manager: its block size and spec,
+    and read-only views of kvcert's state under vLLM's names (the hit alignment, the tables,
+    a state group's reserved inner checkpoints)."""
+
+    retains_longer_hit = False
+
+    def __init__(self, owner: KVCacheManager, index: int, group: Any) -> None:
+        self._owner = owner
+        self.kv_cache_group_id = index
+        self.kv_cache_spec = group.kv_cache_spec
+        self.block_size = group.kv_cache_spec.block_size
+        self.req_to_blocks = TablesView(owner, index)
+        self._null_block = owner.blocks[0]  # the object tables hold where nothing is held
+        if owner.core.config.groups[index].kind is Kind.MAMBA:
+            self._checkpoints = CheckpointsView(owner, self.block_size)
+
+    @property
+    def cache_hit_alignment_tokens(self) -> int:
+        """Every hit is a multiple of this many tokens (kvcert hits whole blocks of every
+        group, HIT-HYB-1: the lcm of the block sizes)."""
+        return self._owner.core.config.alignment
+
+
+class CoordinatorView:
+    """The part of vLLM's coordinator its scheduler reads directly."""
+
+    enable_partial_hash_hits = False
+    eagle_group_ids: tuple[int, ...] = ()
+
+    def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
+        self._owner = owner
+        self.single_type_managers = [GroupView(owner, i, g) for i, g in enumerate(groups)]
+
+    @property
+    def retention_interval(self) -> int | None:
+        """The retention profile in vLLM's terms: None dense, else sparse retention's
+        interval (0: only the blocks a replay or a junction needs)."""
+        config = self._owner.core.config
+        return None if config.retention is Retention.DENSE else config.retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        self._owner.set_retention_interval(interval)
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+        """Free blocks the running request still needs to hold `num_tokens` tokens (the
+        scheduler's reservation for in-flight prefills)."""
+        core = self._owner.core
+        return core.blocks_to_reach(request_id, num_tokens) if core.is_running(request_id) else 0
+
+
+class PoolView:
+    """The part of vLLM's block pool its scheduler reads directly: free counts and the
+    deferred release of blocks `pop_blocks_for_free` handed out."""
+
+    def __init__(self, owner: KVCacheManager) -> None:
+        self._owner = owner
+        self.num_gpu_blocks = owner.core.config.num_blocks
+        self.hash_block_size = owner.hash_block_size
+        self.null_block = owner.blocks[0]
+        self.enable_caching = owner.enable_caching
+
+    def get_num_free_blocks(self) -> int:
+        return self._owner.core.pool.num_free
+
+    def get_usage(self) -> float:
+        usable = self.num_gpu_blocks - 1  # the null block is never handed out
+        return 1.0 - self.get_num_free_blocks() / usable if usable else 0.0
+
+    def get_cached_block(
+        self, block_hash: Any, kv_cache_group_ids: Sequence[int]
+    ) -> list[Any] | None:
+        """Per group, the block kvcert's cache serves for the tokens vLLM's `block_hash`
+        names, or None when any group has none (vLLM's meaning); needs
+        `Settings.vllm_hash_view`, which remembers what each hash names."""
+        return self._owner.cached_blocks(block_hash, kv_cache_group_ids)
+
+    def free_blocks(self, blocks: Iterable[Any]) -> None:
+        """Release what `pop_blocks_for_free` handed out (and nothing else)."""
+        self._owner.release_popped(block.block_id for block in blocks)
+
+
+class HashView:
+    """What each of vLLM's block hashes names (the request it was computed for and the
+    tokens it covers), so that `get_cached_block` can answer with kvcert's cache, which does
+    not key by vLLM's hashes. Costs a dict entry per hashed block and keeps those requests
+    alive: turned on for vLLM's tests (`Settings.vllm_hash_view`), off in production."""
+
+    def __init__(self, hash_block_size: int) -> None:
+        self._size = hash_block_size
+        self._named: dict[Any, tuple[Any, int]] = {}
+
+    def remember(self, request: Any) -> None:
+        size = self._size
+        for i, block_hash in enumerate(getattr(request, "block_hashes", ())):
+            self._named.setdefault(block_hash, (request, (i + 1) * size))
+
+    def blocks(
+        self, owner: KVCacheManager, block_hash: Any, group_ids: Sequence[int]
+    ) -> list[Any] | None:
+        """Per group, the block kvcert serves for the tokens `block_hash` covers, or None
+        when any group serves none. A hash no request allocated through the manager carried
+        names tokens kvcert never cached: None."""
+        named = self._named.get(block_hash)
+        if named is None:
+            return None
+        request, end = named
+        # all its tokens: a draft group's key also covers the tokens after the block
+        prompt = owner.core.prompt(request.all_token_ids, request_extras(request))
+        found = []
+        for group in group_ids:
+            block = owner.core.cached_block(prompt, group, end)
+            if block is None:
+                return None
+            found.append(owner.blocks[block])
+        return found
