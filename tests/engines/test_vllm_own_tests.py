@@ -49,14 +49,14 @@ def test_the_docs_quote_the_published_counts() -> None:
     assert summary is not None
     assert numbers.groups() == summary.groups()
     counts = {why: int(n) for n, why in re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M)}
-    vis = sum(n for why, n in counts.items() if why.startswith("ALLOC-VIS-1"))
+    vis = sum(n for why, n in counts.items() if why.startswith("ALLOC-VIS"))
     internals = sum(
         n for why, n in counts.items() if why.startswith("reads vLLM's manager internals")
     )
     drafts = sum(n for why, n in counts.items() if why.startswith("kvcert limitation"))
     quoted = " ".join(quoted.split())  # line breaks are not part of a claim
     assert f"under its reason: {internals} tests reading vLLM's manager internals" in quoted
-    assert f"{vis} tests that expect hits on blocks no step has written yet, or KV events" in quoted
+    assert f"{vis} tests that expect hits through state checkpoints no step has" in quoted
     assert (f"and {drafts} where a request finishing" in quoted) == (drafts > 0)
     row = re.search(r"^\| `test_async_scheduler\.py` \| (\d+) \| \d+ \| (\d+) \|$", text, re.M)
     assert row is not None

@@ -69,11 +69,11 @@ REASONS: list[tuple[str, str]] = [
         "session resumed under asynchronous scheduling; computed KV is never taken back)",
     ),
     (
-        r"isinstance\(<kvcert\.reference\.vllm\.manager\._Coordinator[^,]*, (\w+)\)",
+        r"isinstance\(<kvcert\.reference\.vllm\.parts\.CoordinatorView[^,]*, (\w+)\)",
         "reads vLLM's manager internals (asserts the coordinator is vLLM's {0})",
     ),
     (
-        r"'_(?:Pool|Group|Coordinator)' object has no attribute '(\w+)'",
+        r"'(?:Pool|Group|Coordinator)View' object has no attribute '(\w+)'",
         "reads vLLM's manager internals (`{0}`), which the kvcert manager does not have",
     ),
 ]
