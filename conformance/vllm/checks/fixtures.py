@@ -15,6 +15,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.vllm import runtime
 from kvcert.reference.vllm import UnsupportedConfigError
@@ -62,3 +63,15 @@ def refused(build: Callable[[], Any]) -> str | None:
     except UnsupportedConfigError as why:
         return str(why)
     return None
+
+
+def make_scheduler(cls: Any, vllm_config: Any, *specs: Any, hash_block_size: int = BLOCK) -> Any:
+    """A scheduler of class `cls` (kvcert's, possibly `configured`) over groups of `specs`
+    (one full-attention group when none), blocks of 16 for the scheduler."""
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=config(*specs),
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        hash_block_size=hash_block_size,
+    )

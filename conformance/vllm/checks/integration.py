@@ -40,7 +40,6 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.checks.fixtures import (
@@ -49,6 +48,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     STATE,
     TOKENS,
     config,
+    make_scheduler,
     refused,
     request,
     state_config,
@@ -209,12 +209,8 @@ def async_checks(visibility: Visibility) -> list[tuple[str, bool, str]]:
         )
     )
     vllm_config.cache_config.num_gpu_blocks = 64
-    scheduler = AsyncScheduler.configured(Settings(visibility=visibility))(
-        vllm_config=vllm_config,
-        kv_cache_config=config(),
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-        hash_block_size=BLOCK,
+    scheduler = make_scheduler(
+        AsyncScheduler.configured(Settings(visibility=visibility)), vllm_config
     )
     other = list(range(500, 548))
 
@@ -272,13 +268,7 @@ def state_scheduler(settings: Settings | None = None, state: MambaSpec = STATE) 
     128-token step budget (the environment's settings unless `settings`)."""
     vllm_config = state_config()
     cls = Scheduler if settings is None else Scheduler.configured(settings)
-    return cls(
-        vllm_config=vllm_config,
-        kv_cache_config=config(FULL, state),
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-        hash_block_size=BLOCK,
-    )
+    return make_scheduler(cls, vllm_config, FULL, state)
 
 
 def routed_experts_scheduler() -> Any:
@@ -286,13 +276,7 @@ def routed_experts_scheduler() -> Any:
     connector for it reads cached blocks from vLLM's own block pool)."""
     vllm_config = state_config()
     vllm_config.aux_output_config.enable_return_routed_experts = True
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=config(FULL),
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-        hash_block_size=BLOCK,
-    )
+    return make_scheduler(Scheduler, vllm_config, FULL)
 
 
 def run_step(
@@ -459,13 +443,7 @@ def async_checkpoint_checks() -> list[tuple[str, bool, str]]:
     A's first 64 tokens hits 64: the reservation for step 2 kept the checkpoint's block
     (before 2026-11-25 it released it, and the probe hit nothing)."""
     vllm_config = state_config(asynchronous=True)
-    scheduler = AsyncScheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=config(FULL, CHECKPOINTING_STATE),
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-        hash_block_size=BLOCK,
-    )
+    scheduler = make_scheduler(AsyncScheduler, vllm_config, FULL, CHECKPOINTING_STATE)
     first = list(range(100, 180))
     scheduler.add_request(Request("a", first, SamplingParams(max_tokens=4, ignore_eos=True), None))
     one = scheduler.schedule()

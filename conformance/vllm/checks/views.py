@@ -15,7 +15,6 @@ from vllm import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcert.conformance.vllm.checks.fixtures import (
     BLOCK,
@@ -23,6 +22,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     STATE,
     TOKENS,
     config,
+    make_scheduler,
     refused,
     request,
     state_config,
@@ -37,13 +37,7 @@ def match_unit_scheduler(unit: int) -> Any:
     vllm_config = state_config()
     vllm_config.cache_config.prefix_match_unit = unit
     state = dataclasses.replace(STATE, block_size=2 * BLOCK)
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=config(FULL, state),
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK,
-        hash_block_size=unit,
-    )
+    return make_scheduler(Scheduler, vllm_config, FULL, state, hash_block_size=unit)
 
 
 def retention_checks() -> list[tuple[str, bool, str]]:

@@ -30,7 +30,7 @@ from kvcert.reference.config import Visibility
 from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler, Settings
 
 
-class BareManager(KVCacheManager):
+class BareManager(KVCacheManager):  # type: ignore[misc]
     """kvcert's manager as vLLM's tests build it alone: same-pass visibility unless the
     environment names one (a Scheduler passes its own settings)."""
 
