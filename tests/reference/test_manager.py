@@ -268,3 +268,30 @@ def test_a_cached_block_costs_under_half_of_vllms():
     tracemalloc.stop()
     assert m.stats().registered_blocks == count
     assert per_block <= VLLM_BYTES_PER_CACHED_BLOCK / 2, per_block
+
+
+def test_cached_block_is_the_block_a_lookup_gets_for_one_position():
+    """`cached_block` answers ALLOC-LOOKUP-1 for one block: nothing before the step that
+    wrote it ends, the block a hit would serve after, nothing where no block of the group
+    ends or no key exists; `running` and `scheduled_checkpoints` read the requests."""
+    m = manager()
+    prompt = m.prompt(PROMPT)
+    scheduled = m.admit("a", prompt, 128)
+    assert isinstance(scheduled, Scheduled)
+    assert m.running() == ("a",)
+    assert m.scheduled_checkpoints("a") == ()
+    assert m.cached_block(prompt, 0, 16) is None  # ALLOC-VIS-1: not written yet
+    m.end_step()
+    tables = m.block_tables("a")
+    assert [m.cached_block(prompt, 0, end) for end in (16, 32, 48, 64)] == list(tables[0][:4])
+    assert m.cached_block(PROMPT, 1, 64) == tables[1][3]  # tokens work as well as a Prompt
+    assert m.cached_block(prompt, 0, 24) is None  # no block ends inside one
+    assert m.cached_block(prompt, 0, 80) is None  # past the prompt: no key
+    assert m.cached_block(m.prompt([7, *PROMPT[1:]]), 0, 16) is None  # other tokens
+    m.finish("a")
+    assert m.running() == ()
+    assert m.cached_block(prompt, 0, 16) == tables[0][0]  # cached after release
+    with pytest.raises(RequestStateError, match=r"group must be in \[0, 2\)"):
+        m.cached_block(prompt, 2, 16)
+    with pytest.raises(UnknownRequestError):
+        m.scheduled_checkpoints("a")
