@@ -95,7 +95,8 @@ class GroupView:
 
 
 class CoordinatorView:
-    """The part of vLLM's coordinator its scheduler reads directly."""
+    """The part of vLLM's coordinator its scheduler reads directly, and the retention
+    interval vLLM's tests read and set."""
 
     enable_partial_hash_hits = False
     eagle_group_ids: tuple[int, ...] = ()
@@ -123,8 +124,9 @@ class CoordinatorView:
 
 
 class PoolView:
-    """The part of vLLM's block pool its scheduler reads directly: free counts and the
-    deferred release of blocks `pop_blocks_for_free` handed out."""
+    """The part of vLLM's block pool its scheduler reads directly (free counts, the deferred
+    release of blocks `pop_blocks_for_free` handed out) and the cached blocks vLLM's tests
+    look up by one of vLLM's block hashes."""
 
     def __init__(self, owner: KVCacheManager) -> None:
         self._owner = owner
