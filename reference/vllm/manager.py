@@ -185,7 +185,7 @@ class KVCacheManager:
         blocks another would have released, so it is refused once anything ran or is held."""
         core = self.core
         stats = core.stats()
-        if self._tracked or core.step or stats.running_requests or stats.admissions or stats.probes:
+        if self._tracked or core.step or stats.admissions or stats.probes:
             raise IntegrationError(
                 "the retention interval is fixed once requests have been looked up or "
                 "admitted; set it before the first request (--prefix-cache-retention-interval)"

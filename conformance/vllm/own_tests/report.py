@@ -130,15 +130,12 @@ def _needs(reasons: Iterable[str], refusals: dict[str, str]) -> list[str]:
     to define to serve the feature), in the order of the file; a refused reason no entry
     matches gets an UNEXPLAINED line."""
     refused = sorted({why for why in reasons if why.startswith("refused")})
-    paragraphs = {
-        key: text
-        for key, text in refusals.items()
-        if not key.startswith("_") and any(re.search(key, why) for why in refused)
-    }
-    missing = [
-        why for why in refused if not any(re.search(k, why) for k in refusals if k[0] != "_")
+    entries = {key: text for key, text in refusals.items() if not key.startswith("_")}
+    paragraphs = [
+        text for key, text in entries.items() if any(re.search(key, why) for why in refused)
     ]
-    return [*paragraphs.values(), *(f"UNEXPLAINED refusal: {why}" for why in missing)]
+    missing = [why for why in refused if not any(re.search(key, why) for key in entries)]
+    return [*paragraphs, *(f"UNEXPLAINED refusal: {why}" for why in missing)]
 
 
 def render(
