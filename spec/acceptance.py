@@ -16,11 +16,17 @@ null block everywhere else (HIT-GROUP-2).
 
 Full attention is downward closed (accepting L implies accepting every aligned L' < L); sliding
 window, chunked local and state groups are not. tests/spec shows both with examples.
+
+Under the hit-granularity profile `unit U` (HIT-UNIT-1) a hit may end inside a block. The same
+rules then read at block size U say which *units* of U tokens a hit needs (HIT-UNIT-2); a unit
+is held by the block it lies in, cached in full or under a partial key that reaches past it. A
+state group needs a checkpoint at exactly L (HIT-UNIT-3).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kvcert.spec.layout import (
@@ -31,6 +37,7 @@ from kvcert.spec.layout import (
     MambaMode,
     MambaState,
     SlidingWindow,
+    is_cacheable,
 )
 
 NULL = None  # the null block: "this group needs nothing here", never a cached block
@@ -144,24 +151,90 @@ def needed_blocks(group: Group, length: int) -> range:
     return NEEDED_BY_KIND[type(group)](group, length)
 
 
-def group_accepts(group: Group, cached: frozenset[int], length: int) -> bool:
+def group_accepts(
+    group: Group,
+    cached: frozenset[int],
+    length: int,
+    *,
+    unit: int | None = None,
+    partial: frozenset[int] = frozenset(),
+) -> bool:
     """HIT-GROUP-1: A group accepts a hit length when it is a multiple of the group's block
     size and every block the group needs there is cached.
 
     Cross-attention groups accept every length (HIT-CROSS-1); a state group in mode none
-    accepts only 0 (HIT-MAMBA-2).
+    accepts only 0 (HIT-MAMBA-2). Under `unit U` (a `unit` is given, with the group's partial
+    keys) HIT-UNIT-2 and HIT-UNIT-3 decide instead.
 
         full B=16, cached {0, 1, 2}:     accepts 0, 16, 32, 48; not 8 (unaligned), not 64
         SW B=16 W=32, cached {2, 3}:     accepts 0, 64; not 32 or 48 (they need block 1)
 
     pre: length >= 0
     post: __return__ or length > 0
-    post: not __return__ or isinstance(group, CrossAttention) or length % group.block_size == 0
+    post: not __return__ or length % (unit or group.block_size) == 0 or not is_cacheable(group)
     """
+    if unit is not None and is_cacheable(group):
+        if length % unit:
+            return False
+        if isinstance(group, MambaState):
+            return state_unit_accepts(group, cached, partial, length)
+        return unit_accepts(group, cached, partial, unit, length)
     if isinstance(group, MambaState) and not state_serves_hits(group):
         return length == 0
     aligned = isinstance(group, CrossAttention) or length % group.block_size == 0
     return aligned and all_cached(cached, needed_blocks(group, length))
+
+
+def unit_accepts(
+    group: Group, cached: frozenset[int], partial: frozenset[int], unit: int, length: int
+) -> bool:
+    """HIT-UNIT-2: Under `unit U` an attention group accepts a multiple L of U when every unit
+    its kind's rule needs at block size U is held: unit u (tokens [uU, (u+1)U)) lies in block
+    j = uU // B, which holds it when j is cached in full or under a partial key at a position
+    P >= (u+1)U inside it (that block holds the request's KV for [jB, P), HIT-UNIT-4).
+
+        full B=4, U=1, L=6:   needs units 0..5; block 0 cached, block 1 under partial key 7
+        blocks        | 0 0 0 0 | 1 1 1 . |        unit 5 (token 5) is in block 1, 7 >= 6
+        accepts 6 (and 5, 7); with the partial key at 5 instead it refuses 6 (token 5 missing)
+
+    Only the block the hit ends in can be held partially: every earlier needed block holds a
+    needed unit ending at its boundary, which a partial key never reaches.
+
+    pre: length >= 0 and unit >= 1 and group.block_size % unit == 0 and length % unit == 0
+    pre: not isinstance(group, (MambaState, CrossAttention))
+    post: __return__ or length > 0
+    """
+    size = group.block_size
+    units = needed_blocks(replace(group, block_size=unit), length)
+    reach: dict[int, int] = {}  # block -> the furthest token its cached content reaches
+    for position in partial:
+        block = position // size
+        reach[block] = max(reach.get(block, 0), position)
+    for block in cached:
+        reach[block] = (block + 1) * size
+    return all(reach.get(u * unit // size, -1) >= (u + 1) * unit for u in units)
+
+
+def state_unit_accepts(
+    group: MambaState, cached: frozenset[int], partial: frozenset[int], length: int
+) -> bool:
+    """HIT-UNIT-3: Under `unit U` a state group accepts L > 0 only with a checkpoint at exactly
+    L: at a block boundary the block ending there (HIT-MAMBA-1), inside a block a checkpoint
+    keyed at L; mode none still serves only 0 (HIT-MAMBA-2).
+
+        B=16, U=4, checkpoints: block 0 (at 16), partial 40
+        accepts 0, 16, 40;   refuses 36 and 44 (no state there), 32 (block 1 not cached)
+
+    pre: length >= 0
+    post: __return__ or length > 0
+    """
+    if length == 0:
+        return True
+    if not state_serves_hits(group):
+        return False
+    if length % group.block_size == 0:
+        return length // group.block_size - 1 in cached
+    return length in partial
 
 
 def all_cached(cached: frozenset[int], needed: range) -> bool:
@@ -198,7 +271,9 @@ class CachedBlocks(frozenset[int]):
         return made
 
 
-def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int | None, ...]:
+def group_blocks(
+    group: Group, cached: frozenset[int], length: int, unit: int | None = None
+) -> tuple[int | None, ...]:
     """HIT-GROUP-2: A group's lookup result at an accepted length lists, for each block
     before it, the cached block where the group needs one and the null block elsewhere.
 
@@ -206,9 +281,34 @@ def group_blocks(group: Group, cached: frozenset[int], length: int) -> tuple[int
         full B=16, L=48:                        [0, 1, 2]
         cross attention:                        []
 
-    pre: group_accepts(group, cached, length)
-    post: all(b is NULL or b in cached for b in __return__)
+    pre: unit is not None or group_accepts(group, cached, length)
+    post: unit is not None or all(b is NULL or b in cached for b in __return__)
     """
+    if unit is not None and not isinstance(group, CrossAttention):
+        return unit_blocks(group, length, unit)
     needed = needed_blocks(group, length)
     count = 0 if isinstance(group, CrossAttention) else length // group.block_size
+    return tuple(j if j in needed else NULL for j in range(count))
+
+
+def unit_blocks(group: Group, length: int, unit: int) -> tuple[int | None, ...]:
+    """HIT-UNIT-4: Under `unit U` a group's lookup result at an accepted L lists one entry per
+    block the hit reaches, cdiv(L, B): each block holding a needed unit (a state group: the
+    block holding the checkpoint at L), the null block elsewhere; the block L falls in, when L
+    is inside it, is a copy source: the request computes from L on in a private copy of its
+    first L - jB tokens (or of the state), never in the cached block.
+
+        full B=4, U=1, L=6:        [0, 1]     block 1 is copied: tokens 4, 5 kept, 6.. written
+        SW B=4 W=2, U=1, L=6:      [null, 1]  (needs token 5 only; copied likewise)
+        state B=4, U=1, L=6:       [null, 1]  the checkpoint at 6, held by block 1
+
+    pre: length >= 0 and length % unit == 0
+    post: isinstance(group, CrossAttention) or len(__return__) == -(-length // group.block_size)
+    """
+    size = group.block_size
+    count = -(-length // size)
+    if isinstance(group, MambaState):
+        needed = {(length - 1) // size} if length else set()
+    else:
+        needed = {u * unit // size for u in needed_blocks(replace(group, block_size=unit), length)}
     return tuple(j if j in needed else NULL for j in range(count))

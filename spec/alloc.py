@@ -87,6 +87,14 @@ class PoolConfig:
     retention_interval: int = 0  # sparse only: also keep every multiple of this (0: none)
 
     def __post_init__(self) -> None:
+        if self.layout.hit_unit is not None:
+            refuse(
+                InvalidOp,
+                f"hit_unit={self.layout.hit_unit}: the allocator does not define the `unit U` "
+                "profile yet (which partial keys a step registers, and the copy of the tail "
+                "block a hit inside a block needs); HIT-UNIT-1..4 define its lookups only. "
+                "Leave hit_unit unset for the allocator",
+            )
         retention = as_choice(Retention, self.retention, "retention", InvalidOp)
         object.__setattr__(self, "retention", retention)
         interval = self.retention_interval

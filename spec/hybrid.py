@@ -68,12 +68,17 @@ def common_lengths(view: CacheView) -> tuple[int, ...]:
     """The lengths every group accepts, ascending (the set HIT-HYB-1 maximises).
 
     Only multiples of the hit alignment are asked: each cacheable group accepts multiples of
-    its block size alone (HIT-GROUP-1), so no other length can be in the set."""
+    its block size alone (HIT-GROUP-1), or of the unit under `unit U` (HIT-UNIT-1), so no
+    other length can be in the set."""
     groups = view.layout.groups
+    unit = view.layout.hit_unit
     return tuple(
         length
         for length in range(0, max_hit_length(view.num_tokens) + 1, hit_alignment(view.layout))
-        if all(group_accepts(g, view.cached[i], length) for i, g in enumerate(groups))
+        if all(
+            group_accepts(g, view.cached[i], length, unit=unit, partial=view.partial[i])
+            for i, g in enumerate(groups)
+        )
     )
 
 
@@ -126,7 +131,7 @@ class HybridHit:
     """The observable result of a lookup."""
 
     length: int  # tokens served from the cache
-    blocks: tuple[tuple[int | None, ...], ...]  # per group, HIT-GROUP-2's list at `length`
+    blocks: tuple[tuple[int | None, ...], ...]  # per group, HIT-GROUP-2's (HIT-UNIT-4's) list
     plain_length: int  # HIT-HYB-1's hit before any speculative drop
 
 
@@ -149,5 +154,8 @@ def hybrid_hit(view: CacheView) -> HybridHit:
         Speculative.EXACT: exact_draft_hit,
         Speculative.DROP: drop_draft_hit,
     }[layout.speculative](common)
-    blocks = tuple(group_blocks(g, view.cached[i], length) for i, g in enumerate(layout.groups))
+    unit = layout.hit_unit
+    blocks = tuple(
+        group_blocks(g, view.cached[i], length, unit) for i, g in enumerate(layout.groups)
+    )
     return HybridHit(length=length, blocks=blocks, plain_length=plain)

@@ -156,6 +156,10 @@ class Layout:
     # tokens after a position that the position's draft KV reads: 1 for EAGLE and one-module
     # MTP (draft KV at i reads token i+1), k for k-module MTP (module m reads token i+m)
     draft_reach: int = 1
+    # the hit-granularity profile: None is `block` (a hit ends on every cacheable group's block
+    # boundary, HIT-GROUP-1); an int U is `unit U` (a hit may end at any multiple of U, also
+    # inside a block: HIT-UNIT-1; vLLM's --prefix-match-unit)
+    hit_unit: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple) or not self.groups:  # type guard: Python callers only
@@ -181,6 +185,8 @@ class Layout:
                 "mark the group(s) holding the draft layers with draft=true",
             )
         _require_int(self.draft_reach, "draft_reach", 1)
+        if self.hit_unit is not None:
+            _require_unit(self)
         if self.draft_reach > 1 and self.speculative is None:
             refuse(
                 InvalidLayout,
@@ -201,17 +207,48 @@ class Layout:
             if alignment > self.max_model_len - 1:
                 refuse(
                     AlignmentImpossible,
-                    f"the smallest positive hit is {alignment} tokens (lcm of the block sizes) "
+                    f"the smallest positive hit is {alignment} tokens (the hit alignment) "
                     f"but a request of max_model_len={self.max_model_len} tokens can reuse at "
                     f"most {self.max_model_len - 1}; prefix caching could never hit. Choose "
-                    "block sizes whose lcm is below max_model_len",
+                    "block sizes (or a hit_unit) whose alignment is below max_model_len",
                 )
 
 
-def hit_alignment(layout: Layout) -> int:
-    """Every hit is a multiple of this: the lcm of the cacheable groups' block sizes.
+def _require_unit(layout: Layout) -> None:
+    _require_int(layout.hit_unit, "hit_unit", 1)
+    unit = layout.hit_unit
+    coarse = [g.name for g in layout.groups if is_cacheable(g) and g.block_size % unit]
+    if coarse:
+        refuse(
+            InvalidLayout,
+            f"hit_unit={unit} does not divide the block size of groups {coarse}; a hit ending "
+            "at a multiple of the unit must fall on a whole unit of every block (HIT-UNIT-1): "
+            "choose a unit dividing every block size, or leave hit_unit unset for block hits",
+        )
 
-    A corollary of HIT-GROUP-1 (each group accepts only multiples of its block size), not a
-    rule of its own; tests/spec checks it.
+
+def hit_unit_of(layout: Layout) -> int:
+    """HIT-UNIT-1: Under the hit-granularity profile `unit U` a hit may end at any multiple of
+    U, which divides every cacheable group's block size; under `block` (no unit) it ends on
+    every cacheable group's block boundary (HIT-GROUP-1), so the step is their lcm.
+
+        full B=16 + state B=64, block profile:   hits 0, 64, 128, ...
+        the same with hit_unit=16:               hits 0, 16, 32, 48, 64, ...
+        (48 is inside state block 0: it needs a state checkpoint at exactly 48, HIT-UNIT-3)
+
+    pre: True
+    post: __return__ >= 1
+    post: layout.hit_unit in (None, __return__)
     """
+    if layout.hit_unit is not None:
+        return layout.hit_unit
     return math.lcm(*(g.block_size for g in layout.groups if is_cacheable(g)))
+
+
+def hit_alignment(layout: Layout) -> int:
+    """Every hit is a multiple of this: the lcm of the cacheable groups' block sizes, or the
+    unit under `unit U` (HIT-UNIT-1).
+
+    A corollary of HIT-GROUP-1 and HIT-UNIT-1, not a rule of its own; tests/spec checks it.
+    """
+    return hit_unit_of(layout)

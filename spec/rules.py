@@ -23,12 +23,14 @@ from kvcert.spec import (
     hybrid,
     invariants,
     layers,
+    layout,
     page_layout,
     plan,
     retention,
 )
 
 RULE_MODULES: tuple[ModuleType, ...] = (
+    layout,
     acceptance,
     hybrid,
     hashing,

@@ -6,6 +6,11 @@ block j cached" means the group holds a block whose key equals the request's key
 tokens [0, (j+1)*B). For a state group, block j cached means a state checkpoint taken after
 token (j+1)*B - 1, i.e. at boundary (j+1)*B.
 
+Under the hit-granularity profile `unit U` (HIT-UNIT-1) a group may also hold *partial keys*:
+position P, a multiple of U inside block j = P // B, means the group holds a block under the
+request's key for its first P tokens, so that block holds the KV of tokens [jB, P) (a state
+group: a checkpoint after token P - 1). Block-boundary positions stay in `cached`.
+
 The hit rules (§3, §4) read only this view, so they can be stated without hashes.
 """
 
@@ -36,6 +41,8 @@ class CacheView:
     layout: Layout  # the model's groups
     num_tokens: int  # tokens in the request (prompt plus any output so far)
     cached: tuple[frozenset[int], ...]  # per group, the cached block indices
+    # per group, the positions held under partial keys (unit U only); () when there are none
+    partial: tuple[frozenset[int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int):
@@ -61,6 +68,16 @@ class CacheView:
             )
         for index, blocks in enumerate(self.cached):
             self._check_group(index, blocks)
+        if self.partial == ():
+            object.__setattr__(self, "partial", tuple(frozenset() for _ in self.cached))
+        if len(self.partial) != len(self.layout.groups):
+            refuse(
+                InvalidRequest,
+                f"partial lists {len(self.partial)} groups but the layout has "
+                f"{len(self.layout.groups)}; give one entry per group, in layout order",
+            )
+        for index, positions in enumerate(self.partial):
+            self._check_partial(index, positions)
         # the same sets, each knowing its runs of consecutive blocks: HIT-GROUP-1 then asks
         # whether a needed run is cached in O(1) instead of scanning it
         object.__setattr__(self, "cached", tuple(CachedBlocks(b) for b in self.cached))
@@ -90,4 +107,39 @@ class CacheView:
                     f"{label}: cached block {j!r} is not a keyed block of this "
                     f"{self.num_tokens}-token request (valid indices: {valid}); "
                     "only full blocks have keys",
+                )
+
+    def _check_partial(self, index: int, positions: frozenset[int]) -> None:
+        group = self.layout.groups[index]
+        label = f"group {index} ({group.name!r})"
+        if not isinstance(positions, frozenset):  # type guard: Python callers only
+            refuse(InvalidRequest, f"{label}: partial positions must be a frozenset of tokens")
+        if not positions:
+            return
+        unit = self.layout.hit_unit
+        if unit is None:
+            refuse(
+                InvalidRequest,
+                f"{label}: partial keys {sorted(positions)} need the hit-granularity profile "
+                "`unit U` (HIT-UNIT-1); set the layout's hit_unit or leave partial empty",
+            )
+        if isinstance(group, CrossAttention) or (
+            isinstance(group, MambaState) and group.mode is MambaMode.NONE
+        ):
+            refuse(InvalidRequest, f"{label}: this group keeps no keys; leave partial empty")
+        keyable = self.num_tokens - key_lookahead(self.layout, group)
+        for p in positions:
+            if (
+                isinstance(p, bool)
+                or not isinstance(p, int)
+                or not 0 < p <= keyable
+                or p % unit
+                or not p % group.block_size
+            ):
+                refuse(
+                    InvalidRequest,
+                    f"{label}: partial key {p!r} is not a position inside a block of this "
+                    f"{self.num_tokens}-token request: it must be a multiple of hit_unit={unit}, "
+                    f"not of block_size={group.block_size} (block ends go in cached), and "
+                    f"between 1 and {keyable} (a key covers the tokens it names)",
                 )

@@ -57,6 +57,10 @@ EXPECTED_TAGS = {
     "HIT-HYB-1",
     "HIT-SPEC-1",
     "HIT-SPEC-2",
+    "HIT-UNIT-1",
+    "HIT-UNIT-2",
+    "HIT-UNIT-3",
+    "HIT-UNIT-4",
     "HASH-CHAIN-1",
     "HASH-EXTRA-1",
     "HASH-DRAFT-1",
@@ -195,6 +199,29 @@ def all_views(chosen: Layout, max_tokens: int = 8):
             yield CacheView(chosen, num_tokens, cached)
 
 
+def unit_views(max_tokens: int = 4):
+    """One- and two-group layouts under `unit 1` with every subset of whole blocks and of
+    partial keys (HIT-UNIT-1..4)."""
+    plain = [FullAttention(2), SlidingWindow(2, 3), ChunkedLocal(2, 3), MambaState(2)]
+    for size in (1, 2):
+        for groups in itertools.combinations(plain, size):
+            chosen = Layout(groups, hit_unit=1)
+            for num_tokens in range(1, max_tokens + 1):
+                options = []
+                for index in range(len(groups)):
+                    blocks = range(keyable_blocks(chosen, index, num_tokens))
+                    odd = range(1, num_tokens + 1, 2)
+                    options.append(list(itertools.product(subsets(blocks), subsets(odd))))
+                for picked in itertools.product(*options):
+                    cached = tuple(c for c, _ in picked)
+                    partial = tuple(p for _, p in picked)
+                    yield CacheView(chosen, num_tokens, cached, partial)
+
+
+def subsets(items: range) -> list[frozenset[int]]:
+    return [frozenset(c) for r in range(len(items) + 1) for c in itertools.combinations(items, r)]
+
+
 def test_every_contract_holds_on_every_small_case():
     """Bounded exhaustive: all small layouts x lengths x cached subsets, contracts enforced."""
     rule_functions = [
@@ -224,6 +251,9 @@ def test_every_contract_holds_on_every_small_case():
             for cache_view in all_views(chosen):
                 hybrid_hit(cache_view)
                 cases += 1
+        for cache_view in unit_views():
+            hybrid_hit(cache_view)
+            cases += 1
         tokens = [1, 2, 1, 2, 3, 1, 2, 1, 2]
         extras = [Extra(ExtraKind.CACHE_SALT, "s"), Extra(ExtraKind.MULTIMODAL, "m", 2, 5)]
         for size in (1, 2, 4):

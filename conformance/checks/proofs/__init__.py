@@ -7,11 +7,12 @@ tests/proofs runs each as a pytest case.
 
 from __future__ import annotations
 
-from kvcert.conformance.checks.proofs import alloc, hashing, hit, kernel, page
+from kvcert.conformance.checks.proofs import alloc, hashing, hit, kernel, page, unit
 from kvcert.conformance.checks.proofs.core import Obligation
 
 MANIFEST: tuple[Obligation, ...] = (
     *hit.OBLIGATIONS,
+    *unit.OBLIGATIONS,
     *hashing.OBLIGATIONS,
     *alloc.OBLIGATIONS,
     *page.OBLIGATIONS,

@@ -1,0 +1,220 @@
+"""Obligations for the hit-granularity profile `unit U` (HIT-UNIT-1..3).
+
+A group is symbolic: kind (full, sliding window, chunked local, state), block size in SIZES,
+unit in UNITS (dividing it), window, chunk, one Bool per block (cached in full) and one Bool
+per position (held under a partial key; only positions inside a block on the unit grid can
+be). Lengths are concrete (0..LMAX), so every `//` and `%` is by a constant.
+
+The claims are stated per token, not per unit or block, so they check the rule's block
+arithmetic: which units a kind needs, which block holds each, how far a partial key reaches.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import z3  # type: ignore[import-untyped]
+
+from kvcert.conformance.checks.proofs.core import AGREES, COUNTEREXAMPLE, PROVED, Obligation
+from kvcert.conformance.checks.proofs.core import evaluate as value_of
+from kvcert.spec import ChunkedLocal, FullAttention, Layout, MambaState, SlidingWindow
+from kvcert.spec.acceptance import group_accepts
+
+SIZES = (2, 4)
+UNITS = (1, 2)
+CHUNKS = (2, 3, 4)
+LMAX = 8
+FULL, SW, CHUNKED, STATE = 0, 1, 2, 3
+KINDS = (FULL, SW, CHUNKED, STATE)
+
+# how a tail block's partial keys hold a unit: the rule, and two broken readings
+COVERING = "covering"  # a key at P >= the unit's end (HIT-UNIT-2)
+ANY_KEY = "any-key"  # any partial key in the block, however short (serves unwritten tokens)
+EXACT_KEY = "exact-key"  # only a key at exactly the hit (an engine probing the hit's own key)
+
+
+@dataclass(frozen=True)
+class UnitGroup:
+    kind: Any
+    size: Any
+    unit: Any
+    window: Any
+    chunk: Any
+    cached: tuple[Any, ...]  # block j cached in full
+    partial: tuple[Any, ...]  # position p (index p) held under a partial key
+
+
+def _group() -> tuple[UnitGroup, list[Any]]:
+    kind, size, unit, window, chunk = z3.Ints("kind size unit window chunk")
+    cached = tuple(z3.Bools(" ".join(f"c{j}" for j in range(LMAX))))
+    partial = tuple(z3.Bools(" ".join(f"p{p}" for p in range(LMAX + 1))))
+    domain = [
+        z3.Or([kind == k for k in KINDS]),
+        z3.Or([size == s for s in SIZES]),
+        z3.Or([unit == u for u in UNITS]),
+        window >= 1,
+        window <= 2 * LMAX,
+        z3.Or([chunk == c for c in CHUNKS]),
+        z3.Not(partial[0]),
+    ]
+    for p in range(1, LMAX + 1):  # a partial key sits on the unit grid, inside a block
+        on_grid = z3.Or([z3.And(unit == u, p % u == 0) for u in UNITS])
+        inside = z3.Or([z3.And(size == s, p % s != 0) for s in SIZES])
+        domain.append(z3.Implies(partial[p], z3.And(on_grid, inside)))
+    return UnitGroup(kind, size, unit, window, chunk, cached, partial), domain
+
+
+def _first_needed_token(group: UnitGroup, length: int) -> Any:
+    """The first token a hit of `length` reads, per attention kind (HIT-FULL-1, HIT-SW-1,
+    HIT-CHUNK-1 stated per token)."""
+    reach = length - (group.window - 1)
+    chunk_start = z3.Sum([z3.If(group.chunk == c, length // c * c, 0) for c in CHUNKS])
+    return z3.If(
+        group.kind == SW, z3.If(reach > 0, reach, 0), z3.If(group.kind == CHUNKED, chunk_start, 0)
+    )
+
+
+def _held(group: UnitGroup, size: int, end: int, length: int, reading: str) -> Any:
+    """Whether the block holding token end - 1 holds tokens up to `end` (block size `size`)."""
+    block = (end - 1) // size
+    keys = range(block * size + 1, (block + 1) * size)
+    if reading == COVERING:
+        partial = [group.partial[p] for p in keys if p >= end and p <= LMAX]
+    elif reading == ANY_KEY:
+        partial = [group.partial[p] for p in keys if p <= LMAX]
+    else:
+        partial = [group.partial[p] for p in keys if p == length]
+    return z3.Or(group.cached[block], *partial)
+
+
+def accepts(group: UnitGroup, length: int, reading: str = COVERING) -> Any:
+    """HIT-UNIT-2 and HIT-UNIT-3 for one symbolic group at a concrete length."""
+    branches = []
+    for size in SIZES:
+        for unit in UNITS:
+            if size % unit or length % unit:
+                continue
+            first = _first_needed_token(group, length)
+            units = [
+                z3.Implies(first < (u + 1) * unit, _held(group, size, (u + 1) * unit, length,
+                                                         reading))
+                for u in range(length // unit)
+            ]  # fmt: skip
+            attention = z3.And(units)
+            if length == 0:
+                state: Any = z3.BoolVal(True)
+            elif length % size == 0:
+                state = group.cached[length // size - 1]
+            else:
+                state = group.partial[length]
+            rule = z3.If(group.kind == STATE, state, attention)
+            branches.append(z3.And(group.size == size, group.unit == unit, rule))
+    return z3.Or(branches) if branches else z3.BoolVal(False)
+
+
+def sound(reading: str = COVERING) -> Any:
+    """Every accepted length reads only written tokens: each token t the kind reads before L
+    lies in a block cached in full or held under a partial key past t; a state hit has a
+    checkpoint at exactly L. `reading` ANY_KEY: a shorter key in the block counts (twin)."""
+
+    def build() -> tuple[list[Any], Any]:
+        group, domain = _group()
+        claims = []
+        for length in range(LMAX + 1):
+            for size in SIZES:
+                token_ok = []
+                for t in range(length):
+                    block = t // size
+                    later = [group.partial[p] for p in range(t + 1, (block + 1) * size)
+                             if p <= LMAX]  # fmt: skip
+                    written = z3.Or(group.cached[block], *later)
+                    token_ok.append(z3.Implies(_first_needed_token(group, length) <= t, written))
+                if length == 0:
+                    state: Any = z3.BoolVal(True)
+                elif length % size == 0:
+                    state = group.cached[length // size - 1]
+                else:
+                    state = group.partial[length]
+                safe = z3.If(group.kind == STATE, state, z3.And(token_ok))
+                claims.append(
+                    z3.Implies(z3.And(group.size == size, accepts(group, length, reading)), safe)
+                )
+        return domain, z3.And(claims)
+
+    return build
+
+
+def full_downward(reading: str = COVERING) -> Any:
+    """A full-attention group accepting L accepts every shorter multiple of the unit: a block
+    cached past the hit serves every prefix of it. `reading` EXACT_KEY: an engine that finds
+    a tail only under the hit's own key loses them (twin)."""
+
+    def build() -> tuple[list[Any], Any]:
+        group, domain = _group()
+        claims = []
+        for length in range(LMAX + 1):
+            for shorter in range(length):
+                on_grid = z3.Or([z3.And(group.unit == u, shorter % u == 0) for u in UNITS])
+                claims.append(
+                    z3.Implies(
+                        z3.And(accepts(group, length, reading), on_grid),
+                        accepts(group, shorter, reading),
+                    )
+                )
+        return [*domain, group.kind == FULL], z3.And(claims)
+
+    return build
+
+
+def _concrete(kind: int, size: int, window: int, chunk: int) -> Any:
+    return {
+        FULL: FullAttention(size),
+        SW: SlidingWindow(size, window),
+        CHUNKED: ChunkedLocal(size, chunk),
+        STATE: MambaState(size),
+    }[kind]
+
+
+def drift() -> None:
+    """The encoding against kvcert.spec.acceptance on random concrete groups."""
+    rng = random.Random(11)
+    group, _ = _group()
+    for _ in range(150):
+        kind, size = rng.choice(KINDS), rng.choice(SIZES)
+        unit = rng.choice([u for u in UNITS if size % u == 0])
+        window, chunk = rng.randint(1, 2 * LMAX), rng.choice(CHUNKS)
+        concrete = _concrete(kind, size, window, chunk)
+        Layout((concrete,), hit_unit=unit)  # the spec accepts this layout
+        cached = frozenset(j for j in range(LMAX) if rng.random() < 0.7)
+        partial = frozenset(
+            p for p in range(unit, LMAX + 1, unit) if p % size and rng.random() < 0.4
+        )
+        values: dict[str, int | bool] = {
+            "kind": kind, "size": size, "unit": unit, "window": window, "chunk": chunk,
+        }  # fmt: skip
+        values |= {f"c{j}": j in cached for j in range(LMAX)}
+        values |= {f"p{p}": p in partial for p in range(LMAX + 1)}
+        for length in range(LMAX + 1):
+            got = value_of(accepts(group, length), **values)
+            want = group_accepts(concrete, cached, length, unit=unit, partial=partial)
+            assert got == want, f"HIT-UNIT encoding {got} != spec {want} at {values} L={length}"
+
+
+OBLIGATIONS = (
+    Obligation("THM-UNIT-SOUND", ("HIT-UNIT-2", "HIT-UNIT-3"),
+               "full, window, chunked, state; blocks 2/4, units 1/2; lengths <= 8", PROVED, "pr",
+               sound(), about="a unit hit reads only tokens a cached block or longer key holds"),
+    Obligation("TWIN-UNIT-ANY-KEY", ("HIT-UNIT-2",), "as THM-UNIT-SOUND", COUNTEREXAMPLE, "pr",
+               sound(ANY_KEY), twin_of="THM-UNIT-SOUND",
+               about="a shorter partial key in the tail block serves tokens nobody wrote"),
+    Obligation("THM-UNIT-FULL-DOWN", ("HIT-UNIT-2",), "full; blocks 2/4, units 1/2; lengths <= 8",
+               PROVED, "pr", full_downward(),
+               about="full attention under unit U accepts every multiple of U below a hit"),
+    Obligation("TWIN-UNIT-EXACT-KEY", ("HIT-UNIT-2",), "as THM-UNIT-FULL-DOWN", COUNTEREXAMPLE,
+               "pr", full_downward(EXACT_KEY), twin_of="THM-UNIT-FULL-DOWN",
+               about="probing only the hit's own key loses the tails a longer key holds"),
+    Obligation("DRIFT-UNIT", ("HIT-UNIT-2", "HIT-UNIT-3"), "150 random concrete groups", AGREES,
+               "pr", drift, about="the unit encoding equals kvcert.spec.acceptance"),
+)  # fmt: skip
