@@ -181,6 +181,9 @@ class CacheConfig:
     # record what becomes hittable or is evicted (kvcert.reference.events), for engines that
     # publish KV events; costs a per-block path where batches run otherwise
     record_events: bool = False
+    # the hit-granularity profile: None is `block` (hits end on every group's block boundary);
+    # U is `unit U` (a hit may end at any multiple of U, inside a block too; spec HIT-UNIT-1)
+    hit_unit: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple | list) or not self.groups:
@@ -188,6 +191,7 @@ class CacheConfig:
         if not all(isinstance(g, GroupConfig) for g in self.groups):
             raise ConfigError(f"groups must be GroupConfig values, got {self.groups!r}")
         object.__setattr__(self, "groups", tuple(self.groups))
+        self._check_hit_unit()
         if self.speculative is not None:
             object.__setattr__(
                 self, "speculative", as_choice(DraftKeying, self.speculative, "speculative")
@@ -227,7 +231,7 @@ class CacheConfig:
         if self.speculative is DraftKeying.DROP and reach > self.alignment:
             raise ConfigError(
                 f"speculative=drop steps a hit down by at least {self.alignment} tokens (the "
-                f"lcm of the block sizes), fewer than the draft_reach={reach} tokens a draft "
+                f"hit alignment), fewer than the draft_reach={reach} tokens a draft "
                 "position reads: a dropped hit could still serve draft KV computed from "
                 "other tokens; use exact keying or larger blocks"
             )
@@ -256,10 +260,28 @@ class CacheConfig:
             )
         if self.max_model_len is not None and self.alignment > self.max_model_len - 1:
             raise ConfigError(
-                f"every hit is a multiple of {self.alignment} tokens (the lcm of the block "
-                f"sizes) but a request of max_model_len={self.max_model_len} can reuse at most "
+                f"every hit is a multiple of {self.alignment} tokens (the hit alignment) "
+                f"but a request of max_model_len={self.max_model_len} can reuse at most "
                 f"{self.max_model_len - 1}: prefix caching could never hit; choose smaller "
                 "blocks or a longer max_model_len"
+            )
+
+    def _check_hit_unit(self) -> None:
+        """Implements HIT-UNIT-1's condition: the unit divides every cacheable block size."""
+        unit = self.hit_unit
+        if unit is None:
+            return
+        if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1:
+            raise ConfigError(
+                f"hit_unit must be an integer >= 1 or None (block hits), got {unit!r}"
+            )
+        coarse = [g.name or g.kind.value for g in self.groups
+                  if g.kind is not Kind.CROSS and g.block_size % unit]  # fmt: skip
+        if coarse:
+            raise ConfigError(
+                f"hit_unit={unit} does not divide the block size of groups {coarse}: a hit "
+                "ending on the unit grid must end on a whole unit of every block; choose a "
+                "unit dividing every block size, or None for block hits"
             )
 
     def _check_retention_interval(self) -> None:
@@ -281,8 +303,9 @@ class CacheConfig:
 
     @property
     def alignment(self) -> int:
-        """Every hit is a multiple of this (lcm of the cacheable block sizes)."""
-        return hit_alignment(self.groups)
+        """Every hit is a multiple of this: the lcm of the cacheable block sizes, or the
+        hit unit when one is set."""
+        return self.hit_unit if self.hit_unit is not None else hit_alignment(self.groups)
 
 
 def hit_alignment(groups: tuple[GroupConfig, ...]) -> int:

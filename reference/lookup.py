@@ -15,6 +15,7 @@ from typing import Any
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, Kind
+from kvcert.reference.errors import ConfigError
 from kvcert.reference.hashing import Chain, ExtraKey
 from kvcert.reference.keyindex import ServedMap
 
@@ -25,6 +26,12 @@ class Keying:
     def __init__(
         self, config: CacheConfig, digest: Callable[[bytes], Any], lookahead: list[int]
     ) -> None:
+        if config.hit_unit is not None:
+            raise ConfigError(
+                f"hit_unit={config.hit_unit}: the allocator keys whole blocks only; the `unit "
+                "U` profile's partial keys and tail copies are not built yet (its lookups are: "
+                "kvcert.reference.unit_hits). Leave hit_unit unset for a KVCacheManager"
+            )
         self.config = config
         self.digest = digest
         self.lookahead = lookahead  # per group, the draft tokens its keys cover past a block

@@ -13,9 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvcert.reference import coordinator, groups, hashing, planner, retention, scheduling
+from kvcert.reference import (
+    coordinator,
+    groups,
+    hashing,
+    planner,
+    retention,
+    scheduling,
+    unit_hits,
+)
 from kvcert.reference.block_pool import BlockPool
 from kvcert.reference.commit import Registrar
+from kvcert.reference.config import CacheConfig
 from kvcert.reference.eviction import FreeQueue, HybridQueue, UnkeyedFirstQueue
 from kvcert.reference.lookup import Keying
 from kvcert.reference.manager import KVCacheManager
@@ -33,7 +42,11 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "HIT-LEN-1": (coordinator.find_hit,),
     "HIT-HYB-1": (coordinator.find_hit,),
     "HIT-SPEC-1": (coordinator.find_hit,),
-    "HIT-SPEC-2": (coordinator.find_hit,),
+    "HIT-SPEC-2": (coordinator.find_hit, unit_hits.find_unit_hit),
+    "HIT-UNIT-1": (CacheConfig._check_hit_unit, unit_hits.find_unit_hit),
+    "HIT-UNIT-2": (unit_hits.find_unit_hit,),
+    "HIT-UNIT-3": (unit_hits.find_unit_hit,),
+    "HIT-UNIT-4": (unit_hits.find_unit_hit,),
     "HASH-EXTRA-1": (hashing.encode_extras,),
     "HASH-CHAIN-1": (hashing.Chain.extend,),
     "HASH-DRAFT-1": (Keying.chains,),

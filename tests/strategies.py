@@ -18,6 +18,7 @@ from kvcert.spec import (
     SlidingWindow,
     Speculative,
 )
+from kvcert.spec.hashing import key_lookahead
 from kvcert.spec.layout import is_cacheable
 from kvcert.spec.view import keyable_blocks
 
@@ -110,6 +111,27 @@ def views(
         for i, g in enumerate(chosen.groups)
     )
     return CacheView(chosen, num_tokens, cached)
+
+
+@st.composite
+def unit_views(draw: st.DrawFn, max_tokens: int = 60) -> CacheView:
+    """A cache view under the hit-granularity profile `unit U` (U a divisor of every
+    cacheable block size), with partial keys drawn per group (HIT-UNIT-1..4)."""
+    body = draw(layouts(max_groups=3))
+    sizes = math.gcd(*(g.block_size for g in body.groups if is_cacheable(g)))
+    unit = draw(st.sampled_from([d for d in range(1, sizes + 1) if sizes % d == 0]))
+    chosen = Layout(body.groups, body.speculative, draft_reach=body.draft_reach, hit_unit=unit)
+    num_tokens = draw(st.integers(1, max_tokens))
+    cached, partial = [], []
+    for i, g in enumerate(chosen.groups):
+        serves = _serves(g)
+        cached.append(draw(cached_blocks(keyable_blocks(chosen, i, num_tokens))) if serves
+                      else frozenset())  # fmt: skip
+        top = num_tokens - key_lookahead(chosen, g)
+        inside = [p for p in range(unit, top + 1, unit) if p % g.block_size]
+        partial.append(draw(st.sets(st.sampled_from(inside))) if serves and inside
+                       else frozenset())  # fmt: skip
+    return CacheView(chosen, num_tokens, tuple(cached), tuple(frozenset(p) for p in partial))
 
 
 # --- page planning: plan-input JSON (kvcert.conformance.contract.plans) ---------------------------

@@ -1,0 +1,165 @@
+"""The hybrid hit under the hit-granularity profile `unit U`: hits that may end inside a block.
+
+The spec (HIT-UNIT-1..4) lets a hit end at any multiple of U. A group holds the request's
+tokens up to a position P when it serves the request's key for its first P tokens: at a block
+end that is the whole block, inside a block a *partial key* whose block holds [jB, P).
+
+The search:
+
+1. Each group's cache is read per block as its *reach*: how far the content of the block that
+   serves the furthest key inside it goes (B when the block's own key is served, else the
+   largest served partial position, else nothing). Keys are probed lazily, each at most once.
+2. A full-attention group accepts exactly the multiples of U up to its cached prefix plus
+   the reach of the block after it (downward closed at unit granularity: THM-UNIT-FULL-DOWN),
+   which caps every candidate.
+3. From the largest multiple of U under the cap downwards, the first length every other group
+   accepts is the hit (HIT-HYB-1); under drop keying the next one (HIT-SPEC-2). A sliding
+   window or chunk needs the whole blocks before the block L ends in and that block's reach up
+   to L (HIT-UNIT-2); a state group its key at exactly L (HIT-UNIT-3).
+
+This is a descending scan over units, not the block search's jumps: its cost grows with the
+candidates below the cap times the blocks a window needs. tests/differential holds it equal to
+kvcert.spec on Hypothesis-drawn views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+from kvcert.reference.block_pool import NULL_BLOCK
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.keyindex import ServedMap
+
+K = TypeVar("K", bound=Hashable)  # a key: a digest, or a position in the hit suite
+
+
+class _Reach:
+    """One group's cache, read per block: how far each block's cached content reaches."""
+
+    def __init__(self, group: GroupConfig, unit: int, keys: Sequence[K], served: ServedMap[K]):
+        self._size = group.block_size
+        self._per_block = group.block_size // unit
+        self._unit = unit
+        self._keys = keys
+        self._served = served
+        self._memo: dict[int, tuple[int, int]] = {}
+
+    def block(self, j: int) -> tuple[int, int]:
+        """(tokens reached, block id) for block j; (j * B, NULL_BLOCK) when nothing is held."""
+        found = self._memo.get(j)
+        if found is None:
+            found = (j * self._size, NULL_BLOCK)
+            last = min((j + 1) * self._per_block, len(self._keys))
+            for i in range(last - 1, j * self._per_block - 1, -1):  # the furthest key first
+                block_id = self._served.get(self._keys[i], NULL_BLOCK)
+                if block_id != NULL_BLOCK:
+                    found = ((i + 1) * self._unit, block_id)
+                    break
+            self._memo[j] = found
+        return found
+
+    def holds(self, first_token: int, length: int) -> bool:
+        """Whether every token of [first_token, length) is held (HIT-UNIT-2)."""
+        if first_token >= length:
+            return True
+        size = self._size
+        whole = length // size
+        if any(self.block(j)[0] < (j + 1) * size for j in range(first_token // size, whole)):
+            return False
+        return length % size == 0 or self.block(whole)[0] >= length
+
+    def at(self, length: int) -> int:
+        """The block id serving the key at exactly `length` (a state checkpoint), or NULL."""
+        index = length // self._unit - 1
+        if not 0 <= index < len(self._keys):
+            return NULL_BLOCK
+        return self._served.get(self._keys[index], NULL_BLOCK)
+
+
+def _first_token(group: GroupConfig, length: int) -> int:
+    """The first token a hit of `length` reads (HIT-FULL-1, HIT-SW-1, HIT-CHUNK-1)."""
+    if group.kind is Kind.SLIDING_WINDOW:
+        return max(0, length - (group.window - 1))
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return length // group.chunk * group.chunk
+    return 0
+
+
+def _accepts(group: GroupConfig, reach: _Reach, length: int) -> bool:
+    if length == 0 or group.kind is Kind.CROSS:
+        return True
+    if group.kind is Kind.MAMBA:
+        return group.mode is not MambaMode.NONE and reach.at(length) != NULL_BLOCK
+    return reach.holds(_first_token(group, length), length)
+
+
+def find_unit_hit(
+    config: CacheConfig,
+    num_tokens: int,
+    unit_keys: Sequence[Sequence[K]],
+    served: Sequence[ServedMap[K]],
+) -> tuple[int, list[list[int]]]:
+    """The hit length and, per group, its block list (HIT-UNIT-4: one entry per block the
+    hit reaches, the block L falls in being the copy source when L is inside it).
+
+    `unit_keys[g][i]` is the request's key for its first (i + 1) * U tokens in group g (as
+    many as the group can key), `served[g]` maps a key to the block serving it.
+
+    Implements HIT-LEN-1, HIT-UNIT-1, HIT-UNIT-2, HIT-UNIT-3, HIT-UNIT-4, HIT-HYB-1,
+    HIT-SPEC-1, HIT-SPEC-2."""
+    unit = config.hit_unit
+    if unit is None:
+        raise ValueError("find_unit_hit serves the `unit U` profile; use coordinator.find_hit")
+    groups = config.groups
+    reaches = [
+        _Reach(g, unit, unit_keys[i], served[i]) if g.kind is not Kind.CROSS else None
+        for i, g in enumerate(groups)
+    ]
+    bound = num_tokens - 1
+    for group, reach in zip(groups, reaches, strict=True):
+        if group.kind is Kind.FULL and reach is not None:
+            bound = min(bound, _full_bound(group, reach, bound))
+    others = [
+        (g, r)
+        for g, r in zip(groups, reaches, strict=True)
+        if r is not None and g.kind is not Kind.FULL
+    ]
+    found: list[int] = []
+    length = bound // unit * unit
+    while length >= 0 and len(found) < 2:
+        if all(_accepts(g, r, length) for g, r in others):
+            found.append(length)
+        length -= unit
+    hit = found[0]
+    if config.speculative is DraftKeying.DROP:
+        hit = found[1] if hit > 0 else 0
+    return hit, [
+        [] if r is None else _table(g, r, hit) for g, r in zip(groups, reaches, strict=True)
+    ]
+
+
+def _full_bound(group: GroupConfig, reach: _Reach, cap: int) -> int:
+    """The longest prefix a full group holds, up to `cap`: its whole cached blocks, then the
+    reach of the block after them."""
+    size = group.block_size
+    j = 0
+    while (j + 1) * size <= cap and reach.block(j)[0] == (j + 1) * size:
+        j += 1
+    return min(cap, max(j * size, reach.block(j)[0]))
+
+
+def _table(group: GroupConfig, reach: _Reach, hit: int) -> list[int]:
+    size = group.block_size
+    count = -(-hit // size)
+    table = [NULL_BLOCK] * count
+    if hit == 0:
+        return table
+    if group.kind is Kind.MAMBA:
+        table[(hit - 1) // size] = reach.at(hit)
+        return table
+    first_token = _first_token(group, hit)
+    if first_token < hit:  # the blocks of the units HIT-UNIT-2 needs: from first_token's on
+        for j in range(first_token // size, count):
+            table[j] = reach.block(j)[1]
+    return table
