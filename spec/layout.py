@@ -186,7 +186,7 @@ class Layout:
             )
         _require_int(self.draft_reach, "draft_reach", 1)
         if self.hit_unit is not None:
-            _require_unit(self)
+            _require_unit(self, self.hit_unit)
         if self.draft_reach > 1 and self.speculative is None:
             refuse(
                 InvalidLayout,
@@ -214,9 +214,8 @@ class Layout:
                 )
 
 
-def _require_unit(layout: Layout) -> None:
-    _require_int(layout.hit_unit, "hit_unit", 1)
-    unit = layout.hit_unit
+def _require_unit(layout: Layout, unit: int) -> None:
+    _require_int(unit, "hit_unit", 1)
     coarse = [g.name for g in layout.groups if is_cacheable(g) and g.block_size % unit]
     if coarse:
         refuse(
@@ -236,13 +235,12 @@ def hit_unit_of(layout: Layout) -> int:
         the same with hit_unit=16:               hits 0, 16, 32, 48, 64, ...
         (48 is inside state block 0: it needs a state checkpoint at exactly 48, HIT-UNIT-3)
 
-    pre: True
-    post: __return__ >= 1
-    post: layout.hit_unit in (None, __return__)
+    pre: layout.hit_unit is not None
+    post: all(g.block_size % __return__ == 0 for g in layout.groups if is_cacheable(g))
     """
-    if layout.hit_unit is not None:
-        return layout.hit_unit
-    return math.lcm(*(g.block_size for g in layout.groups if is_cacheable(g)))
+    if layout.hit_unit is None:
+        refuse(InvalidLayout, "the block profile has no hit unit; ask hit_alignment instead")
+    return layout.hit_unit
 
 
 def hit_alignment(layout: Layout) -> int:
@@ -251,4 +249,6 @@ def hit_alignment(layout: Layout) -> int:
 
     A corollary of HIT-GROUP-1 and HIT-UNIT-1, not a rule of its own; tests/spec checks it.
     """
-    return hit_unit_of(layout)
+    if layout.hit_unit is not None:
+        return hit_unit_of(layout)
+    return math.lcm(*(g.block_size for g in layout.groups if is_cacheable(g)))

@@ -1,6 +1,6 @@
 """The vector files a certification reads: the manifest, each file's checks, and its cases.
 
-    {"format": "kvcert-vector/4", "spec_version": "0.5.0", "retired_ids": [...],
+    {"format": "kvcert-vector/5", "spec_version": "0.6.0", "retired_ids": [...],
      "files": {"hit/scenarios.json": {"sha256": "<64 hex>", "cases": 12}, ...}}
 
 A malformed manifest is the user's input error (`InputError`: nothing can run, and the
@@ -33,7 +33,8 @@ VECTORS: Traversable = resources.files("kvcert.conformance.vectors")
 SCHEMA: Traversable = (
     resources.files("kvcert.conformance.contract") / "schema" / "vector.schema.json"
 )
-MANIFEST_FORMAT = "kvcert-vector/4"
+MANIFEST_FORMAT = "kvcert-vector/5"
+READ_FORMATS = ("kvcert-vector/4", MANIFEST_FORMAT)  # /5 only adds optional fields
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CLAIMABLE = frozenset(FEATURES) | frozenset(PROFILES)
 
@@ -80,8 +81,10 @@ def read_manifest(root: Traversable) -> dict[str, JSON]:
             '"<64 hex>", "cases": N}, ...}; kvcert certify --vectors DIR --write-manifest '
             "writes one"
         )
-    if manifest.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:
-        raise InputError(f"{where}: format must be {MANIFEST_FORMAT!r}, got {manifest['format']!r}")
+    if manifest.get("format", MANIFEST_FORMAT) not in READ_FORMATS:
+        raise InputError(
+            f"{where}: format must be one of {list(READ_FORMATS)}, got {manifest['format']!r}"
+        )
     files: dict[str, JSON] = manifest["files"]
     if not files:
         raise InputError(f"{where}: lists no vector files, so there is nothing to certify")

@@ -17,7 +17,9 @@ naming the JSON path and what to write instead, so a typo cannot pass.
 Format kvcert-vector/2 adds an optional `shape` to attention groups (`shape_from_json`): the
 layers' heads and dtype, for engines that plan their own groups from layers. Format
 kvcert-vector/3 adds an optional `visibility` to alloc inputs (`visibility_from_json`), /4 an
-optional `retention` (`retention_from_json`).
+optional `retention` (`retention_from_json`), /5 an optional `hit_unit` to layouts (the
+hit-granularity profile `unit U`, HIT-UNIT-1) and an optional `partial` to hit inputs
+(`partial_from_json`: per group, the positions held under partial keys).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ GROUP_FIELDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mamba": ((), ("mode", "speculative_blocks")),
     "cross": ((), ("shape",)),
 }
-LAYOUT_FIELDS = (("groups",), ("speculative", "max_model_len", "draft_reach"))
+LAYOUT_FIELDS = (("groups",), ("speculative", "max_model_len", "draft_reach", "hit_unit"))
 _GROUP_TYPES: Mapping[str, Callable[..., Group]] = {
     "full": FullAttention,
     "sliding_window": SlidingWindow,
@@ -201,6 +203,7 @@ def layout_from_json(obj: object, where: str = "layout") -> Layout:
             speculative=speculative,
             max_model_len=fields.get("max_model_len"),
             draft_reach=fields.get("draft_reach", 1),
+            hit_unit=fields.get("hit_unit"),
         ),
     )
 
@@ -235,6 +238,8 @@ def layout_to_json(layout: Layout) -> JSON:
         out["max_model_len"] = layout.max_model_len
     if layout.draft_reach != 1:  # 1 (EAGLE, one MTP module) is the default: older vectors
         out["draft_reach"] = layout.draft_reach
+    if layout.hit_unit is not None:  # absent: block hits, as every vector before /5
+        out["hit_unit"] = layout.hit_unit
     return out
 
 
@@ -446,6 +451,27 @@ def from_ranges(ranges: object, where: str = "cached") -> frozenset[int]:
                 f"0 <= start < stop <= {MAX_TOKENS}"
             )
     return frozenset(j for start, stop in ranges for j in range(start, stop))
+
+
+def partial_from_json(
+    obj: object, groups: int, where: str = "partial"
+) -> tuple[frozenset[int], ...]:
+    """A hit input's `partial` (format /5; absent: none): per group, the token positions held
+    under partial keys, each an integer in [1, MAX_TOKENS] (the spec checks the rest)."""
+    if obj is None:
+        return tuple(frozenset() for _ in range(groups))
+    if not isinstance(obj, list) or len(obj) != groups:
+        raise InputError(f"{where}: expected one list of positions per group ({groups})")
+    for index, positions in enumerate(obj):
+        if not isinstance(positions, list) or any(
+            isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_TOKENS
+            for p in positions
+        ):
+            raise InputError(
+                f"{where}[{index}]: expected a list of token positions, integers in "
+                f"[1, {MAX_TOKENS}], got {positions!r}"
+            )
+    return tuple(frozenset(positions) for positions in obj)
 
 
 def to_runs(blocks: list[int | None]) -> list[list[int | None]]:

@@ -3,7 +3,8 @@
 An engine is any object with `describe() -> dict` and `run(case) -> dict`, both plain JSON:
 
     describe() -> {"name": ..., "version": ..., "features": [...], "profiles": [...]}
-    run({"suite": "hit", "layout": {...}, "num_tokens": n, "cached": [[[start, stop], ...], ...]})
+    run({"suite": "hit", "layout": {...}, "num_tokens": n, "cached": [[[start, stop], ...], ...],
+         "partial": [[position, ...], ...]})     (partial: only under a layout's hit_unit)
         -> {"hit": L, "blocks": [[j or null, ...], ...]}
     run({"suite": "alloc", "layout": {...}, "num_blocks": N, "ops": [{...}, ...]})
         -> {"observations": [{...} or {"refused": true}, ...]}
@@ -56,7 +57,8 @@ FEATURES = (
 # Visibility (ALLOC-VIS-1, ALLOC-VIS-2) likewise: a case whose answer depends on when a
 # block becomes hittable runs only under the profile the engine claims. Retention (RET-*)
 # too: which blocks stay cached; `retention.sparse-interval` is sparse retention with a
-# positive `retention_interval`, claimed by engines whose interval can be set.
+# positive `retention_interval`, claimed by engines whose interval can be set. `hit.unit`: the
+# hit-granularity profile `unit U` (HIT-UNIT-1..4), hits that may end inside a block.
 PROFILES = (
     "eviction.lru",
     "eviction.hybrid",
@@ -66,6 +68,7 @@ PROFILES = (
     "retention.dense",
     "retention.sparse",
     "retention.sparse-interval",
+    "hit.unit",
 )
 
 

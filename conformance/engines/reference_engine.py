@@ -22,6 +22,7 @@ from kvcert.conformance.contract.codec import (
     check_op_fields,
     expect_object,
     from_ranges,
+    partial_from_json,
 )
 from kvcert.conformance.contract.plans import check_plan_fields
 from kvcert.conformance.contract.protocol import Session, claims_everything
@@ -31,6 +32,7 @@ from kvcert.reference.coordinator import find_hit
 from kvcert.reference.errors import ConfigError, KVCacheError, RequestStateError
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager, Waiting
+from kvcert.reference.unit_hits import find_unit_hit
 
 
 def _text(value: object, what: str) -> str:
@@ -85,6 +87,7 @@ def config_from_json(
     except ValueError as error:
         raise ConfigError(f"bad speculative keying {speculative!r}") from error
     limit = layout.get("max_model_len")
+    unit = layout.get("hit_unit")
     chosen = {k: v for k, v in (profiles or {}).items() if k in PROFILE_FIELDS}
     return ref.CacheConfig(
         tuple(group_from_json(g) for g in groups),
@@ -92,6 +95,7 @@ def config_from_json(
         speculative=keying,
         max_model_len=None if limit is None else _int(limit, "max_model_len"),
         draft_reach=_int(layout.get("draft_reach", 1), "draft_reach"),
+        hit_unit=None if unit is None else _int(unit, "hit_unit"),
         **chosen,
     )
 
@@ -308,11 +312,20 @@ class ReferenceEngine:
 
     def _hit(self, case: JSON) -> JSON:
         config = config_from_json(case["layout"], 2)
-        KVCacheManager(config)  # refuses layouts it cannot manage (cross attention only)
+        if all(g.kind is ref.Kind.CROSS for g in config.groups):
+            raise ConfigError("every group is cross attention: there is no prefix to look up")
         cached = cached_sets(case)
         num_tokens = check_view(config, case["num_tokens"], cached)
-        keys, served = block_index_cache(config, num_tokens, cached)
-        length, tables = find_hit(config, num_tokens, keys, served)
+        partial = partial_from_json(case.get("partial"), len(config.groups))
+        if config.hit_unit is None:
+            if any(partial):
+                raise RequestStateError("partial keys need a layout with a hit_unit")
+            keys, served = block_index_cache(config, num_tokens, cached)
+            length, tables = find_hit(config, num_tokens, keys, served)
+        else:
+            unit = config.hit_unit
+            unit_keys, unit_served = position_cache(config, unit, num_tokens, cached, partial)
+            length, tables = find_unit_hit(config, num_tokens, unit_keys, unit_served)
         return {"hit": length, "blocks": [[None if b == 0 else b - 1 for b in t] for t in tables]}
 
 
@@ -325,12 +338,40 @@ def block_index_cache(
     return keys, [{j: j + 1 for j in blocks} for blocks in cached]
 
 
+def position_cache(
+    config: ref.CacheConfig,
+    unit: int,
+    num_tokens: int,
+    cached: list[frozenset[int]],
+    partial: tuple[frozenset[int], ...],
+) -> tuple[list[range], list[dict[int, int]]]:
+    """A `unit U` hit case's cache as find_unit_hit reads it: each group's keys are the
+    positions U, 2U, ... it can key, served by the block holding the position's last token
+    (block index + 1; 0 stays the null block). Refuses a partial key the group cannot hold."""
+    keys, served = [], []
+    for group, blocks, positions in zip(config.groups, cached, partial, strict=True):
+        size = group.block_size
+        keyable = (num_tokens - _reach(config, group)) // unit * unit  # a key's tokens exist
+        never = group.kind is ref.Kind.CROSS or group.mode is ref.MambaMode.NONE
+        if positions and never:
+            raise RequestStateError(f"group {group.name!r} never holds partial keys")
+        if any(p % unit or not p % size or not 0 < p <= keyable for p in positions):
+            raise RequestStateError(f"group {group.name!r}: a partial key off its unit grid")
+        keys.append(range(unit, keyable + 1, unit))
+        ends = {(j + 1) * size: j + 1 for j in blocks}
+        served.append({**ends, **{p: p // size + 1 for p in positions}})
+    return keys, served
+
+
+def _reach(config: ref.CacheConfig, group: ref.GroupConfig) -> int:
+    exact = config.speculative is ref.DraftKeying.EXACT
+    return config.draft_reach if exact and group.draft else 0
+
+
 def keyable_blocks(config: ref.CacheConfig, group: ref.GroupConfig, num_tokens: int) -> int:
     """The group's blocks a request of `num_tokens` can key: under exact draft keying a draft
     group's block also needs the `draft_reach` tokens after it."""
-    exact = config.speculative is ref.DraftKeying.EXACT
-    reach = config.draft_reach if exact and group.draft else 0
-    return (num_tokens - reach) // group.block_size
+    return (num_tokens - _reach(config, group)) // group.block_size
 
 
 def make_reference() -> ReferenceEngine:

@@ -15,6 +15,7 @@ from kvcert.conformance.contract.codec import (
     layout_from_json,
     observation_to_json,
     op_from_json,
+    partial_from_json,
     retention_from_json,
     retention_interval_from_json,
     visibility_from_json,
@@ -48,7 +49,8 @@ class SpecEngine:
             layout = layout_from_json(case["layout"])
             if case["suite"] == "hit":
                 cached = tuple(from_ranges(ranges) for ranges in case["cached"])
-                hit = hybrid_hit(CacheView(layout, case["num_tokens"], cached))
+                partial = partial_from_json(case.get("partial"), len(cached))
+                hit = hybrid_hit(CacheView(layout, case["num_tokens"], cached, partial))
                 return {"hit": hit.length, "blocks": [list(b) for b in hit.blocks]}
             config = spec.PoolConfig(
                 layout,

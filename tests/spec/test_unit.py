@@ -10,6 +10,7 @@ import pytest
 from kvcert.spec import (
     CacheView,
     ChunkedLocal,
+    CrossAttention,
     FullAttention,
     InvalidLayout,
     InvalidOp,
@@ -23,6 +24,7 @@ from kvcert.spec import (
 )
 from kvcert.spec import alloc as spec
 from kvcert.spec.acceptance import group_accepts, needed_blocks
+from kvcert.spec.layout import hit_unit_of
 from kvcert.spec.view import keyable_blocks
 
 F = frozenset
@@ -45,6 +47,11 @@ def test_state_in_mode_none_serves_only_zero():
     assert not group_accepts(none, F({0}), 4, unit=2)
 
 
+def test_lengths_off_the_unit_grid_are_refused():
+    assert not group_accepts(FullAttention(4), F({0}), 3, unit=2)
+    assert group_accepts(CrossAttention(4), F(), 3, unit=2)  # HIT-CROSS-1: any length
+
+
 def test_hybrid_hit_inside_a_block():
     layout = Layout((FullAttention(4), MambaState(8)), hit_unit=2)
     view = CacheView(layout, 20, (F({0, 1, 2}), F({0})), (F({14}), F({10, 14})))
@@ -57,6 +64,8 @@ def test_block_profile_is_unchanged_and_coarser():
     layout = Layout((FullAttention(4), MambaState(8)))
     assert hit_alignment(layout) == 8
     assert hit_alignment(Layout(layout.groups, hit_unit=2)) == 2
+    with pytest.raises(InvalidLayout, match="no hit unit"):
+        hit_unit_of(layout)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +85,12 @@ def test_block_profile_is_unchanged_and_coarser():
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), (F(), F())),
          InvalidRequest),
         (lambda: spec.PoolConfig(Layout((FullAttention(4),), hit_unit=2), 8), InvalidOp),
+        (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), ({2},)),
+         InvalidRequest),
+        (lambda: CacheView(Layout((FullAttention(4), CrossAttention(4)), hit_unit=2), 9,
+                           (F(), F()), (F(), F({2}))), InvalidRequest),
+        (lambda: CacheView(Layout((MambaState(4, MambaMode.NONE),), hit_unit=2), 9, (F(),),
+                           (F({2}),)), InvalidRequest),
     ],
 )  # fmt: skip
 def test_refusals(make, error):
@@ -84,7 +99,7 @@ def test_refusals(make, error):
         return
     with pytest.raises(error) as raised:
         make()
-    assert "hit_unit" in str(raised.value) or "partial" in str(raised.value)
+    assert any(word in str(raised.value) for word in ("hit_unit", "partial", "keys"))
 
 
 GROUPS = (

@@ -32,7 +32,7 @@ KINDS = (FULL, SW, CHUNKED, STATE)
 # how a tail block's partial keys hold a unit: the rule, and two broken readings
 COVERING = "covering"  # a key at P >= the unit's end (HIT-UNIT-2)
 ANY_KEY = "any-key"  # any partial key in the block, however short (serves unwritten tokens)
-EXACT_KEY = "exact-key"  # only a key at exactly the hit (an engine probing the hit's own key)
+EXACT_KEY = "exact-key"  # only a key at exactly the hit (a lookup probing the hit's own key)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def sound(reading: str = COVERING) -> Any:
 
 def full_downward(reading: str = COVERING) -> Any:
     """A full-attention group accepting L accepts every shorter multiple of the unit: a block
-    cached past the hit serves every prefix of it. `reading` EXACT_KEY: an engine that finds
+    cached past the hit serves every prefix of it. `reading` EXACT_KEY: a lookup that finds
     a tail only under the hit's own key loses them (twin)."""
 
     def build() -> tuple[list[Any], Any]:

@@ -100,6 +100,8 @@ def requires(
         needed.add(f"speculative.{layout.speculative.value}")
     if layout.draft_reach > 1:
         needed.add("speculative.reach")
+    if layout.hit_unit is not None:
+        needed.add("hit.unit")
     for op in ops:
         for extra in getattr(op, "extras", ()):
             needed.add(f"extras.{extra.kind.value}")
@@ -136,6 +138,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "hit.chunked": ("HIT-CHUNK-1",),
     "hit.cross": ("HIT-CROSS-1",),
     "hit.mamba-none": ("HIT-MAMBA-2",),
+    "hit.unit.qwen35-like": ("HIT-UNIT-2", "HIT-UNIT-3"),
     "alloc.visibility": ("ALLOC-VIS-1",),
     "alloc.same-pass.window-hit": ("ALLOC-VIS-2",),
     "alloc.same-pass.withdrawn": ("ALLOC-VIS-3",),
@@ -204,13 +207,16 @@ def hit_case(
     origin: str | None = None,
     comment: str = "",
     focus: tuple[str, ...] = (),
+    partial: list[list[int]] | None = None,
 ) -> JSON:
-    case_input = {
+    case_input: JSON = {
         "suite": "hit",
         "layout": layout_to_json(layout),
         "num_tokens": num_tokens,
         "cached": [to_ranges(c) for c in cached],
     }
+    if partial is not None:  # format /5: only under a layout's hit_unit
+        case_input["partial"] = [sorted(p) for p in partial]
     answer, rules = spec_answer(case_input)
     expect = {"hit": answer["hit"], "block_runs": [to_runs(b) for b in answer["blocks"]]}
     return make_case(case_id, rules, requires(layout), case_input, expect, origin, comment, focus)

@@ -152,6 +152,7 @@ def refusals() -> Iterator[JSON]:
             why,
             ("kind.full", "kind.cross", "kind.mamba.none"),
         )
+    yield from unit_refusals(full)
     yield raw_case(
         "hit.refuse.cross-attention-only",
         {
@@ -222,3 +223,37 @@ def refusals() -> Iterator[JSON]:
         "are closed, values are strings; then a valid request in a layout with cross attention",
         ("kind.full", "kind.cross"),
     )
+
+
+def unit_refusals(full: JSON) -> Iterator[JSON]:
+    """Bad `unit U` layouts and partial keys (HIT-UNIT-1, format /5), for engines claiming
+    the profile `hit.unit`."""
+    state = {"kind": "mamba", "block_size": 16, "mode": "align"}
+    layouts: dict[str, tuple[list[JSON], object, str]] = {
+        "unit-not-dividing": ([full, state], 12, "12 does not divide 16"),
+        "unit-zero": ([full], 0, "hit_unit < 1"),
+        "unit-text": ([full], "8", "hit_unit not an integer"),
+    }
+    for label, (groups, unit_value, why) in layouts.items():
+        layout = {"groups": groups, "hit_unit": unit_value}
+        yield raw_case(
+            f"hit.refuse.layout-{label}",
+            {"suite": "hit", "layout": layout, "num_tokens": 40, "cached": [[] for _ in groups]},
+            why,
+            ("hit.unit",),
+        )
+    unit = {"groups": [full, state], "hit_unit": 8}
+    views = {
+        "partial-off-unit-grid": ([[12], []], "12 is not a multiple of the unit 8"),
+        "partial-at-block-end": ([[16], []], "a block end is a whole block, listed in cached"),
+        "partial-beyond-request": ([[], [40]], "position 40 names tokens the request lacks"),
+        "partial-entries-per-group": ([[8]], "one partial entry per group"),
+    }
+    for label, (partial, why) in views.items():
+        yield raw_case(
+            f"hit.refuse.request-{label}",
+            {"suite": "hit", "layout": unit, "num_tokens": 39, "cached": [[], []],
+             "partial": partial},
+            why,
+            ("hit.unit", "kind.full", "kind.mamba.align"),
+        )  # fmt: skip
