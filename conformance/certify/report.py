@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from kvcert.conformance.contract.codec import JSON, from_ranges, layout_from_json
+from kvcert.conformance.contract.codec import JSON, from_ranges, layout_from_json, partial_from_json
 from kvcert.conformance.tools.explain import explain, render
-from kvcert.spec import CacheView
+from kvcert.spec import CacheView, hybrid_hit
 
 PASSING = {"passed", "xfailed", "skipped"}
 SAME_CAUSE = 4  # this many unexpected results with one detail are reported as one line
@@ -68,13 +68,20 @@ class Report:
 
 
 def hit_diagram(case: JSON) -> str:
-    """The `kvcert explain` text of a hit case, for failure reports."""
+    """The `kvcert explain` text of a hit case, for failure reports (under `unit U`, which
+    explain does not break down, the spec's answer and the case's comment)."""
     data = case["input"]
-    view = CacheView(
-        layout_from_json(data["layout"]),
-        data["num_tokens"],
-        tuple(from_ranges(r) for r in data["cached"]),
-    )
+    layout = layout_from_json(data["layout"])
+    cached = tuple(from_ranges(r) for r in data["cached"])
+    partial = partial_from_json(data.get("partial"), len(cached))
+    view = CacheView(layout, data["num_tokens"], cached, partial)
+    if layout.hit_unit is not None:
+        spec = hybrid_hit(view)
+        return (
+            f"{case['id']}: unit {layout.hit_unit}, {view.num_tokens} tokens; the spec's hit is "
+            f"{spec.length}, blocks {[list(b) for b in spec.blocks]} (HIT-UNIT-1..4). "
+            f"{case.get('comment', '')}"
+        ).rstrip()
     return render(explain(view), case["id"], case.get("comment", ""))
 
 

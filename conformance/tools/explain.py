@@ -152,6 +152,12 @@ def _plain(layout: Layout) -> Layout:
 def explain(view: CacheView, *, spec_check_tokens: int = SPEC_CHECK_TOKENS) -> Explanation:
     """Compute the hit and every reason `kvcert explain` prints."""
     layout = view.layout
+    if layout.hit_unit is not None:
+        raise InputError(
+            f"kvcert explain gives per-group reasons under the block profile; this layout sets "
+            f"hit_unit={layout.hit_unit} (HIT-UNIT-1..4), whose hit kvcert.spec.hybrid_hit "
+            "answers without them: drop hit_unit to explain its whole-block hit"
+        )
     if not any(not isinstance(g, CrossAttention) for g in layout.groups):
         hybrid_hit(view)  # the spec's refusal of a layout with nothing to cache
     length = _fast_hit(layout, view.cached, view.num_tokens)

@@ -71,6 +71,23 @@ def _spec(api: runtime.Vllm, group: JSON) -> Any:
 def _check_layout(layout: JSON) -> None:
     if layout.get("speculative") == "exact":
         raise Unsupported("vLLM keys draft layers like target layers (no exact keying)")
+    unit = layout.get("hit_unit")
+    groups = layout["groups"]
+    if unit is None or unit >= max(g["block_size"] for g in groups):
+        return
+    if len(groups) == 1:
+        raise Unsupported(
+            "vLLM hashes a one-group model at its block size (UnitaryKVCacheCoordinator): "
+            "it has no hits inside a block"
+        )
+    if not any(
+        g.get("kind") == "mamba" and g.get("mode") == "align" and g["block_size"] > unit
+        for g in groups
+    ):
+        raise Unsupported(
+            "vLLM serves hits inside a block (hash_block_size below a block size) only with an "
+            "align-mode Mamba group whose block exceeds the hash block (partial_hash_hits_enabled)"
+        )
 
 
 @dataclass
@@ -112,7 +129,9 @@ class Session:
         _check_layout(self.layout)
         groups = self.layout["groups"]
         sizes = [g["block_size"] for g in groups]
-        self.hash_block_size = math.gcd(*sizes)
+        # under the hit-granularity profile `unit U`, vLLM hashes every U tokens (its
+        # --prefix-match-unit); otherwise every gcd of the block sizes
+        self.hash_block_size = self.layout.get("hit_unit") or math.gcd(*sizes)
         self.owner = list(range(len(groups)))
         eagle = self.layout.get("speculative") == "drop"
         group_specs: list[Any] = []
@@ -140,6 +159,12 @@ class Session:
             config, max_model_len=self.max_model_len, hash_block_size=self.hash_block_size, **kwargs
         )
         self.hasher = self._hasher()
+        fine = getattr(self.manager.coordinator, "enable_partial_hash_hits", False)
+        if "hit_unit" in self.layout and self.hash_block_size < max(sizes) and not fine:
+            raise Unsupported(
+                "vLLM turns hits inside a block off for this layout: a prefix-cacheable group's "
+                "manager needs block-aligned lookups (partial_hash_hits_enabled is false)"
+            )
 
     # --- vLLM calls --------------------------------------------------------------------------
 
@@ -309,6 +334,46 @@ class Session:
                 self.manager.new_step_starts()
         self.manager.free(writer)
 
+    def hit_by_keys(
+        self, num_tokens: int, cached: list[set[int]], partial: list[list[int]]
+    ) -> JSON:
+        """Under `unit U`: register exactly the view's keys, then look the request up.
+
+        Each key goes through vLLM's own registration of a prefix boundary on a block
+        (BlockPool.cache_partial_block, which its managers call for prompt tails); a block
+        end's key is the prefix hash there, the one a whole-block lookup reads. One fresh
+        block per (group, block index) holds all of that index's keys, registered longest
+        first (a longer key registered later would drop the shorter ones, vLLM's promotion),
+        and is freed, as a finished request leaves its cached blocks."""
+        tokens = list(range(1, num_tokens + 1))
+        keyer = self.new_request("keyer", tokens, [])
+        groups = self.layout["groups"]
+        position: dict[tuple[int, int], int] = {}
+        fresh = []
+        for g, group in enumerate(groups):
+            size = group["block_size"]
+            ends = {(j + 1) * size for j in cached[g]} | set(partial[g])
+            by_block: dict[int, list[int]] = {}
+            for end in ends:
+                by_block.setdefault((end - 1) // size, []).append(end)
+            for j, block_ends in sorted(by_block.items()):
+                block = self.pool.get_new_blocks(1)[0]
+                fresh.append(block)
+                position[(self.owner[g], block.block_id)] = j
+                for end in sorted(block_ends, reverse=True):
+                    self.pool.cache_partial_block(
+                        request=keyer, block=block, num_tokens=end,
+                        kv_cache_group_id=self.owner[g], block_size=size,
+                    )  # fmt: skip
+        self.pool.free_blocks(fresh)
+        reader = self.new_request("reader", tokens, [])
+        blocks, hit = self.manager.get_computed_blocks(reader)[:2]
+        lists = [
+            [None if b.block_id == 0 else position.get((g, b.block_id), -1) for b in group_blocks]
+            for g, group_blocks in enumerate(blocks.blocks)
+        ]
+        return {"hit": hit, "blocks": [lists[g] for g in self.owner]}
+
     def hit(self, num_tokens: int, cached: list[set[int]]) -> JSON:
         """Make exactly `cached` hittable, then look a request of `num_tokens` tokens up."""
         groups = self.layout["groups"]
@@ -379,6 +444,7 @@ class VllmEngine:
                 *([profile] if (profile := free_order_profile(self.mode)) else []),
                 visibility_profile(self.mode),
                 retention_profile(self.mode),
+                *(["hit.unit"] if unit_hits_profile(self.mode) else []),
             ],
         }
 
@@ -414,7 +480,13 @@ class VllmEngine:
             print(f"vllm refused the layout: {type(error).__name__}: {error}", file=sys.stderr)
             return REFUSED
         if suite == "hit":
-            return session.hit(case["num_tokens"], [_from_ranges(r) for r in case["cached"]])
+            cached = [_from_ranges(r) for r in case["cached"]]
+            if "hit_unit" in layout:
+                partial = case.get("partial") or [[] for _ in cached]
+                if not _valid_partial(layout, case["num_tokens"], partial):
+                    return REFUSED  # a view no cache can hold: the adapter's to refuse
+                return session.hit_by_keys(case["num_tokens"], cached, partial)
+            return session.hit(case["num_tokens"], cached)
         return {"observations": [session.apply(op) for op in case["ops"]]}
 
 
@@ -434,6 +506,19 @@ def valid_shape(layout: JSON) -> None:
             raise ValueError(f"draft must be a boolean, got {group.get('draft')!r}")
         if group.get("kind") == "cross":
             raise Unsupported("cross attention (encoder-decoder) is not driven by this adapter")
+
+
+def _valid_partial(layout: JSON, num_tokens: int, partial: Any) -> bool:
+    """A view's partial keys name positions a group can key: one list per group, each a
+    multiple of the unit inside a block, within the request (the vectors' format /5)."""
+    groups, unit = layout["groups"], layout["hit_unit"]
+    if not isinstance(partial, list) or len(partial) != len(groups):
+        return False
+    return all(
+        isinstance(p, int) and 0 < p <= num_tokens and not p % unit and p % g["block_size"]
+        for g, positions in zip(groups, partial, strict=True)
+        for p in positions
+    )
 
 
 def _from_ranges(ranges: list[list[int]]) -> set[int]:
@@ -520,6 +605,28 @@ def visibility_profile(mode: str = "hand") -> str:
     )
     served = answer.get("admitted", {}).get("hit", 0)
     return "visibility.same-pass" if served else "visibility.step-end"
+
+
+@cache
+def unit_hits_profile(mode: str = "hand") -> bool:
+    """Whether this release serves hits inside a block (the profile `hit.unit`), found by a
+    probe: 16-token blocks of full attention and an align-mode Mamba group hashed every 4
+    tokens; does the coordinator turn its fine-grained lookups on? (vLLM 0.26+, hand mode:
+    the planned modes take vLLM's own block sizes, with no unit of the vectors' choosing.)"""
+    if mode != "hand":
+        return False
+    layout = {
+        "groups": [
+            {"kind": "full", "block_size": 16},
+            {"kind": "mamba", "block_size": 16, "mode": "align"},
+        ],
+        "hit_unit": 4,
+    }
+    try:
+        Session(layout, 16, mode=mode)
+    except Exception:
+        return False
+    return True
 
 
 @cache

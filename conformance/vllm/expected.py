@@ -27,7 +27,7 @@ from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.contract.compare import LATER_HITS, REFUSED_VALID, hits_match
-from kvcert.conformance.vllm import checkout
+from kvcert.conformance.vllm import checkout, unit_model
 
 CAUSES = {
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
@@ -114,6 +114,7 @@ CAUSES = {
     "caches none of its blocks (reachable_block_mask keeps a tail of 0 blocks) and its "
     "SlidingWindowManager reports a hit only past a cached block, so every hit is 0 and "
     "fewer blocks are registered. Degenerate layouts only",
+    **unit_model.UNIT_CAUSES,
     "drop-proof-margin": "new (the spec serves less): under drop keying vLLM 0.33's EAGLE "
     "group matches one block past a candidate hit (eagle_proof_margin), also past the request's "
     "last token, and drops only that block; so a request whose hit is capped by HIT-LEN-1 keeps "
@@ -496,6 +497,8 @@ def _cause(
         return "chunk-block-sizes"
     if _blocks_past_hit(detail):
         return "blocks-past-hit"
+    if case_id.startswith("hit.unit.") and (unit := unit_model.unit_cause(detail, case)):
+        return unit
     if _lookahead_kept(detail):
         return "lookahead-kept"
     if layout.get("draft_reach", 1) > 1 and _window_edge_held(detail, layout):

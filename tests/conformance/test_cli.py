@@ -262,3 +262,33 @@ def test_a_search_that_disagrees_with_the_spec_is_an_internal_error(monkeypatch,
     monkeypatch.setattr(module, "find_hit", lambda *args, **kwargs: (0, []))
     assert main(["explain", "--example", "gpt-oss-eagle"]) == 3
     assert "internal error, please report" in capsys.readouterr().err
+
+
+def test_explain_refuses_a_unit_view_and_reports_give_the_specs_hit():
+    """`kvcert explain` breaks the block profile down only: a `unit U` view is refused with
+    what to do, and a failure report shows the spec's answer for it instead."""
+    from kvcert.conformance.certify.report import hit_diagram
+    from kvcert.conformance.contract.codec import InputError
+    from kvcert.spec import CacheView, FullAttention, Layout, MambaMode, MambaState
+
+    layout = Layout((FullAttention(4), MambaState(8, MambaMode.ALIGN)), hit_unit=2)
+    cached = (frozenset({0, 1, 2}), frozenset({0}))
+    view = CacheView(layout, 12, cached, (frozenset(), frozenset({10})))
+    with pytest.raises(InputError, match="hit_unit"):
+        explain(view)
+    case = {
+        "id": "hit.unit.x",
+        "comment": "why",
+        "input": {
+            "suite": "hit",
+            "layout": {"groups": [{"kind": "full", "block_size": 4},
+                                  {"kind": "mamba", "block_size": 8, "mode": "align"}],
+                       "hit_unit": 2},
+            "num_tokens": 12,
+            "cached": [[[0, 3]], [[0, 1]]],
+            "partial": [[], [10]],
+        },
+    }  # fmt: skip
+    text = hit_diagram(case)
+    assert "the spec's hit is 10" in text
+    assert text.endswith("why")

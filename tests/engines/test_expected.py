@@ -449,3 +449,37 @@ def test_blocks_past_the_hit_are_named_where_cutting_them_restores_the_case():
     cut = _trace(passes_with=["blocks-at-hit"])
     assert expected.cause({"id": "alloc.x", "detail": detail}, case, cut) == "blocks-past-hit"
     assert expected.cause({"id": "alloc.x", "detail": detail}, case, _trace()) == "uninvestigated"
+
+
+def test_the_unit_model_with_the_specs_readings_is_the_spec():
+    """kvcert.conformance.vllm.unit_model names a `unit U` difference's cause by the vLLM
+    reading that makes it; that is only meaningful if the model, with the spec's readings
+    (covering tails, HIT-SPEC-2's drop, each group looked up alone), answers every
+    `hit.unit.hybrid` vector as the spec does, and with vLLM's answers otherwise."""
+    from kvcert.conformance.certify.vector_files import iter_cases
+    from kvcert.conformance.vllm.unit_model import model_hit
+
+    hybrid = [c for _, c, _ in iter_cases() if c and c["id"].startswith("hit.unit.hybrid.")]
+    assert len(hybrid) > 100
+    for case in hybrid:
+        spec_readings = model_hit(case, tail="covering", drop="spec", merge=False)
+        assert spec_readings == case["expect"]["hit"], case["id"]
+    differing = [c for c in hybrid if model_hit(c) != c["expect"]["hit"]]
+    assert differing, "vLLM's readings differ from the spec's somewhere (the twin)"
+
+
+def test_a_unit_difference_gets_the_cause_whose_reading_makes_it():
+    from kvcert.conformance.vllm.unit_model import unit_cause
+
+    layout = {
+        "groups": [
+            {"kind": "full", "block_size": 4},
+            {"kind": "mamba", "block_size": 8, "mode": "align"},
+        ],
+        "hit_unit": 2,
+    }
+    case = {"input": {"suite": "hit", "layout": layout, "num_tokens": 12,
+                      "cached": [[[0, 3]], [[0, 1]]], "partial": [[], [10, 12]]},
+            "expect": {"hit": 10}}  # fmt: skip
+    assert unit_cause("hit 8 != expected 10", case) == "unit-tail-past-asked"
+    assert unit_cause("hit 6 != expected 10", case) is None  # not what the model answers

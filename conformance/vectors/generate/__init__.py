@@ -50,7 +50,11 @@ from kvcert.conformance.vectors.generate.traces import (
     random_traces,
     speculative_state_traces,
 )
-from kvcert.conformance.vectors.generate.unit import unit_hits, unit_scenarios
+from kvcert.conformance.vectors.generate.unit import (
+    unit_hits,
+    unit_hybrid_hits,
+    unit_scenarios,
+)
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
@@ -83,7 +87,7 @@ def step_end_suites() -> dict[str, list[JSON]]:
         "hit/sampled-groups.json": list(single_miss_hits("hit.g45", sampled_layouts(60), (9,))),
         "hit/shaped-groups.json": list(shaped_hits()),
         "hit/draft-reach.json": list(draft_reach_hits(200)),
-        "hit/unit.json": [*unit_scenarios(), *unit_hits(150)],
+        "hit/unit.json": [*unit_scenarios(), *unit_hits(150), *unit_hybrid_hits(200)],
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),

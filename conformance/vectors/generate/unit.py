@@ -4,6 +4,7 @@ inside a block, from whole blocks and partial keys. Every case requires the prof
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 
@@ -125,6 +126,53 @@ def unit_hits(limit: int, seed: int = 7000) -> Iterator[JSON]:
         )
         kinds = tuple(type(group).__name__ for group in layout.groups)
         shape = (kinds, speculative, case["expect"]["hit"] % max(1, unit * 2), tuple(case["rules"]))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        emitted += 1
+        yield case
+        if emitted >= limit:
+            return
+
+
+def unit_hybrid_layouts() -> list[Layout]:
+    """Qwen3.5-class layouts: full attention beside an align-mode state group whose block
+    exceeds the unit, with and without a draft group under drop keying (the layouts in which
+    vLLM 0.26+ turns its fine-grained lookups on)."""
+    pairs = [(2, 2, 4), (2, 4, 4), (2, 4, 8), (4, 8, 8), (1, 2, 2), (2, 8, 4)]
+    layouts = []
+    for unit, full, state in pairs:
+        groups: tuple[Group, ...] = (FullAttention(full), MambaState(state, MambaMode.ALIGN))
+        layouts.append(Layout(groups, hit_unit=unit))
+        draft = FullAttention(full, draft=True, name="draft")
+        layouts.append(Layout((*groups, draft), Speculative.DROP, hit_unit=unit))
+    return layouts
+
+
+def unit_hybrid_hits(limit: int, seed: int = 7100) -> Iterator[JSON]:
+    """Seeded random views over unit_hybrid_layouts: whole blocks and partial keys drawn per
+    group; one case per new (layout, hit, rules) shape."""
+    rng = random.Random(seed)
+    layouts = unit_hybrid_layouts()
+    seen: set[tuple[object, ...]] = set()
+    emitted = 0
+    for attempt in range(40 * limit):
+        index = rng.randrange(len(layouts))
+        layout = layouts[index]
+        unit = layout.hit_unit or 1
+        num_tokens = rng.randint(1, 20)
+        cached, partial = [], []
+        for g, group in enumerate(layout.groups):
+            blocks = range(keyable_blocks(layout, g, num_tokens))
+            keep = rng.choice([0.5, 0.8, 1.0])
+            cached.append([j for j in blocks if rng.random() < keep])
+            inside = [p for p in range(unit, num_tokens + 1, unit) if p % group.block_size]
+            partial.append([p for p in inside if rng.random() < 0.35])
+        case = hit_case(
+            f"hit.unit.hybrid.{index:02d}.{attempt:05d}", layout, num_tokens, cached,
+            partial=partial,
+        )  # fmt: skip
+        shape = (index, case["expect"]["hit"], json.dumps(case["expect"]["block_runs"]))
         if shape in seen:
             continue
         seen.add(shape)
