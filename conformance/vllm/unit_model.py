@@ -88,7 +88,8 @@ def model_hit(case: JSON, tail: str = "exact", drop: str = "proof", merge: bool 
     groups, under the given readings (`merge=False`: every group looked up on its own)."""
     data = case["input"]
     layout: dict[str, Any] = data["layout"]
-    unit, n = layout["hit_unit"], data["num_tokens"]
+    unit: int = layout["hit_unit"]
+    n: int = data["num_tokens"]
     if drop == "spec" and layout.get("speculative") == "drop":
         return _spec_drop(case, tail, merge)
     top = n // unit * unit  # len(block_hashes) * hash_block_size
