@@ -174,11 +174,9 @@ def group_accepts(
     post: not __return__ or length % (unit or group.block_size) == 0 or not is_cacheable(group)
     """
     if unit is not None and is_cacheable(group):
-        if length % unit:
-            return False
         if isinstance(group, MambaState):
-            return state_unit_accepts(group, cached, partial, length)
-        return unit_accepts(group, cached, partial, unit, length)
+            return length % unit == 0 and state_unit_accepts(group, cached, partial, length)
+        return length % unit == 0 and unit_accepts(group, cached, partial, unit, length)
     if isinstance(group, MambaState) and not state_serves_hits(group):
         return length == 0
     aligned = isinstance(group, CrossAttention) or length % group.block_size == 0

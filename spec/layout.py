@@ -186,7 +186,7 @@ class Layout:
             )
         _require_int(self.draft_reach, "draft_reach", 1)
         if self.hit_unit is not None:
-            _require_unit(self, self.hit_unit)
+            check_hit_unit(self, self.hit_unit)
         if self.draft_reach > 1 and self.speculative is None:
             refuse(
                 InvalidLayout,
@@ -214,7 +214,20 @@ class Layout:
                 )
 
 
-def _require_unit(layout: Layout, unit: int) -> None:
+def check_hit_unit(layout: Layout, unit: int) -> None:
+    """HIT-UNIT-1: Under the hit-granularity profile `unit U` a hit may end at any multiple of
+    U, which divides every cacheable group's block size; under `block` (no unit) it ends on
+    every cacheable group's block boundary (HIT-GROUP-1), so the step is their lcm.
+
+        full B=16 + state B=64, block profile:   hits 0, 64, 128, ...
+        the same with hit_unit=16:               hits 0, 16, 32, 48, 64, ...
+        (48 is inside state block 0: it needs a state checkpoint at exactly 48, HIT-UNIT-3)
+        hit_unit=12:                             refused (12 does not divide 16)
+
+    pre: True
+    post: all(g.block_size % unit == 0 for g in layout.groups if is_cacheable(g))
+    raises: InvalidLayout
+    """
     _require_int(unit, "hit_unit", 1)
     coarse = [g.name for g in layout.groups if is_cacheable(g) and g.block_size % unit]
     if coarse:
@@ -226,23 +239,6 @@ def _require_unit(layout: Layout, unit: int) -> None:
         )
 
 
-def hit_unit_of(layout: Layout) -> int:
-    """HIT-UNIT-1: Under the hit-granularity profile `unit U` a hit may end at any multiple of
-    U, which divides every cacheable group's block size; under `block` (no unit) it ends on
-    every cacheable group's block boundary (HIT-GROUP-1), so the step is their lcm.
-
-        full B=16 + state B=64, block profile:   hits 0, 64, 128, ...
-        the same with hit_unit=16:               hits 0, 16, 32, 48, 64, ...
-        (48 is inside state block 0: it needs a state checkpoint at exactly 48, HIT-UNIT-3)
-
-    pre: layout.hit_unit is not None
-    post: all(g.block_size % __return__ == 0 for g in layout.groups if is_cacheable(g))
-    """
-    if layout.hit_unit is None:
-        refuse(InvalidLayout, "the block profile has no hit unit; ask hit_alignment instead")
-    return layout.hit_unit
-
-
 def hit_alignment(layout: Layout) -> int:
     """Every hit is a multiple of this: the lcm of the cacheable groups' block sizes, or the
     unit under `unit U` (HIT-UNIT-1).
@@ -250,5 +246,5 @@ def hit_alignment(layout: Layout) -> int:
     A corollary of HIT-GROUP-1 and HIT-UNIT-1, not a rule of its own; tests/spec checks it.
     """
     if layout.hit_unit is not None:
-        return hit_unit_of(layout)
+        return layout.hit_unit
     return math.lcm(*(g.block_size for g in layout.groups if is_cacheable(g)))

@@ -60,27 +60,25 @@ class CacheView:
                 f"num_tokens={self.num_tokens} exceeds max_model_len={limit}; "
                 "shorten the request or raise max_model_len",
             )
-        if len(self.cached) != len(self.layout.groups):
-            refuse(
-                InvalidRequest,
-                f"cached lists {len(self.cached)} groups but the layout has "
-                f"{len(self.layout.groups)}; give one entry per group, in layout order",
-            )
+        self._check_per_group("cached", self.cached)
         for index, blocks in enumerate(self.cached):
             self._check_group(index, blocks)
         if self.partial == ():
             object.__setattr__(self, "partial", tuple(frozenset() for _ in self.cached))
-        if len(self.partial) != len(self.layout.groups):
-            refuse(
-                InvalidRequest,
-                f"partial lists {len(self.partial)} groups but the layout has "
-                f"{len(self.layout.groups)}; give one entry per group, in layout order",
-            )
+        self._check_per_group("partial", self.partial)
         for index, positions in enumerate(self.partial):
             self._check_partial(index, positions)
         # the same sets, each knowing its runs of consecutive blocks: HIT-GROUP-1 then asks
         # whether a needed run is cached in O(1) instead of scanning it
         object.__setattr__(self, "cached", tuple(CachedBlocks(b) for b in self.cached))
+
+    def _check_per_group(self, field: str, entries: tuple[frozenset[int], ...]) -> None:
+        if len(entries) != len(self.layout.groups):
+            refuse(
+                InvalidRequest,
+                f"{field} lists {len(entries)} groups but the layout has "
+                f"{len(self.layout.groups)}; give one entry per group, in layout order",
+            )
 
     def _check_group(self, index: int, blocks: frozenset[int]) -> None:
         group = self.layout.groups[index]

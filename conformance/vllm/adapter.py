@@ -468,6 +468,11 @@ class VllmEngine:
                 room = sum(n // g["block_size"] + 3 for g in layout["groups"]) * 2 + 2
                 session = Session(layout, room, mode=self.mode, flags=self.flags)
             else:
+                if "hit_unit" in layout:
+                    raise Unsupported(
+                        "the spec's allocator does not define `unit U` yet (it refuses it), "
+                        "so there is no answer to compare vLLM's with"
+                    )
                 session = Session(layout, case["num_blocks"], mode=self.mode, flags=self.flags)
                 if len(set(session.owner)) < len(session.owner):
                     raise Unsupported(
@@ -481,6 +486,8 @@ class VllmEngine:
             return REFUSED
         if suite == "hit":
             cached = [_from_ranges(r) for r in case["cached"]]
+            if "hit_unit" not in layout and any(case.get("partial") or []):
+                return REFUSED  # partial keys exist only under a hit_unit (format /5)
             if "hit_unit" in layout:
                 partial = case.get("partial") or [[] for _ in cached]
                 if not _valid_partial(layout, case["num_tokens"], partial):

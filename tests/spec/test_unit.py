@@ -24,7 +24,6 @@ from kvcert.spec import (
 )
 from kvcert.spec import alloc as spec
 from kvcert.spec.acceptance import group_accepts, needed_blocks
-from kvcert.spec.layout import hit_unit_of
 from kvcert.spec.view import keyable_blocks
 
 F = frozenset
@@ -64,8 +63,6 @@ def test_block_profile_is_unchanged_and_coarser():
     layout = Layout((FullAttention(4), MambaState(8)))
     assert hit_alignment(layout) == 8
     assert hit_alignment(Layout(layout.groups, hit_unit=2)) == 2
-    with pytest.raises(InvalidLayout, match="no hit unit"):
-        hit_unit_of(layout)
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,15 @@ def _held(group: UnitGroup, size: int, end: int, length: int, reading: str) -> A
     return z3.Or(group.cached[block], *partial)
 
 
+def _checkpoint_at(group: UnitGroup, length: int, size: int) -> Any:
+    """HIT-UNIT-3: a state checkpoint at exactly `length` (none needed at 0)."""
+    if length == 0:
+        return z3.BoolVal(True)
+    if length % size == 0:
+        return group.cached[length // size - 1]
+    return group.partial[length]
+
+
 def accepts(group: UnitGroup, length: int, reading: str = COVERING) -> Any:
     """HIT-UNIT-2 and HIT-UNIT-3 for one symbolic group at a concrete length."""
     branches = []
@@ -102,14 +111,7 @@ def accepts(group: UnitGroup, length: int, reading: str = COVERING) -> Any:
                                                          reading))
                 for u in range(length // unit)
             ]  # fmt: skip
-            attention = z3.And(units)
-            if length == 0:
-                state: Any = z3.BoolVal(True)
-            elif length % size == 0:
-                state = group.cached[length // size - 1]
-            else:
-                state = group.partial[length]
-            rule = z3.If(group.kind == STATE, state, attention)
+            rule = z3.If(group.kind == STATE, _checkpoint_at(group, length, size), z3.And(units))
             branches.append(z3.And(group.size == size, group.unit == unit, rule))
     return z3.Or(branches) if branches else z3.BoolVal(False)
 
@@ -131,12 +133,7 @@ def sound(reading: str = COVERING) -> Any:
                              if p <= LMAX]  # fmt: skip
                     written = z3.Or(group.cached[block], *later)
                     token_ok.append(z3.Implies(_first_needed_token(group, length) <= t, written))
-                if length == 0:
-                    state: Any = z3.BoolVal(True)
-                elif length % size == 0:
-                    state = group.cached[length // size - 1]
-                else:
-                    state = group.partial[length]
+                state = _checkpoint_at(group, length, size)
                 safe = z3.If(group.kind == STATE, state, z3.And(token_ok))
                 claims.append(
                     z3.Implies(z3.And(group.size == size, accepts(group, length, reading)), safe)

@@ -249,6 +249,29 @@ def unit_refusals(full: JSON) -> Iterator[JSON]:
         "partial-beyond-request": ([[], [40]], "position 40 names tokens the request lacks"),
         "partial-entries-per-group": ([[8]], "one partial entry per group"),
     }
+    yield raw_case(
+        "hit.refuse.request-partial-without-unit",
+        {"suite": "hit", "layout": {"groups": [full, state]}, "num_tokens": 39,
+         "cached": [[], []], "partial": [[8], []]},
+        "partial keys exist only under a layout's hit_unit (HIT-UNIT-1)",
+        ("hit.unit", "kind.full", "kind.mamba.align"),
+    )  # fmt: skip
+    none = {"groups": [full, {"kind": "mamba", "block_size": 16, "mode": "none"}], "hit_unit": 8}
+    yield raw_case(
+        "hit.refuse.request-partial-on-mode-none",
+        {"suite": "hit", "layout": none, "num_tokens": 39, "cached": [[], []],
+         "partial": [[], [8]]},
+        "a state group in mode none keeps no checkpoint, partial or whole (HIT-MAMBA-2)",
+        ("hit.unit", "kind.full", "kind.mamba.none"),
+    )  # fmt: skip
+    yield raw_case(
+        "alloc.refuse.unit-allocator-not-specified",
+        {"suite": "alloc", "layout": unit, "num_blocks": 8, "ops": []},
+        "the allocator's side of `unit U` (which partial keys a step registers, the copy of "
+        "the block a hit ends inside) is not specified yet: an allocator under hit_unit is "
+        "refused; this vector is retired once it is",
+        ("hit.unit", "kind.full", "kind.mamba.align"),
+    )
     for label, (partial, why) in views.items():
         yield raw_case(
             f"hit.refuse.request-{label}",

@@ -88,6 +88,15 @@ def unit_scenarios() -> Iterator[JSON]:
         partial=[[], [20]], focus=("HIT-SPEC-2",),
     )  # fmt: skip
 
+    none = Layout((FullAttention(4), MambaState(8, MambaMode.NONE)), hit_unit=2)
+    yield hit_case(
+        "hit.unit.mamba-none",
+        none, 12, [[0, 1, 2], []], None,
+        "a state group in mode none keeps no checkpoint, under unit U as under block hits: "
+        "every positive length is refused and the hit is 0 (HIT-MAMBA-2 in HIT-UNIT-3)",
+        focus=("HIT-UNIT-3",),
+    )  # fmt: skip
+
 
 def _groups(rng: random.Random, unit: int) -> list[Group]:
     sizes = [unit * k for k in (1, 2, 3, 4)]
@@ -100,13 +109,26 @@ def _groups(rng: random.Random, unit: int) -> list[Group]:
     return rng.sample(kinds, rng.randint(1, 3))
 
 
+def distinct(drawn: Iterator[tuple[object, JSON]], limit: int) -> Iterator[JSON]:
+    """The first case of each new shape, at most `limit` of them."""
+    seen: set[object] = set()
+    for shape, case in drawn:
+        if shape not in seen:
+            seen.add(shape)
+            yield case
+            if len(seen) >= limit:
+                return
+
+
 def unit_hits(limit: int, seed: int = 7000) -> Iterator[JSON]:
     """Seeded random layouts of one to three groups under unit 1, 2 or 3, with random whole
     blocks and partial keys; one case per new (group kinds, outcome) shape."""
+    return distinct(_random_unit_hits(50 * limit, seed), limit)
+
+
+def _random_unit_hits(attempts: int, seed: int) -> Iterator[tuple[object, JSON]]:
     rng = random.Random(seed)
-    seen: set[tuple[object, ...]] = set()
-    emitted = 0
-    for attempt in range(50 * limit):
+    for attempt in range(attempts):
         unit = rng.choice([1, 2, 3])
         groups = _groups(rng, unit)
         speculative = rng.choice([None, None, Speculative.EXACT, Speculative.DROP])
@@ -125,14 +147,10 @@ def unit_hits(limit: int, seed: int = 7000) -> Iterator[JSON]:
             f"hit.unit.random.{attempt:05d}", layout, num_tokens, cached, partial=partial
         )
         kinds = tuple(type(group).__name__ for group in layout.groups)
-        shape = (kinds, speculative, case["expect"]["hit"] % max(1, unit * 2), tuple(case["rules"]))
-        if shape in seen:
-            continue
-        seen.add(shape)
-        emitted += 1
-        yield case
-        if emitted >= limit:
-            return
+        yield (
+            (kinds, speculative, case["expect"]["hit"] % max(1, unit * 2), tuple(case["rules"])),
+            case,
+        )
 
 
 def unit_hybrid_layouts() -> list[Layout]:
@@ -151,12 +169,14 @@ def unit_hybrid_layouts() -> list[Layout]:
 
 def unit_hybrid_hits(limit: int, seed: int = 7100) -> Iterator[JSON]:
     """Seeded random views over unit_hybrid_layouts: whole blocks and partial keys drawn per
-    group; one case per new (layout, hit, rules) shape."""
+    group; one case per new (layout, hit, block lists) shape."""
+    return distinct(_random_hybrid_hits(40 * limit, seed), limit)
+
+
+def _random_hybrid_hits(attempts: int, seed: int) -> Iterator[tuple[object, JSON]]:
     rng = random.Random(seed)
     layouts = unit_hybrid_layouts()
-    seen: set[tuple[object, ...]] = set()
-    emitted = 0
-    for attempt in range(40 * limit):
+    for attempt in range(attempts):
         index = rng.randrange(len(layouts))
         layout = layouts[index]
         unit = layout.hit_unit or 1
@@ -172,11 +192,4 @@ def unit_hybrid_hits(limit: int, seed: int = 7100) -> Iterator[JSON]:
             f"hit.unit.hybrid.{index:02d}.{attempt:05d}", layout, num_tokens, cached,
             partial=partial,
         )  # fmt: skip
-        shape = (index, case["expect"]["hit"], json.dumps(case["expect"]["block_runs"]))
-        if shape in seen:
-            continue
-        seen.add(shape)
-        emitted += 1
-        yield case
-        if emitted >= limit:
-            return
+        yield (index, case["expect"]["hit"], json.dumps(case["expect"]["block_runs"])), case
