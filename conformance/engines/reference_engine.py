@@ -318,6 +318,7 @@ class ReferenceEngine:
         num_tokens = check_view(config, case["num_tokens"], cached)
         partial = partial_from_json(case.get("partial"), len(config.groups))
         if config.hit_unit is None:
+            KVCacheManager(config)  # refuses what the allocator could not manage
             if any(partial):
                 raise RequestStateError("partial keys need a layout with a hit_unit")
             keys, served = block_index_cache(config, num_tokens, cached)
