@@ -504,6 +504,9 @@ def valid_shape(layout: JSON) -> None:
         raise ValueError("layout.groups must be a non-empty list")
     if layout.get("speculative") not in (None, "drop", "exact"):
         raise ValueError(f"unknown speculative profile {layout.get('speculative')!r}")
+    unit = layout.get("hit_unit", 1)
+    if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1:
+        raise ValueError(f"hit_unit must be a positive integer, got {unit!r}")
     for group in groups:
         for name in ("block_size", "window", "chunk"):
             value = group.get(name, 1)
@@ -522,7 +525,7 @@ def _valid_partial(layout: JSON, num_tokens: int, partial: Any) -> bool:
     if not isinstance(partial, list) or len(partial) != len(groups):
         return False
     return all(
-        isinstance(p, int) and 0 < p <= num_tokens and not p % unit and p % g["block_size"]
+        type(p) is int and 0 < p <= num_tokens and not p % unit and p % g["block_size"]
         for g, positions in zip(groups, partial, strict=True)
         for p in positions
     )
