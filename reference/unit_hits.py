@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
+from kvcert.reference.errors import ConfigError
 from kvcert.reference.keyindex import ServedMap
 
 K = TypeVar("K", bound=Hashable)  # a key: a digest, or a position in the hit suite
@@ -110,7 +111,10 @@ def find_unit_hit(
     HIT-SPEC-1, HIT-SPEC-2."""
     unit = config.hit_unit
     if unit is None:
-        raise ValueError("find_unit_hit serves the `unit U` profile; use coordinator.find_hit")
+        raise ConfigError(
+            "find_unit_hit serves the `unit U` profile and this config has no hit_unit: "
+            "use kvcert.reference.coordinator.find_hit for block hits"
+        )
     groups = config.groups
     reaches = [
         _Reach(g, unit, unit_keys[i], served[i]) if g.kind is not Kind.CROSS else None
