@@ -25,11 +25,13 @@ kvcert.spec on Hypothesis-drawn views.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.errors import ConfigError
+from kvcert.reference.groups import first_needed
 from kvcert.reference.keyindex import ServedMap
 
 K = TypeVar("K", bound=Hashable)  # a key: a digest, or a position in the hit suite
@@ -79,12 +81,9 @@ class _Reach:
 
 
 def _first_token(group: GroupConfig, length: int) -> int:
-    """The first token a hit of `length` reads (HIT-FULL-1, HIT-SW-1, HIT-CHUNK-1)."""
-    if group.kind is Kind.SLIDING_WINDOW:
-        return max(0, length - (group.window - 1))
-    if group.kind is Kind.CHUNKED_LOCAL:
-        return length // group.chunk * group.chunk
-    return 0
+    """The first token a hit of `length` reads: groups.first_needed (HIT-FULL-1, HIT-SW-1,
+    HIT-CHUNK-1) at one-token blocks, so the rule stays in one place."""
+    return first_needed(replace(group, block_size=1), length)
 
 
 def _accepts(group: GroupConfig, reach: _Reach, length: int) -> bool:
