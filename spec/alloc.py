@@ -11,11 +11,17 @@ Operations, in the order a scheduler issues them within one step:
     Extend(rid, budget, appended)   next prefill chunk or decode token of a running request
                                     (either may name a `checkpoint` inside the chunk: CKPT-INNER-1)
     EndStep()                       the step's KV is written: commit, register full blocks
+                                    (and, under `unit U`, the prompt's tail: ALLOC-UNIT-2)
     Finish(rid) / Preempt(rid)      release the request's blocks
     ResetCache()                    forget every registered key (only when nothing is held)
 
 Blocks record what they were computed from (`Block.content`), not only their keys, so the
 invariants (§7) can check that a hit never hands a request KV of other tokens.
+
+Under the hit-granularity profile `unit U` a hit may end inside a block; the request then
+computes in a private copy of that block (ALLOC-UNIT-3), and a state block keyed at a
+position inside it is copied before a chunk overwrites it (ALLOC-UNIT-4). The copies are
+observations (`copies`: group, source, target), run by the engine before the step's pass.
 
 Out of capacity is an observation (`Waiting`) that leaves the state unchanged. Misuse (an
 unknown request, a second admission, work while a chunk is in flight) raises `InvalidOp`.
@@ -38,6 +44,7 @@ from kvcert.spec.hashing import (
     extras_within,
     key_lookahead,
     matched_blocks,
+    partial_key,
 )
 from kvcert.spec.hybrid import hybrid_hit
 from kvcert.spec.layout import (
@@ -87,14 +94,6 @@ class PoolConfig:
     retention_interval: int = 0  # sparse only: also keep every multiple of this (0: none)
 
     def __post_init__(self) -> None:
-        if self.layout.hit_unit is not None:
-            refuse(
-                InvalidOp,
-                f"hit_unit={self.layout.hit_unit}: the allocator does not define the `unit U` "
-                "profile yet (which partial keys a step registers, and the copy of the tail "
-                "block a hit inside a block needs); HIT-UNIT-1..4 define its lookups only. "
-                "Leave hit_unit unset for the allocator",
-            )
         retention = as_choice(Retention, self.retention, "retention", InvalidOp)
         object.__setattr__(self, "retention", retention)
         interval = self.retention_interval
@@ -116,6 +115,9 @@ class PoolConfig:
         object.__setattr__(self, "eviction", eviction)
         visibility = as_choice(Visibility, self.visibility, "visibility", InvalidOp)
         object.__setattr__(self, "visibility", visibility)
+        problem = unit_problem(self)
+        if problem is not None:
+            refuse(InvalidOp, problem)
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int):
             refuse(InvalidOp, f"num_blocks must be an integer, got {self.num_blocks!r}")
         if not 2 <= self.num_blocks <= MAX_BLOCKS:
@@ -124,6 +126,52 @@ class PoolConfig:
                 f"num_blocks must be >= 2 (the null block plus one) and <= 2**31 - 1 (block "
                 f"ids are int32 in engines' block tables), got {self.num_blocks}",
             )
+
+
+def unit_problem(config: PoolConfig) -> str | None:
+    """ALLOC-UNIT-1: The allocator serves the hit-granularity profile `unit U` with dense
+    retention, lru or lru-unkeyed-first eviction, step-end visibility and no draft layers;
+    what else it would need is not defined yet, so it is refused, saying which rule stands
+    in the way.
+
+        full B=64 + state B=64, U=16, dense, lru, step-end  served
+        the same under sparse retention                     refused (RET-SPARSE-2)
+        the same under same-pass visibility                 refused (ALLOC-VIS-2)
+        + an EAGLE draft group                              refused (HASH-DRAFT-1, HIT-SPEC-2)
+
+    pre: True
+    post: __return__ is None or config.layout.hit_unit is not None
+    """
+    layout = config.layout
+    if layout.hit_unit is None:
+        return None
+    unit = f"hit_unit={layout.hit_unit}"
+    if config.retention is not Retention.DENSE:
+        return (
+            f"{unit} with {config.retention.value} retention: the positions sparse retention "
+            "keeps (RET-SPARSE-1/2) are whole blocks, and which partial keys it would keep is "
+            "not defined; use retention='dense' under `unit U`"
+        )
+    if config.visibility is Visibility.SAME_PASS:
+        return (
+            f"{unit} with same-pass visibility: a hit ending inside a block copies that block "
+            "before the step's pass (ALLOC-UNIT-3), so a block ALLOC-VIS-2 published in the "
+            "same step would be copied before it is written; which hits same-pass would defer "
+            "is not defined; use visibility='step-end' under `unit U`"
+        )
+    if config.eviction is Eviction.HYBRID:
+        return (
+            f"{unit} with hybrid eviction: EVICT-DEAD-1 judges blocks by their whole-block "
+            "keys only, not by partial keys; use eviction 'lru' or 'lru-unkeyed-first'"
+        )
+    drafts = [g.name for g in layout.groups if is_draft(g)]
+    if drafts:
+        return (
+            f"{unit} with draft groups {drafts}: where a draft layer's partial key would end "
+            "(HASH-DRAFT-1's lookahead) and how the drop (HIT-SPEC-2) meets a prompt's tail "
+            "key is not defined for the allocator; leave hit_unit unset with draft layers"
+        )
+    return None
 
 
 Content = tuple[int, tuple[int, ...], tuple[Extra, ...]]  # (group, tokens it covers, extras)
@@ -138,6 +186,17 @@ class Block:
     key: tuple[int, BlockKey] | None = None  # (group, key) once registered: then hittable
     stamp: int = 0  # registration order; the earliest of duplicate keys is the one looked up
     cold: bool = False  # hybrid profile: freed mid-request by ALLOC-SKIP-1 (EVICT-HYB-1)
+    # `unit U` (ALLOC-UNIT-2): the (group, key) of a prompt's tail inside the block, the
+    # position the key ends at, and its registration order; the block keeps it when it is
+    # later registered whole (its first `partial_at` tokens never change)
+    partial: tuple[int, BlockKey] | None = None
+    partial_at: int = 0
+    partial_stamp: int = 0
+
+    def registrations(self) -> tuple[tuple[tuple[int, BlockKey], int], ...]:
+        """Each (group, key) the block is registered under, with its registration order."""
+        keys = ((self.key, self.stamp), (self.partial, self.partial_stamp))
+        return tuple((key, stamp) for key, stamp in keys if key is not None)
 
 
 @dataclass(frozen=True)
@@ -158,6 +217,9 @@ class Request:
     published: tuple[int, ...] = ()
     prompt: int = 0  # tokens it was admitted with (RET-SPARSE-1 retains their boundaries)
     junction: int = 0  # RET-JUNCTION-1's length, found when it was admitted
+    # `unit U`: (group, position, block) of the copy sources the chunk in flight reads,
+    # held until its step ends (ALLOC-UNIT-3, ALLOC-UNIT-4)
+    sources: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,17 +290,22 @@ Op = Admit | Extend | EndStep | Finish | Preempt | ResetCache
 # --- observations --------------------------------------------------------------------------
 
 
+Copy = tuple[int, int, int]  # (group, source block, target block): copy before the pass
+
+
 @dataclass(frozen=True)
 class Admitted:
     hit: int  # tokens served from the cache
     scheduled: int  # tokens to compute in this step
     tables: tuple[tuple[int, ...], ...]  # per group, after allocation
+    copies: tuple[Copy, ...] = ()  # `unit U`: the hit's tail blocks (ALLOC-UNIT-3)
 
 
 @dataclass(frozen=True)
 class Extended:
     scheduled: int
     tables: tuple[tuple[int, ...], ...]
+    copies: tuple[Copy, ...] = ()  # `unit U`: keyed state blocks kept (ALLOC-UNIT-4)
 
 
 @dataclass(frozen=True)
@@ -251,7 +318,7 @@ class Waiting:
 
 @dataclass(frozen=True)
 class StepEnded:
-    registered: int  # blocks that became hittable during the step (ALLOC-VIS-2's included)
+    registered: int  # keys registered during the step (ALLOC-VIS-2's and partial ones too)
 
 
 @dataclass(frozen=True)
@@ -300,17 +367,37 @@ def served_blocks(state: State) -> dict[tuple[int, BlockKey], int]:
         blocks 7 (stamp 3) and 4 (stamp 9) both hold key k of group 0   (0, k) -> block 7
         no block holds key m of group 1                                 (1, m) -> a miss
 
+    Under `unit U` a block's partial key (ALLOC-UNIT-2) is one more key it is served under.
+
     pre: True
-    post: all(state.blocks[b].key == slot for slot, b in __return__.items())
+    post: all(slot in dict(state.blocks[b].registrations()) for slot, b in __return__.items())
     """
-    earliest: dict[tuple[int, BlockKey], int] = {}
+    earliest: dict[tuple[int, BlockKey], tuple[int, int]] = {}
     for b, block in enumerate(state.blocks):
-        if block.key is None:
-            continue
-        holder = earliest.get(block.key)
-        if holder is None or block.stamp < state.blocks[holder].stamp:
-            earliest[block.key] = b
-    return earliest
+        for slot, stamp in block.registrations():
+            if slot not in earliest or stamp < earliest[slot][0]:
+                earliest[slot] = (stamp, b)
+    return {slot: b for slot, (_, b) in earliest.items()}
+
+
+def request_partial_keys(
+    layout: Layout, g: int, tokens: tuple[int, ...], extras: tuple[Extra, ...]
+) -> dict[int, BlockKey]:
+    """Under `unit U`, group g's partial keys of a request (HASH-UNIT-1) by position: every
+    multiple of U inside a block that its tokens reach; none for a group that keeps no keys
+    (cross attention, state mode none) or without the profile."""
+    group = layout.groups[g]
+    unit = layout.hit_unit
+    if unit is None or isinstance(group, CrossAttention):
+        return {}
+    if isinstance(group, MambaState) and group.mode is MambaMode.NONE:
+        return {}
+    lookahead = key_lookahead(layout, group)
+    return {
+        p: partial_key(tokens, group.block_size, p, extras, lookahead)
+        for p in range(unit, len(tokens) - lookahead + 1, unit)
+        if p % group.block_size
+    }
 
 
 def lookup(
@@ -319,15 +406,53 @@ def lookup(
     """The hit of a prompt over the registered blocks: length and per-group physical ids.
 
     The cache view is HASH-MATCH-1 over each group's registered keys; HIT-* decide the hit;
-    ALLOC-LOOKUP-1 names the physical block behind each used position.
+    ALLOC-LOOKUP-1 names the physical block behind each used position, and ALLOC-UNIT-3 the
+    copy source of a hit ending inside a block.
     """
     view, keys, served = _cache_view(state, tokens, extras)
     hit = hybrid_hit(view)
+
+    def physical(g: int, j: int | None) -> int:
+        if j is NULL:
+            return NULL_BLOCK
+        if (j + 1) * view.layout.groups[g].block_size > hit.length:
+            return tail_source(state, g, tokens, extras, hit.length)  # L ends inside block j
+        return served[g, keys[g][j]]
+
     tables = tuple(
-        tuple(NULL_BLOCK if j is NULL else served[g, keys[g][j]] for j in hit.blocks[g])
-        for g in range(len(view.layout.groups))
+        tuple(physical(g, j) for j in hit.blocks[g]) for g in range(len(view.layout.groups))
     )
     return hit.length, tables
+
+
+def tail_source(
+    state: State, g: int, tokens: tuple[int, ...], extras: tuple[Extra, ...], length: int
+) -> int:
+    """ALLOC-UNIT-3 (the source): a hit of L tokens ending inside block j = L // B copies
+    that block from the one serving the request's longest registered key in it: its whole
+    block key, else its partial key at the largest position, which HIT-UNIT-2 puts at L or
+    beyond; a state group's from the one under its partial key at exactly L (HIT-UNIT-3: a
+    whole state block holds the state at its end, not at L).
+
+        B=64, U=16, L=80:  blocks 9 (whole key of block 1) and 4 (partial key at 96)
+                           -> source 9;   without block 9 -> source 4
+        state, L=80:       the block keyed at 80, whatever else holds block 1
+
+    pre: length % state.config.layout.groups[g].block_size != 0
+    post: __return__ != NULL_BLOCK
+    """
+    layout = state.config.layout
+    served = served_blocks(state)
+    size = layout.groups[g].block_size
+    j = length // size
+    keys = request_keys(layout, tokens, extras)[g]
+    partial = request_partial_keys(layout, g, tokens, extras)
+    if isinstance(layout.groups[g], MambaState):
+        return served[g, partial[length]]
+    if j < len(keys) and (g, keys[j]) in served:
+        return served[g, keys[j]]
+    reach = max(p for p, key in partial.items() if p // size == j and (g, key) in served)
+    return served[g, partial[reach]]
 
 
 def _cache_view(
@@ -341,7 +466,15 @@ def _cache_view(
         matched_blocks(keys[g], frozenset(key for group, key in served if group == g))
         for g in range(len(layout.groups))
     )
-    return CacheView(layout, len(tokens), cached), keys, served
+    partial = tuple(
+        frozenset(
+            p
+            for p, key in request_partial_keys(layout, g, tokens, extras).items()
+            if (g, key) in served
+        )
+        for g in range(len(layout.groups))
+    )
+    return CacheView(layout, len(tokens), cached, partial), keys, served
 
 
 # --- table shape -----------------------------------------------------------------------------
@@ -625,19 +758,46 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         junction_at = junction(_cache_view(state, op.tokens, op.extras)[0], hit)
     scheduled = min(op.budget, len(op.tokens) - hit)
     _require_checkpoint(layout, hit, hit + scheduled, op.checkpoint)
+    tables, sources = split_tails(layout, hit, hit_tables)
     request = Request(
         op.tokens,
         op.extras,
         hit,
         scheduled,
         op.lookahead,
-        hit_tables,
-        tuple(len(t) for t in hit_tables),
+        tables,
+        tuple(len(t) for t in tables),
         op.checkpoint,
         prompt=len(op.tokens),
         junction=junction_at,
+        sources=sources,
     )
     return admit_with_hit(state, op.rid, request)
+
+
+def split_tails(
+    layout: Layout, hit: int, tables: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, int, int], ...]]:
+    """ALLOC-UNIT-3: A hit of L tokens ending inside a group's block j takes that block as a
+    copy source, not as a table entry: the request's table ends before position j, whose
+    fresh block the engine fills with a copy of the source before the step's pass, and the
+    source stays held until the step ends, so no allocation of the step can evict it first.
+
+        full B=64, U=16, hit 80 through blocks 3 (whole) and 9 (partial key at 96):
+        table [3] + fresh 12 at position 1      copy (group 0, source 9, target 12)
+        at the end of the step 9 is released; 12 holds tokens 64..79 and what was computed
+
+    pre: len(tables) == len(layout.groups)
+    post: all(len(t) <= -(-hit // g.block_size) for t, g in zip(__return__[0], layout.groups))
+    """
+    kept = []
+    sources = []
+    for g, table in enumerate(tables):
+        inside = bool(table) and hit % layout.groups[g].block_size != 0
+        if inside and table[-1] != NULL_BLOCK:
+            sources.append((g, len(table) - 1, table[-1]))
+        kept.append(table[:-1] if inside else table)
+    return tuple(kept), tuple(sources)
 
 
 def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Observation]:
@@ -647,10 +807,13 @@ def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Obs
         free queue: 5 6 7 8, hits {6, 7} (free), 2 new blocks needed
         need 2 + 2 = 4 <= 4:  take 6 7 -> queue 5 8;  pop 5 8 for the new positions
 
+    Under `unit U` the copy sources of ALLOC-UNIT-3 are taken as hits too.
+
     pre: rid not in state.requests
     post: isinstance(__return__[1], (Admitted, Waiting))
     """
     hits = {b for table in request.tables for b in table if b != NULL_BLOCK}
+    hits |= {b for _, _, b in request.sources}
     reviving = [b for b in hits if state.blocks[b].ref_count == 0]
     blocks = list(state.blocks)
     for b in hits:
@@ -667,8 +830,13 @@ def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Obs
     requests = {**new_state.requests, rid: request}
     return (
         dataclasses.replace(new_state, requests=requests),
-        Admitted(request.computed, request.scheduled, request.tables),
+        Admitted(request.computed, request.scheduled, request.tables, copies(request)),
     )
+
+
+def copies(request: Request) -> tuple[Copy, ...]:
+    """The copies the chunk in flight needs before its pass: (group, source, target)."""
+    return tuple((g, b, request.tables[g][j]) for g, j, b in request.sources)
 
 
 def _extend(state: State, op: Extend) -> tuple[State, Observation]:
@@ -709,6 +877,8 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
         decoding=decoding,
     )
     released_state, released_request = release_unneeded(state, grown_request)
+    if state.config.layout.hit_unit is not None:  # a case cites the rules it reaches
+        released_request = keep_checkpoints(released_state, released_request)
     grown = _grow(released_state, released_request, reserved=0)
     if isinstance(grown, Waiting):
         return state, grown
@@ -718,8 +888,40 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
     requests = {**new_state.requests, op.rid: new_request}
     return (
         dataclasses.replace(new_state, requests=requests),
-        Extended(new_request.scheduled, new_request.tables),
+        Extended(new_request.scheduled, new_request.tables, copies(new_request)),
     )
+
+
+def keep_checkpoints(state: State, request: Request) -> Request:
+    """ALLOC-UNIT-4: A chunk never overwrites a state block that holds a checkpoint under a
+    partial key (ALLOC-UNIT-2): where it would write one, it writes a fresh block the engine
+    first fills with a copy of it, and the keyed block, now a copy source, is held until the
+    step ends and then released with its key, so a later request can still hit it.
+
+        state B=64, U=16, prompt 100: step 1 ends at 96, block 7 (position 1) keyed at 96
+        Extend [96, 100):  position 1 gets fresh block 8, copy (g, 7, 8); 7 released at the
+                           end of the step, still keyed at 96
+        (attention blocks need no copy: tokens past 96 leave the KV of 64..95 as it was)
+
+    pre: request.scheduled >= 1
+    post: all(len(t) == len(o) for t, o in zip(__return__.tables, request.tables))
+    """
+    layout = state.config.layout
+    tables = list(request.tables)
+    sources = []
+    for g, group in enumerate(layout.groups):
+        if not isinstance(group, MambaState):
+            continue
+        end = _end(group, request)
+        written = positions_written(
+            group, request.computed, end, request.decoding, layout.max_model_len
+        )
+        for j in written:
+            b = tables[g][j] if j < len(tables[g]) else NULL_BLOCK
+            if b != NULL_BLOCK and state.blocks[b].partial is not None:
+                sources.append((g, j, b))
+                tables[g] = (*tables[g][:j], NULL_BLOCK, *tables[g][j + 1 :])
+    return dataclasses.replace(request, tables=tuple(tables), sources=tuple(sources))
 
 
 def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
@@ -757,9 +959,9 @@ def release_order(config: PoolConfig, released: list[tuple[int, int, int]]) -> l
 
 
 def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request] | Waiting:
-    """Give every position ALLOC-WRITE-1 and CKPT-INNER-1 ask for a real block, in position
-    order; `reserved` free hit blocks were already taken from the free queue and count as
-    needed too."""
+    """Give every position ALLOC-WRITE-1, CKPT-INNER-1 and a copy (ALLOC-UNIT-3/-4) ask for
+    a real block, in position order; `reserved` free hit blocks were already taken from the
+    free queue and count as needed too."""
     layout = state.config.layout
     wanted = []
     for g, group in enumerate(layout.groups):
@@ -770,7 +972,8 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
         )
         if request.checkpoint:  # called only then: a case cites the rules its ops reach
             written += checkpoint_positions(group, request.computed, end, request.checkpoint)
-        wanted.append(sorted(j for j in written if j >= len(current) or current[j] == NULL_BLOCK))
+        written += [j for source_group, j, _ in request.sources if source_group == g]
+        wanted.append(sorted({j for j in written if j >= len(current) or current[j] == NULL_BLOCK}))
     count = sum(len(w) for w in wanted)
     if count > len(state.free):
         return Waiting(count + reserved, len(state.free) + reserved)
@@ -852,7 +1055,7 @@ def _decrement(
         blocks[b] = dataclasses.replace(blocks[b], ref_count=blocks[b].ref_count - 1)
         if blocks[b].ref_count == 0:
             blocks[b] = dataclasses.replace(blocks[b], cold=cold)
-            (front if unkeyed_first and blocks[b].key is None else freed).append(b)
+            (front if unkeyed_first and not blocks[b].registrations() else freed).append(b)
     free = tuple(front) + state.free + tuple(freed)
     return dataclasses.replace(state, blocks=tuple(blocks), free=free)
 
@@ -904,7 +1107,7 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
         for j in reversed(range(len(table)))
         if table[j] != NULL_BLOCK
     ]
-    new_state = give_back(state, held)
+    new_state = give_back(state, [*held, *request.sources])
     requests = {k: v for k, v in new_state.requests.items() if k != rid}
     freed = len(new_state.free) - len(state.free)
     return dataclasses.replace(new_state, requests=requests), Released(freed)
@@ -1039,15 +1242,79 @@ def end_step(state: State) -> tuple[State, Observation]:
             )
             registered += count
             marks[g] = positions[-1] + 1
+        for g in range(len(layout.groups)):
+            tail = tail_position(layout, g, request, old.computed)
+            if tail:  # called only then: a case cites the rules it reaches
+                stamp = _register_tail(layout, blocks, stamp, g=g, request=request, position=tail)
+                registered += 1
         requests[rid] = dataclasses.replace(
-            request, registered=tuple(marks), checkpoint=0, published=()
+            request, registered=tuple(marks), checkpoint=0, published=(), sources=()
         )
-    return (
-        dataclasses.replace(
-            state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published_in_step=0
-        ),
-        StepEnded(registered + state.published_in_step),
+    ended = dataclasses.replace(
+        state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published_in_step=0
     )
+    for rid in sorted(state.requests):  # copy sources (ALLOC-UNIT-3/-4): the pass has run
+        ended = give_back(ended, list(state.requests[rid].sources))
+    return ended, StepEnded(registered + state.published_in_step)
+
+
+def tail_boundary(unit: int, prompt: int) -> int:
+    """The longest hit a re-send of a `prompt`-token prompt can take under `unit U`: the last
+    multiple of U below its length (HIT-LEN-1 leaves the last token to compute).
+
+    pre: unit >= 1 and prompt >= 1
+    post: 0 <= __return__ < prompt and __return__ % unit == 0
+    """
+    return (prompt - 1) // unit * unit
+
+
+def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
+    """ALLOC-UNIT-2: Under `unit U` a request keys the block its prompt's tail boundary T
+    (the longest hit a re-send of the prompt takes) falls inside, when T is inside a block:
+    an attention group at the end of the step that computed token T - 1, a state group in
+    mode align or all only at the end of a step that ended exactly at T (its running block
+    then holds the state at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
+
+        B=64, U=16, prompt 100 (T=96), steps [0, 64) [64, 100):
+        full      the end of step 2 keys block 1 at 96 (tokens 64..95)
+        state     nothing: step 2 ended at 100;  with steps [0, 96) [96, 100) the end of
+                  step 1 keys the state at 96 in block 1
+        prompt 128 (T=112) or 65 (T=64, a block boundary: ALLOC-COMMIT-1's): as stated;  nothing
+
+    pre: 0 <= before <= request.computed
+    post: __return__ == 0 or __return__ % layout.groups[g].block_size != 0
+    """
+    group = layout.groups[g]
+    unit = layout.hit_unit
+    if unit is None or isinstance(group, CrossAttention) or not request.prompt:
+        return 0
+    tail = tail_boundary(unit, request.prompt)
+    if not tail % group.block_size:
+        return 0
+    if isinstance(group, MambaState):
+        ended_there = request.computed == tail and before < tail
+        return tail if group.mode is not MambaMode.NONE and ended_there else 0
+    return tail if before < tail <= request.computed else 0
+
+
+def _register_tail(
+    layout: Layout, blocks: list[Block], stamp: int, *, g: int, request: Request, position: int
+) -> int:
+    """Key group g's block holding `position` under the request's partial key there
+    (ALLOC-UNIT-2), keeping a whole-block key and its longer content if it has them;
+    returns the next stamp."""
+    group = layout.groups[g]
+    b = request.tables[g][position // group.block_size]  # written this step: never released
+    key = partial_key(request.tokens, group.block_size, position, request.extras)
+    content = blocks[b].content or (
+        g,
+        request.tokens[:position],
+        extras_within(request.extras, position),
+    )
+    blocks[b] = dataclasses.replace(
+        blocks[b], partial=(g, key), partial_at=position, partial_stamp=stamp, content=content
+    )
+    return stamp + 1
 
 
 def publish(state: State, request: Request) -> tuple[State, Request]:
@@ -1143,5 +1410,8 @@ def reset_cache(state: State) -> tuple[State, Observation]:
     """
     if state.requests:
         return state, CacheReset(False)
-    blocks = tuple(dataclasses.replace(b, key=None, content=None) for b in state.blocks)
+    blocks = tuple(
+        dataclasses.replace(b, key=None, content=None, partial=None, partial_at=0)
+        for b in state.blocks
+    )
     return dataclasses.replace(state, blocks=blocks), CacheReset(True)

@@ -122,6 +122,33 @@ def block_keys(
     return tuple(keys)
 
 
+def partial_key(
+    tokens: Sequence[int],
+    block_size: int,
+    position: int,
+    extras: Sequence[Extra] = (),
+    lookahead: int = 0,
+) -> BlockKey:
+    """HASH-UNIT-1: Under `unit U` the partial key at a position P inside block j = P // B is
+    the key of block j - 1 extended by a link tagged "partial" holding tokens [jB, P) (plus
+    `lookahead` tokens after them) and their extras; the tag keeps it apart from every block
+    key, whose links are untagged pairs, so a partial key never matches a whole block.
+
+        B=4, tokens 7 8 9 1 | 2 3 4 5, P=6
+        partial key(6) = (ROOT, ((7,8,9,1), ()), ("partial", (2,3), ()))
+        block key(1)   = (ROOT, ((7,8,9,1), ()), ((2,3,4,5), ()))       never equal
+
+    pre: block_size >= 1 and position % block_size != 0 and position + lookahead <= len(tokens)
+    post: __return__[0] == ROOT and __return__[-1][0] == "partial"
+    """
+    start = position - position % block_size
+    end = position + lookahead
+    parent: BlockKey = (ROOT,)
+    if start:
+        parent = block_keys(tokens[: start + lookahead], block_size, extras, lookahead)[-1]
+    return (*parent, ("partial", tuple(tokens[start:end]), block_extras(extras, start, end)))
+
+
 def draft_lookahead(is_draft_group: bool, exact: bool, reach: int = 1) -> int:
     """HASH-DRAFT-1: Under the exact speculative profile a draft group's block key also covers
     the `reach` tokens after the block (the layout's draft_reach), on which the block's last

@@ -10,14 +10,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 
 from kvcert.spec.alloc import NULL_BLOCK, State, Visibility, request_keys
-from kvcert.spec.hashing import block_keys, extras_within, key_lookahead
+from kvcert.spec.hashing import block_keys, extras_within, key_lookahead, partial_key
 from kvcert.spec.layout import MambaState
 
 
 def _held(state: State) -> Counter[int]:
-    return Counter(
-        b for r in state.requests.values() for t in r.tables for b in t if b != NULL_BLOCK
-    )
+    in_tables = (b for r in state.requests.values() for t in r.tables for b in t)
+    sources = (b for r in state.requests.values() for _, _, b in r.sources)
+    return Counter(b for b in (*in_tables, *sources) if b != NULL_BLOCK)
 
 
 def null_block_is_never_handed_out(state: State) -> bool:
@@ -31,16 +31,18 @@ def null_block_is_never_handed_out(state: State) -> bool:
     null = state.blocks[NULL_BLOCK]
     return (
         null.ref_count == 0
-        and null.key is None
+        and not null.registrations()
         and null.content is None
         and NULL_BLOCK not in state.free
     )
 
 
 def reference_counts_match_tables(state: State) -> bool:
-    """INV-REF-1: A block's reference count is the number of table entries that name it.
+    """INV-REF-1: A block's reference count is the number of table entries that name it,
+    plus, under `unit U`, the chunks in flight that copy it (ALLOC-UNIT-3/-4).
 
         a: g0 [1 2]   b: g0 [1 3]      ref(1)=2  ref(2)=1  ref(3)=1  others 0
+        c copies 4 into its table      ref(4)=1 until the step ends
 
     pre: True
     post: isinstance(__return__, bool)
@@ -70,20 +72,28 @@ def keys_describe_content(state: State) -> bool:
 
         block 7: content (g0, tokens 0..15, salt s)  key (g0, key(tokens 0..15, salt s))
 
+    Under `unit U` a partial key is the key of the content's first `partial_at` tokens.
+
     pre: True
     post: isinstance(__return__, bool)
     """
     layout = state.config.layout
     for block in state.blocks:
-        if block.key is None:
-            continue
-        if block.content is None or block.content[0] != block.key[0]:
-            return False
-        group, tokens, extras = block.content
-        spec_group = layout.groups[group]
-        keys = block_keys(tokens, spec_group.block_size, extras, key_lookahead(layout, spec_group))
-        if not keys or keys[-1] != block.key[1]:
-            return False
+        for slot, _ in block.registrations():
+            if block.content is None or block.content[0] != slot[0]:
+                return False
+            group, tokens, extras = block.content
+            spec_group = layout.groups[group]
+            lookahead = key_lookahead(layout, spec_group)
+            if slot == block.partial:
+                at = block.partial_at
+                size = spec_group.block_size
+                if not 0 < at <= len(tokens) or partial_key(tokens, size, at, extras) != slot[1]:
+                    return False
+                continue
+            keys = block_keys(tokens, spec_group.block_size, extras, lookahead)
+            if not keys or keys[-1] != slot[1]:
+                return False
     return True
 
 
@@ -104,7 +114,8 @@ def tables_hold_the_request_tokens(state: State) -> bool:
                 content = state.blocks[b].content
                 if b == NULL_BLOCK or content is None:
                     continue
-                if content[0] != g or state.blocks[b].key not in (None, (g, keys[g][j])):
+                key = state.blocks[b].key
+                if content[0] != g or (key is not None and key != (g, keys[g][j])):
                     return False
                 covered = len(content[1])
                 relevant = extras_within(request.extras, covered)
@@ -120,6 +131,7 @@ def uncommitted_blocks_are_not_hittable(state: State) -> bool:
 
         a: computed 32, scheduled 32 (B=16)    step-end: a's positions 2, 3 carry no key
                                                same-pass: full attention's may; state's not
+        unit U: a partial key never ends past what its holder computed
 
     pre: True
     post: isinstance(__return__, bool)
@@ -137,6 +149,35 @@ def uncommitted_blocks_are_not_hittable(state: State) -> bool:
                 uncommitted = b != NULL_BLOCK and (j + 1) * size > written
                 if uncommitted and state.blocks[b].key is not None:
                     return False
+                if b != NULL_BLOCK and state.blocks[b].partial_at > request.computed:
+                    return False
+    return True
+
+
+def copies_carry_the_request_tokens(state: State) -> bool:
+    """INV-COPY-1: Under `unit U` every block a chunk in flight copies was computed from the
+    request's own tokens up to where the request resumes (`computed`), and a state source
+    holds the state at exactly that length: a copy never hands over KV or state of other
+    tokens, nor a state of another length.
+
+        b resumes at 80 copying block 9 (content: tokens 0..95 of a, 0..79 equal to b's)  ok
+        b resumes at 80 copying state block 4 (the state at 96)                       broken
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    layout = state.config.layout
+    for request in state.requests.values():
+        at = request.computed
+        for g, _, b in request.sources:
+            content = state.blocks[b].content
+            if content is None or content[0] != g or len(content[1]) < at:
+                return False
+            exact = isinstance(layout.groups[g], MambaState)
+            if (exact and len(content[1]) != at) or content[1][:at] != request.tokens[:at]:
+                return False
+            if extras_within(content[2], at) != extras_within(request.extras, at):
+                return False
     return True
 
 
@@ -147,6 +188,7 @@ INVARIANTS: Mapping[str, Callable[[State], bool]] = {
     "INV-KEY-1": keys_describe_content,
     "INV-HIT-1": tables_hold_the_request_tokens,
     "INV-VIS-1": uncommitted_blocks_are_not_hittable,
+    "INV-COPY-1": copies_carry_the_request_tokens,
 }
 
 

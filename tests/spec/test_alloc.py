@@ -472,6 +472,15 @@ def test_max_model_len_and_pool_size_are_enforced():
 
 
 def corrupt(name):
+    if name == "INV-COPY-1":  # `unit U`: b's chunk in flight copies a's tail [8, 10)
+        unit = initial_state(PoolConfig(Layout((FullAttention(4),), hit_unit=2), 16))
+        state, (*_, b) = run(
+            unit, Admit("a", PROMPT[:11], 11), EndStep(), Finish("a"), Admit("b", PROMPT[:11], 11)
+        )
+        ((_, source, _),) = b.copies
+        blocks = list(state.blocks)
+        blocks[source] = dataclasses.replace(blocks[source], content=(0, (9,) * 10, ()))
+        return dataclasses.replace(state, blocks=tuple(blocks))
     state, (a, _) = run(pool(FullAttention(4)), Admit("a", PROMPT[:10], 10), EndStep())
     state, (b,) = run(state, Admit("b", PROMPT[:10], 10))
     blocks = list(state.blocks)

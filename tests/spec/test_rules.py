@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import re
@@ -39,6 +40,7 @@ from kvcert.spec import (
     view,
 )
 from kvcert.spec.hashing import Extra, ExtraKind
+from kvcert.spec.layout import is_draft
 from kvcert.spec.rules import all_rules, render_rules_md, rule_of
 from kvcert.spec.view import keyable_blocks
 from tests.spec.contracts import ContractViolation, conditions, contracts_enforced
@@ -61,6 +63,12 @@ EXPECTED_TAGS = {
     "HIT-UNIT-2",
     "HIT-UNIT-3",
     "HIT-UNIT-4",
+    "HASH-UNIT-1",
+    "ALLOC-UNIT-1",
+    "ALLOC-UNIT-2",
+    "ALLOC-UNIT-3",
+    "ALLOC-UNIT-4",
+    "INV-COPY-1",
     "HASH-CHAIN-1",
     "HASH-EXTRA-1",
     "HASH-DRAFT-1",
@@ -374,6 +382,23 @@ def exercise_allocator(chosen: Layout) -> None:
     if aligned and math.lcm(*aligned) < len(prompt):  # CKPT-INNER-1: one pass, a checkpoint
         inner = [alloc.Admit("e", prompt, 9, checkpoint=math.lcm(*aligned)), alloc.EndStep()]
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12)), inner)
+    if not any(is_draft(g) for g in chosen.groups):
+        # ALLOC-UNIT-*: under `unit 1` the prompt's tail (7, inside a 2-token block) is
+        # keyed at the end of the step ending there, its state kept by a copy, and a
+        # re-send copies both tails
+        prompt8 = prompt[:8]
+        unit = [
+            alloc.Admit("u", prompt8, 7),
+            alloc.EndStep(),
+            alloc.Extend("u", 1),
+            alloc.EndStep(),
+            alloc.Finish("u"),
+            alloc.Admit("v", prompt8, 8),
+            alloc.EndStep(),
+            alloc.Finish("v"),
+        ]
+        unit_layout = dataclasses.replace(chosen, hit_unit=1)
+        run_script(alloc.initial_state(alloc.PoolConfig(unit_layout, 12)), unit)
     if any(isinstance(g, MambaState) and g.speculative_blocks for g in chosen.groups):
         # ALLOC-SPEC-2: accepted drafts cross 4 (B=2): the decode chunk [3, 6) checkpoints it
         drafts = [

@@ -81,7 +81,10 @@ def test_block_profile_is_unchanged_and_coarser():
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), ()), None),
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), (F(), F())),
          InvalidRequest),
-        (lambda: spec.PoolConfig(Layout((FullAttention(4),), hit_unit=2), 8), InvalidOp),
+        (
+            lambda: spec.PoolConfig(Layout((FullAttention(4),), hit_unit=2), 8, retention="sparse"),
+            InvalidOp,
+        ),
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), ({2},)),
          InvalidRequest),
         (lambda: CacheView(Layout((FullAttention(4), CrossAttention(4)), hit_unit=2), 9,

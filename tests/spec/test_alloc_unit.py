@@ -1,0 +1,479 @@
+"""§6 under the hit-granularity profile `unit U`: the allocator's side (ALLOC-UNIT-1..4).
+
+Worked examples of each rule, its refusals, the copies a hit inside a block needs, and two
+whole-machine properties: the invariants (INV-COPY-1 among them) hold on random operation
+sequences, and a re-send of a finished prompt is served its tail boundary (the keys the
+allocator registers are the ones the hit rules need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kvcert.spec import (
+    ChunkedLocal,
+    Extra,
+    ExtraKind,
+    FullAttention,
+    InvalidOp,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+)
+from kvcert.spec import alloc as spec
+from kvcert.spec.alloc import (
+    NULL_BLOCK,
+    Admit,
+    Admitted,
+    EndStep,
+    Eviction,
+    Extend,
+    Extended,
+    Finish,
+    PoolConfig,
+    Preempt,
+    ResetCache,
+    StepEnded,
+    Visibility,
+    Waiting,
+    initial_state,
+    step,
+    tail_boundary,
+)
+from kvcert.spec.invariants import violated
+from kvcert.spec.layout import is_cacheable
+from kvcert.spec.retention import Retention
+from tests.strategies import layouts
+
+PROMPT = tuple(range(1, 101))  # 100 distinct tokens
+HYBRID = Layout((FullAttention(64), MambaState(64, MambaMode.ALIGN)), hit_unit=16)
+
+
+def run(state, *ops):
+    observations = []
+    for op in ops:
+        state, observation = step(state, op)
+        assert violated(state) == [], (op, violated(state))
+        observations.append(observation)
+    return state, observations
+
+
+def pool(layout=HYBRID, blocks=32, **profile):
+    return initial_state(PoolConfig(layout, blocks, **profile))
+
+
+def written(resend=PROMPT, layout=HYBRID, chunks=(96, 4), blocks=32, **profile):
+    """A writer computes `PROMPT` in `chunks`, decodes one token and finishes."""
+    state, _ = run(pool(layout, blocks, **profile), Admit("a", PROMPT, chunks[0]), EndStep())
+    for chunk in chunks[1:]:
+        state, _ = run(state, Extend("a", chunk), EndStep())
+    state, _ = run(state, Extend("a", 1, appended=(7,)), EndStep(), Finish("a"))
+    return state
+
+
+# --- ALLOC-UNIT-1: what the allocator serves under `unit U` --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile", "layout", "fragment"),
+    [
+        ({"retention": Retention.SPARSE}, HYBRID, "retention='dense'"),
+        ({"eviction": Eviction.HYBRID}, HYBRID, "EVICT-DEAD-1"),
+        ({"visibility": Visibility.SAME_PASS}, HYBRID, "visibility='step-end'"),
+        (
+            {},
+            Layout(
+                (FullAttention(64), SlidingWindow(64, 64, draft=True)),
+                Speculative.EXACT,
+                hit_unit=16,
+            ),
+            "draft groups",
+        ),
+    ],
+)
+def test_the_unit_profile_refuses_what_it_does_not_define(profile, layout, fragment):
+    with pytest.raises(InvalidOp, match=fragment):
+        PoolConfig(layout, 8, **profile)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lru-unkeyed-first"])
+def test_the_unit_profile_serves_dense_lru_profiles(eviction):
+    config = PoolConfig(HYBRID, 8, eviction=eviction, visibility="step-end")
+    assert spec.unit_problem(config) is None
+    plain = PoolConfig(Layout(HYBRID.groups), 8, visibility="same-pass")
+    assert spec.unit_problem(plain) is None
+
+
+# --- ALLOC-UNIT-2: the prompt's tail boundary is keyed -------------------------------------
+
+
+def test_the_tail_boundary_is_the_longest_resend_hit():
+    assert [tail_boundary(16, p) for p in (1, 16, 17, 100, 112, 113)] == [0, 0, 16, 96, 96, 112]
+
+
+def test_docstring_examples_of_the_tail_position():
+    full, state = 0, 1
+    request = spec.Request(PROMPT, (), 100, 0, 0, ((), ()), (0, 0), prompt=100)
+    assert spec.tail_position(HYBRID, full, request, before=64) == 96
+    assert spec.tail_position(HYBRID, full, request, before=96) == 0  # no step computed 95
+    assert spec.tail_position(HYBRID, state, request, before=64) == 0  # ended at 100
+    at_96 = spec.Request(PROMPT, (), 96, 0, 0, ((), ()), (0, 0), prompt=100)
+    assert spec.tail_position(HYBRID, state, at_96, before=0) == 96
+    at_boundary = spec.Request(PROMPT[:65], (), 65, 0, 0, ((), ()), (0, 0), prompt=65)
+    assert spec.tail_position(HYBRID, full, at_boundary, before=0) == 0  # T=64: a block end
+
+
+def test_a_step_ending_at_the_tail_keys_attention_and_state():
+    state, (admitted, ended) = run(pool(), Admit("a", PROMPT, 96), EndStep())
+    full_tail, state_tail = admitted.tables[0][1], admitted.tables[1][1]
+    assert ended == StepEnded(3)  # block 0 whole, and the tail at 96 in both groups
+    for b in (full_tail, state_tail):
+        assert state.blocks[b].partial_at == 96
+        assert state.blocks[b].key is None
+
+
+def test_a_chunk_past_the_tail_keys_attention_only():
+    state, (admitted, ended) = run(pool(), Admit("a", PROMPT, 100), EndStep())
+    assert ended == StepEnded(2)
+    assert state.blocks[admitted.tables[0][1]].partial_at == 96
+    assert state.blocks[admitted.tables[1][1]].partial is None
+
+
+def test_a_tail_key_stays_when_its_block_is_registered_whole():
+    layout = Layout((FullAttention(32),), hit_unit=16)
+    state, (admitted, _) = run(pool(layout), Admit("a", PROMPT[:60], 60), EndStep())
+    block = admitted.tables[0][1]  # T=48, inside block 1 [32, 64)
+    for token in range(4):  # decode to 64 tokens: block 1 is whole
+        state, _ = run(state, Extend("a", 1, appended=(token,)), EndStep())
+    assert state.blocks[block].key is not None
+    assert state.blocks[block].partial_at == 48
+    state, _ = run(state, Finish("a"))
+    state, (admitted,) = run(state, Admit("b", (*PROMPT[:50], 5), 51))
+    assert admitted.hit == 48  # a prompt diverging after 48 still finds the tail key
+
+
+# --- ALLOC-UNIT-3: a hit inside a block copies it ------------------------------------------
+
+
+def test_a_resend_hits_the_tail_and_copies_both_tail_blocks():
+    state = written()
+    state, (admitted, ended) = run(state, Admit("b", PROMPT, 96), EndStep())
+    assert admitted.hit == 96
+    assert admitted.scheduled == 4
+    (g0, source0, target0), (g1, source1, target1) = admitted.copies
+    assert (g0, g1) == (0, 1)
+    assert admitted.tables[0][1] == target0
+    assert admitted.tables[1][1] == target1
+    assert state.blocks[source0].partial_at == 96
+    assert state.blocks[source1].partial_at == 96
+    assert ended == StepEnded(0)  # its own tail was a hit: nothing new to key
+    assert state.blocks[source0].ref_count == 0  # released at the end of the step, still keyed
+    assert state.blocks[source0].partial is not None
+
+
+def test_docstring_example_of_the_tail_source():
+    layout = Layout((FullAttention(64),), hit_unit=16)
+    state = written(layout=layout, chunks=(100,))  # a's block 1 keyed at 96
+    longer = (*PROMPT, *range(200, 228))  # w: block 1 [64, 128) whole
+    state, _ = run(state, Admit("w", longer, 128), EndStep(), Finish("w"))
+    whole = spec.tail_source(state, 0, (*longer, 5), (), 80)
+    assert state.blocks[whole].key is not None  # the whole-block key is the longest
+    partial = spec.tail_source(state, 0, (*PROMPT[:96], 5), (), 80)
+    assert state.blocks[partial].partial_at == 96
+    assert partial != whole
+
+
+def test_a_longer_prompt_hits_the_tail_and_a_shorter_one_cannot_name_it():
+    layout = Layout((FullAttention(64), SlidingWindow(64, 32)), hit_unit=16)
+    state = written(layout=layout, chunks=(100,))
+    state, (longer,) = run(state, Admit("b", (*PROMPT, *range(300, 340)), 140))
+    assert longer.hit == 96
+    assert len(longer.copies) == 2
+    state, (shorter,) = run(state, Admit("c", PROMPT[:90], 90))
+    assert shorter.hit == 64
+    assert shorter.copies == ()
+
+
+def test_split_tails_leaves_block_ends_alone():
+    tables, sources = spec.split_tails(HYBRID, 64, ((3,), (4,)))
+    assert tables == ((3,), (4,))
+    assert sources == ()
+    tables, sources = spec.split_tails(HYBRID, 80, ((3, 9), (0, 4)))
+    assert tables == ((3,), (0,))
+    assert sources == ((0, 1, 9), (1, 1, 4))
+
+
+def test_a_copy_source_is_held_until_the_step_ends():
+    state = written(blocks=7)  # 6 usable blocks; the writer left 3 cached
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    sources = {source for _, source, _ in admitted.copies}
+    state, (other,) = run(state, Admit("c", tuple(range(500, 564)), 64))
+    assert isinstance(other, Waiting)  # the free blocks left are the held sources' only
+    assert all(state.blocks[s].ref_count == 1 for s in sources)
+    state, _ = run(state, EndStep())
+    assert all(state.blocks[s].ref_count == 0 and s in state.free for s in sources)
+
+
+def test_preempting_a_chunk_in_flight_releases_its_sources():
+    state = written()
+    state, (admitted, _) = run(state, Admit("b", PROMPT, 96), Preempt("b"))
+    assert all(state.blocks[s].ref_count == 0 for _, s, _ in admitted.copies)
+    assert state.requests == {}
+
+
+def test_a_salted_request_is_not_served_another_tenants_tail():
+    state = written()
+    salted = (Extra(ExtraKind.CACHE_SALT, "t2"),)
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96, salted))
+    assert admitted.hit == 0
+    assert admitted.copies == ()
+
+
+# --- ALLOC-UNIT-4: a keyed state block is copied before it is overwritten ------------------
+
+
+def test_docstring_example_of_keeping_a_state_checkpoint():
+    state, (admitted, _) = run(pool(), Admit("a", PROMPT, 96), EndStep())
+    keyed = admitted.tables[1][1]
+    state, (extended, _) = run(state, Extend("a", 4), EndStep())
+    (group, source, target) = extended.copies[0]
+    assert (group, source) == (1, keyed)
+    assert extended.tables[1][1] == target != keyed
+    assert state.blocks[keyed].ref_count == 0
+    assert state.blocks[keyed].partial_at == 96
+    assert len(extended.copies) == 1  # attention keeps writing its own tail block
+
+
+def test_a_finished_writer_leaves_its_checkpoint_cached():
+    state, _ = run(pool(), Admit("a", PROMPT, 96), EndStep(), Finish("a"))
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    assert admitted.hit == 96
+
+
+def test_mode_all_keys_and_keeps_the_tail_too():
+    layout = Layout((FullAttention(64), MambaState(64, MambaMode.ALL)), hit_unit=16)
+    state = written(layout=layout)
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    assert admitted.hit == 96
+
+
+def test_mode_none_keys_nothing_and_serves_no_state_hit():
+    layout = Layout((FullAttention(64), MambaState(64, MambaMode.NONE)), hit_unit=16)
+    state = written(layout=layout)
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    assert admitted.hit == 0
+
+
+# --- the block profile is the unit profile at U = B -----------------------------------------
+
+
+def _played(layout, ops):
+    state = initial_state(PoolConfig(layout, 24))
+    out = []
+    for op in ops:
+        if isinstance(op, Finish) and op.rid not in state.requests:
+            continue  # its admission waited
+        state, observation = step(state, op)
+        out.append(observation)
+    return out
+
+
+@st.composite
+def _sessions(draw):
+    ops = []
+    for rid in "abc":
+        length = draw(st.integers(1, 40))
+        base = draw(st.sampled_from([PROMPT, (*PROMPT[:20], *range(300, 400))]))
+        ops.append(Admit(rid, base[:length], draw(st.integers(1, 40))))
+        ops.append(EndStep())
+        if draw(st.booleans()):
+            ops.append(Finish(rid))
+    return ops
+
+
+@given(ops=_sessions(), size=st.sampled_from([2, 4, 8]))
+def test_unit_equal_to_the_block_size_is_the_block_profile(ops, size):
+    groups = (FullAttention(size), MambaState(size), SlidingWindow(size, 5))
+    plain = _played(Layout(groups), ops)
+    unit = _played(Layout(groups, hit_unit=size), ops)
+    assert unit == plain
+
+
+# --- completeness of the registration: a re-send is served its tail boundary ---------------
+
+
+@st.composite
+def unit_layouts(draw, max_groups=3):
+    """A layout without draft groups under `unit U`, U a divisor of every cacheable size."""
+    body = draw(layouts(max_groups=max_groups, speculative=False))
+    sizes = math.gcd(*(g.block_size for g in body.groups if is_cacheable(g)))
+    unit = draw(st.sampled_from([d for d in range(1, sizes + 1) if sizes % d == 0]))
+    return Layout(body.groups, hit_unit=unit)
+
+
+def _serves_a_resend(layout):
+    return all(
+        not isinstance(g, MambaState) or g.mode is not MambaMode.NONE
+        for g in layout.groups
+        if is_cacheable(g)
+    )
+
+
+@given(layout=unit_layouts(), length=st.integers(2, 40), budget=st.integers(1, 40))
+def test_a_resend_of_a_finished_prompt_is_served_its_tail(layout, length, budget):
+    """The writer computes its prompt in chunks of `budget`, but ends one at the tail
+    boundary T (CKPT-ALIGN-1's stop, at unit granularity), decodes once and finishes; a
+    re-send of the prompt then hits T exactly in an ample pool, for every layout whose
+    groups keep keys."""
+    prompt = PROMPT[:length]
+    tail = tail_boundary(layout.hit_unit, length)
+    state = initial_state(PoolConfig(layout, 400))
+    rid = "a"
+    computed = 0  # a window of one token may hit on a fresh pool: computed is read back
+    while computed < length:
+        stop = tail if computed < tail else length
+        chunk = min(budget, stop - computed)
+        op = Extend(rid, chunk) if rid in state.requests else Admit(rid, prompt, chunk)
+        state, _ = run(state, op, EndStep())
+        computed = state.requests[rid].computed
+    state, _ = run(state, Extend(rid, 1, appended=(7,)), EndStep(), Finish(rid))
+    state, (admitted,) = run(state, Admit("b", prompt, length))
+    if _serves_a_resend(layout):
+        assert admitted.hit == tail
+    else:
+        assert admitted.hit == 0
+
+
+def test_a_resend_without_a_chunk_ending_at_the_tail_loses_the_state_checkpoint():
+    """The broken twin of the property above: a state group keys its tail only where a step
+    ends there, so chunking past it leaves a re-send the last whole-block checkpoint."""
+    state = written(chunks=(100,))
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    assert admitted.hit == 0  # block 0's state was never checkpointed either
+
+
+# --- the machine: random operations keep every invariant -----------------------------------
+
+BASES = [tuple(range(1, 41)), (*range(1, 13), *range(50, 78)), tuple(range(90, 130))]
+
+
+class UnitSpecSelfCheck(RuleBasedStateMachine):
+    """Drives `step` under `unit U` with random operations; every invariant holds after each,
+    INV-COPY-1 (copies carry the request's tokens) and INV-KEY-1 on partial keys among
+    them."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = None
+
+    @initialize(
+        layout=unit_layouts(),
+        blocks=st.integers(2, 40),
+        eviction=st.sampled_from(["lru", "lru-unkeyed-first"]),
+    )
+    def start(self, layout, blocks, eviction):
+        config = PoolConfig(layout, blocks, eviction=eviction)
+        self.state = initial_state(config)
+
+    def _apply(self, op):
+        self.state, observation = step(self.state, op)
+        if isinstance(observation, Admitted | Extended):
+            for g, source, target in observation.copies:
+                assert target != NULL_BLOCK
+                assert source != target
+                assert target in observation.tables[g]
+
+    @rule(
+        rid=st.sampled_from("abcd"),
+        base=st.sampled_from(BASES),
+        length=st.integers(1, 40),
+        budget=st.integers(1, 40),
+    )
+    def admit(self, rid, base, length, budget):
+        if rid not in self.state.requests:
+            self._apply(Admit(rid, base[:length], budget))
+
+    @rule(rid=st.sampled_from("abcd"), budget=st.integers(1, 16), token=st.integers(0, 3))
+    def extend(self, rid, budget, token):
+        request = self.state.requests.get(rid)
+        if request is None or request.scheduled:
+            return
+        appended = (token,) if request.computed == len(request.tokens) else ()
+        self._apply(Extend(rid, budget, appended))
+
+    @rule()
+    def end_step(self):
+        self._apply(EndStep())
+
+    @rule(rid=st.sampled_from("abcd"), preempt=st.booleans())
+    def release(self, rid, preempt):
+        if rid in self.state.requests:
+            self._apply(Preempt(rid) if preempt else Finish(rid))
+
+    @rule()
+    def reset(self):
+        self._apply(ResetCache())
+
+    @invariant()
+    def invariants_hold(self):
+        if self.state is not None:
+            assert violated(self.state) == []
+
+
+TestUnitSpecSelfCheck = UnitSpecSelfCheck.TestCase
+
+
+def test_chunked_local_tails_are_keyed_like_full_attention():
+    layout = Layout((ChunkedLocal(64, 128),), hit_unit=16)
+    state = written(layout=layout, chunks=(100,))
+    state, (admitted,) = run(state, Admit("b", PROMPT, 96))
+    assert admitted.hit == 96
+    assert len(admitted.copies) == 1
+
+
+# --- broken twins: the invariants' unit clauses each fail on a state that breaks them ------
+
+
+def _copying():
+    """b re-sends the prompt: its chunk in flight copies both tails."""
+    state, (admitted,) = run(written(), Admit("b", PROMPT, 96))
+    return state, admitted.copies
+
+
+def _with_block(state, b, **changes):
+    blocks = list(state.blocks)
+    blocks[b] = dataclasses.replace(blocks[b], **changes)
+    return dataclasses.replace(state, blocks=tuple(blocks))
+
+
+def test_a_partial_key_not_describing_its_content_breaks_inv_key():
+    state, ((_, source, _), _) = _copying()
+    assert "INV-KEY-1" in violated(_with_block(state, source, partial_at=80))
+    assert "INV-KEY-1" in violated(_with_block(state, source, partial_at=0))
+
+
+def test_a_partial_key_past_what_its_holder_computed_breaks_inv_vis():
+    state, (admitted,) = run(pool(), Admit("a", PROMPT, 96))
+    tail = admitted.tables[0][1]
+    key = spec.partial_key(PROMPT, 64, 96)
+    broken = _with_block(state, tail, partial=(0, key), partial_at=96, content=(0, PROMPT[:96], ()))
+    assert "INV-VIS-1" in violated(broken)
+
+
+def test_a_copy_of_other_tokens_breaks_inv_copy():
+    state, ((_, full_source, _), (_, state_source, _)) = _copying()
+    other = (0, (9, *PROMPT[1:96]), ())
+    assert "INV-COPY-1" in violated(_with_block(state, full_source, content=None))
+    assert "INV-COPY-1" in violated(_with_block(state, full_source, content=other))
+    longer = (1, PROMPT[:100], ())  # a state at 100 copied to resume at 96
+    assert "INV-COPY-1" in violated(_with_block(state, state_source, content=longer))
+    salted = (0, PROMPT[:96], (Extra(ExtraKind.CACHE_SALT, "t2"),))
+    assert "INV-COPY-1" in violated(_with_block(state, full_source, content=salted))
