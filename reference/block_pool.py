@@ -77,6 +77,7 @@ class BlockPool:
         "queue",
         "ref_count",
         "served",
+        "tails",
         "tracking",
     )
 
@@ -88,6 +89,7 @@ class BlockPool:
         *,
         track_liveness: bool = False,
         record_events: bool = False,
+        tail_keys: bool = False,
     ) -> None:
         """Implements ALLOC-INIT-1: every block but the null one free, in ascending order."""
         check_pool_fits(num_blocks)
@@ -96,6 +98,8 @@ class BlockPool:
         self.ref_count = array("i", bytes(4 * num_blocks))
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
         self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
+        # `unit U` (kvcert.reference.tails): each block's tail key, a second key index
+        self.tails = KeyIndex(num_blocks, num_groups) if tail_keys else None
         self.num_registered = 0
         self.evictions = [0] * num_groups  # registered blocks reused, per group
         self.dead_evictions = [0] * num_groups  # of which dead (see the module docstring)
@@ -171,6 +175,12 @@ class BlockPool:
         self.num_registered += self.keys.bind_run(group, blocks, keys)
         return len(blocks) - blocks.count(NULL_BLOCK)
 
+    def is_keyed(self, block: int) -> bool:
+        """Whether `block` holds a key (a block key, or under `unit U` a tail key)."""
+        return self.keys.key_of(block) is not None or (
+            self.tails is not None and self.tails.key_of(block) is not None
+        )
+
     def key_of(self, block: int) -> Key | None:
         """(group, key) `block` is registered under, if any."""
         key, group = self.keys.key_of(block), self.keys.group_of(block)
@@ -239,6 +249,8 @@ class BlockPool:
                     taken, self.evictions, self.dead_evictions
                 )
             set_one(ref, taken)
+        if self.tails is not None:  # a block handed out holds nothing: its tail key goes too
+            self.tails.forget_run(taken, [0] * len(self.served), [0] * len(self.served))
         self.num_free -= count
         self.queue.compact()
         return taken
@@ -259,6 +271,8 @@ class BlockPool:
     def reset(self) -> None:
         """Forget every key (the caller has checked that nothing is held)."""
         self.keys.clear()
+        if self.tails is not None:
+            self.tails.clear()
         if self.events is not None:
             self.events.append(Cleared())
         self._dependents.clear()

@@ -156,8 +156,9 @@ class UnkeyedFirstQueue(FreeQueue):
 
     def add(self, blocks: list[int], cold: bool) -> None:
         """Keyed blocks join the tail; unkeyed ones go to the head as one run, in order."""
-        unkeyed = [b for b in blocks if self.pool.key_of(b) is None]
-        super().add([b for b in blocks if self.pool.key_of(b) is not None], cold)
+        keyed = self.pool.is_keyed
+        unkeyed = [b for b in blocks if not keyed(b)]
+        super().add([b for b in blocks if keyed(b)], cold)
         self._prepend(unkeyed)
 
 

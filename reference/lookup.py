@@ -15,7 +15,6 @@ from typing import Any
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, Kind
-from kvcert.reference.errors import ConfigError
 from kvcert.reference.hashing import Chain, ExtraKey
 from kvcert.reference.keyindex import ServedMap
 
@@ -26,12 +25,6 @@ class Keying:
     def __init__(
         self, config: CacheConfig, digest: Callable[[bytes], Any], lookahead: list[int]
     ) -> None:
-        if config.hit_unit is not None:
-            raise ConfigError(
-                f"hit_unit={config.hit_unit}: the allocator keys whole blocks only; the `unit "
-                "U` profile's partial keys and tail copies are not built yet (its lookups are: "
-                "kvcert.reference.unit_hits). Leave hit_unit unset for a KVCacheManager"
-            )
         self.config = config
         self.digest = digest
         self.lookahead = lookahead  # per group, the draft tokens its keys cover past a block
@@ -41,7 +34,8 @@ class Keying:
             for g, s in zip(config.groups, lookahead, strict=True)
             if not s and g.kind is not Kind.CROSS
         ]
-        self.base_size = math.gcd(*base) if base else 0
+        # under `unit U` the shared chain is digested at every multiple of U (tail keys)
+        self.base_size = math.gcd(*base, config.hit_unit or 0) if base else 0
 
     def chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         """Per group, the digest chain keying its blocks. Implements HASH-DRAFT-1: a draft
@@ -57,6 +51,14 @@ class Keying:
             else:
                 chains.append(base)
         return chains
+
+    def unit_keys(self, chains: Sequence[Chain | None]) -> list[list[bytes]]:
+        """Under `unit U`: per group the request's key at every multiple of U it reaches (no
+        draft chains then: ALLOC-UNIT-1), as kvcert.reference.unit_hits reads them.
+        Implements HASH-UNIT-1: the digest after P tokens certifies exactly tokens [0, P),
+        so a tail key (P inside a block) never equals a block key (P a block end)."""
+        unit = self.config.hit_unit or self.base_size
+        return [[] if c is None else c.keys(unit) for c in chains]
 
     def keys(self, chains: Sequence[Chain | None]) -> list[list[bytes]]:
         """Implements HASH-MATCH-1 with the pool's map: per group the request's key of each

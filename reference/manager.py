@@ -38,15 +38,18 @@ from kvcert.reference.errors import (
 from kvcert.reference.events import Event
 from kvcert.reference.hashing import DigestMemo, ExtraKey, encode_tokens, hasher
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
+from kvcert.reference.inspection import Inspection
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying, WithPending
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
+from kvcert.reference.tails import Tails, copies, unit_refusal, with_targets
+from kvcert.reference.unit_hits import find_unit_hit
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
 
 
-class KVCacheManager:
+class KVCacheManager(Inspection):
     """A hybrid KV-cache allocator with prefix caching over one shared block pool."""
 
     search = staticmethod(find_hit)  # the hybrid hit search (a benchmark baseline swaps it)
@@ -55,13 +58,18 @@ class KVCacheManager:
         if all(g.kind is Kind.CROSS for g in config.groups):
             raise ConfigError("every group is cross attention: there is no prefix to cache")
         self.config = config
+        unit = config.hit_unit is not None
+        if unit and (refusal := unit_refusal(config)):
+            raise ConfigError(refusal)
         self.pool = BlockPool(
             config.num_blocks,
             config.eviction,
             len(config.groups),
             track_liveness=config.count_dead_evictions,
             record_events=config.record_events,
+            tail_keys=unit,
         )
+        self._tails = Tails(config, self.pool) if unit else None  # ALLOC-UNIT-2..4
         budget = config.digest_memo_bytes
         self._memo = DigestMemo(budget) if budget else None
         self._requests: dict[str, Request] = {}
@@ -125,6 +133,10 @@ class KVCacheManager:
     def _hit(self, prompt: Prompt, max_hit: int | None) -> tuple[int, list[list[int]]]:
         """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
         the cap that every group accepts when the hit exceeds it (find_hit's `limit`)."""
+        if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
+            units = self._keying.unit_keys(prompt.chains)
+            top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
+            return find_unit_hit(self.config, top, units, self._tails.served)
         keys = self._keying.keys(prompt.chains)
         hit, tables = self.search(self.config, len(prompt), keys, self.pool.served)
         if max_hit is not None and hit > max_hit:
@@ -279,10 +291,13 @@ class KVCacheManager:
                 "lies beyond the prompt; its span must be within the tokens"
             )
         hit, tables = self._hit(prompt, max_hit)
+        request = Request(prompt)
+        if self._tails is not None:  # ALLOC-UNIT-3: the blocks the hit ends inside are copied
+            tables, request.sources = self._tails.split(hit, tables)
         # distinct: a block is registered in one group under one key
         hits = [b for t in tables for b in t if b != NULL_BLOCK]
+        hits += [b for _, _, b in request.sources]
         reviving = list(map(self.pool.ref_count.__getitem__, hits)).count(0)  # free hit blocks
-        request = Request(prompt)
         if self._junctions:
             request.junction = self._junction(prompt, hit)
         request.computed = hit
@@ -299,6 +314,7 @@ class KVCacheManager:
         request.commit_at = self._commits.commit_at(request)
         request.held_from = [held_from(t) for t in tables]
         _, wanted = self._planner.changes(request)  # a lookup table holds nothing to release
+        wanted = with_targets(wanted, request.sources)
         count = sum(map(len, wanted))
         if fit_tokens is not None:
             whole = self._planner.to_hold(request, fit_tokens) + fit_keep_free
@@ -314,7 +330,8 @@ class KVCacheManager:
         self._admissions += 1
         self._admitted_tokens += len(prompt)
         self._hit_tokens += hit
-        return Scheduled(hit, request.scheduled, added, tuple(tuple(t) for t in request.tables))
+        tables_after = tuple(tuple(t) for t in request.tables)
+        return Scheduled(hit, request.scheduled, added, tables_after, copies(request))
 
     def _waiting(self, needed: int, free: int, held: int) -> Waiting:
         """Waiting, saying so when the request would hold `held` blocks at once, more than
@@ -520,9 +537,11 @@ class KVCacheManager:
                 f"request {rid!r} has no token left to compute; append the sampled token"
             )
         before = (request.scheduled, request.lookahead, request.checkpoints, request.decoding)
-        request.scheduled = min(budget, length - request.computed)
-        request.lookahead = lookahead
-        request.decoding = request.decoding or bool(appended)
+        request.scheduled, request.lookahead, request.decoding = (
+            min(budget, length - request.computed),
+            lookahead,
+            request.decoding or bool(appended),
+        )
         if checkpoint:
             try:
                 self._planner.check_checkpoint(
@@ -537,19 +556,31 @@ class KVCacheManager:
             if checkpoint not in request.checkpoints:
                 request.checkpoints = [*request.checkpoints, checkpoint]
         released, wanted = self._planner.changes(request)  # written positions are never released
-        count = sum(map(len, wanted))
+        kept = self._tails.keep(request) if self._tails is not None else []  # ALLOC-UNIT-4
+        count = sum(map(len, wanted)) + len(kept)
         freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
             held = self._held_after(request, released, count)
             request.scheduled, request.lookahead, request.checkpoints, request.decoding = before
             return self._waiting(count, self.pool.num_free + freed, held)
         self._drop(request, released)
-        added = self._fill(request, wanted)
+        added = self._fill(request, self._copy_sources(request, kept, wanted))
         if appended:
             request.tokens.extend(appended)  # digested when a block of them commits
         self._planner.plan_quiet(request)
         self._launch(rid, request, step)
-        return Scheduled(0, request.scheduled, added)
+        return Scheduled(0, request.scheduled, added, None, copies(request))
+
+    @staticmethod
+    def _copy_sources(
+        request: Request, kept: list[tuple[int, int, int]], wanted: list[Sequence[int]]
+    ) -> list[Sequence[int]]:
+        """ALLOC-UNIT-4: each keyed block `kept` becomes a copy source held until the step
+        ends, and its position a fresh block to fill; returns the positions to fill."""
+        for g, j, _ in kept:
+            request.tables[g][j] = NULL_BLOCK
+        request.sources = kept
+        return with_targets(wanted, kept)
 
     def _launch(self, rid: str, request: Request, step: int | None) -> None:
         """`request`'s chunk is scheduled in `step` (None: the one being scheduled); under
@@ -610,7 +641,8 @@ class KVCacheManager:
         """The step's KV is written: commit scheduled tokens, register full blocks.
 
         Implements ALLOC-VIS-1: nothing is registered before this call (under same-pass
-        visibility the attention blocks were, when their chunks were scheduled). `step` (a number
+        visibility the attention blocks were, when their chunks were scheduled); under `unit U`
+        it then releases the blocks the ending chunks copied (ALLOC-UNIT-3). `step` (a number
         from `start_step`) ends the chunks scheduled in that step and earlier ones, and
         leaves later steps' chunks in flight; None ends every chunk in flight. Returns how
         many blocks became hittable since the last call (same-pass publications included)."""
@@ -631,10 +663,17 @@ class KVCacheManager:
             request.computed += request.scheduled
             request.scheduled = 0
             request.published = None
-            if request.computed >= request.commit_at:  # else no group completes a block
+            if request.computed >= request.commit_at or self._tails is not None:  # else none
                 committing.append((rid, request, before))
-        for rid, request, before in sorted(committing, key=itemgetter(0)):
+        committing.sort(key=itemgetter(0))
+        for rid, request, before in committing:
             registered += self._commits.register(self.pool, rid, request, before)
+            if self._tails is not None:  # ALLOC-UNIT-2
+                registered += self._tails.register(request, before)
+        for _, request, _ in committing:  # copy sources: the pass that read them has run
+            if request.sources:
+                self._give_back(request.sources)
+                request.sources = []
         return registered
 
     def accept(self, rid: str, tokens: Sequence[int]) -> int:
@@ -690,6 +729,10 @@ class KVCacheManager:
         del self._requests[rid]
         self._in_flight.pop(rid, None)
         pool = self.pool
+        if request.sources:  # a chunk in flight copying blocks: its sources go after its tables
+            held = [(g, j, b) for g, t in enumerate(request.tables)
+                    for j in range(len(t) - 1, -1, -1) if (b := t[j]) != NULL_BLOCK]  # fmt: skip
+            return self._give_back([*held, *request.sources])
         batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
         return sum(pool.release(batch) for batch in batches)
 
@@ -735,56 +778,7 @@ class KVCacheManager:
         self.pool.reset()
         return True
 
-    # -- inspection -------------------------------------------------------------------------
-
-    def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
-        """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
-        return tuple(tuple(t) for t in self._running(rid).tables)
-
-    def cached_block(self, prompt: Sequence[int] | Prompt, group: int, end: int) -> int | None:
-        """The block a lookup gets for group `group`'s block of `prompt` ending at token `end`
-        (ALLOC-LOOKUP-1); None when none is cached there or no block of the group ends there."""
-        prepared, size = self._prepared(prompt, ()), self._group_size(group)
-        inputs.position(end, "end")
-        chain = prepared.chains[group]
-        if chain is None or end % size or not 0 < end <= len(prepared):
-            return None
-        key = chain.key(size, end // size - 1)
-        return None if key is None else self.pool.lookup(group, key)
-
-    def _group_size(self, group: int) -> int:
-        count = len(self.config.groups)
-        if type(group) is not int or not 0 <= group < count:
-            raise RequestStateError(f"group must be in [0, {count}) (a group index), got {group!r}")
-        return self.config.groups[group].block_size
-
-    def running(self) -> tuple[str, ...]:
-        """The ids of the requests holding blocks, in admission order."""
-        return tuple(self._requests)
-
-    def scheduled_checkpoints(self, rid: str) -> tuple[int, ...]:
-        """Request `rid`'s inner checkpoints (CKPT-INNER-1) in chunks not yet ended."""
-        return tuple(self._running(rid).checkpoints)
-
-    def block_at(self, rid: str, group: int, position: int) -> int:
-        """The block running request `rid` holds at `position` of group `group`'s table
-        (NULL_BLOCK where it holds none, or past the table's end)."""
-        table = self._group_table(rid, group)
-        inputs.position(position, "position")
-        return table[position] if position < len(table) else NULL_BLOCK
-
-    def holds(self, rid: str, group: int, start: int, stop: int) -> bool:
-        """Whether running request `rid` holds a block at every position in [start, stop) of
-        group `group`'s table."""
-        table = self._group_table(rid, group)
-        inputs.position(start, "start")
-        inputs.position(stop, "stop")
-        return stop <= len(table) and NULL_BLOCK not in table[start:stop]
-
-    def _group_table(self, rid: str, group: int) -> list[int]:
-        request = self._running(rid)
-        self._group_size(group)  # a valid group index
-        return request.tables[group]
+    # -- counters -----------------------------------------------------------------------
 
     def stats(self) -> Stats:
         """Pool and hit counters."""

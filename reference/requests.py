@@ -17,12 +17,15 @@ class Scheduled:
 
     `hit` tokens came from the cache (0 on extend); `new_blocks` holds, per group, the blocks
     this call allocated, in table order; `tables` holds each group's whole table after an
-    admission (None after an extension: ask `block_tables(rid)`)."""
+    admission (None after an extension: ask `block_tables(rid)`); `copies` the blocks to
+    copy first under `unit U` (a hit inside a block, a state checkpoint kept)."""
 
     hit: int
     scheduled: int
     new_blocks: tuple[tuple[int, ...], ...]
     tables: tuple[tuple[int, ...], ...] | None = None
+    # `unit U`: (group, source, target) blocks the engine copies before the step's pass
+    copies: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class Request:
         "quiet_state",
         "registered",
         "scheduled",
+        "sources",
         "tables",
         "tokens",
         "unique_chains",
@@ -135,3 +139,6 @@ class Request:
         self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
         self.prompt_length = len(prompt.tokens)  # sparse retention keeps its boundaries
         self.junction = 0  # RET-JUNCTION-1's length when admitted (sparse retention only)
+        # `unit U`: (group, position, block) of the blocks the chunk in flight copies, held
+        # until its step ends (ALLOC-UNIT-3/-4)
+        self.sources: list[tuple[int, int, int]] = []

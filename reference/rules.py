@@ -20,6 +20,7 @@ from kvcert.reference import (
     planner,
     retention,
     scheduling,
+    tails,
     unit_hits,
 )
 from kvcert.reference.block_pool import BlockPool
@@ -49,6 +50,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "HIT-UNIT-4": (unit_hits.find_unit_hit,),
     "HASH-EXTRA-1": (hashing.encode_extras,),
     "HASH-CHAIN-1": (hashing.Chain.extend,),
+    "HASH-UNIT-1": (Keying.unit_keys,),
     "HASH-DRAFT-1": (Keying.chains,),
     "HASH-MATCH-1": (Keying.keys,),
     "ALLOC-INIT-1": (BlockPool.__init__,),
@@ -76,6 +78,10 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "RET-SPARSE-2": (retention.kept_positions, Registrar.kept),
     "RET-JUNCTION-1": (coordinator.longest_single_group, KVCacheManager._junction),
     "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
+    "ALLOC-UNIT-1": (tails.unit_refusal,),
+    "ALLOC-UNIT-2": (tails.Tails.register,),
+    "ALLOC-UNIT-3": (tails.Tails.split, KVCacheManager.end_step),
+    "ALLOC-UNIT-4": (tails.Tails.keep,),
     "EVICT-LIVE-1": (BlockPool.is_dead,),
     "EVICT-DEAD-1": (BlockPool.is_dead, Registrar.prerequisites),
     "EVICT-HYB-1": (HybridQueue.pop,),

@@ -1,6 +1,6 @@
 """The vector files a certification reads: the manifest, each file's checks, and its cases.
 
-    {"format": "kvcert-vector/5", "spec_version": "0.6.0", "retired_ids": [...],
+    {"format": "kvcert-vector/6", "spec_version": "0.7.0", "retired_ids": [...],
      "files": {"hit/scenarios.json": {"sha256": "<64 hex>", "cases": 12}, ...}}
 
 A malformed manifest is the user's input error (`InputError`: nothing can run, and the
@@ -33,8 +33,9 @@ VECTORS: Traversable = resources.files("kvcert.conformance.vectors")
 SCHEMA: Traversable = (
     resources.files("kvcert.conformance.contract") / "schema" / "vector.schema.json"
 )
-MANIFEST_FORMAT = "kvcert-vector/5"
-READ_FORMATS = ("kvcert-vector/4", MANIFEST_FORMAT)  # /5 only adds optional fields
+MANIFEST_FORMAT = "kvcert-vector/6"
+# /5 and /6 only add optional fields (/5 hit_unit and partial, /6 copies)
+READ_FORMATS = ("kvcert-vector/4", "kvcert-vector/5", MANIFEST_FORMAT)
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CLAIMABLE = frozenset(FEATURES) | frozenset(PROFILES)
 

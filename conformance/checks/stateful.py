@@ -23,6 +23,7 @@ KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -65,7 +66,7 @@ from kvcert.spec import (
 )
 from kvcert.spec import alloc as spec
 from kvcert.spec.invariants import violated
-from kvcert.spec.layout import hit_alignment, is_cacheable
+from kvcert.spec.layout import hit_alignment, is_cacheable, is_draft
 from kvcert.spec.retention import Retention
 
 BASES = (
@@ -122,6 +123,29 @@ def layouts(draw: st.DrawFn, features: frozenset[str], max_groups: int = 3) -> L
     return Layout(tuple(groups), profile, draft_reach=reach)
 
 
+def with_unit(
+    layout: Layout,
+    pick: int,
+    eviction: spec.Eviction,
+    visibility: spec.Visibility,
+    retention: Retention,
+) -> Layout:
+    """`layout` under `unit U` for a nonzero `pick` (U: the pick-th smallest divisor of the
+    block sizes, cycling: the smaller U, the more tails fall inside blocks), where
+    ALLOC-UNIT-1 serves the profiles; else `layout` itself."""
+    served = (
+        eviction is not spec.Eviction.HYBRID
+        and visibility is spec.Visibility.STEP_END
+        and retention is Retention.DENSE
+        and not any(is_draft(g) for g in layout.groups)
+    )
+    if not pick or not served:
+        return layout
+    sizes = math.gcd(*(g.block_size for g in layout.groups if is_cacheable(g)))
+    divisors = [d for d in range(1, sizes + 1) if sizes % d == 0]
+    return dataclasses.replace(layout, hit_unit=divisors[(pick - 1) % len(divisors)])
+
+
 def save_failure(case: JSON) -> None:
     """With KVCERT_REGRESSION_DIR set, keep the failing trace as a regression candidate.
 
@@ -151,14 +175,16 @@ def machine_for(
     *,
     features: frozenset[str] | None = None,
     profiles: frozenset[str] | None = None,
+    every_run_unit: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class checking `engine_factory()` against the spec.
 
     `features` and `profiles` narrow what the engine's description claims (default: all of
     it). With no engine (`machine_for(None)`) the machine checks the spec's own invariants:
-    its self-check. `failing_trace_lengths` records the length of each diverging trace, the
-    shrunk one last, and `first_failure_at` when the first was found; `steps` counts the
-    operations applied over every run, for budgets.
+    its self-check. `every_run_unit`: every run whose profiles allow it is under `unit U`
+    (an engine claiming `hit.unit`). `failing_trace_lengths` records the length of each
+    diverging trace, the shrunk one last, and `first_failure_at` when the first was found;
+    `steps` counts the operations applied over every run, for budgets.
     """
     described: JSON = engine_factory().describe() if engine_factory is not None else {}
     claimed = frozenset(described.get("features", FEATURES))
@@ -194,6 +220,11 @@ def machine_for(
     intervals = "retention.sparse-interval" in chosen and Retention.SPARSE in retentions
     extras = [x for x in EXTRAS if all(f"extras.{e.kind.value}" in allowed for e in x)]
     lookaheads = st.integers(0, 3) if "alloc.lookahead" in allowed else st.just(0)
+    # `unit U` (ALLOC-UNIT-1): in a quarter of the runs whose profiles the allocator serves it
+    # under, a unit dividing every block size (picked among its divisors)
+    units = st.sampled_from([0, 0, 0, 1, 2]) if "hit.unit" in chosen else st.just(0)
+    if every_run_unit and "hit.unit" in chosen:
+        units = st.sampled_from([1, 2])
     checkpoints = "alloc.state_checkpoint" in allowed
 
     class KVCacheConformanceMachine(RuleBasedStateMachine):
@@ -217,6 +248,7 @@ def machine_for(
             visibility=st.sampled_from(visibilities),
             retention=st.sampled_from(retentions),
             interval_steps=st.integers(0, 2) if intervals else st.just(0),
+            unit_pick=units,
         )
         def start(
             self,
@@ -227,7 +259,9 @@ def machine_for(
             visibility: spec.Visibility,
             retention: Retention,
             interval_steps: int,
+            unit_pick: int,
         ) -> None:
+            layout = with_unit(layout, unit_pick, eviction, visibility, retention)
             interval = 0
             if retention is Retention.SPARSE:
                 interval = interval_steps * hit_alignment(layout)
@@ -340,6 +374,38 @@ def machine_for(
             allowed = spec.allowed_checkpoints(self.model().config.layout, request.computed, end)
             if allowed:
                 self.apply(spec.Extend(rid, budget, (), 0, allowed[pick % len(allowed)]))
+
+        def under_unit(self) -> bool:
+            """Whether the run is under `unit U` (the tail rules below apply)."""
+            return self.state is not None and self.state.config.layout.hit_unit is not None
+
+        @precondition(lambda self: self.under_unit())
+        @rule(base=st.sampled_from(BASES), length=st.integers(2, 40), stop=st.booleans())
+        def admit_to_the_tail(self, base: tuple[int, ...], length: int, stop: bool) -> None:
+            """`unit U`: a prompt whose first chunk ends at its tail boundary (ALLOC-UNIT-2's
+            state key) or runs to its end, so a later one can hit inside a block."""
+            rid = next((r for r in RIDS if r not in self.model().requests), None)
+            if rid is None:
+                return
+            tokens = base[:length]
+            unit = self.model().config.layout.hit_unit or 1
+            tail = (length - 1) // unit * unit
+            hit = spec.lookup(self.model(), tokens, ())[0]
+            budget = tail - hit if stop and tail > hit else length
+            self.apply(spec.Admit(rid, tokens, budget))
+
+        @precondition(lambda self: self.under_unit())
+        @rule(index=st.integers(0, 4))
+        def extend_to_the_tail(self, index: int) -> None:
+            """`unit U`: a prefill chunk ending at the prompt's tail boundary."""
+            rid = self._running(index)
+            if rid is None or self.model().requests[rid].scheduled:
+                return
+            request = self.model().requests[rid]
+            unit = self.model().config.layout.hit_unit or 1
+            tail = (request.prompt - 1) // unit * unit
+            if request.computed < tail:
+                self.apply(spec.Extend(rid, tail - request.computed))
 
         @rule()
         def end_step(self) -> None:

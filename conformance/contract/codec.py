@@ -19,7 +19,9 @@ layers' heads and dtype, for engines that plan their own groups from layers. For
 kvcert-vector/3 adds an optional `visibility` to alloc inputs (`visibility_from_json`), /4 an
 optional `retention` (`retention_from_json`), /5 an optional `hit_unit` to layouts (the
 hit-granularity profile `unit U`, HIT-UNIT-1) and an optional `partial` to hit inputs
-(`partial_from_json`: per group, the positions held under partial keys).
+(`partial_from_json`: per group, the positions held under partial keys), /6 the alloc suite
+under `unit U` (ALLOC-UNIT-1..4), whose admissions and extensions may list `copies`:
+[group, source block, target block] the engine copies before the step's pass.
 """
 
 from __future__ import annotations
@@ -391,23 +393,26 @@ def op_from_json(obj: JSON) -> spec.Op:
 
 
 def observation_to_json(observation: spec.Observation) -> JSON:
-    """One observation as JSON; tables are lists of physical ids (0 = null)."""
+    """One observation as JSON; tables are lists of physical ids (0 = null), and under
+    `unit U` an admission or extension that copies blocks lists them (format /6)."""
     match observation:
         case spec.Admitted():
-            return {
-                "admitted": {
-                    "hit": observation.hit,
-                    "scheduled": observation.scheduled,
-                    "tables": [list(t) for t in observation.tables],
-                }
+            admitted: JSON = {
+                "hit": observation.hit,
+                "scheduled": observation.scheduled,
+                "tables": [list(t) for t in observation.tables],
             }
+            if observation.copies:
+                admitted["copies"] = [list(c) for c in observation.copies]
+            return {"admitted": admitted}
         case spec.Extended():
-            return {
-                "extended": {
-                    "scheduled": observation.scheduled,
-                    "tables": [list(t) for t in observation.tables],
-                }
+            extended: JSON = {
+                "scheduled": observation.scheduled,
+                "tables": [list(t) for t in observation.tables],
             }
+            if observation.copies:
+                extended["copies"] = [list(c) for c in observation.copies]
+            return {"extended": extended}
         case spec.Waiting():
             return {"waiting": {"needed": observation.needed, "free": observation.free}}
         case spec.StepEnded():

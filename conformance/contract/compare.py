@@ -100,13 +100,26 @@ def compare_observation(renaming: Renaming, want: dict[str, Any], have: object) 
         return f"{have!r} != expected {want!r}"
     (kind,) = want
     fields, actual = dict(want[kind]), have[kind]
-    if not isinstance(actual, dict) or set(actual) != set(fields):
+    if not isinstance(actual, dict) or set(actual) - {"copies"} != set(fields) - {"copies"}:
         return f"{have!r} != expected {want!r}"
     tables = fields.pop("tables", None)
+    copies = fields.pop("copies", [])  # absent: none (format /6, `unit U`)
     if any(actual[k] != v for k, v in fields.items()):
         return f"{have!r} != expected {want!r}"
     if tables is not None and not _renames(renaming, tables, actual["tables"]):
         return f"tables {actual['tables']} are not a consistent renaming of {tables}"
+    return _compare_copies(renaming, copies, actual.get("copies", []))
+
+
+def _compare_copies(renaming: Renaming, want: list[Any], have: object) -> str | None:
+    """Copies (group, source, target) match in order, their blocks under the trace's renaming."""
+    if not isinstance(have, list) or len(have) != len(want):
+        return f"copies {have!r} != expected {want!r}"
+    for (group, source, target), got in zip(want, have, strict=True):
+        if not isinstance(got, list) or len(got) != 3 or got[0] != group:
+            return f"copies {have!r} != expected {want!r}"
+        if not _renames(renaming, [[source, target]], [got[1:]]):
+            return f"copies {have!r} are not a consistent renaming of {want!r}"
     return None
 
 

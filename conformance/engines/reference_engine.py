@@ -145,13 +145,14 @@ class ReferenceSession:
             )
             if isinstance(result, Waiting):
                 return {"waiting": {"needed": result.needed, "free": result.free}}
-            return {
-                "admitted": {
-                    "hit": result.hit,
-                    "scheduled": result.scheduled,
-                    "tables": tables_json(manager.block_tables(op["rid"])),
-                }
+            admitted: JSON = {
+                "hit": result.hit,
+                "scheduled": result.scheduled,
+                "tables": tables_json(manager.block_tables(op["rid"])),
             }
+            if result.copies:  # `unit U`: ALLOC-UNIT-3's copies
+                admitted["copies"] = [list(c) for c in result.copies]
+            return {"admitted": admitted}
         if kind == "extend":
             result = manager.extend(
                 op["rid"],
@@ -163,7 +164,10 @@ class ReferenceSession:
             if isinstance(result, Waiting):
                 return {"waiting": {"needed": result.needed, "free": result.free}}
             tables = tables_json(manager.block_tables(op["rid"]))
-            return {"extended": {"scheduled": result.scheduled, "tables": tables}}
+            extended: JSON = {"scheduled": result.scheduled, "tables": tables}
+            if result.copies:  # `unit U`: ALLOC-UNIT-4's copies
+                extended["copies"] = [list(c) for c in result.copies]
+            return {"extended": extended}
         if kind == "end_step":
             return {"step_ended": {"registered": manager.end_step()}}
         if kind in ("finish", "preempt"):

@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcert.conformance.checks.stateful import machine_for
+from kvcert.conformance.contract.protocol import FEATURES
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
 from kvcert.reference import block_pool
 from kvcert.reference.keyindex import PyKeyIndex
@@ -23,6 +24,24 @@ class ReferenceAgainstSpec(machine_for(ReferenceEngine)):  # type: ignore[misc]
     """The shipped machine on kvcert.reference."""
 
 
+UNIT_PROFILES = frozenset(
+    {"eviction.lru", "eviction.lru-unkeyed-first", "visibility.step-end", "retention.dense",
+     "hit.unit"}
+)  # fmt: skip
+
+
+UNIT_FEATURES = frozenset(f for f in FEATURES if not f.startswith("speculative."))
+
+
+class ReferenceAgainstSpecUnderUnit(
+    machine_for(  # type: ignore[misc]
+        ReferenceEngine, features=UNIT_FEATURES, profiles=UNIT_PROFILES, every_run_unit=True
+    )
+):
+    """The same machine with every run under `unit U` (ALLOC-UNIT-1..4): tail keys, the
+    copies of hits inside blocks and of kept state checkpoints."""
+
+
 def test_reference_matches_the_spec_for_ten_thousand_steps():
     """Differential, stateful: >= 10k operations per run (>= 200k in the long tier)."""
     ReferenceAgainstSpec.steps = 0
@@ -31,6 +50,16 @@ def test_reference_matches_the_spec_for_ten_thousand_steps():
         ReferenceAgainstSpec, settings=settings(max_examples=runs, stateful_step_count=80)
     )
     assert ReferenceAgainstSpec.steps >= tiered(10_000, 200_000), ReferenceAgainstSpec.steps
+
+
+def test_reference_matches_the_spec_under_unit():
+    """Every run under `unit U` (the runs above draw it in a fraction of theirs)."""
+    ReferenceAgainstSpecUnderUnit.steps = 0
+    run_state_machine_as_test(
+        ReferenceAgainstSpecUnderUnit,
+        settings=settings(max_examples=tiered(300, 5000), stateful_step_count=80),
+    )
+    assert ReferenceAgainstSpecUnderUnit.steps >= tiered(6_000, 150_000)
 
 
 def test_the_pure_python_key_index_matches_the_spec_too(monkeypatch):

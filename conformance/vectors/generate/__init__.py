@@ -55,10 +55,11 @@ from kvcert.conformance.vectors.generate.unit import (
     unit_hybrid_hits,
     unit_scenarios,
 )
+from kvcert.conformance.vectors.generate.unit_alloc import unit_alloc_scenarios, unit_traces
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
-FORMAT = "kvcert-vector/5"
+FORMAT = "kvcert-vector/6"
 VECTORS = Path(__file__).resolve().parents[1]  # kvcert/conformance/vectors
 
 
@@ -88,6 +89,11 @@ def step_end_suites() -> dict[str, list[JSON]]:
         "hit/shaped-groups.json": list(shaped_hits()),
         "hit/draft-reach.json": list(draft_reach_hits(200)),
         "hit/unit.json": [*unit_scenarios(), *unit_hits(150), *unit_hybrid_hits(200)],
+        "alloc/unit.json": [
+            *unit_alloc_scenarios(),
+            *unit_traces(60, 7000, spec.Eviction.LRU),
+            *unit_traces(30, 8000, spec.Eviction.LRU_UNKEYED_FIRST),
+        ],
         "alloc/scenarios.json": list(alloc_scenarios()),
         "alloc/refusals.json": [c for c in refusals() if c["input"]["suite"] == "alloc"],
         "alloc/random.json": list(random_traces(60)),
@@ -114,6 +120,8 @@ def step_end_suites() -> dict[str, list[JSON]]:
 # loudly as stale, and no new case may take them.
 RETIRED = {
     "page.model.qwen3-5-0-8b.auto": "the same plan as page.vllm-544, which keeps its origin",
+    "alloc.refuse.unit-allocator-not-specified": "spec 0.7.0 specifies the allocator's side "
+    "of `unit U` (ALLOC-UNIT-1..4): alloc/unit.json, and ALLOC-UNIT-1's refusals",
 }
 
 

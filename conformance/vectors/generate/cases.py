@@ -305,6 +305,11 @@ PROFILE_DEFAULTS: dict[str, spec.Eviction | spec.Visibility | Retention] = {
 }
 
 
+def under_unit(case: JSON) -> bool:
+    """Whether an alloc case runs under the hit-granularity profile `unit U`."""
+    return case["input"]["layout"].get("hit_unit") is not None
+
+
 def profile_matters(case_input: JSON, expect: JSON, name: str) -> bool:
     """Whether another profile of the family `name` (eviction, visibility, retention) than the one
     `case_input` names answers the case otherwise."""

@@ -264,13 +264,31 @@ def unit_refusals(full: JSON) -> Iterator[JSON]:
         "a state group in mode none keeps no checkpoint, partial or whole (HIT-MAMBA-2)",
         ("hit.unit", "kind.full", "kind.mamba.none"),
     )  # fmt: skip
+    for label, (family, value), why in (
+        ("same-pass", ("visibility", "same-pass"),
+         "a hit inside a block copies it before the step's pass, so a block same-pass "
+         "visibility published in that step would be copied unwritten (ALLOC-UNIT-1)"),
+        ("sparse", ("retention", "sparse"),
+         "sparse retention keeps whole blocks; which tail keys it keeps is not defined "
+         "(ALLOC-UNIT-1)"),
+        ("hybrid-eviction", ("eviction", "hybrid"),
+         "hybrid eviction judges blocks by their whole-block keys only (ALLOC-UNIT-1)"),
+    ):  # fmt: skip
+        yield raw_case(
+            f"alloc.refuse.unit-{label}",
+            {"suite": "alloc", "layout": unit, "num_blocks": 8, "ops": [], family: value},
+            why,
+            ("hit.unit", "kind.full", "kind.mamba.align", f"{family}.{value}"),
+        )
+    drafted = {"groups": [{"kind": "full", "block_size": 16},
+                          {"kind": "full", "block_size": 16, "draft": True}],
+               "speculative": "exact", "hit_unit": 8}  # fmt: skip
     yield raw_case(
-        "alloc.refuse.unit-allocator-not-specified",
-        {"suite": "alloc", "layout": unit, "num_blocks": 8, "ops": []},
-        "the allocator's side of `unit U` (which partial keys a step registers, the copy of "
-        "the block a hit ends inside) is not specified yet: an allocator under hit_unit is "
-        "refused; this vector is retired once it is",
-        ("hit.unit", "kind.full", "kind.mamba.align"),
+        "alloc.refuse.unit-draft-groups",
+        {"suite": "alloc", "layout": drafted, "num_blocks": 8, "ops": []},
+        "where a draft layer's tail key ends and how the drop meets it is not defined for the "
+        "allocator (ALLOC-UNIT-1)",
+        ("hit.unit", "kind.full", "speculative.exact"),
     )
     for label, (partial, why) in views.items():
         yield raw_case(

@@ -1,0 +1,180 @@
+"""The alloc suite under the hit-granularity profile `unit U` (ALLOC-UNIT-1..4): prompt tails
+keyed inside a block, hits copying the block they end inside, state checkpoints kept by a
+copy before a chunk overwrites them. Every case requires `hit.unit`; its admissions and
+extensions list the copies they need (format /6)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+
+from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.vectors.generate.cases import alloc_case
+from kvcert.conformance.vectors.generate.traces import _play
+from kvcert.spec import (
+    ChunkedLocal,
+    FullAttention,
+    Group,
+    Layout,
+    MambaMode,
+    MambaState,
+    SlidingWindow,
+)
+from kvcert.spec import alloc as spec
+
+PROMPT = tuple(range(100, 140))  # 40 distinct tokens
+HYBRID = Layout((FullAttention(8), MambaState(8, MambaMode.ALIGN)), hit_unit=2)
+
+
+def _written(prompt: tuple[int, ...], first: int) -> list[spec.Op]:
+    """A writer computes `prompt` in a chunk of `first` tokens and one of the rest, decodes
+    a token and finishes."""
+    ops: list[spec.Op] = [spec.Admit("a", prompt, first), spec.EndStep()]
+    if first < len(prompt):
+        ops += [spec.Extend("a", len(prompt) - first), spec.EndStep()]
+    return [*ops, spec.Extend("a", 1, (7,)), spec.EndStep(), spec.Finish("a")]
+
+
+def unit_alloc_scenarios() -> Iterator[JSON]:
+    """Hand-written traces, each for one reading of ALLOC-UNIT-2..4 an engine can get wrong."""
+    prompt = PROMPT[:13]  # tail boundary 12, inside block 1 [8, 16) of both groups
+    resend: list[spec.Op] = [spec.Admit("b", prompt, 13), spec.EndStep(), spec.Finish("b")]
+    yield alloc_case(
+        "alloc.unit.resend-copies-both-tails",
+        HYBRID, 12, [*_written(prompt, 12), *resend], "vllm --prefix-match-unit",
+        "a Qwen3.5-like layout (full and align-mode state, 8-token blocks, unit 2): the writer's "
+        "first chunk ends at the prompt's tail boundary 12, so both groups key block 1 there "
+        "(ALLOC-UNIT-2); its next chunk would overwrite the state at 12, so the state block is "
+        "copied first and kept (ALLOC-UNIT-4); a re-send hits 12 and copies both tails into "
+        "fresh blocks (ALLOC-UNIT-3)",
+        focus=("ALLOC-UNIT-2", "ALLOC-UNIT-3", "ALLOC-UNIT-4"),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.state-tail-needs-a-chunk-end",
+        HYBRID, 12, [*_written(prompt, 13), *resend], None,
+        "the writer computes the prompt in one chunk: attention keys its tail at 12, but the "
+        "state is keyed only where a step ends exactly there (ALLOC-UNIT-2), and no step "
+        "ended at 8 or 12: the re-send hits 0",
+        focus=("ALLOC-UNIT-2",),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.checkpoint-kept-after-finish",
+        HYBRID, 12,
+        [spec.Admit("a", prompt, 12), spec.EndStep(), spec.Finish("a"), *resend],
+        None,
+        "the writer stops at its tail and finishes without a further chunk: its state block "
+        "keeps the key at 12 in the free queue, and a re-send hits 12 from it",
+        focus=("ALLOC-UNIT-2",),
+    )  # fmt: skip
+    window = Layout((FullAttention(8), SlidingWindow(8, 3)), hit_unit=2)
+    longer = (*prompt, *range(300, 310))
+    yield alloc_case(
+        "alloc.unit.attention-tails",
+        window, 16,
+        [*_written(prompt, 13), spec.Admit("b", longer, 23), spec.EndStep(), spec.Finish("b"),
+         spec.Admit("c", prompt[:11], 11), spec.EndStep()], None,
+        "full attention and a 3-token window key the tail at 12 after one chunk; a longer "
+        "prompt sharing the 13 tokens hits 12, copying block 1 of both groups; an 11-token "
+        "prompt cannot name the key at 12 (its tokens end at 11) and hits 8",
+        focus=("ALLOC-UNIT-2", "ALLOC-UNIT-3"),
+    )  # fmt: skip
+    tight: list[spec.Op] = [*_written(prompt, 12), spec.Admit("b", prompt, 13),
+             spec.Admit("c", tuple(range(500, 509)), 9), spec.EndStep(),
+             spec.Admit("c", tuple(range(500, 509)), 9)]  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.copy-source-held-until-step-end",
+        HYBRID, 7, tight, None,
+        "6 usable blocks: the re-send copies the cached tails, which stay held until the step "
+        "ends, so a 9-token request needing 3 blocks finds 1 free and waits in that step; "
+        "after it the sources are free again and it fits",
+        focus=("ALLOC-UNIT-3",),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.preempt-releases-copy-sources",
+        HYBRID, 12,
+        [*_written(prompt, 12), spec.Admit("b", prompt, 13), spec.Preempt("b"),
+         spec.Admit("b", prompt, 13), spec.EndStep()], None,
+        "a request preempted with its chunk in flight releases the blocks it was to copy; "
+        "admitted again it copies them again",
+        focus=("ALLOC-UNIT-3",),
+    )  # fmt: skip
+    every = Layout((FullAttention(8), MambaState(8, MambaMode.ALL)), hit_unit=2)
+    yield alloc_case(
+        "alloc.unit.mode-all",
+        every, 12, [*_written(prompt, 12), *resend], None,
+        "a state group in mode all keys its tail like mode align, and its next chunk, which "
+        "writes that block, copies it first",
+        focus=("ALLOC-UNIT-4",),
+    )  # fmt: skip
+    chunked = Layout((ChunkedLocal(8, 16),), hit_unit=2)
+    yield alloc_case(
+        "alloc.unit.chunked-local",
+        chunked, 12, [*_written(prompt, 13), *resend], None,
+        "a chunked local group keys its tail like full attention; the re-send reads tokens "
+        "0..11 of one chunk and copies block 1",
+        focus=("ALLOC-UNIT-3",),
+    )  # fmt: skip
+    other: list[spec.Op] = [spec.Admit("c", tuple(range(500, 508)), 8), spec.EndStep(),
+                            spec.Finish("c")]  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.lru-unkeyed-first",
+        HYBRID, 7, [*_written(prompt, 12), *other, *resend], None,
+        "under lru-unkeyed-first a block keyed only at its tail counts as keyed: released, it "
+        "joins the queue's tail, so the 2 blocks another request takes in between are "
+        "unkeyed ones and the re-send still hits 12 (had the tail blocks gone to the head "
+        "as unkeyed, it would hit 0)",
+        eviction=spec.Eviction.LRU_UNKEYED_FIRST,
+    )  # fmt: skip
+
+
+def _unit_layout(rnd: random.Random) -> Layout:
+    """A small layout without draft groups, under a unit below its smallest block size."""
+    kinds: list[Callable[[], Group]] = [
+        lambda: FullAttention(rnd.choice([2, 4])),
+        lambda: SlidingWindow(rnd.choice([2, 4]), rnd.randint(1, 9)),
+        lambda: ChunkedLocal(rnd.choice([2, 4]), rnd.randint(2, 9)),
+        lambda: MambaState(rnd.choice([2, 4]), rnd.choice([MambaMode.ALIGN, MambaMode.ALL])),
+    ]
+    groups: list[Group] = [rnd.choice(kinds)() for _ in range(rnd.randint(1, 3))]
+    if not any(isinstance(g, FullAttention | SlidingWindow | ChunkedLocal) for g in groups):
+        groups.append(FullAttention(rnd.choice([2, 4])))
+    sizes = math.gcd(*(g.block_size for g in groups))
+    return Layout(tuple(groups), hit_unit=rnd.choice([d for d in (1, 2) if sizes % d == 0]))
+
+
+BASES = [tuple(range(1, 25)), (*range(1, 9), *range(60, 76))]
+
+
+def unit_traces(count: int, first_seed: int, eviction: spec.Eviction) -> Iterator[JSON]:
+    """Seeded random traces over `unit U` layouts: half the prefill chunks stop at the
+    prompt's tail boundary, so state tails are keyed and later prompts hit inside blocks."""
+    for n in range(count):
+        rnd = random.Random(first_seed + n)
+        layout = _unit_layout(rnd)
+        unit = layout.hit_unit or 1
+        state = spec.initial_state(spec.PoolConfig(layout, rnd.randint(8, 40), eviction))
+
+        def admit(
+            state: spec.State, rid: str, rnd: random.Random = rnd, unit: int = unit
+        ) -> spec.Op:
+            tokens = rnd.choice(BASES)[: rnd.randint(1, 24)]
+            tail = (len(tokens) - 1) // unit * unit
+            hit = spec.lookup(state, tokens, ())[0]
+            stop = rnd.random() < 0.5 and tail > hit
+            return spec.Admit(rid, tokens, tail - hit if stop else rnd.randint(1, 24))
+
+        def extend(
+            rid: str, request: spec.Request, rnd: random.Random = rnd, unit: int = unit
+        ) -> spec.Op:
+            if request.computed == len(request.tokens):
+                return spec.Extend(rid, 1, (rnd.randint(0, 2),))
+            tail = (request.prompt - 1) // unit * unit
+            if request.computed < tail and rnd.random() < 0.5:
+                return spec.Extend(rid, tail - request.computed)
+            return spec.Extend(rid, rnd.randint(1, 8))
+
+        state, ops = _play(rnd, state, admit, extend)
+        label = "unit" if eviction is spec.Eviction.LRU else f"unit-{eviction.value}"
+        yield alloc_case(f"alloc.{label}.{n:03d}", layout, state.config.num_blocks, ops,
+                         eviction=eviction)  # fmt: skip

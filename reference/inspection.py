@@ -1,0 +1,76 @@
+"""Read-only views of a KVCacheManager's state: tables, cached blocks, running requests.
+
+They answer an engine's questions between calls (which block a request holds where, which
+block a lookup would get) without changing anything; kvcert.reference.manager holds the
+state and the operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvcert.reference import inputs
+from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
+from kvcert.reference.config import CacheConfig
+from kvcert.reference.errors import RequestStateError
+from kvcert.reference.hashing import ExtraKey
+from kvcert.reference.requests import Prompt, Request
+
+
+class Inspection:
+    """The views; the manager supplies its state and the two lookups they share."""
+
+    config: CacheConfig
+    pool: BlockPool
+    _requests: dict[str, Request]
+    _running: Callable[[str], Request]  # the running request, or UnknownRequestError
+    _prepared: Callable[[Sequence[int] | Prompt, Sequence[ExtraKey]], Prompt]
+
+    def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
+        """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
+        return tuple(tuple(t) for t in self._running(rid).tables)
+
+    def cached_block(self, prompt: Sequence[int] | Prompt, group: int, end: int) -> int | None:
+        """The block a lookup gets for group `group`'s block of `prompt` ending at token `end`
+        (ALLOC-LOOKUP-1); None when none is cached there or no block of the group ends there."""
+        prepared, size = self._prepared(prompt, ()), self._group_size(group)
+        inputs.position(end, "end")
+        chain = prepared.chains[group]
+        if chain is None or end % size or not 0 < end <= len(prepared):
+            return None
+        key = chain.key(size, end // size - 1)
+        return None if key is None else self.pool.lookup(group, key)
+
+    def _group_size(self, group: int) -> int:
+        count = len(self.config.groups)
+        if type(group) is not int or not 0 <= group < count:
+            raise RequestStateError(f"group must be in [0, {count}) (a group index), got {group!r}")
+        return self.config.groups[group].block_size
+
+    def running(self) -> tuple[str, ...]:
+        """The ids of the requests holding blocks, in admission order."""
+        return tuple(self._requests)
+
+    def scheduled_checkpoints(self, rid: str) -> tuple[int, ...]:
+        """Request `rid`'s inner checkpoints (CKPT-INNER-1) in chunks not yet ended."""
+        return tuple(self._running(rid).checkpoints)
+
+    def block_at(self, rid: str, group: int, position: int) -> int:
+        """The block running request `rid` holds at `position` of group `group`'s table
+        (NULL_BLOCK where it holds none, or past the table's end)."""
+        table = self._group_table(rid, group)
+        inputs.position(position, "position")
+        return table[position] if position < len(table) else NULL_BLOCK
+
+    def holds(self, rid: str, group: int, start: int, stop: int) -> bool:
+        """Whether running request `rid` holds a block at every position in [start, stop) of
+        group `group`'s table."""
+        table = self._group_table(rid, group)
+        inputs.position(start, "start")
+        inputs.position(stop, "stop")
+        return stop <= len(table) and NULL_BLOCK not in table[start:stop]
+
+    def _group_table(self, rid: str, group: int) -> list[int]:
+        request = self._running(rid)
+        self._group_size(group)  # a valid group index
+        return request.tables[group]

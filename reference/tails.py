@@ -1,0 +1,180 @@
+"""The allocator's side of the hit-granularity profile `unit U`: prompt tails and their copies.
+
+Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
+
+- ALLOC-UNIT-1 (`unit_refusal`): the profile is served with dense retention, lru or
+  lru-unkeyed-first eviction, step-end visibility and no draft layers, like the spec; and,
+  where the reference has a feature the spec does not cover, without KV events and without
+  counting dead evictions (both read one key per block).
+- ALLOC-UNIT-2 (`Tails.register`): a prompt's tail boundary T, the last multiple of U below
+  its length, is keyed when it lies inside a block: an attention group's block once a step
+  has computed token T - 1, a state group's only when a step ended exactly at T.
+- ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
+  one; the source is held until the step ends.
+- ALLOC-UNIT-4 (`Tails.keep`): a state block keyed inside a block is copied before a chunk
+  overwrites it.
+
+Keys. One digest chain at granularity U serves every group (kvcert.reference.hashing): the
+digest after P tokens certifies exactly the tokens [0, P), so a block's key (P a block end)
+and a tail key (P inside a block) are digests of different lengths and never collide. A
+block holds at most one tail key besides its block key: tail keys live in a second key
+index of the pool (`BlockPool.tails`), with the same earliest-holder rule (ALLOC-LOOKUP-1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
+from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention, Visibility
+from kvcert.reference.keyindex import ServedMap
+from kvcert.reference.requests import Request
+
+Copy = tuple[int, int, int]  # (group, source block, target block)
+Source = tuple[int, int, int]  # (group, table position, source block)
+
+
+def unit_refusal(config: CacheConfig) -> str | None:
+    """Why a KVCacheManager cannot serve `config`'s `unit U`, or None (ALLOC-UNIT-1)."""
+    unit = f"hit_unit={config.hit_unit}"
+    if config.retention is not Retention.DENSE:
+        return f"{unit} needs retention='dense': sparse retention keeps whole blocks only"
+    if config.eviction is Eviction.HYBRID:
+        return f"{unit} needs eviction 'lru' or 'lru-unkeyed-first': hybrid reads block keys only"
+    if config.visibility is not Visibility.STEP_END:
+        return (
+            f"{unit} needs visibility='step-end': a hit inside a block copies it before the "
+            "step's pass, so a block published in that step would be copied unwritten"
+        )
+    if any(g.draft for g in config.groups):
+        return f"{unit} with draft groups is not specified (HASH-DRAFT-1, HIT-SPEC-2)"
+    if config.record_events or config.count_dead_evictions:
+        return (
+            f"{unit} without record_events and count_dead_evictions: KV events and liveness "
+            "name one key per block, and a tail key is a second one"
+        )
+    return None
+
+
+class EitherServed:
+    """A group's served map for the hit search: a block key, else a tail key."""
+
+    __slots__ = ("_tails", "_whole")
+
+    def __init__(self, whole: ServedMap[bytes], tails: ServedMap[bytes]) -> None:
+        self._whole, self._tails = whole, tails
+
+    def get(self, key: bytes, default: int, /) -> int:
+        return self._whole.get(key, NULL_BLOCK) or self._tails.get(key, default)
+
+    def __getitem__(self, key: bytes, /) -> int:
+        found = self.get(key, NULL_BLOCK)
+        if found == NULL_BLOCK:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object, /) -> bool:
+        return key in self._whole or key in self._tails
+
+    def __len__(self) -> int:
+        return len(self._whole) + len(self._tails)
+
+    def items(self) -> Iterable[tuple[bytes, int]]:
+        yield from self._whole.items()
+        yield from self._tails.items()
+
+
+class Tails:
+    """Per cache configuration under `unit U`: the tail keys and the copies they need."""
+
+    def __init__(self, config: CacheConfig, pool: BlockPool) -> None:
+        unit = config.hit_unit
+        if unit is None:  # the manager builds one only under the profile
+            raise ValueError("Tails serves the `unit U` profile: config.hit_unit is None")
+        self.unit = unit
+        self.groups = config.groups
+        self.pool = pool
+        tails = pool.tails
+        if tails is None:
+            raise ValueError("the pool keeps no tail keys: build it with tail_keys=True")
+        self.index = tails
+        self.served = [
+            EitherServed(whole, part) for whole, part in zip(pool.served, tails.served, strict=True)
+        ]
+
+    def split(self, hit: int, tables: list[list[int]]) -> tuple[list[list[int]], list[Source]]:
+        """ALLOC-UNIT-3: the hit's block lists without the blocks it ends inside, which become
+        copy sources (group, position, block)."""
+        sources: list[Source] = []
+        for g, table in enumerate(tables):
+            if table and hit % self.groups[g].block_size:
+                source = table.pop()
+                if source != NULL_BLOCK:
+                    sources.append((g, len(table), source))
+        return tables, sources
+
+    def keep(self, request: Request) -> list[Source]:
+        """ALLOC-UNIT-4: the state blocks keyed at a tail that the chunk scheduled for
+        `request` would overwrite (its running block, when the chunk stays in it or the
+        group writes every block)."""
+        tails = self.index
+        computed = request.computed
+        end = computed + request.scheduled
+        sources: list[Source] = []
+        for g, group in enumerate(self.groups):
+            size = group.block_size
+            if group.kind is not Kind.MAMBA or not computed % size:
+                continue
+            j = (computed - 1) // size
+            table = request.tables[g]
+            block = table[j] if j < len(table) else NULL_BLOCK
+            if block == NULL_BLOCK or tails.key_of(block) is None:
+                continue
+            if group.mode is MambaMode.ALL or -(-end // size) - 1 == j:
+                sources.append((g, j, block))
+        return sources
+
+    def register(self, request: Request, before: int) -> int:
+        """ALLOC-UNIT-2 for a request whose computed count moved from `before`: key the block
+        its prompt's tail falls inside; returns how many keys were registered."""
+        unit = self.unit
+        tail = (request.prompt_length - 1) // unit * unit
+        if not tail:
+            return 0
+        registered = 0
+        for g, group in enumerate(self.groups):
+            size = group.block_size
+            if group.kind is Kind.CROSS or not tail % size:
+                continue
+            if group.kind is Kind.MAMBA:
+                if group.mode is MambaMode.NONE or not before < tail == request.computed:
+                    continue
+                request.quiet_end = 0  # the next chunk must pass `keep` (ALLOC-UNIT-4)
+            elif not before < tail <= request.computed:
+                continue
+            chain = request.chains[g]
+            if chain is None:  # cross attention only, skipped above
+                continue
+            block = request.tables[g][tail // size]
+            key = chain.digests[tail // chain.size - 1]
+            registered += self.index.bind(block, g, key) >= 0
+        return registered
+
+
+def with_targets(wanted: list[Sequence[int]], sources: Sequence[Source]) -> list[Sequence[int]]:
+    """Per group, the positions to allocate, the copies' targets among them (ALLOC-UNIT-3's
+    target may be a position the chunk only reads: a state group's checkpoint)."""
+    if not sources:
+        return wanted
+    extra: dict[int, set[int]] = {}
+    for g, j, _ in sources:
+        extra.setdefault(g, set()).add(j)
+    return [
+        sorted({*positions, *extra[g]}) if g in extra else positions
+        for g, positions in enumerate(wanted)
+    ]
+
+
+def copies(request: Request) -> tuple[Copy, ...]:
+    """The copies the chunk in flight needs before its pass: (group, source, target)."""
+    return tuple((g, block, request.tables[g][j]) for g, j, block in request.sources)
