@@ -470,8 +470,10 @@ class VllmEngine:
             else:
                 if "hit_unit" in layout:
                     raise Unsupported(
-                        "the spec's allocator does not define `unit U` yet (it refuses it), "
-                        "so there is no answer to compare vLLM's with"
+                        "the adapter does not drive vLLM's allocator under `unit U` yet: "
+                        "its tail registrations (cache_partial_block) and the copies "
+                        "take_kv_cache_block_copies hands out are not mapped to the "
+                        "vectors' observations (ALLOC-UNIT-2..4)"
                     )
                 session = Session(layout, case["num_blocks"], mode=self.mode, flags=self.flags)
                 if len(set(session.owner)) < len(session.owner):
