@@ -7,7 +7,7 @@ tests/proofs runs each as a pytest case.
 
 from __future__ import annotations
 
-from kvcert.conformance.checks.proofs import alloc, hashing, hit, kernel, page, unit
+from kvcert.conformance.checks.proofs import alloc, hashing, hit, kernel, page, unit, unit_alloc
 from kvcert.conformance.checks.proofs.core import Obligation
 
 MANIFEST: tuple[Obligation, ...] = (
@@ -15,6 +15,7 @@ MANIFEST: tuple[Obligation, ...] = (
     *unit.OBLIGATIONS,
     *hashing.OBLIGATIONS,
     *alloc.OBLIGATIONS,
+    *unit_alloc.OBLIGATIONS,
     *page.OBLIGATIONS,
     *kernel.OBLIGATIONS,
 )

@@ -1,0 +1,108 @@
+"""kvcert.reference.tails beyond the differential machine: what the manager refuses under
+`unit U`, what it returns, and that the pure-Python key index serves the tails too."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvcert.reference import block_pool
+from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
+from kvcert.reference.errors import ConfigError
+from kvcert.reference.keyindex import PyKeyIndex
+from kvcert.reference.manager import KVCacheManager
+from kvcert.reference.tails import EitherServed, Tails
+from tests.differential.test_allocator import ReferenceAgainstSpecUnderUnit
+from tests.tiers import tiered
+
+HYBRID = (GroupConfig(Kind.FULL, 64), GroupConfig(Kind.MAMBA, 64, mode=MambaMode.ALIGN))
+PROMPT = list(range(1, 101))
+
+
+def manager(**settings: object) -> KVCacheManager:
+    return KVCacheManager(CacheConfig(HYBRID, 20, hit_unit=16, **settings))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"retention": "sparse"}, "retention='dense'"),
+        ({"eviction": "hybrid"}, "lru-unkeyed-first"),
+        ({"visibility": "same-pass"}, "visibility='step-end'"),
+        ({"record_events": True}, "record_events"),
+        ({"count_dead_evictions": True}, "count_dead_evictions"),
+    ],
+)
+def test_the_unit_profile_refuses_what_it_does_not_serve(settings, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        manager(**settings)
+
+
+def test_draft_groups_are_refused_under_the_unit_profile():
+    groups = (GroupConfig(Kind.FULL, 64), GroupConfig(Kind.FULL, 64, draft=True))
+    with pytest.raises(ConfigError, match="draft groups"):
+        KVCacheManager(CacheConfig(groups, 20, speculative="exact", hit_unit=16))
+
+
+def test_a_resend_copies_both_tails_and_the_sources_go_back_at_the_step_end():
+    kv = manager()
+    kv.admit("a", PROMPT, 96)
+    assert kv.end_step() == 3  # block 0 whole, the tail at 96 in both groups
+    kept = kv.extend("a", 4)
+    assert len(kept.copies) == 1  # the state block keyed at 96 (ALLOC-UNIT-4)
+    kv.end_step()
+    kv.finish("a")
+    resent = kv.admit("b", PROMPT, 96)
+    assert resent.hit == 96
+    assert [g for g, _, _ in resent.copies] == [0, 1]
+    assert all(target in resent.tables[g] for g, _, target in resent.copies)
+    free = kv.stats().free_blocks
+    kv.end_step()
+    assert kv.stats().free_blocks == free + 2  # both sources released
+
+
+def test_max_hit_caps_a_unit_hit_on_the_unit_grid():
+    kv = manager()
+    kv.admit("a", PROMPT[:64] + [7] * 36, 100)
+    kv.end_step()
+    kv.finish("a")
+    assert kv.lookup(PROMPT[:64] + [7] * 36)[0] == 0  # no state checkpoint at 96 or 64
+    kv = KVCacheManager(CacheConfig((GroupConfig(Kind.FULL, 64),), 20, hit_unit=16))
+    kv.admit("a", PROMPT, 100)
+    kv.end_step()
+    kv.finish("a")
+    assert kv.lookup(PROMPT)[0] == 96
+    assert kv.lookup(PROMPT, max_hit=90)[0] == 80
+
+
+def test_the_combined_served_map_reads_block_keys_then_tail_keys():
+    served = EitherServed({b"a": 3}, {b"b": 5})
+    assert (served.get(b"a", 0), served.get(b"b", 0), served.get(b"c", 0)) == (3, 5, 0)
+    assert served[b"b"] == 5
+    assert b"a" in served
+    assert b"c" not in served
+    assert len(served) == 2
+    assert dict(served.items()) == {b"a": 3, b"b": 5}
+    with pytest.raises(KeyError):
+        served[b"c"]
+
+
+def test_tails_need_the_profile_and_a_pool_keeping_tail_keys():
+    config = CacheConfig(HYBRID, 8)
+    with pytest.raises(ValueError, match="hit_unit is None"):
+        Tails(config, block_pool.BlockPool(8, num_groups=2))
+    unit = CacheConfig(HYBRID, 8, hit_unit=16)
+    with pytest.raises(ValueError, match="tail_keys=True"):
+        Tails(unit, block_pool.BlockPool(8, num_groups=2))
+
+
+def test_the_pure_python_key_index_serves_tails_too(monkeypatch):
+    """The unit machine with the pool's block and tail keys on the fallback PyKeyIndex."""
+    monkeypatch.setattr(block_pool, "KeyIndex", PyKeyIndex)
+    ReferenceAgainstSpecUnderUnit.steps = 0
+    run_state_machine_as_test(
+        ReferenceAgainstSpecUnderUnit,
+        settings=settings(max_examples=tiered(100, 2000), stateful_step_count=80),
+    )
+    assert ReferenceAgainstSpecUnderUnit.steps >= tiered(2_000, 60_000)
