@@ -390,6 +390,8 @@ class KVCacheManager(Inspection):
         the running state's position there too (its table's ALLOC-WRITE-1 position); state
         groups hold no slots for lookahead. `checkpoint`: that chunk's inner checkpoint
         (CKPT-INNER-1; it starts where the chunks before it end), held from now on."""
+        if self._tails is not None:
+            self._tails.refuse("reserve")
         request = self._running(rid)
         inputs.token_count(tokens)
         inputs.token_count(chunk_end, "a chunk end")
@@ -682,6 +684,8 @@ class KVCacheManager(Inspection):
         accepted): they count as computed now, and the blocks they complete are registered
         (ALLOC-COMMIT-1), as if the chunk had held them. Returns how many blocks became
         hittable. Only with no chunk in flight and every known token computed."""
+        if self._tails is not None:
+            self._tails.refuse("accept")
         request = self._running(rid)
         checked = inputs.token_ids(tokens, "accepted tokens")
         if any(g.kind is Kind.MAMBA for g in self.config.groups):

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention, Visibility
+from kvcert.reference.errors import RequestStateError
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.requests import Request
 
@@ -101,6 +102,15 @@ class Tails:
         self.served = [
             EitherServed(whole, part) for whole, part in zip(pool.served, tails.served, strict=True)
         ]
+
+    @staticmethod
+    def refuse(call: str) -> None:
+        """What the profile does not define for the manager's pipelining calls: raise."""
+        raise RequestStateError(
+            f"{call} under `unit U`: ALLOC-UNIT-3/-4 define the copies of one chunk in flight "
+            "per request, ended by end_step; chunks scheduled behind it (reserve) and drafts "
+            "accepted without a chunk (accept) are not defined: schedule synchronously"
+        )
 
     def split(self, hit: int, tables: list[list[int]]) -> tuple[list[list[int]], list[Source]]:
         """ALLOC-UNIT-3: the hit's block lists without the blocks it ends inside, which become

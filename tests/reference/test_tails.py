@@ -9,7 +9,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvcert.reference import block_pool
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
-from kvcert.reference.errors import ConfigError
+from kvcert.reference.errors import ConfigError, RequestStateError
 from kvcert.reference.keyindex import PyKeyIndex
 from kvcert.reference.manager import KVCacheManager
 from kvcert.reference.tails import EitherServed, Tails
@@ -60,6 +60,16 @@ def test_a_resend_copies_both_tails_and_the_sources_go_back_at_the_step_end():
     free = kv.stats().free_blocks
     kv.end_step()
     assert kv.stats().free_blocks == free + 2  # both sources released
+
+
+def test_pipelining_calls_are_refused_under_the_unit_profile():
+    kv = manager()
+    kv.admit("a", PROMPT, 96)
+    with pytest.raises(RequestStateError, match="reserve under `unit U`"):
+        kv.reserve("a", 100)
+    kv.end_step()
+    with pytest.raises(RequestStateError, match="accept under `unit U`"):
+        kv.accept("a", [1])
 
 
 def test_max_hit_caps_a_unit_hit_on_the_unit_grid():
