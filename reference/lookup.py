@@ -3,8 +3,9 @@ will leave it.
 
 Implements HASH-DRAFT-1 (`Keying.chains`: a draft group under exact keying gets its own
 chain) and HASH-MATCH-1 (`Keying.keys`: block j of a group is cached when its key is among
-the group's served keys). `WithPending` lets the hit search read a served map plus the keys
-that steps in flight will register, without copying the map.
+the group's served keys). `Layered` lets the hit search read a served map plus the keys
+that steps in flight will register (or, under `unit U`, the tail keys), without copying
+the map.
 """
 
 from __future__ import annotations
@@ -71,13 +72,15 @@ class Keying:
 ChunksInFlight = tuple[int, tuple[tuple[str, int, int], ...]]
 
 
-class WithPending:
-    """One group's served map with the keys steps in flight will register added (the cached
-    block wins a key both hold: it was registered first)."""
+class Layered:
+    """One group's served map read through two: the first wins a key both hold. The hit
+    search reads the pool's map over the keys steps in flight will register (the cached block
+    was registered first), and under `unit U` block keys over tail keys (disjoint: a digest
+    names one length)."""
 
     __slots__ = ("_now", "_pending")
 
-    def __init__(self, now: ServedMap[bytes], pending: dict[bytes, int]) -> None:
+    def __init__(self, now: ServedMap[bytes], pending: ServedMap[bytes]) -> None:
         self._now, self._pending = now, pending
 
     def get(self, key: bytes, default: int, /) -> int:

@@ -40,7 +40,7 @@ from kvcert.reference.hashing import DigestMemo, ExtraKey, encode_tokens, hasher
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.inspection import Inspection
 from kvcert.reference.keyindex import ServedMap
-from kvcert.reference.lookup import ChunksInFlight, Keying, WithPending
+from kvcert.reference.lookup import ChunksInFlight, Keying, Layered
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
 from kvcert.reference.tails import Tails, copies, unit_refusal, with_targets
@@ -190,7 +190,7 @@ class KVCacheManager(Inspection):
         served: list[ServedMap[bytes]] | None = None
         if any(pending):
             served = [
-                WithPending(now, extra) if extra else now
+                Layered(now, extra) if extra else now
                 for now, extra in zip(self.pool.served, pending, strict=True)
             ]
         self._after_steps = (state, served)

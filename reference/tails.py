@@ -23,12 +23,12 @@ index of the pool (`BlockPool.tails`), with the same earliest-holder rule (ALLOC
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention, Visibility
 from kvcert.reference.errors import RequestStateError
-from kvcert.reference.keyindex import ServedMap
+from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
 
 Copy = tuple[int, int, int]  # (group, source block, target block)
@@ -57,34 +57,6 @@ def unit_refusal(config: CacheConfig) -> str | None:
     return None
 
 
-class EitherServed:
-    """A group's served map for the hit search: a block key, else a tail key."""
-
-    __slots__ = ("_tails", "_whole")
-
-    def __init__(self, whole: ServedMap[bytes], tails: ServedMap[bytes]) -> None:
-        self._whole, self._tails = whole, tails
-
-    def get(self, key: bytes, default: int, /) -> int:
-        return self._whole.get(key, NULL_BLOCK) or self._tails.get(key, default)
-
-    def __getitem__(self, key: bytes, /) -> int:
-        found = self.get(key, NULL_BLOCK)
-        if found == NULL_BLOCK:
-            raise KeyError(key)
-        return found
-
-    def __contains__(self, key: object, /) -> bool:
-        return key in self._whole or key in self._tails
-
-    def __len__(self) -> int:
-        return len(self._whole) + len(self._tails)
-
-    def items(self) -> Iterable[tuple[bytes, int]]:
-        yield from self._whole.items()
-        yield from self._tails.items()
-
-
 class Tails:
     """Per cache configuration under `unit U`: the tail keys and the copies they need."""
 
@@ -99,8 +71,9 @@ class Tails:
         if tails is None:
             raise ValueError("the pool keeps no tail keys: build it with tail_keys=True")
         self.index = tails
+        # per group, what the hit search reads: block keys, then tail keys
         self.served = [
-            EitherServed(whole, part) for whole, part in zip(pool.served, tails.served, strict=True)
+            Layered(whole, part) for whole, part in zip(pool.served, tails.served, strict=True)
         ]
 
     @staticmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from kvcert.spec.alloc import NULL_BLOCK, State, Visibility, request_keys
+from kvcert.spec.alloc import NULL_BLOCK, State, Visibility, positions_written, request_keys
 from kvcert.spec.hashing import block_keys, extras_within, key_lookahead, partial_key
 from kvcert.spec.layout import MambaState
 
@@ -181,6 +181,34 @@ def copies_carry_the_request_tokens(state: State) -> bool:
     return True
 
 
+def keyed_state_blocks_are_not_written(state: State) -> bool:
+    """INV-WRITE-1: No state block a chunk in flight writes holds a key: a key names the
+    state its block holds, and the chunk changes it (under `unit U`, ALLOC-UNIT-4 copies a
+    block keyed at a tail before its writer's next chunk).
+
+        a: state B=4, keyed at 6 in block 7 (position 1)    Extend [6, 8):  writes a copy
+        the same chunk writing block 7 itself                              broken
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    layout = state.config.layout
+    for request in state.requests.values():
+        if not request.scheduled:
+            continue
+        end = request.computed + request.scheduled
+        for g, group in enumerate(layout.groups):
+            if not isinstance(group, MambaState):
+                continue
+            table = request.tables[g]
+            written = positions_written(
+                group, request.computed, end, request.decoding, layout.max_model_len
+            )
+            if any(j < len(table) and state.blocks[table[j]].registrations() for j in written):
+                return False
+    return True
+
+
 INVARIANTS: Mapping[str, Callable[[State], bool]] = {
     "INV-NULL-1": null_block_is_never_handed_out,
     "INV-REF-1": reference_counts_match_tables,
@@ -189,6 +217,7 @@ INVARIANTS: Mapping[str, Callable[[State], bool]] = {
     "INV-HIT-1": tables_hold_the_request_tokens,
     "INV-VIS-1": uncommitted_blocks_are_not_hittable,
     "INV-COPY-1": copies_carry_the_request_tokens,
+    "INV-WRITE-1": keyed_state_blocks_are_not_written,
 }
 
 

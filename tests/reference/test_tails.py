@@ -11,8 +11,9 @@ from kvcert.reference import block_pool
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
 from kvcert.reference.errors import ConfigError, RequestStateError
 from kvcert.reference.keyindex import PyKeyIndex
+from kvcert.reference.lookup import Layered
 from kvcert.reference.manager import KVCacheManager
-from kvcert.reference.tails import EitherServed, Tails
+from kvcert.reference.tails import Tails
 from tests.differential.test_allocator import ReferenceAgainstSpecUnderUnit
 from tests.tiers import tiered
 
@@ -87,7 +88,7 @@ def test_max_hit_caps_a_unit_hit_on_the_unit_grid():
 
 
 def test_the_combined_served_map_reads_block_keys_then_tail_keys():
-    served = EitherServed({b"a": 3}, {b"b": 5})
+    served = Layered({b"a": 3}, {b"b": 5})
     assert (served.get(b"a", 0), served.get(b"b", 0), served.get(b"c", 0)) == (3, 5, 0)
     assert served[b"b"] == 5
     assert b"a" in served

@@ -481,6 +481,16 @@ def corrupt(name):
         blocks = list(state.blocks)
         blocks[source] = dataclasses.replace(blocks[source], content=(0, (9,) * 10, ()))
         return dataclasses.replace(state, blocks=tuple(blocks))
+    if name == "INV-WRITE-1":  # `unit U`: the block a's next chunk writes holds a's tail key
+        unit = initial_state(PoolConfig(Layout((FullAttention(4), MambaState(4)), hit_unit=2), 16))
+        state, (*_, extended) = run(unit, Admit("a", PROMPT[:7], 6), EndStep(), Extend("a", 1))
+        ((_, source, target),) = extended.copies
+        blocks = list(state.blocks)
+        keyed = state.blocks[source]
+        blocks[target] = dataclasses.replace(
+            blocks[target], partial=keyed.partial, partial_at=6, content=keyed.content
+        )
+        return dataclasses.replace(state, blocks=tuple(blocks))
     state, (a, _) = run(pool(FullAttention(4)), Admit("a", PROMPT[:10], 10), EndStep())
     state, (b,) = run(state, Admit("b", PROMPT[:10], 10))
     blocks = list(state.blocks)

@@ -14,7 +14,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize
 
 from kvcert.spec import (
     ChunkedLocal,
@@ -40,7 +40,6 @@ from kvcert.spec.alloc import (
     Finish,
     PoolConfig,
     Preempt,
-    ResetCache,
     StepEnded,
     Visibility,
     Waiting,
@@ -51,6 +50,7 @@ from kvcert.spec.alloc import (
 from kvcert.spec.invariants import violated
 from kvcert.spec.layout import is_cacheable
 from kvcert.spec.retention import Retention
+from tests.spec.test_alloc import SpecSelfCheck
 from tests.strategies import layouts
 
 PROMPT = tuple(range(1, 101))  # 100 distinct tokens
@@ -362,17 +362,11 @@ def test_a_resend_without_a_chunk_ending_at_the_tail_loses_the_state_checkpoint(
 
 # --- the machine: random operations keep every invariant -----------------------------------
 
-BASES = [tuple(range(1, 41)), (*range(1, 13), *range(50, 78)), tuple(range(90, 130))]
 
-
-class UnitSpecSelfCheck(RuleBasedStateMachine):
-    """Drives `step` under `unit U` with random operations; every invariant holds after each,
-    INV-COPY-1 (copies carry the request's tokens) and INV-KEY-1 on partial keys among
-    them."""
-
-    def __init__(self):
-        super().__init__()
-        self.state = None
+class UnitSpecSelfCheck(SpecSelfCheck):
+    """test_alloc's self-check machine under `unit U` (lru or lru-unkeyed-first): every
+    invariant holds after each operation, INV-COPY-1 (copies carry the request's tokens) and
+    INV-KEY-1 on partial keys among them; and every copy's target is in the request's table."""
 
     @initialize(
         layout=unit_layouts(),
@@ -380,52 +374,14 @@ class UnitSpecSelfCheck(RuleBasedStateMachine):
         eviction=st.sampled_from(["lru", "lru-unkeyed-first"]),
     )
     def start(self, layout, blocks, eviction):
-        config = PoolConfig(layout, blocks, eviction=eviction)
-        self.state = initial_state(config)
+        self.state = initial_state(PoolConfig(layout, blocks, eviction=eviction))
 
     def _apply(self, op):
         self.state, observation = step(self.state, op)
         if isinstance(observation, Admitted | Extended):
             for g, source, target in observation.copies:
-                assert target != NULL_BLOCK
-                assert source != target
+                assert target not in (NULL_BLOCK, source)
                 assert target in observation.tables[g]
-
-    @rule(
-        rid=st.sampled_from("abcd"),
-        base=st.sampled_from(BASES),
-        length=st.integers(1, 40),
-        budget=st.integers(1, 40),
-    )
-    def admit(self, rid, base, length, budget):
-        if rid not in self.state.requests:
-            self._apply(Admit(rid, base[:length], budget))
-
-    @rule(rid=st.sampled_from("abcd"), budget=st.integers(1, 16), token=st.integers(0, 3))
-    def extend(self, rid, budget, token):
-        request = self.state.requests.get(rid)
-        if request is None or request.scheduled:
-            return
-        appended = (token,) if request.computed == len(request.tokens) else ()
-        self._apply(Extend(rid, budget, appended))
-
-    @rule()
-    def end_step(self):
-        self._apply(EndStep())
-
-    @rule(rid=st.sampled_from("abcd"), preempt=st.booleans())
-    def release(self, rid, preempt):
-        if rid in self.state.requests:
-            self._apply(Preempt(rid) if preempt else Finish(rid))
-
-    @rule()
-    def reset(self):
-        self._apply(ResetCache())
-
-    @invariant()
-    def invariants_hold(self):
-        if self.state is not None:
-            assert violated(self.state) == []
 
 
 TestUnitSpecSelfCheck = UnitSpecSelfCheck.TestCase

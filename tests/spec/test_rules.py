@@ -69,6 +69,7 @@ EXPECTED_TAGS = {
     "ALLOC-UNIT-3",
     "ALLOC-UNIT-4",
     "INV-COPY-1",
+    "INV-WRITE-1",
     "HASH-CHAIN-1",
     "HASH-EXTRA-1",
     "HASH-DRAFT-1",
