@@ -466,14 +466,16 @@ def _cache_view(
         matched_blocks(keys[g], frozenset(key for group, key in served if group == g))
         for g in range(len(layout.groups))
     )
-    partial = tuple(
-        frozenset(
-            p
-            for p, key in request_partial_keys(layout, g, tokens, extras).items()
-            if (g, key) in served
+    partial: tuple[frozenset[int], ...] = ()  # the block profile's view has none
+    if layout.hit_unit is not None:
+        partial = tuple(
+            frozenset(
+                p
+                for p, key in request_partial_keys(layout, g, tokens, extras).items()
+                if (g, key) in served
+            )
+            for g in range(len(layout.groups))
         )
-        for g in range(len(layout.groups))
-    )
     return CacheView(layout, len(tokens), cached, partial), keys, served
 
 

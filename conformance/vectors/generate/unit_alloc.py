@@ -14,6 +14,7 @@ from kvcert.conformance.vectors.generate.cases import alloc_case
 from kvcert.conformance.vectors.generate.traces import _play
 from kvcert.spec import (
     ChunkedLocal,
+    CrossAttention,
     FullAttention,
     Group,
     Layout,
@@ -114,6 +115,20 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "a chunked local group keys its tail like full attention; the re-send reads tokens "
         "0..11 of one chunk and copies block 1",
         focus=("ALLOC-UNIT-3",),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.mode-none",
+        Layout((FullAttention(8), MambaState(8, MambaMode.NONE)), hit_unit=2), 12,
+        [*_written(prompt, 12), *resend], None,
+        "a state group in mode none keeps no checkpoint, whole or at a tail (HIT-MAMBA-2): "
+        "attention keys its tail at 12, but the re-send hits 0",
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.cross-attention",
+        Layout((FullAttention(8), CrossAttention(8)), hit_unit=2), 12,
+        [*_written(prompt, 13), *resend], None,
+        "a cross-attention group keeps no keys and needs none (HIT-CROSS-1): full attention "
+        "alone decides the re-send's hit, 12, and only its tail is copied",
     )  # fmt: skip
     other: list[spec.Op] = [spec.Admit("c", tuple(range(500, 508)), 8), spec.EndStep(),
                             spec.Finish("c")]  # fmt: skip
