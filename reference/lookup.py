@@ -97,7 +97,7 @@ class Layered:
         return key in self._now or key in self._pending
 
     def __len__(self) -> int:
-        return len(self._now) + sum(1 for key in self._pending if key not in self._now)
+        return len(self._now) + sum(1 for key, _ in self._pending.items() if key not in self._now)
 
     def items(self) -> Iterable[tuple[bytes, int]]:
         yield from self._now.items()
