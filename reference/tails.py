@@ -48,7 +48,10 @@ def unit_refusal(config: CacheConfig) -> str | None:
             "step's pass, so a block published in that step would be copied unwritten"
         )
     if any(g.draft for g in config.groups):
-        return f"{unit} with draft groups is not specified (HASH-DRAFT-1, HIT-SPEC-2)"
+        return (
+            f"{unit} with draft groups is not specified (where a draft layer's tail key ends, "
+            "HASH-DRAFT-1, and how the drop meets it, HIT-SPEC-2): leave hit_unit unset"
+        )
     if config.record_events or config.count_dead_evictions:
         return (
             f"{unit} without record_events and count_dead_evictions: KV events and liveness "
