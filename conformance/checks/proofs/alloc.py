@@ -80,7 +80,8 @@ def invariants(p: Pool) -> Any:
     )  # fmt: skip
 
 
-def _set(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
+def replaced_at(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
+    """`values` with the item at `index` replaced (a symbolic state's next value)."""
     return tuple(value if i == index else v for i, v in enumerate(values))
 
 
@@ -100,38 +101,38 @@ def steps(p: Pool, bugs: Bugs) -> list[tuple[Any, Pool]]:
         for i in range(1, BLOCKS):
             allocated = replace(
                 p,
-                rc=_set(p.rc, i, 1),
-                free=_set(p.free, i, False),
-                keyed=_set(p.keyed, i, True if bugs.register_on_allocate else (
+                rc=replaced_at(p.rc, i, 1),
+                free=replaced_at(p.free, i, False),
+                keyed=replaced_at(p.keyed, i, True if bugs.register_on_allocate else (
                     p.keyed[i] if bugs.keep_old_key else False)),
-                key=_set(p.key, i, p.wants[s] if bugs.register_on_allocate else p.key[i]),
-                written=_set(p.written, i, False),
-                content=_set(p.content, i, p.wants[s]),
-                holds=_set(p.holds, s, i),
+                key=replaced_at(p.key, i, p.wants[s] if bugs.register_on_allocate else p.key[i]),
+                written=replaced_at(p.written, i, False),
+                content=replaced_at(p.content, i, p.wants[s]),
+                holds=replaced_at(p.holds, s, i),
             )  # fmt: skip
             out.append((z3.And(p.holds[s] == 0, p.free[i]), allocated))
             touched = replace(
                 p,
-                rc=_set(p.rc, i, p.rc[i] + 1),
-                free=p.free if bugs.touch_keeps_free else _set(p.free, i, False),
-                holds=_set(p.holds, s, i),
+                rc=replaced_at(p.rc, i, p.rc[i] + 1),
+                free=p.free if bugs.touch_keeps_free else replaced_at(p.free, i, False),
+                holds=replaced_at(p.holds, s, i),
             )
             hit = z3.And(p.holds[s] == 0, p.keyed[i], p.key[i] == p.wants[s])
             out.append((hit, touched))
         for i in range(1, BLOCKS):
             released = replace(
                 p,
-                rc=_set(p.rc, i, p.rc[i] - 1),
-                free=_set(p.free, i, p.rc[i] - 1 == 0),
-                holds=_set(p.holds, s, 0),
+                rc=replaced_at(p.rc, i, p.rc[i] - 1),
+                free=replaced_at(p.free, i, p.rc[i] - 1 == 0),
+                holds=replaced_at(p.holds, s, 0),
             )
             out.append((p.holds[s] == i, released))
     for i in range(1, BLOCKS):
         committed = replace(
             p,
-            keyed=_set(p.keyed, i, True),
-            key=_set(p.key, i, p.content[i]),
-            written=_set(p.written, i, True),
+            keyed=replaced_at(p.keyed, i, True),
+            key=replaced_at(p.key, i, p.content[i]),
+            written=replaced_at(p.written, i, True),
         )
         out.append((p.rc[i] > 0, committed))
     return out

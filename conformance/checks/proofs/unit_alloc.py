@@ -27,6 +27,7 @@ from typing import Any
 
 import z3  # type: ignore[import-untyped]
 
+from kvcert.conformance.checks.proofs.alloc import replaced_at
 from kvcert.conformance.checks.proofs.core import AGREES, COUNTEREXAMPLE, PROVED, Obligation
 from kvcert.spec import FullAttention, Layout, MambaMode, MambaState, SpecError
 from kvcert.spec import alloc as spec
@@ -75,24 +76,21 @@ def invariants(p: StatePool) -> Any:
     )  # fmt: skip
 
 
-def _set(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
-    return tuple(value if i == index else v for i, v in enumerate(values))
-
-
 def _fresh(p: StatePool, s: int, f: int, content: Any) -> StatePool:
     """Slot s takes free block f holding the state at `content`, without a key."""
     return replace(
         p,
-        rc=_set(p.rc, f, 1),
-        free=_set(p.free, f, False),
-        keyed=_set(p.keyed, f, False),
-        content=_set(p.content, f, content),
-        holds=_set(p.holds, s, f),
+        rc=replaced_at(p.rc, f, 1),
+        free=replaced_at(p.free, f, False),
+        keyed=replaced_at(p.keyed, f, False),
+        content=replaced_at(p.content, f, content),
+        holds=replaced_at(p.holds, s, f),
     )
 
 
 def _released(p: StatePool, i: int) -> StatePool:
-    return replace(p, rc=_set(p.rc, i, p.rc[i] - 1), free=_set(p.free, i, p.rc[i] - 1 == 0))
+    count = p.rc[i] - 1
+    return replace(p, rc=replaced_at(p.rc, i, count), free=replaced_at(p.free, i, count == 0))
 
 
 def steps(p: StatePool, end: Any, in_place: bool) -> list[tuple[Any, StatePool]]:
@@ -103,7 +101,7 @@ def steps(p: StatePool, end: Any, in_place: bool) -> list[tuple[Any, StatePool]]
         for i in range(1, BLOCKS):
             held = p.holds[s] == i
             out.append((z3.And(p.holds[s] == 0, p.free[i]), _fresh(p, s, i, 0)))
-            written = replace(p, content=_set(p.content, i, end))
+            written = replace(p, content=replaced_at(p.content, i, end))
             if in_place:
                 out.append((held, written))
             else:
@@ -112,13 +110,15 @@ def steps(p: StatePool, end: Any, in_place: bool) -> list[tuple[Any, StatePool]]
                     if f != i:  # ALLOC-UNIT-4: the keyed block stays; the chunk writes f
                         kept = _fresh(_released(p, i), s, f, end)
                         out.append((z3.And(held, p.keyed[i], p.free[f]), kept))
-            keyed = replace(p, keyed=_set(p.keyed, i, True), key=_set(p.key, i, p.content[i]))
+            keyed = replace(
+                p, keyed=replaced_at(p.keyed, i, True), key=replaced_at(p.key, i, p.content[i])
+            )
             out.append((z3.And(held, z3.Not(p.keyed[i])), keyed))
             for f in range(1, BLOCKS):
                 if f != i:  # ALLOC-UNIT-3: a hit on keyed block i copies it into f
                     copied = _fresh(p, s, f, p.content[i])
                     out.append((z3.And(p.holds[s] == 0, p.keyed[i], p.free[f]), copied))
-            released = replace(_released(p, i), holds=_set(p.holds, s, 0))
+            released = replace(_released(p, i), holds=replaced_at(p.holds, s, 0))
             out.append((held, released))
     return out
 
