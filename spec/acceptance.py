@@ -20,7 +20,9 @@ window, chunked local and state groups are not. tests/spec shows both with examp
 Under the hit-granularity profile `unit U` (HIT-UNIT-1) a hit may end inside a block. The same
 rules then read at block size U say which *units* of U tokens a hit needs (HIT-UNIT-2); a unit
 is held by the block it lies in, cached in full or under a partial key that reaches past it. A
-state group needs a checkpoint at exactly L (HIT-UNIT-3).
+state group needs a checkpoint at exactly L (HIT-UNIT-3). Under same-pass visibility a block in
+flight holds no unit of the block a hit ends inside (HIT-UNIT-5), so a full group that accepts
+the end of such a block may refuse a unit inside it: downward closed per block, not per unit.
 """
 
 from __future__ import annotations
@@ -158,13 +160,14 @@ def group_accepts(
     *,
     unit: int | None = None,
     partial: frozenset[int] = frozenset(),
+    in_flight: frozenset[int] = frozenset(),
 ) -> bool:
     """HIT-GROUP-1: A group accepts a hit length when it is a multiple of the group's block
     size and every block the group needs there is cached.
 
     Cross-attention groups accept every length (HIT-CROSS-1); a state group in mode none
     accepts only 0 (HIT-MAMBA-2). Under `unit U` (a `unit` is given, with the group's partial
-    keys) HIT-UNIT-2 and HIT-UNIT-3 decide instead.
+    keys and blocks in flight) HIT-UNIT-2, HIT-UNIT-3 and HIT-UNIT-5 decide instead.
 
         full B=16, cached {0, 1, 2}:     accepts 0, 16, 32, 48; not 8 (unaligned), not 64
         SW B=16 W=32, cached {2, 3}:     accepts 0, 64; not 32 or 48 (they need block 1)
@@ -176,7 +179,9 @@ def group_accepts(
     if unit is not None and is_cacheable(group):
         if isinstance(group, MambaState):
             return length % unit == 0 and state_unit_accepts(group, cached, partial, length)
-        return length % unit == 0 and unit_accepts(group, cached, partial, unit, length)
+        return length % unit == 0 and unit_accepts(
+            group, cached, partial, unit, length, in_flight=in_flight
+        )
     if isinstance(group, MambaState) and not state_serves_hits(group):
         return length == 0
     aligned = isinstance(group, CrossAttention) or length % group.block_size == 0
@@ -184,7 +189,13 @@ def group_accepts(
 
 
 def unit_accepts(
-    group: Group, cached: frozenset[int], partial: frozenset[int], unit: int, length: int
+    group: Group,
+    cached: frozenset[int],
+    partial: frozenset[int],
+    unit: int,
+    length: int,
+    *,
+    in_flight: frozenset[int] = frozenset(),
 ) -> bool:
     """HIT-UNIT-2: Under `unit U` an attention group accepts a multiple L of U when every unit
     its kind's rule needs at block size U is held: unit u (tokens [uU, (u+1)U)) lies in block
@@ -204,13 +215,43 @@ def unit_accepts(
     """
     size = group.block_size
     units = needed_blocks(replace(group, block_size=unit), length)
-    reach: dict[int, int] = {}  # block -> the furthest token its cached content reaches
+    reach = unit_reach(size, cached, partial, length, in_flight)
+    return all(reach.get(u * unit // size, -1) >= (u + 1) * unit for u in units)
+
+
+def unit_reach(
+    size: int,
+    cached: frozenset[int],
+    partial: frozenset[int],
+    length: int,
+    in_flight: frozenset[int] = frozenset(),
+) -> dict[int, int]:
+    """HIT-UNIT-5: Under same-pass visibility a block in flight (published by ALLOC-VIS-2 for a
+    chunk whose pass has not run) holds its units for a hit ending at or past its end, never
+    for a hit ending inside it: that hit copies the block before the pass (ALLOC-UNIT-3), and
+    the copy would read KV nobody has written yet.
+
+        full B=4, U=1; block 0 cached, block 1 cached but in flight (a's chunk writes it now)
+        blocks        | 0 0 0 0 | 1 1 1 1 |
+        L=8  [0, 1]   block 1 is a table entry: b's pass reads it after a's pass wrote it
+        L=6  refused  block 1 would be copied before the pass wrote tokens 4, 5
+        L=6  with a partial key at 7 registered when an earlier step ended: accepted, the
+             copy reads the block under that older key
+
+    Returns block -> the furthest token its cached content reaches for a hit of `length`.
+
+    pre: size >= 1 and length >= 0
+    post: all(r <= (j + 1) * size for j, r in __return__.items())
+    """
+    reach: dict[int, int] = {}
     for position in partial:
         block = position // size
         reach[block] = max(reach.get(block, 0), position)
+    copied = length // size if length % size else None  # the block a hit ending inside copies
     for block in cached:
-        reach[block] = (block + 1) * size
-    return all(reach.get(u * unit // size, -1) >= (u + 1) * unit for u in units)
+        if block != copied or block not in in_flight:
+            reach[block] = (block + 1) * size
+    return reach
 
 
 def state_unit_accepts(

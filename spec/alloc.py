@@ -130,13 +130,13 @@ class PoolConfig:
 
 def unit_problem(config: PoolConfig) -> str | None:
     """ALLOC-UNIT-1: The allocator serves the hit-granularity profile `unit U` with dense
-    retention, lru or lru-unkeyed-first eviction, step-end visibility and no draft layers;
-    what else it would need is not defined yet, so it is refused, saying which rule stands
-    in the way.
+    retention, lru or lru-unkeyed-first eviction and no draft layers, under either
+    visibility (same-pass through HIT-UNIT-5); what else it would need is not defined yet,
+    so it is refused, saying which rule stands in the way.
 
         full B=64 + state B=64, U=16, dense, lru, step-end  served
+        the same under same-pass visibility                 served (HIT-UNIT-5)
         the same under sparse retention                     refused (RET-SPARSE-2)
-        the same under same-pass visibility                 refused (ALLOC-VIS-2)
         + an EAGLE draft group                              refused (HASH-DRAFT-1, HIT-SPEC-2)
 
     pre: True
@@ -151,13 +151,6 @@ def unit_problem(config: PoolConfig) -> str | None:
             f"{unit} with {config.retention.value} retention: the positions sparse retention "
             "keeps (RET-SPARSE-1/2) are whole blocks, and which partial keys it would keep is "
             "not defined; use retention='dense' under `unit U`"
-        )
-    if config.visibility is Visibility.SAME_PASS:
-        return (
-            f"{unit} with same-pass visibility: a hit ending inside a block copies that block "
-            "before the step's pass (ALLOC-UNIT-3), so a block ALLOC-VIS-2 published in the "
-            "same step would be copied before it is written; which hits same-pass would defer "
-            "is not defined; use visibility='step-end' under `unit U`"
         )
     if config.eviction is Eviction.HYBRID:
         return (
@@ -430,12 +423,13 @@ def tail_source(
 ) -> int:
     """ALLOC-UNIT-3 (the source): a hit of L tokens ending inside block j = L // B copies
     that block from the one serving the request's longest registered key in it: its whole
-    block key, else its partial key at the largest position, which HIT-UNIT-2 puts at L or
-    beyond; a state group's from the one under its partial key at exactly L (HIT-UNIT-3: a
-    whole state block holds the state at its end, not at L).
+    block key (unless its block is in flight, HIT-UNIT-5), else its partial key at the
+    largest position, which HIT-UNIT-2 puts at L or beyond; a state group's from the one
+    under its partial key at exactly L (HIT-UNIT-3: a whole state block holds the state at
+    its end, not at L).
 
         B=64, U=16, L=80:  blocks 9 (whole key of block 1) and 4 (partial key at 96)
-                           -> source 9;   without block 9 -> source 4
+                           -> source 9;   without block 9, or with 9 in flight -> source 4
         state, L=80:       the block keyed at 80, whatever else holds block 1
 
     pre: length % state.config.layout.groups[g].block_size != 0
@@ -449,7 +443,11 @@ def tail_source(
     partial = request_partial_keys(layout, g, tokens, extras)
     if isinstance(layout.groups[g], MambaState):
         return served[g, partial[length]]
-    if j < len(keys) and (g, keys[j]) in served:
+    if (
+        j < len(keys)
+        and (g, keys[j]) in served
+        and served[g, keys[j]] not in blocks_in_flight(state)
+    ):
         return served[g, keys[j]]
     reach = max(p for p, key in partial.items() if p // size == j and (g, key) in served)
     return served[g, partial[reach]]
@@ -467,6 +465,7 @@ def _cache_view(
         for g in range(len(layout.groups))
     )
     partial: tuple[frozenset[int], ...] = ()  # the block profile's view has none
+    in_flight: tuple[frozenset[int], ...] = ()
     if layout.hit_unit is not None:
         partial = tuple(
             frozenset(
@@ -476,7 +475,23 @@ def _cache_view(
             )
             for g in range(len(layout.groups))
         )
-    return CacheView(layout, len(tokens), cached, partial), keys, served
+        unwritten = blocks_in_flight(state)
+        in_flight = tuple(
+            frozenset(j for j in cached[g] if served[g, keys[g][j]] in unwritten)
+            for g in range(len(layout.groups))
+        )
+    return CacheView(layout, len(tokens), cached, partial, in_flight), keys, served
+
+
+def blocks_in_flight(state: State) -> frozenset[int]:
+    """The blocks ALLOC-VIS-2 published for chunks whose pass has not run: registered under
+    their whole keys, their KV not written yet (HIT-UNIT-5). Empty under step-end."""
+    return frozenset(
+        request.tables[g][j]
+        for request in state.requests.values()
+        for g, start in enumerate(request.published)
+        for j in range(start, request.registered[g])
+    )
 
 
 # --- table shape -----------------------------------------------------------------------------

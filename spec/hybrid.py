@@ -76,7 +76,14 @@ def common_lengths(view: CacheView) -> tuple[int, ...]:
         length
         for length in range(0, max_hit_length(view.num_tokens) + 1, hit_alignment(view.layout))
         if all(
-            group_accepts(g, view.cached[i], length, unit=unit, partial=view.partial[i])
+            group_accepts(
+                g,
+                view.cached[i],
+                length,
+                unit=unit,
+                partial=view.partial[i],
+                in_flight=view.in_flight[i],
+            )
             for i, g in enumerate(groups)
         )
     )

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from kvcert.spec.alloc import NULL_BLOCK, State, Visibility, positions_written, request_keys
+from kvcert.spec.alloc import (
+    NULL_BLOCK,
+    State,
+    Visibility,
+    blocks_in_flight,
+    positions_written,
+    request_keys,
+)
 from kvcert.spec.hashing import block_keys, extras_within, key_lookahead, partial_key
 from kvcert.spec.layout import MambaState
 
@@ -181,6 +188,27 @@ def copies_carry_the_request_tokens(state: State) -> bool:
     return True
 
 
+def copies_read_written_kv(state: State) -> bool:
+    """INV-COPY-2: A copy reads only KV an earlier step wrote: a source whose block is in
+    flight (ALLOC-VIS-2 published it for a pass that has not run) serves the copy only under
+    a partial key that reaches the request's resume length, registered when an earlier step
+    ended (HIT-UNIT-5).
+
+        a's chunk writes block 9 (published, in flight); b resumes at 80 copying 9   broken
+        the same, 9 also keyed at 96 since step 1 ended                             ok
+
+    pre: True
+    post: isinstance(__return__, bool)
+    """
+    unwritten = blocks_in_flight(state)
+    for request in state.requests.values():
+        for _, _, b in request.sources:
+            block = state.blocks[b]
+            if b in unwritten and (block.partial is None or block.partial_at < request.computed):
+                return False
+    return True
+
+
 def keyed_state_blocks_are_not_written(state: State) -> bool:
     """INV-WRITE-1: No state block a chunk in flight writes holds a key: a key names the
     state its block holds, and the chunk changes it (under `unit U`, ALLOC-UNIT-4 copies a
@@ -217,6 +245,7 @@ INVARIANTS: Mapping[str, Callable[[State], bool]] = {
     "INV-HIT-1": tables_hold_the_request_tokens,
     "INV-VIS-1": uncommitted_blocks_are_not_hittable,
     "INV-COPY-1": copies_carry_the_request_tokens,
+    "INV-COPY-2": copies_read_written_kv,
     "INV-WRITE-1": keyed_state_blocks_are_not_written,
 }
 

@@ -9,7 +9,9 @@ token (j+1)*B - 1, i.e. at boundary (j+1)*B.
 Under the hit-granularity profile `unit U` (HIT-UNIT-1) a group may also hold *partial keys*:
 position P, a multiple of U inside block j = P // B, means the group holds a block under the
 request's key for its first P tokens, so that block holds the KV of tokens [jB, P) (a state
-group: a checkpoint after token P - 1). Block-boundary positions stay in `cached`.
+group: a checkpoint after token P - 1). Block-boundary positions stay in `cached`. Under
+same-pass visibility (ALLOC-VIS-2) some cached blocks may be *in flight*: the block serving
+their key was published for a chunk whose pass has not run, so its KV is not written yet.
 
 The hit rules (§3, §4) read only this view, so they can be stated without hashes.
 """
@@ -43,6 +45,9 @@ class CacheView:
     cached: tuple[frozenset[int], ...]  # per group, the cached block indices
     # per group, the positions held under partial keys (unit U only); () when there are none
     partial: tuple[frozenset[int], ...] = ()
+    # per group, the cached blocks in flight (unit U only): a table entry may name them, a copy
+    # may not (HIT-UNIT-5); () when there are none
+    in_flight: tuple[frozenset[int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int):
@@ -68,6 +73,11 @@ class CacheView:
         self._check_per_group("partial", self.partial)
         for index, positions in enumerate(self.partial):
             self._check_partial(index, positions)
+        if self.in_flight == ():
+            object.__setattr__(self, "in_flight", tuple(frozenset() for _ in self.cached))
+        self._check_per_group("in_flight", self.in_flight)
+        for index, blocks in enumerate(self.in_flight):
+            self._check_in_flight(index, blocks)
         # the same sets, each knowing its runs of consecutive blocks: HIT-GROUP-1 then asks
         # whether a needed run is cached in O(1) instead of scanning it
         object.__setattr__(self, "cached", tuple(CachedBlocks(b) for b in self.cached))
@@ -141,3 +151,21 @@ class CacheView:
                     f"not of block_size={group.block_size} (block ends go in cached), and "
                     f"between 1 and {keyable} (a key covers the tokens it names)",
                 )
+
+    def _check_in_flight(self, index: int, blocks: frozenset[int]) -> None:
+        label = f"group {index} ({self.layout.groups[index].name!r})"
+        if not isinstance(blocks, frozenset):  # type guard: Python callers only
+            refuse(InvalidRequest, f"{label}: blocks in flight must be a frozenset of indices")
+        if blocks and self.layout.hit_unit is None:
+            refuse(
+                InvalidRequest,
+                f"{label}: blocks in flight {sorted(blocks)} matter only to copies, which need "
+                "the hit-granularity profile `unit U` (HIT-UNIT-5); leave in_flight empty",
+            )
+        stray = sorted(blocks - self.cached[index])
+        if stray:
+            refuse(
+                InvalidRequest,
+                f"{label}: blocks in flight {stray} are not cached; a block in flight is a "
+                "cached block whose pass has not run, so list it in cached too",
+            )

@@ -481,6 +481,12 @@ def corrupt(name):
         blocks = list(state.blocks)
         blocks[source] = dataclasses.replace(blocks[source], content=(0, (9,) * 10, ()))
         return dataclasses.replace(state, blocks=tuple(blocks))
+    if name == "INV-COPY-2":  # same-pass `unit U`: b copies a's block 2 that a writes now
+        full = Layout((FullAttention(4),), hit_unit=2)
+        unit = initial_state(PoolConfig(full, 16, visibility="same-pass"))
+        state, (a, _) = run(unit, Admit("a", PROMPT[:12], 12), Admit("b", PROMPT[:12], 12))
+        b = dataclasses.replace(state.requests["b"], computed=10, sources=((0, 2, a.tables[0][2]),))
+        return dataclasses.replace(state, requests={**state.requests, "b": b})
     if name == "INV-WRITE-1":  # `unit U`: the block a's next chunk writes holds a's tail key
         unit = initial_state(PoolConfig(Layout((FullAttention(4), MambaState(4)), hit_unit=2), 16))
         state, (*_, extended) = run(unit, Admit("a", PROMPT[:7], 6), EndStep(), Extend("a", 1))

@@ -41,7 +41,6 @@ from kvcert.spec.alloc import (
     PoolConfig,
     Preempt,
     StepEnded,
-    Visibility,
     Waiting,
     initial_state,
     step,
@@ -87,7 +86,6 @@ def written(resend=PROMPT, layout=HYBRID, chunks=(96, 4), blocks=32, **profile):
     [
         ({"retention": Retention.SPARSE}, HYBRID, "retention='dense'"),
         ({"eviction": Eviction.HYBRID}, HYBRID, "EVICT-DEAD-1"),
-        ({"visibility": Visibility.SAME_PASS}, HYBRID, "visibility='step-end'"),
         (
             {},
             Layout(
@@ -104,9 +102,10 @@ def test_the_unit_profile_refuses_what_it_does_not_define(profile, layout, fragm
         PoolConfig(layout, 8, **profile)
 
 
+@pytest.mark.parametrize("visibility", ["step-end", "same-pass"])
 @pytest.mark.parametrize("eviction", ["lru", "lru-unkeyed-first"])
-def test_the_unit_profile_serves_dense_lru_profiles(eviction):
-    config = PoolConfig(HYBRID, 8, eviction=eviction, visibility="step-end")
+def test_the_unit_profile_serves_dense_lru_profiles(eviction, visibility):
+    config = PoolConfig(HYBRID, 8, eviction=eviction, visibility=visibility)
     assert spec.unit_problem(config) is None
     plain = PoolConfig(Layout(HYBRID.groups), 8, visibility="same-pass")
     assert spec.unit_problem(plain) is None
@@ -237,6 +236,78 @@ def test_a_salted_request_is_not_served_another_tenants_tail():
     assert admitted.copies == ()
 
 
+# --- HIT-UNIT-5: under same-pass a block in flight is a table entry, never a copy source ---
+
+FULL = Layout((FullAttention(64),), hit_unit=16)
+LONG = (*PROMPT, *range(200, 228))  # 128 tokens: blocks 0 and 1 whole
+
+
+def test_a_block_in_flight_serves_whole_blocks_but_is_not_copied():
+    """b re-sends a's 128-token prompt in a's step: its limit 127 ends inside block 1, whose
+    whole key a's chunk just published (ALLOC-VIS-2) but a's pass has not written."""
+    state = pool(FULL, visibility="same-pass")
+    state, (a, b) = run(state, Admit("a", LONG, 128), Admit("b", LONG, 128))
+    assert b.hit == 64  # 112 would copy a's block 1 before a's pass writes it
+    assert b.tables[0][0] == a.tables[0][0]  # block 0 in flight: a table entry is sound
+    assert b.copies == ()
+    state, (_, c) = run(state, EndStep(), Admit("c", LONG, 128))
+    assert c.hit == 112  # once the pass has run, a's block 1 is a copy source
+    assert c.copies == ((0, a.tables[0][1], c.tables[0][1]),)
+
+
+def test_the_step_end_profile_serves_nothing_of_a_chunk_in_flight():
+    state = pool(FULL)
+    state, (_, b) = run(state, Admit("a", LONG, 128), Admit("b", LONG, 128))
+    assert b.hit == 0
+
+
+def test_a_block_in_flight_is_copied_under_a_key_an_earlier_step_registered():
+    """x keyed its block 1 at 96 (an earlier step); a resumes from that tail and publishes
+    its own block 1 whole (in flight); b, in a's step, copies x's block under the older key."""
+    state = written(layout=FULL, chunks=(100,), visibility="same-pass")
+    state, (a, b) = run(state, Admit("a", LONG, 128), Admit("b", LONG, 128))
+    assert a.hit == 96
+    assert len(a.copies) == 1
+    (_, older, _) = a.copies[0]
+    assert b.hit == 96
+    assert b.copies == ((0, older, b.tables[0][1]),)  # not a's block 1: a's pass writes it
+
+
+def test_docstring_example_of_the_unit_reach():
+    from kvcert.spec.acceptance import unit_reach
+
+    cached, flight = frozenset({0, 1}), frozenset({1})
+    assert unit_reach(4, cached, frozenset(), 8, flight) == {0: 4, 1: 8}
+    assert unit_reach(4, cached, frozenset(), 6, flight) == {0: 4}
+    assert unit_reach(4, cached, frozenset({7}), 6, flight) == {0: 4, 1: 7}
+
+
+def test_a_view_refuses_blocks_in_flight_it_does_not_cache():
+    from kvcert.spec import CacheView, InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="not cached"):
+        CacheView(FULL, 100, (frozenset({0}),), in_flight=(frozenset({1}),))
+    with pytest.raises(InvalidRequest, match="frozenset"):
+        CacheView(FULL, 100, (frozenset({0}),), in_flight=({0},))
+    with pytest.raises(InvalidRequest, match="HIT-UNIT-5"):
+        CacheView(Layout(FULL.groups), 100, (frozenset({0}),), in_flight=(frozenset({0}),))
+
+
+def test_a_copy_of_a_block_in_flight_breaks_inv_copy_2():
+    """The broken twin of HIT-UNIT-5: a spec whose lookup ignores blocks in flight copies a's
+    unwritten block 1 into b, and INV-COPY-2 says so."""
+    state = pool(FULL, visibility="same-pass")
+    state, _ = run(state, Admit("a", LONG, 128))
+    original = spec.blocks_in_flight
+    try:
+        spec.blocks_in_flight = lambda state: frozenset()
+        broken, b = step(state, Admit("b", LONG, 128))
+    finally:
+        spec.blocks_in_flight = original
+    assert b.hit == 112
+    assert violated(broken) == ["INV-COPY-2"]
+
+
 # --- ALLOC-UNIT-4: a keyed state block is copied before it is overwritten ------------------
 
 
@@ -364,24 +435,44 @@ def test_a_resend_without_a_chunk_ending_at_the_tail_loses_the_state_checkpoint(
 
 
 class UnitSpecSelfCheck(SpecSelfCheck):
-    """test_alloc's self-check machine under `unit U` (lru or lru-unkeyed-first): every
-    invariant holds after each operation, INV-COPY-1 (copies carry the request's tokens) and
-    INV-KEY-1 on partial keys among them; and every copy's target is in the request's table."""
+    """test_alloc's self-check machine under `unit U` (lru or lru-unkeyed-first, step-end or
+    same-pass): every invariant holds after each operation, INV-COPY-1 (copies carry the
+    request's tokens), INV-COPY-2 (they read written KV) and INV-KEY-1 on partial keys among
+    them; and every copy's target is in the request's table."""
 
     @initialize(
         layout=unit_layouts(),
         blocks=st.integers(2, 40),
         eviction=st.sampled_from(["lru", "lru-unkeyed-first"]),
+        visibility=st.sampled_from(["step-end", "same-pass"]),
     )
-    def start(self, layout, blocks, eviction):
-        self.state = initial_state(PoolConfig(layout, blocks, eviction=eviction))
+    def start(self, layout, blocks, eviction, visibility):
+        config = PoolConfig(layout, blocks, eviction=eviction, visibility=visibility)
+        self.state = initial_state(config)
 
     def _apply(self, op):
+        withdrawn = isinstance(op, Preempt | Finish) and self._read_by_others(op.rid)
+        if withdrawn:  # ALLOC-VIS-3 refuses it: another request reads the chunk in flight
+            with pytest.raises(InvalidOp, match="ALLOC-VIS-2"):
+                step(self.state, op)
+            return
         self.state, observation = step(self.state, op)
         if isinstance(observation, Admitted | Extended):
             for g, source, target in observation.copies:
                 assert target not in (NULL_BLOCK, source)
                 assert target in observation.tables[g]
+
+    def _read_by_others(self, rid):
+        request = self.state.requests.get(rid)
+        if request is None or not request.published:
+            return False
+        mine = {
+            request.tables[g][j]
+            for g, start in enumerate(request.published)
+            for j in range(start, request.registered[g])
+        }
+        others = (r for other, r in self.state.requests.items() if other != rid)
+        return any(b in mine for r in others for table in r.tables for b in table)
 
 
 TestUnitSpecSelfCheck = UnitSpecSelfCheck.TestCase
