@@ -43,7 +43,7 @@ from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying, Layered
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
-from kvcert.reference.tails import Tails, copies, unit_refusal, with_targets
+from kvcert.reference.tails import Tails, copies, copy_sources, unit_refusal, with_targets
 from kvcert.reference.unit_hits import find_unit_hit
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
@@ -136,7 +136,7 @@ class KVCacheManager(Inspection):
         if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
             units = self._keying.unit_keys(prompt.chains)
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
-            return find_unit_hit(self.config, top, units, self._tails.served)
+            return find_unit_hit(self.config, top, units, self._tails.served, self._tails.flying)
         keys = self._keying.keys(prompt.chains)
         hit, tables = self.search(self.config, len(prompt), keys, self.pool.served)
         if max_hit is not None and hit > max_hit:
@@ -566,23 +566,12 @@ class KVCacheManager(Inspection):
             request.scheduled, request.lookahead, request.checkpoints, request.decoding = before
             return self._waiting(count, self.pool.num_free + freed, held)
         self._drop(request, released)
-        added = self._fill(request, self._copy_sources(request, kept, wanted))
+        added = self._fill(request, copy_sources(request, kept, wanted))
         if appended:
             request.tokens.extend(appended)  # digested when a block of them commits
         self._planner.plan_quiet(request)
         self._launch(rid, request, step)
         return Scheduled(0, request.scheduled, added, None, copies(request))
-
-    @staticmethod
-    def _copy_sources(
-        request: Request, kept: list[tuple[int, int, int]], wanted: list[Sequence[int]]
-    ) -> list[Sequence[int]]:
-        """ALLOC-UNIT-4: each keyed block `kept` becomes a copy source held until the step
-        ends, and its position a fresh block to fill; returns the positions to fill."""
-        for g, j, _ in kept:
-            request.tables[g][j] = NULL_BLOCK
-        request.sources = kept
-        return with_targets(wanted, kept)
 
     def _launch(self, rid: str, request: Request, step: int | None) -> None:
         """`request`'s chunk is scheduled in `step` (None: the one being scheduled); under
@@ -590,6 +579,8 @@ class KVCacheManager(Inspection):
         self._in_flight[rid] = self._step if step is None else step
         if self._same_pass and request.computed + request.scheduled >= request.commit_at:
             self._published_in_step += self._commits.publish(self.pool, rid, request)
+            if self._tails is not None:  # HIT-UNIT-5: no copy reads them before the pass
+                self._tails.flying.update(self._commits.withdrawn(self.pool, request))
 
     def _freed_by(self, released: Released) -> int:
         """How many blocks releasing `released` returns to the free queue."""
@@ -676,6 +667,8 @@ class KVCacheManager(Inspection):
             if request.sources:
                 self._give_back(request.sources)
                 request.sources = []
+        if self._tails is not None and self._tails.flying:  # what is still in flight
+            self._tails.land(self.pool, [self._requests[r] for r in self._in_flight])
         return registered
 
     def accept(self, rid: str, tokens: Sequence[int]) -> int:
@@ -744,7 +737,8 @@ class KVCacheManager(Inspection):
         """Implements ALLOC-VIS-3: the blocks published for a chunk that will not run lose
         their keys, unless another request took one as a hit: then the release is refused."""
         blocks = self._commits.withdrawn(self.pool, request)
-        read = [b for b in blocks if self.pool.ref_count[b] > 1]
+        sourced = self._tails.sourced(self._requests.values()) if self._tails else {}
+        read = [b for b in blocks if self.pool.ref_count[b] - sourced.get(b, 0) > 1]
         if read:
             raise RequestStateError(
                 f"request {rid!r} has a chunk in flight whose block {read[0]} another request "
@@ -753,6 +747,8 @@ class KVCacheManager(Inspection):
             )
         for block in blocks:
             self.pool.withdraw(block)
+        if self._tails is not None:
+            self._tails.flying.difference_update(blocks)
 
     def _give_back(self, held: Released, cold: bool = False) -> int:
         """Release (group, position, block) entries in the order the eviction profile sets

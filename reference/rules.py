@@ -48,6 +48,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "HIT-UNIT-2": (unit_hits.find_unit_hit,),
     "HIT-UNIT-3": (unit_hits.find_unit_hit,),
     "HIT-UNIT-4": (unit_hits.find_unit_hit,),
+    "HIT-UNIT-5": (unit_hits.find_unit_hit, tails.Tails.land),
     "HASH-EXTRA-1": (hashing.encode_extras,),
     "HASH-CHAIN-1": (hashing.Chain.extend,),
     "HASH-UNIT-1": (Keying.unit_keys,),

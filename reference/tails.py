@@ -23,10 +23,12 @@ index of the pool (`BlockPool.tails`), with the same earliest-holder rule (ALLOC
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
-from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention, Visibility
+from kvcert.reference.commit import Registrar
+from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
@@ -42,11 +44,6 @@ def unit_refusal(config: CacheConfig) -> str | None:
         return f"{unit} needs retention='dense': sparse retention keeps whole blocks only"
     if config.eviction is Eviction.HYBRID:
         return f"{unit} needs eviction 'lru' or 'lru-unkeyed-first': hybrid reads block keys only"
-    if config.visibility is not Visibility.STEP_END:
-        return (
-            f"{unit} needs visibility='step-end': a hit inside a block copies it before the "
-            "step's pass, so a block published in that step would be copied unwritten"
-        )
     if any(g.draft for g in config.groups):
         return (
             f"{unit} with draft groups is not specified (where a draft layer's tail key ends, "
@@ -78,6 +75,20 @@ class Tails:
         self.served = [
             Layered(whole, part) for whole, part in zip(pool.served, tails.served, strict=True)
         ]
+        # same-pass: the blocks published (ALLOC-VIS-2) for a pass that has not run; a hit
+        # may name them in a table, never copy them (HIT-UNIT-5)
+        self.flying: set[int] = set()
+
+    @staticmethod
+    def sourced(requests: Iterable[Request]) -> Counter[int]:
+        """How many copy sources of chunks in flight hold each block: they read it under a
+        tail key an earlier step registered, so withdrawing its block key spares them."""
+        return Counter(b for r in requests for _, _, b in r.sources)
+
+    def land(self, pool: BlockPool, in_flight: list[Request]) -> None:
+        """A step ended: only the chunks still in flight (`in_flight`) keep blocks unwritten.
+        Blocks of a chunk released while dispatched land with the first step that ends."""
+        self.flying = {b for r in in_flight for b in Registrar.withdrawn(pool, r)}
 
     @staticmethod
     def refuse(call: str) -> None:
@@ -145,6 +156,17 @@ class Tails:
             key = chain.digests[tail // chain.size - 1]
             registered += self.index.bind(block, g, key) >= 0
         return registered
+
+
+def copy_sources(
+    request: Request, kept: list[Source], wanted: list[Sequence[int]]
+) -> list[Sequence[int]]:
+    """ALLOC-UNIT-4: each keyed block `kept` becomes a copy source held until the step ends,
+    and its position a fresh block to fill; returns the positions to fill."""
+    for g, j, _ in kept:
+        request.tables[g][j] = NULL_BLOCK
+    request.sources = kept
+    return with_targets(wanted, kept)
 
 
 def with_targets(wanted: list[Sequence[int]], sources: Sequence[Source]) -> list[Sequence[int]]:

@@ -9,13 +9,15 @@ The search:
 1. Each group's cache is read per block as its *reach*: how far the content of the block that
    serves the furthest key inside it goes (B when the block's own key is served, else the
    largest served partial position, else nothing). Keys are probed lazily, each at most once.
-2. A full-attention group accepts exactly the multiples of U up to its cached prefix plus
-   the reach of the block after it (downward closed at unit granularity: THM-UNIT-FULL-DOWN),
-   which caps every candidate.
-3. From the largest multiple of U under the cap downwards, the first length every other group
+   A hit ending inside a block copies it, so there the *copyable* reach counts: the same,
+   skipping a block key whose block is in flight (same-pass, HIT-UNIT-5).
+2. A full-attention group accepts the multiples of U up to its cached prefix plus the
+   copyable reach of the block after it (THM-UNIT-FULL-DOWN), which caps every candidate;
+   below the cap it refuses only lengths inside a block whose copyable reach falls short.
+3. From the largest multiple of U under the cap downwards, the first length every group
    accepts is the hit (HIT-HYB-1); under drop keying the next one (HIT-SPEC-2). A sliding
-   window or chunk needs the whole blocks before the block L ends in and that block's reach up
-   to L (HIT-UNIT-2); a state group its key at exactly L (HIT-UNIT-3).
+   window or chunk needs the whole blocks before the block L ends in and that block's
+   copyable reach up to L (HIT-UNIT-2); a state group its key at exactly L (HIT-UNIT-3).
 
 This is a descending scan over units, not the block search's jumps: its cost grows with the
 candidates below the cap times the blocks a window needs. tests/differential holds it equal to
@@ -24,7 +26,7 @@ kvcert.spec on Hypothesis-drawn views.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Container, Hashable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -40,37 +42,59 @@ K = TypeVar("K", bound=Hashable)  # a key: a digest, or a position in the hit su
 class _Reach:
     """One group's cache, read per block: how far each block's cached content reaches."""
 
-    def __init__(self, group: GroupConfig, unit: int, keys: Sequence[K], served: ServedMap[K]):
+    def __init__(
+        self,
+        group: GroupConfig,
+        unit: int,
+        keys: Sequence[K],
+        served: ServedMap[K],
+        in_flight: Container[int],
+    ):
         self._size = group.block_size
         self._per_block = group.block_size // unit
         self._unit = unit
         self._keys = keys
         self._served = served
+        self._in_flight = in_flight
         self._memo: dict[int, tuple[int, int]] = {}
+        self._copyable: dict[int, tuple[int, int]] = {}
 
     def block(self, j: int) -> tuple[int, int]:
         """(tokens reached, block id) for block j; (j * B, NULL_BLOCK) when nothing is held."""
         found = self._memo.get(j)
         if found is None:
-            found = (j * self._size, NULL_BLOCK)
-            last = min((j + 1) * self._per_block, len(self._keys))
-            for i in range(last - 1, j * self._per_block - 1, -1):  # the furthest key first
-                block_id = self._served.get(self._keys[i], NULL_BLOCK)
-                if block_id != NULL_BLOCK:
-                    found = ((i + 1) * self._unit, block_id)
-                    break
+            found = self._furthest(j, copy=False)
             self._memo[j] = found
         return found
 
+    def copyable(self, j: int) -> tuple[int, int]:
+        """As `block`, for a hit ending inside block j, which copies it: a block key whose
+        block is in flight does not count (HIT-UNIT-5)."""
+        found = self._copyable.get(j)
+        if found is None:
+            found = self._furthest(j, copy=True)
+            self._copyable[j] = found
+        return found
+
+    def _furthest(self, j: int, copy: bool) -> tuple[int, int]:
+        whole = (j + 1) * self._per_block - 1  # the index of block j's own key
+        last = min(whole + 1, len(self._keys))
+        for i in range(last - 1, j * self._per_block - 1, -1):  # the furthest key first
+            block_id = self._served.get(self._keys[i], NULL_BLOCK)
+            if block_id != NULL_BLOCK and not (copy and i == whole and block_id in self._in_flight):
+                return (i + 1) * self._unit, block_id
+        return j * self._size, NULL_BLOCK
+
     def holds(self, first_token: int, length: int) -> bool:
-        """Whether every token of [first_token, length) is held (HIT-UNIT-2)."""
+        """Whether every token of [first_token, length) is held (HIT-UNIT-2), the block a
+        hit ending inside copies by its copyable reach (HIT-UNIT-5)."""
         if first_token >= length:
             return True
         size = self._size
         whole = length // size
         if any(self.block(j)[0] < (j + 1) * size for j in range(first_token // size, whole)):
             return False
-        return length % size == 0 or self.block(whole)[0] >= length
+        return length % size == 0 or self.copyable(whole)[0] >= length
 
     def at(self, length: int) -> int:
         """The block id serving the key at exactly `length` (a state checkpoint), or NULL."""
@@ -91,6 +115,9 @@ def _accepts(group: GroupConfig, reach: _Reach, length: int) -> bool:
         return True
     if group.kind is Kind.MAMBA:
         return group.mode is not MambaMode.NONE and reach.at(length) != NULL_BLOCK
+    if group.kind is Kind.FULL:  # at or below _full_bound: every earlier block is whole
+        size = group.block_size
+        return length % size == 0 or reach.copyable(length // size)[0] >= length
     return reach.holds(_first_token(group, length), length)
 
 
@@ -99,15 +126,17 @@ def find_unit_hit(
     num_tokens: int,
     unit_keys: Sequence[Sequence[K]],
     served: Sequence[ServedMap[K]],
+    in_flight: Container[int] = frozenset(),
 ) -> tuple[int, list[list[int]]]:
     """The hit length and, per group, its block list (HIT-UNIT-4: one entry per block the
     hit reaches, the block L falls in being the copy source when L is inside it).
 
     `unit_keys[g][i]` is the request's key for its first (i + 1) * U tokens in group g (as
-    many as the group can key), `served[g]` maps a key to the block serving it.
+    many as the group can key), `served[g]` maps a key to the block serving it, `in_flight`
+    holds the blocks published for a pass that has not run (same-pass visibility).
 
-    Implements HIT-LEN-1, HIT-UNIT-1, HIT-UNIT-2, HIT-UNIT-3, HIT-UNIT-4, HIT-HYB-1,
-    HIT-SPEC-1, HIT-SPEC-2."""
+    Implements HIT-LEN-1, HIT-UNIT-1, HIT-UNIT-2, HIT-UNIT-3, HIT-UNIT-4, HIT-UNIT-5,
+    HIT-HYB-1, HIT-SPEC-1, HIT-SPEC-2."""
     unit = config.hit_unit
     if unit is None:
         raise ConfigError(
@@ -116,17 +145,17 @@ def find_unit_hit(
         )
     groups = config.groups
     reaches = [
-        _Reach(g, unit, unit_keys[i], served[i]) if g.kind is not Kind.CROSS else None
+        _Reach(g, unit, unit_keys[i], served[i], in_flight) if g.kind is not Kind.CROSS else None
         for i, g in enumerate(groups)
     ]
     bound = num_tokens - 1
     for group, reach in zip(groups, reaches, strict=True):
         if group.kind is Kind.FULL and reach is not None:
             bound = min(bound, _full_bound(group, reach, bound))
-    others = [
+    others = [  # full groups too: below the cap one may refuse a length inside a block
         (g, r)
         for g, r in zip(groups, reaches, strict=True)
-        if r is not None and g.kind is not Kind.FULL
+        if r is not None and (g.kind is not Kind.FULL or in_flight)
     ]
     found: list[int] = []
     length = bound // unit * unit
@@ -144,12 +173,12 @@ def find_unit_hit(
 
 def _full_bound(group: GroupConfig, reach: _Reach, cap: int) -> int:
     """The longest prefix a full group holds, up to `cap`: its whole cached blocks, then the
-    reach of the block after them."""
+    copyable reach of the block after them (a hit ending inside it copies it)."""
     size = group.block_size
     j = 0
     while (j + 1) * size <= cap and reach.block(j)[0] == (j + 1) * size:
         j += 1
-    return min(cap, max(j * size, reach.block(j)[0]))
+    return min(cap, max(j * size, reach.copyable(j)[0]))
 
 
 def _table(group: GroupConfig, reach: _Reach, hit: int) -> list[int]:
@@ -165,4 +194,6 @@ def _table(group: GroupConfig, reach: _Reach, hit: int) -> list[int]:
     if first_token < hit:  # the blocks of the units HIT-UNIT-2 needs: from first_token's on
         for j in range(first_token // size, count):
             table[j] = reach.block(j)[1]
+        if hit % size:  # the copy source (HIT-UNIT-4, HIT-UNIT-5)
+            table[-1] = reach.copyable(count - 1)[1]
     return table

@@ -1388,11 +1388,16 @@ def withdraw(state: State, rid: str) -> State:
     """ALLOC-VIS-3: Releasing a request whose chunk is in flight withdraws the chunk: the
     blocks ALLOC-VIS-2 published for it lose their keys (the pass that would write them
     will not run for it), and the release is refused while another request holds one of
-    them, whose hit would read KV that no pass writes.
+    them in its table, whose hit would read KV that no pass writes.
+
+    Under `unit U` a block's partial key, registered when an earlier step ended, stays with
+    the content it names: a copy source read under it (HIT-UNIT-5) reads KV that was
+    written, so it does not refuse the release.
 
         a scheduled 0..63, blocks 5 6 7 8 published; b took 5 6 7 (a hit of 48)
         Preempt(a) before the step ends:  refused (b holds 5)
         Preempt(a) with no reader:        5 6 7 8 lose their keys, then ALLOC-FREE-1
+        unit U: 8 keyed at 56 since step 1, c copies it:  8 keeps that key and tokens 0..55
 
     pre: rid in state.requests and state.requests[rid].published
     post: __return__.free == state.free
@@ -1411,8 +1416,16 @@ def withdraw(state: State, rid: str) -> State:
                 f"{readers[0] if readers else ''!r} took as a same-pass hit (ALLOC-VIS-2): "
                 "releasing it now leaves that KV unwritten; end the step first",
             )
-            blocks[b] = dataclasses.replace(blocks[b], key=None, content=None)
+            blocks[b] = dataclasses.replace(blocks[b], key=None, content=_older(blocks[b]))
     return dataclasses.replace(state, blocks=tuple(blocks))
+
+
+def _older(block: Block) -> Content | None:
+    """What a withdrawn block still holds: the content its partial key names, or nothing."""
+    if block.partial is None or block.content is None:
+        return None
+    g, tokens, extras = block.content
+    return g, tokens[: block.partial_at], extras_within(extras, block.partial_at)
 
 
 def reset_cache(state: State) -> tuple[State, Observation]:

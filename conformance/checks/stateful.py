@@ -127,7 +127,7 @@ def with_unit(
     layout: Layout,
     pick: int,
     eviction: spec.Eviction,
-    visibility: spec.Visibility,
+    visibility: spec.Visibility,  # either serves `unit U` (same-pass through HIT-UNIT-5)
     retention: Retention,
 ) -> Layout:
     """`layout` under `unit U` for a nonzero `pick` (U: the pick-th smallest divisor of the
@@ -135,7 +135,6 @@ def with_unit(
     ALLOC-UNIT-1 serves the profiles; else `layout` itself."""
     served = (
         eviction is not spec.Eviction.HYBRID
-        and visibility is spec.Visibility.STEP_END
         and retention is Retention.DENSE
         and not any(is_draft(g) for g in layout.groups)
     )

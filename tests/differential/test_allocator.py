@@ -25,8 +25,8 @@ class ReferenceAgainstSpec(machine_for(ReferenceEngine)):  # type: ignore[misc]
 
 
 UNIT_PROFILES = frozenset(
-    {"eviction.lru", "eviction.lru-unkeyed-first", "visibility.step-end", "retention.dense",
-     "hit.unit"}
+    {"eviction.lru", "eviction.lru-unkeyed-first", "visibility.step-end", "visibility.same-pass",
+     "retention.dense", "hit.unit"}
 )  # fmt: skip
 
 
@@ -38,8 +38,9 @@ class ReferenceAgainstSpecUnderUnit(
         ReferenceEngine, features=UNIT_FEATURES, profiles=UNIT_PROFILES, every_run_unit=True
     )
 ):
-    """The same machine with every run under `unit U` (ALLOC-UNIT-1..4): tail keys, the
-    copies of hits inside blocks and of kept state checkpoints."""
+    """The same machine with every run under `unit U` (ALLOC-UNIT-1..4, HIT-UNIT-5): tail
+    keys, the copies of hits inside blocks and of kept state checkpoints, under step-end and
+    same-pass visibility."""
 
 
 def test_reference_matches_the_spec_for_ten_thousand_steps():

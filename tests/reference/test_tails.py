@@ -30,7 +30,6 @@ def manager(**settings: object) -> KVCacheManager:
     [
         ({"retention": "sparse"}, "retention='dense'"),
         ({"eviction": "hybrid"}, "lru-unkeyed-first"),
-        ({"visibility": "same-pass"}, "visibility='step-end'"),
         ({"record_events": True}, "record_events"),
         ({"count_dead_evictions": True}, "count_dead_evictions"),
     ],
@@ -61,6 +60,50 @@ def test_a_resend_copies_both_tails_and_the_sources_go_back_at_the_step_end():
     free = kv.stats().free_blocks
     kv.end_step()
     assert kv.stats().free_blocks == free + 2  # both sources released
+
+
+LONG = [*PROMPT, *range(200, 228)]  # 128 tokens: blocks 0 and 1 whole
+
+
+def test_same_pass_serves_a_block_in_flight_as_a_table_entry_never_a_copy():
+    """HIT-UNIT-5 (the spec's worked example): b re-sends a's prompt in a's step; a hit
+    ending inside block 1 would copy a's block 1 before a's pass writes it."""
+    kv = KVCacheManager(CacheConfig((GroupConfig(Kind.FULL, 64),), 20, hit_unit=16,
+                                    visibility="same-pass"))  # fmt: skip
+    a = kv.admit("a", LONG, 128)
+    b = kv.admit("b", LONG, 128)
+    assert (b.hit, b.copies) == (64, ())
+    assert b.tables[0][0] == a.tables[0][0]
+    kv.end_step()
+    c = kv.admit("c", LONG, 128)
+    assert c.hit == 112
+    assert c.copies == ((0, a.tables[0][1], c.tables[0][1]),)
+
+
+def test_a_chunk_withdrawn_or_ended_leaves_no_block_in_flight():
+    kv = KVCacheManager(CacheConfig((GroupConfig(Kind.FULL, 64),), 20, hit_unit=16,
+                                    visibility="same-pass"))  # fmt: skip
+    kv.admit("a", LONG, 128)
+    assert kv._tails is not None
+    assert len(kv._tails.flying) == 2
+    kv.preempt("a")  # nobody read its blocks: they lose their keys (ALLOC-VIS-3)
+    assert kv._tails.flying == set()
+    kv.admit("a", LONG, 128)
+    kv.end_step()
+    assert kv._tails.flying == set()
+
+
+def test_a_copy_source_does_not_stop_a_withdrawal():
+    """ALLOC-VIS-3 refuses only table readers: b reads a's block under its older tail key."""
+    kv = KVCacheManager(CacheConfig((GroupConfig(Kind.FULL, 4),), 4, hit_unit=1,
+                                    visibility="same-pass"))  # fmt: skip
+    a = kv.admit("a", [1, 2, 3], 3)
+    kv.end_step()
+    b = kv.admit("b", [1, 2], 2)
+    assert b.copies == ((0, a.tables[0][0], b.tables[0][0]),)
+    kv.extend("a", 1, [0])
+    assert kv.finish("a") == 0
+    assert kv.lookup([1, 2, 3, 9])[0] == 2  # the tail key stayed
 
 
 def test_pipelining_calls_are_refused_under_the_unit_profile():

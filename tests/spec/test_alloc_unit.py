@@ -273,6 +273,28 @@ def test_a_block_in_flight_is_copied_under_a_key_an_earlier_step_registered():
     assert b.copies == ((0, older, b.tables[0][1]),)  # not a's block 1: a's pass writes it
 
 
+def test_withdrawing_a_block_keeps_its_older_tail_key_for_the_copies_reading_it():
+    """Found by the differential machine: a keyed its block at 2 (step 1); b copies it; a's
+    next chunk publishes the block whole and a is released before its pass. The block loses
+    its block key, keeps the tail key and the content it names, and b's copy stays sound."""
+    full = Layout((FullAttention(4),), hit_unit=1)
+    state = pool(full, 4, visibility="same-pass")
+    state, (a, _, b, _, released) = run(
+        state,
+        Admit("a", (1, 2, 3), 3),
+        EndStep(),
+        Admit("b", (1, 2), 2),
+        Extend("a", 1, appended=(0,)),
+        Finish("a"),
+    )
+    block = state.blocks[a.tables[0][0]]
+    assert b.copies == ((0, a.tables[0][0], b.tables[0][0]),)
+    assert released == spec.Released(0)  # b still holds the source
+    assert block.key is None
+    assert block.partial_at == 2
+    assert block.content == (0, (1, 2), ())
+
+
 def test_docstring_example_of_the_unit_reach():
     from kvcert.spec.acceptance import unit_reach
 
