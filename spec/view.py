@@ -156,14 +156,14 @@ class CacheView:
         label = f"group {index} ({self.layout.groups[index].name!r})"
         if not isinstance(blocks, frozenset):  # type guard: Python callers only
             refuse(InvalidRequest, f"{label}: blocks in flight must be a frozenset of indices")
-        if blocks and self.layout.hit_unit is None:
+        if blocks and self.layout.hit_unit is None:  # direct callers only: no vector lists them
             refuse(
                 InvalidRequest,
                 f"{label}: blocks in flight {sorted(blocks)} matter only to copies, which need "
                 "the hit-granularity profile `unit U` (HIT-UNIT-5); leave in_flight empty",
             )
         stray = sorted(blocks - self.cached[index])
-        if stray:
+        if stray:  # direct callers only
             refuse(
                 InvalidRequest,
                 f"{label}: blocks in flight {stray} are not cached; a block in flight is a "

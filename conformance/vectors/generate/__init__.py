@@ -55,7 +55,11 @@ from kvcert.conformance.vectors.generate.unit import (
     unit_hybrid_hits,
     unit_scenarios,
 )
-from kvcert.conformance.vectors.generate.unit_alloc import unit_alloc_scenarios, unit_traces
+from kvcert.conformance.vectors.generate.unit_alloc import (
+    same_pass_scenarios,
+    unit_alloc_scenarios,
+    unit_traces,
+)
 from kvcert.spec import SPEC_VERSION
 from kvcert.spec import alloc as spec
 
@@ -91,6 +95,7 @@ def step_end_suites() -> dict[str, list[JSON]]:
         "hit/unit.json": [*unit_scenarios(), *unit_hits(150), *unit_hybrid_hits(200)],
         "alloc/unit.json": [
             *unit_alloc_scenarios(),
+            *same_pass_scenarios(),
             *unit_traces(60, 7000, spec.Eviction.LRU),
             *unit_traces(30, 8000, spec.Eviction.LRU_UNKEYED_FIRST),
         ],
@@ -122,6 +127,8 @@ RETIRED = {
     "page.model.qwen3-5-0-8b.auto": "the same plan as page.vllm-544, which keeps its origin",
     "alloc.refuse.unit-allocator-not-specified": "spec 0.7.0 specifies the allocator's side "
     "of `unit U` (ALLOC-UNIT-1..4): alloc/unit.json, and ALLOC-UNIT-1's refusals",
+    "alloc.refuse.unit-same-pass": "spec 0.8.0 serves same-pass visibility under `unit U` "
+    "(HIT-UNIT-5): alloc/unit.json's same-pass scenarios and alloc/same-pass.json's twins",
 }
 
 

@@ -12,7 +12,7 @@ from kvcert.conformance.contract.codec import (
     layout_from_json,
     op_from_json,
 )
-from kvcert.conformance.vectors.generate.cases import OTHER, PROMPT, alloc_case, under_unit
+from kvcert.conformance.vectors.generate.cases import OTHER, PROMPT, alloc_case
 from kvcert.conformance.vectors.generate.hit import FULL, SW
 from kvcert.spec import (
     Extra,
@@ -485,8 +485,7 @@ def same_pass_twins(files: dict[str, list[JSON]]) -> Iterator[JSON]:
         if not path.startswith("alloc/"):
             continue
         for case in cases:
-            # under `unit U` the allocator refuses same-pass (ALLOC-UNIT-1; refusal vectors)
-            if "visibility.step-end" in case["requires"] and not under_unit(case):
+            if "visibility.step-end" in case["requires"]:
                 yield replayed(
                     case, "same-pass", ("ALLOC-VIS-2",), visibility=spec.Visibility.SAME_PASS
                 )

@@ -265,9 +265,6 @@ def unit_refusals(full: JSON) -> Iterator[JSON]:
         ("hit.unit", "kind.full", "kind.mamba.none"),
     )  # fmt: skip
     for label, (family, value), why in (
-        ("same-pass", ("visibility", "same-pass"),
-         "a hit inside a block copies it before the step's pass, so a block same-pass "
-         "visibility published in that step would be copied unwritten (ALLOC-UNIT-1)"),
         ("sparse", ("retention", "sparse"),
          "sparse retention keeps whole blocks; which tail keys it keeps is not defined "
          "(ALLOC-UNIT-1)"),

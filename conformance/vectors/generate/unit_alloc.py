@@ -143,6 +143,46 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
 
 
+def same_pass_scenarios() -> Iterator[JSON]:
+    """HIT-UNIT-5 and ALLOC-VIS-3 under `unit U`: what a block in flight may serve."""
+    full = Layout((FullAttention(8),), hit_unit=2)
+    prompt = PROMPT[:16]  # blocks 0 and 1 whole; a re-send's limit 15 ends inside block 1
+    same = spec.Visibility.SAME_PASS
+    yield alloc_case(
+        "alloc.unit.same-pass-block-in-flight-not-copied",
+        full, 12,
+        [spec.Admit("a", prompt, 16), spec.Admit("b", prompt, 16), spec.EndStep(),
+         spec.Admit("c", prompt, 16), spec.EndStep()], "vllm --prefix-match-unit",
+        "a publishes blocks 0 and 1 as its chunk is scheduled (ALLOC-VIS-2); b, in the same "
+        "step, may take block 0 as a table entry (its pass reads it after a's pass writes it) "
+        "but not copy block 1 for a hit of 14, which would read KV a's pass has not written "
+        "(HIT-UNIT-5): b hits 8; c, a step later, hits 14 copying a's block 1",
+        focus=("HIT-UNIT-5", "ALLOC-UNIT-3"), visibility=same,
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.same-pass-older-tail-key-copied",
+        full, 12,
+        [*_written(PROMPT[:13], 13), spec.Admit("b", prompt, 16), spec.Admit("c", prompt, 16),
+         spec.EndStep()], None,
+        "the writer keyed block 1 at 12 when its step ended; b resumes there and publishes its "
+        "own block 1 whole, in flight; c, in b's step, copies the writer's block under the "
+        "older tail key (hit 12), not b's (hit 14 would copy it unwritten)",
+        focus=("HIT-UNIT-5", "ALLOC-UNIT-3"), visibility=same,
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.same-pass-withdrawal-keeps-tail-key",
+        full, 12,
+        [spec.Admit("a", PROMPT[:11], 11), spec.EndStep(), spec.Admit("b", PROMPT[:11], 11),
+         spec.Extend("a", 5, PROMPT[11:16]), spec.Finish("a"), spec.EndStep(),
+         spec.Finish("b"), spec.Admit("c", PROMPT[:11], 11)], None,
+        "a keys block 1 at 10; b copies it; a's next chunk publishes block 1 whole and a is "
+        "released before its pass: the block loses its block key but keeps the tail key and "
+        "the KV it names, so the release is not refused (b reads only that) and c still hits "
+        "10 (ALLOC-VIS-3)",
+        focus=("ALLOC-VIS-3", "HIT-UNIT-5"), visibility=same,
+    )  # fmt: skip
+
+
 def _unit_layout(rnd: random.Random) -> Layout:
     """A small layout without draft groups, under a unit below its smallest block size."""
     kinds: list[Callable[[], Group]] = [
