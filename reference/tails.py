@@ -87,7 +87,8 @@ class Tails:
 
     def land(self, pool: BlockPool, in_flight: list[Request]) -> None:
         """A step ended: only the chunks still in flight (`in_flight`) keep blocks unwritten.
-        Blocks of a chunk released while dispatched land with the first step that ends."""
+        Blocks of a chunk released while dispatched land with the first step that ends.
+        Implements HIT-UNIT-5's side of the bookkeeping (find_unit_hit reads `flying`)."""
         self.flying = {b for r in in_flight for b in Registrar.withdrawn(pool, r)}
 
     @staticmethod
