@@ -215,21 +215,26 @@ def unit_accepts(
     """
     size = group.block_size
     units = needed_blocks(replace(group, block_size=unit), length)
-    reach = unit_reach(size, cached, partial, length, in_flight)
+    reach: dict[int, int] = {}  # block -> the furthest token its cached content reaches
+    for position in partial:
+        block = position // size
+        reach[block] = max(reach.get(block, 0), position)
+    for block in cached:
+        reach[block] = (block + 1) * size
+    copied = length // size if length % size else None  # the block a hit ending inside copies
+    if copied in in_flight:  # a case cites the rules it reaches
+        reach = uncopied(reach, size, partial, copied)
     return all(reach.get(u * unit // size, -1) >= (u + 1) * unit for u in units)
 
 
-def unit_reach(
-    size: int,
-    cached: frozenset[int],
-    partial: frozenset[int],
-    length: int,
-    in_flight: frozenset[int] = frozenset(),
+def uncopied(
+    reach: dict[int, int], size: int, partial: frozenset[int], block: int
 ) -> dict[int, int]:
     """HIT-UNIT-5: Under same-pass visibility a block in flight (published by ALLOC-VIS-2 for a
     chunk whose pass has not run) holds its units for a hit ending at or past its end, never
     for a hit ending inside it: that hit copies the block before the pass (ALLOC-UNIT-3), and
-    the copy would read KV nobody has written yet.
+    the copy would read KV nobody has written yet; only its partial keys (registered when an
+    earlier step ended) reach into it then.
 
         full B=4, U=1; block 0 cached, block 1 cached but in flight (a's chunk writes it now)
         blocks        | 0 0 0 0 | 1 1 1 1 |
@@ -238,20 +243,15 @@ def unit_reach(
         L=6  with a partial key at 7 registered when an earlier step ended: accepted, the
              copy reads the block under that older key
 
-    Returns block -> the furthest token its cached content reaches for a hit of `length`.
+    Returns `reach` (block -> the furthest token its content reaches) with `block`, the one
+    the hit ends inside, reaching only as far as its partial keys.
 
-    pre: size >= 1 and length >= 0
-    post: all(r <= (j + 1) * size for j, r in __return__.items())
+    pre: size >= 1 and block >= 0
+    post: __return__.get(block, block * size) < (block + 1) * size
     """
-    reach: dict[int, int] = {}
-    for position in partial:
-        block = position // size
-        reach[block] = max(reach.get(block, 0), position)
-    copied = length // size if length % size else None  # the block a hit ending inside copies
-    for block in cached:
-        if block != copied or block not in in_flight:
-            reach[block] = (block + 1) * size
-    return reach
+    inside = [p for p in partial if p // size == block]
+    kept = {j: r for j, r in reach.items() if j != block}
+    return {**kept, block: max(inside)} if inside else kept
 
 
 def state_unit_accepts(

@@ -114,9 +114,10 @@ def views(
 
 
 @st.composite
-def unit_views(draw: st.DrawFn, max_tokens: int = 60) -> CacheView:
+def unit_views(draw: st.DrawFn, max_tokens: int = 60, flight: bool = False) -> CacheView:
     """A cache view under the hit-granularity profile `unit U` (U a divisor of every
-    cacheable block size), with partial keys drawn per group (HIT-UNIT-1..4)."""
+    cacheable block size), with partial keys drawn per group (HIT-UNIT-1..4) and, with
+    `flight`, attention blocks in flight (HIT-UNIT-5)."""
     body = draw(layouts(max_groups=3))
     sizes = math.gcd(*(g.block_size for g in body.groups if is_cacheable(g)))
     unit = draw(st.sampled_from([d for d in range(1, sizes + 1) if sizes % d == 0]))
@@ -131,7 +132,15 @@ def unit_views(draw: st.DrawFn, max_tokens: int = 60) -> CacheView:
         inside = [p for p in range(unit, top + 1, unit) if p % g.block_size]
         partial.append(draw(st.sets(st.sampled_from(inside))) if serves and inside
                        else frozenset())  # fmt: skip
-    return CacheView(chosen, num_tokens, tuple(cached), tuple(frozenset(p) for p in partial))
+    in_flight = [
+        frozenset(draw(st.sets(st.sampled_from(sorted(c)))))
+        if flight and c and not isinstance(g, MambaState)
+        else frozenset()
+        for c, g in zip(cached, chosen.groups, strict=True)
+    ]
+    return CacheView(
+        chosen, num_tokens, tuple(cached), tuple(frozenset(p) for p in partial), tuple(in_flight)
+    )
 
 
 # --- page planning: plan-input JSON (kvcert.conformance.contract.plans) ---------------------------

@@ -7,7 +7,8 @@ from hypothesis import given
 from kvcert.conformance.contract.codec import layout_to_json, to_ranges
 from kvcert.conformance.engines.reference_engine import ReferenceEngine, config_from_json
 from kvcert.reference.coordinator import find_hit
-from kvcert.spec import NULL, hybrid_hit
+from kvcert.reference.unit_hits import find_unit_hit
+from kvcert.spec import NULL, MambaState, hybrid_hit
 from tests.strategies import unit_views, views
 
 
@@ -47,3 +48,44 @@ def test_find_unit_hit_equals_the_spec(view):
     expected = hybrid_hit(view)
     answer = ReferenceEngine().run(case)
     assert answer == {"hit": expected.length, "blocks": [list(b) for b in expected.blocks]}
+
+
+@given(unit_views(flight=True))
+def test_find_unit_hit_equals_the_spec_with_blocks_in_flight(view):
+    """Implements HIT-UNIT-5 too: with attention blocks in flight (same-pass), the reference's
+    unit search gives the spec's length, its table entries, and a copy source that is never a
+    block in flight but under a key reaching the hit (the spec's ALLOC-UNIT-3 choice)."""
+    layout, unit = view.layout, view.layout.hit_unit
+    config = config_of(layout, 2)
+    whole = {(g, j): 1 + 1000 * g + j for g, c in enumerate(view.cached) for j in c}
+    part = {(g, p): 500 + 1000 * g + p for g, ps in enumerate(view.partial) for p in ps}
+    keys = [range(view.num_tokens // unit) for _ in layout.groups]  # key i: (i + 1) * U tokens
+    served = []
+    for g, group in enumerate(layout.groups):
+        per_key = {
+            (j + 1) * group.block_size // unit - 1: b for (h, j), b in whole.items() if h == g
+        }
+        per_key |= {p // unit - 1: b for (h, p), b in part.items() if h == g}
+        served.append(per_key)
+    flying = {whole[g, j] for g, f in enumerate(view.in_flight) for j in f}
+    length, tables = find_unit_hit(config, view.num_tokens, keys, served, flying)
+    expected = hybrid_hit(view)
+    assert length == expected.length
+
+    def source(g, j):
+        size = layout.groups[g].block_size
+        if isinstance(layout.groups[g], MambaState):
+            return part[g, length]
+        if j in view.cached[g] and j not in view.in_flight[g]:
+            return whole[g, j]
+        return part[g, max(p for p in view.partial[g] if p // size == j)]
+
+    assert tables == [
+        [
+            0 if j is NULL
+            else source(g, j) if (j + 1) * layout.groups[g].block_size > length
+            else whole[g, j]
+            for j in blocks
+        ]
+        for g, blocks in enumerate(expected.blocks)
+    ]  # fmt: skip

@@ -295,13 +295,15 @@ def test_withdrawing_a_block_keeps_its_older_tail_key_for_the_copies_reading_it(
     assert block.content == (0, (1, 2), ())
 
 
-def test_docstring_example_of_the_unit_reach():
-    from kvcert.spec.acceptance import unit_reach
+def test_docstring_example_of_a_block_in_flight():
+    from kvcert.spec.acceptance import group_accepts, uncopied
 
-    cached, flight = frozenset({0, 1}), frozenset({1})
-    assert unit_reach(4, cached, frozenset(), 8, flight) == {0: 4, 1: 8}
-    assert unit_reach(4, cached, frozenset(), 6, flight) == {0: 4}
-    assert unit_reach(4, cached, frozenset({7}), 6, flight) == {0: 4, 1: 7}
+    full, cached, flight = FullAttention(4), frozenset({0, 1}), frozenset({1})
+    assert group_accepts(full, cached, 8, unit=1, in_flight=flight)
+    assert not group_accepts(full, cached, 6, unit=1, in_flight=flight)
+    assert group_accepts(full, cached, 6, unit=1, partial=frozenset({7}), in_flight=flight)
+    assert uncopied({0: 4, 1: 8}, 4, frozenset(), 1) == {0: 4}
+    assert uncopied({0: 4, 1: 8}, 4, frozenset({5, 7}), 1) == {0: 4, 1: 7}
 
 
 def test_a_view_refuses_blocks_in_flight_it_does_not_cache():

@@ -212,7 +212,7 @@ def all_views(chosen: Layout, max_tokens: int = 8):
 
 def unit_views(max_tokens: int = 4):
     """One- and two-group layouts under `unit 1` with every subset of whole blocks and of
-    partial keys (HIT-UNIT-1..4)."""
+    partial keys (HIT-UNIT-1..4), written or all in flight (HIT-UNIT-5)."""
     plain = [FullAttention(2), SlidingWindow(2, 3), ChunkedLocal(2, 3), MambaState(2)]
     for size in (1, 2):
         for groups in itertools.combinations(plain, size):
@@ -227,6 +227,7 @@ def unit_views(max_tokens: int = 4):
                     cached = tuple(c for c, _ in picked)
                     partial = tuple(p for _, p in picked)
                     yield CacheView(chosen, num_tokens, cached, partial)
+                    yield CacheView(chosen, num_tokens, cached, partial, in_flight=cached)
 
 
 def subsets(items: range) -> list[frozenset[int]]:

@@ -179,7 +179,7 @@ def same_pass_scenarios() -> Iterator[JSON]:
         "released before its pass: the block loses its block key but keeps the tail key and "
         "the KV it names, so the release is not refused (b reads only that) and c still hits "
         "10 (ALLOC-VIS-3)",
-        focus=("ALLOC-VIS-3", "HIT-UNIT-5"), visibility=same,
+        focus=("ALLOC-VIS-3",), visibility=same,
     )  # fmt: skip
 
 
