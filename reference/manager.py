@@ -43,7 +43,7 @@ from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying, Layered
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
-from kvcert.reference.tails import Tails, copies, copy_sources, unit_refusal, with_targets
+from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
 from kvcert.reference.unit_hits import find_unit_hit
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
@@ -217,12 +217,16 @@ class KVCacheManager(Inspection):
 
     # -- allocation -------------------------------------------------------------------------
 
-    def _fill(self, request: Request, wanted: list[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-        """Give every wanted position a new block; returns the new blocks per group."""
+    def _fill(
+        self, request: Request, wanted: list[Sequence[int]], kept: Sequence[Source] = ()
+    ) -> tuple[tuple[int, ...], ...]:
+        """Give every wanted position a new block, then each keyed state block `kept` one to
+        be copied out into (ALLOC-UNIT-4); returns the new blocks per group."""
         count = sum(map(len, wanted))
-        if not count:
+        if not count + len(kept):
             return self._no_blocks
-        fresh = self.pool.allocate(count)
+        fresh = self.pool.allocate(count + len(kept))
+        request.keeps = [(g, j, f) for (g, j, _), f in zip(kept, fresh[count:], strict=True)]
         added: list[tuple[int, ...]] = []
         used = 0
         for g, positions in enumerate(wanted):
@@ -566,7 +570,7 @@ class KVCacheManager(Inspection):
             request.scheduled, request.lookahead, request.checkpoints, request.decoding = before
             return self._waiting(count, self.pool.num_free + freed, held)
         self._drop(request, released)
-        added = self._fill(request, copy_sources(request, kept, wanted))
+        added = self._fill(request, wanted, kept)
         if appended:
             request.tokens.extend(appended)  # digested when a block of them commits
         self._planner.plan_quiet(request)
@@ -659,6 +663,8 @@ class KVCacheManager(Inspection):
             if request.computed >= request.commit_at or self._tails is not None:  # else none
                 committing.append((rid, request, before))
         committing.sort(key=itemgetter(0))
+        if self._tails is not None:  # ALLOC-UNIT-4: kept checkpoints take their tail keys
+            self._give_back(self._tails.move_kept(r for _, r, _ in committing))
         for rid, request, before in committing:
             registered += self._commits.register(self.pool, rid, request, before)
             if self._tails is not None:  # ALLOC-UNIT-2
@@ -726,10 +732,10 @@ class KVCacheManager(Inspection):
         del self._requests[rid]
         self._in_flight.pop(rid, None)
         pool = self.pool
-        if request.sources:  # a chunk in flight copying blocks: its sources go after its tables
+        if request.sources or request.keeps:  # a chunk copying blocks: they go after its table
             held = [(g, j, b) for g, t in enumerate(request.tables)
                     for j in range(len(t) - 1, -1, -1) if (b := t[j]) != NULL_BLOCK]  # fmt: skip
-            return self._give_back([*held, *request.sources])
+            return self._give_back([*held, *request.sources, *request.keeps])
         batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
         return sum(pool.release(batch) for batch in batches)
 

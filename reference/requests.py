@@ -95,6 +95,7 @@ class Request:
         "extras",
         "held_from",
         "junction",
+        "keeps",
         "lookahead",
         "pipelined",
         "prompt_length",
@@ -139,6 +140,9 @@ class Request:
         self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
         self.prompt_length = len(prompt.tokens)  # sparse retention keeps its boundaries
         self.junction = 0  # RET-JUNCTION-1's length when admitted (sparse retention only)
-        # `unit U`: (group, position, block) of the blocks the chunk in flight copies, held
-        # until its step ends (ALLOC-UNIT-3/-4)
+        # `unit U`: (group, position, block) of the blocks the chunk in flight copies into
+        # its table, held until its step ends (ALLOC-UNIT-3)
         self.sources: list[tuple[int, int, int]] = []
+        # `unit U`: (group, position, block) of the fresh blocks the keyed state block at
+        # that position is copied into before the chunk overwrites it (ALLOC-UNIT-4)
+        self.keeps: list[tuple[int, int, int]] = []

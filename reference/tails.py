@@ -11,8 +11,9 @@ Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
   has computed token T - 1, a state group's only when a step ended exactly at T.
 - ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
   one; the source is held until the step ends.
-- ALLOC-UNIT-4 (`Tails.keep`): a state block keyed inside a block is copied before a chunk
-  overwrites it.
+- ALLOC-UNIT-4 (`Tails.keep`, `Tails.move_kept`): a state block keyed inside a block is copied
+  out into a fresh block before its writer's chunk overwrites it; the copy takes the key when
+  the step ends, so the writer's table (which vLLM's worker only appends to) never changes.
 
 Keys. One digest chain at granularity U serves every group (kvcert.reference.hashing): the
 digest after P tokens certifies exactly the tokens [0, P), so a block's key (P a block end)
@@ -132,6 +133,22 @@ class Tails:
                 sources.append((g, j, block))
         return sources
 
+    def move_kept(self, requests: Iterable[Request]) -> list[Source]:
+        """ALLOC-UNIT-4 when the step ends: each kept block's tail key moves to its copy
+        (registered anew); returns the copies, for the caller to release (cached)."""
+        moved: list[Source] = []
+        tails = self.index
+        for request in requests:
+            for g, j, fresh in request.keeps:
+                block = request.tables[g][j]
+                key = tails.key_of(block)
+                if key is not None:
+                    tails.unbind(block)
+                    tails.bind(fresh, g, key)
+            moved += request.keeps
+            request.keeps = []
+        return moved
+
     def register(self, request: Request, before: int) -> int:
         """ALLOC-UNIT-2 for a request whose computed count moved from `before`: key the block
         its prompt's tail falls inside; returns how many keys were registered."""
@@ -159,17 +176,6 @@ class Tails:
         return registered
 
 
-def copy_sources(
-    request: Request, kept: list[Source], wanted: list[Sequence[int]]
-) -> list[Sequence[int]]:
-    """ALLOC-UNIT-4: each keyed block `kept` becomes a copy source held until the step ends,
-    and its position a fresh block to fill; returns the positions to fill."""
-    for g, j, _ in kept:
-        request.tables[g][j] = NULL_BLOCK
-    request.sources = kept
-    return with_targets(wanted, kept)
-
-
 def with_targets(wanted: list[Sequence[int]], sources: Sequence[Source]) -> list[Sequence[int]]:
     """Per group, the positions to allocate, the copies' targets among them (ALLOC-UNIT-3's
     target may be a position the chunk only reads: a state group's checkpoint)."""
@@ -186,4 +192,5 @@ def with_targets(wanted: list[Sequence[int]], sources: Sequence[Source]) -> list
 
 def copies(request: Request) -> tuple[Copy, ...]:
     """The copies the chunk in flight needs before its pass: (group, source, target)."""
-    return tuple((g, block, request.tables[g][j]) for g, j, block in request.sources)
+    into_table = tuple((g, block, request.tables[g][j]) for g, j, block in request.sources)
+    return into_table + tuple((g, request.tables[g][j], f) for g, j, f in request.keeps)

@@ -20,8 +20,9 @@ invariants (§7) can check that a hit never hands a request KV of other tokens.
 
 Under the hit-granularity profile `unit U` a hit may end inside a block; the request then
 computes in a private copy of that block (ALLOC-UNIT-3), and a state block keyed at a
-position inside it is copied before a chunk overwrites it (ALLOC-UNIT-4). The copies are
-observations (`copies`: group, source, target), run by the engine before the step's pass.
+position inside it is copied out before its writer's chunk overwrites it, the copy taking the
+key (ALLOC-UNIT-4): a running request's table only ever grows. The copies are observations
+(`copies`: group, source, target), run by the engine before the step's pass.
 
 Out of capacity is an observation (`Waiting`) that leaves the state unchanged. Misuse (an
 unknown request, a second admission, work while a chunk is in flight) raises `InvalidOp`.
@@ -211,8 +212,12 @@ class Request:
     prompt: int = 0  # tokens it was admitted with (RET-SPARSE-1 retains their boundaries)
     junction: int = 0  # RET-JUNCTION-1's length, found when it was admitted
     # `unit U`: (group, position, block) of the copy sources the chunk in flight reads,
-    # held until its step ends (ALLOC-UNIT-3, ALLOC-UNIT-4)
+    # held until its step ends (ALLOC-UNIT-3)
     sources: tuple[tuple[int, int, int], ...] = ()
+    # `unit U`: (group, position, block) of the fresh blocks the keyed state block at that
+    # position is copied into before the chunk in flight overwrites it; each takes the key
+    # when the step ends (ALLOC-UNIT-4); NULL_BLOCK until _grow hands one out
+    keeps: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -853,7 +858,8 @@ def admit_with_hit(state: State, rid: str, request: Request) -> tuple[State, Obs
 
 def copies(request: Request) -> tuple[Copy, ...]:
     """The copies the chunk in flight needs before its pass: (group, source, target)."""
-    return tuple((g, b, request.tables[g][j]) for g, j, b in request.sources)
+    into_table = tuple((g, b, request.tables[g][j]) for g, j, b in request.sources)
+    return into_table + tuple((g, request.tables[g][j], f) for g, j, f in request.keeps)
 
 
 def _extend(state: State, op: Extend) -> tuple[State, Observation]:
@@ -910,22 +916,23 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
 
 
 def keep_checkpoints(state: State, request: Request) -> Request:
-    """ALLOC-UNIT-4: A chunk never overwrites a state block that holds a checkpoint under a
-    partial key (ALLOC-UNIT-2): where it would write one, it writes a fresh block the engine
-    first fills with a copy of it, and the keyed block, now a copy source, is held until the
-    step ends and then released with its key, so a later request can still hit it.
+    """ALLOC-UNIT-4: A chunk never destroys a checkpoint held under a partial key
+    (ALLOC-UNIT-2): where it would overwrite a state block keyed at a tail, the engine first
+    copies that block into a fresh one, which takes the key when the step ends and is then
+    released, cached; the chunk writes its own block, so a running request's table only
+    ever grows (an engine's worker appends to it, never rewrites it).
 
         state B=64, U=16, prompt 100: step 1 ends at 96, block 7 (position 1) keyed at 96
-        Extend [96, 100):  position 1 gets fresh block 8, copy (g, 7, 8); 7 released at the
-                           end of the step, still keyed at 96
+        Extend [96, 100):  copy (g, 7, 8) before the pass; the chunk writes 7 in place
+        end of the step:   8 takes the key at 96 and is released, cached; 7 holds the state
+                           at 100, unkeyed
         (attention blocks need no copy: tokens past 96 leave the KV of 64..95 as it was)
 
     pre: request.scheduled >= 1
-    post: all(len(t) == len(o) for t, o in zip(__return__.tables, request.tables))
+    post: __return__.tables == request.tables
     """
     layout = state.config.layout
-    tables = list(request.tables)
-    sources = []
+    keeps = []
     for g, group in enumerate(layout.groups):
         if not isinstance(group, MambaState):
             continue
@@ -933,12 +940,35 @@ def keep_checkpoints(state: State, request: Request) -> Request:
         written = positions_written(
             group, request.computed, end, request.decoding, layout.max_model_len
         )
+        table = request.tables[g]
         for j in written:
-            b = tables[g][j] if j < len(tables[g]) else NULL_BLOCK
+            b = table[j] if j < len(table) else NULL_BLOCK
             if b != NULL_BLOCK and state.blocks[b].partial is not None:
-                sources.append((g, j, b))
-                tables[g] = (*tables[g][:j], NULL_BLOCK, *tables[g][j + 1 :])
-    return dataclasses.replace(request, tables=tuple(tables), sources=tuple(sources))
+                keeps.append((g, j, NULL_BLOCK))
+    return dataclasses.replace(request, keeps=tuple(keeps))
+
+
+def move_kept_keys(state: State, request: Request) -> State:
+    """ALLOC-UNIT-4 at the end of the step: each keyed block the chunk overwrote hands its
+    tail key and the state it names to the copy made before the pass (registered anew, after
+    the keys registered before it), which is released."""
+    blocks = list(state.blocks)
+    stamp = state.next_stamp
+    for g, j, fresh in request.keeps:
+        old = blocks[request.tables[g][j]]
+        blocks[fresh] = dataclasses.replace(
+            blocks[fresh],
+            content=old.content,
+            partial=old.partial,
+            partial_at=old.partial_at,
+            partial_stamp=stamp,
+        )
+        stamp += 1
+        blocks[request.tables[g][j]] = dataclasses.replace(
+            old, content=old.content if old.key else None, partial=None, partial_at=0
+        )
+    moved = dataclasses.replace(state, blocks=tuple(blocks), next_stamp=stamp)
+    return give_back(moved, list(request.keeps))
 
 
 def release_unneeded(state: State, request: Request) -> tuple[State, Request]:
@@ -976,9 +1006,9 @@ def release_order(config: PoolConfig, released: list[tuple[int, int, int]]) -> l
 
 
 def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request] | Waiting:
-    """Give every position ALLOC-WRITE-1, CKPT-INNER-1 and a copy (ALLOC-UNIT-3/-4) ask for
-    a real block, in position order; `reserved` free hit blocks were already taken from the
-    free queue and count as needed too."""
+    """Give every position ALLOC-WRITE-1, CKPT-INNER-1 and a copy (ALLOC-UNIT-3) ask for a
+    real block, in position order, then each checkpoint copy (ALLOC-UNIT-4) one; `reserved`
+    free hit blocks were already taken from the free queue and count as needed too."""
     layout = state.config.layout
     wanted = []
     for g, group in enumerate(layout.groups):
@@ -991,7 +1021,7 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
             written += checkpoint_positions(group, request.computed, end, request.checkpoint)
         written += [j for source_group, j, _ in request.sources if source_group == g]
         wanted.append(sorted({j for j in written if j >= len(current) or current[j] == NULL_BLOCK}))
-    count = sum(len(w) for w in wanted)
+    count = sum(len(w) for w in wanted) + len(request.keeps)
     if count > len(state.free):
         return Waiting(count + reserved, len(state.free) + reserved)
     state, fresh = evict_for(state, count)
@@ -1006,7 +1036,8 @@ def _grow(state: State, request: Request, reserved: int) -> tuple[State, Request
         for j in wanted[g]:
             table[j] = next(supply)
         tables.append(tuple(table))
-    return state, dataclasses.replace(request, tables=tuple(tables))
+    keeps = tuple((g, j, next(supply)) for g, j, _ in request.keeps)  # after the table's
+    return state, dataclasses.replace(request, tables=tuple(tables), keeps=keeps)
 
 
 def evict_for(state: State, count: int) -> tuple[State, tuple[int, ...]]:
@@ -1124,7 +1155,7 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
         for j in reversed(range(len(table)))
         if table[j] != NULL_BLOCK
     ]
-    new_state = give_back(state, [*held, *request.sources])
+    new_state = give_back(state, [*held, *request.sources, *request.keeps])
     requests = {k: v for k, v in new_state.requests.items() if k != rid}
     freed = len(new_state.free) - len(state.free)
     return dataclasses.replace(new_state, requests=requests), Released(freed)
@@ -1236,6 +1267,9 @@ def end_step(state: State) -> tuple[State, Observation]:
     post: all(r.scheduled == 0 for r in __return__[0].requests.values())
     """
     layout = state.config.layout
+    for rid in sorted(state.requests):  # ALLOC-UNIT-4: kept checkpoints take their keys
+        if state.requests[rid].keeps:  # a case cites the rules it reaches
+            state = move_kept_keys(state, state.requests[rid])
     blocks = list(state.blocks)
     stamp = state.next_stamp
     requests = {}
@@ -1265,12 +1299,12 @@ def end_step(state: State) -> tuple[State, Observation]:
                 stamp = _register_tail(layout, blocks, stamp, g=g, request=request, position=tail)
                 registered += 1
         requests[rid] = dataclasses.replace(
-            request, registered=tuple(marks), checkpoint=0, published=(), sources=()
+            request, registered=tuple(marks), checkpoint=0, published=(), sources=(), keeps=()
         )
     ended = dataclasses.replace(
         state, blocks=tuple(blocks), requests=requests, next_stamp=stamp, published_in_step=0
     )
-    for rid in sorted(state.requests):  # copy sources (ALLOC-UNIT-3/-4): the pass has run
+    for rid in sorted(state.requests):  # copy sources (ALLOC-UNIT-3): the pass has run
         ended = give_back(ended, list(state.requests[rid].sources))
     return ended, StepEnded(registered + state.published_in_step)
 

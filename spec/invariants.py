@@ -23,7 +23,7 @@ from kvcert.spec.layout import MambaState
 
 def _held(state: State) -> Counter[int]:
     in_tables = (b for r in state.requests.values() for t in r.tables for b in t)
-    sources = (b for r in state.requests.values() for _, _, b in r.sources)
+    sources = (b for r in state.requests.values() for _, _, b in (*r.sources, *r.keeps))
     return Counter(b for b in (*in_tables, *sources) if b != NULL_BLOCK)
 
 
@@ -210,12 +210,13 @@ def copies_read_written_kv(state: State) -> bool:
 
 
 def keyed_state_blocks_are_not_written(state: State) -> bool:
-    """INV-WRITE-1: No state block a chunk in flight writes holds a key: a key names the
-    state its block holds, and the chunk changes it (under `unit U`, ALLOC-UNIT-4 copies a
-    block keyed at a tail before its writer's next chunk).
+    """INV-WRITE-1: No state block a chunk in flight writes holds a key, unless ALLOC-UNIT-4
+    copies it out before the pass: a key names the state its block holds, and the chunk
+    changes it; a tail key may stay until the step ends, when it moves to the copy (every
+    copy that reads the block runs before the pass).
 
-        a: state B=4, keyed at 6 in block 7 (position 1)    Extend [6, 8):  writes a copy
-        the same chunk writing block 7 itself                              broken
+        a: state B=4, keyed at 6 in block 7 (position 1)    Extend [6, 8):  copy (7, 8) kept
+        the same chunk writing block 7 with no copy out                    broken
 
     pre: True
     post: isinstance(__return__, bool)
@@ -232,8 +233,11 @@ def keyed_state_blocks_are_not_written(state: State) -> bool:
             written = positions_written(
                 group, request.computed, end, request.decoding, layout.max_model_len
             )
-            if any(j < len(table) and state.blocks[table[j]].registrations() for j in written):
-                return False
+            kept = {j for kept_group, j, _ in request.keeps if kept_group == g}
+            for j in written:
+                block = state.blocks[table[j]] if j < len(table) else None
+                if block and block.registrations() and (j not in kept or block.key):
+                    return False
     return True
 
 

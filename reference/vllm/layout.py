@@ -16,6 +16,7 @@ corrupt outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -168,34 +169,40 @@ def retention_profile(
     return {"retention": Retention.SPARSE if sparse else Retention.DENSE, "retention_interval": 0}
 
 
-def check_match_unit(
-    unit: int | None, alignment: int, hash_block_size: int, groups: Sequence[Any]
-) -> None:
-    """kvcert's hits end at whole blocks of every group (HIT-GROUP-1: multiples of the lcm
-    `alignment`). A `--prefix-match-unit` finer than that asks for sub-block hits, which it
-    does not serve: refused, never ignored. Without one, vLLM may still serve sub-block hits
-    on its own (align-mode state blocks longer than the hash block, vLLM's
-    `partial_hash_hits_enabled`): kvcert's hits are then coarser than vLLM's, which it says
-    once per process at start-up."""
+def unit_config(
+    config: CacheConfig, unit: int | None, hash_block_size: int, groups: Sequence[Any]
+) -> CacheConfig:
+    """`config` under the hit-granularity profile `unit U` when `--prefix-match-unit` asks
+    for hits inside blocks (a unit below the lcm of the block sizes, HIT-UNIT-1): kvcert then
+    serves them (HIT-UNIT-1..5, ALLOC-UNIT-1..4) or refuses what the profile does not define,
+    never ignoring the flag. Without one, vLLM may still serve sub-block hits on its own
+    (align-mode state blocks longer than the hash block, vLLM's `partial_hash_hits_enabled`):
+    kvcert's hits are then coarser than vLLM's, which it says once per process."""
+    alignment = config.alignment
     if unit is not None and unit < alignment:
-        raise UnsupportedConfigError(
-            f"--prefix-match-unit {unit} asks for hits inside blocks; the kvcert manager "
-            f"serves hits at whole blocks of every group ({alignment} tokens): unset it, "
-            f"set it to {alignment}, or drop --scheduler-cls"
-        )
+        try:
+            return dataclasses.replace(config, hit_unit=unit)
+        except ConfigError as why:
+            raise UnsupportedConfigError(
+                f"--prefix-match-unit {unit}: {why}; unset it, set it to {alignment}, or drop "
+                "--scheduler-cls"
+            ) from why
     coarser = (hash_block_size, alignment)
     if hash_block_size >= alignment or coarser in _COARSER_SAID:
-        return
+        return config
     from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
 
     if partial_hash_hits_enabled(groups, hash_block_size):
         _COARSER_SAID.add(coarser)
         _log.warning(
             "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
-            "manager serves them at whole blocks of every group (every %d tokens)",
+            "manager serves them at whole blocks of every group (every %d tokens); pass "
+            "--prefix-match-unit %d for hits inside blocks",
             hash_block_size,
             alignment,
+            hash_block_size,
         )
+    return config
 
 
 def cache_config(

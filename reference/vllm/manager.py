@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 from kvcert.reference.config import Kind
-from kvcert.reference.errors import KVCacheError
+from kvcert.reference.errors import ConfigError, KVCacheError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
@@ -51,9 +51,9 @@ from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import (
     UnsupportedConfigError,
     cache_config,
-    check_match_unit,
     retention_profile,
     state_spec_types,
+    unit_config,
 )
 from kvcert.reference.vllm.parts import CoordinatorView, HashView, PoolView
 from kvcert.reference.vllm.settings import HoldBack, Settings
@@ -134,9 +134,12 @@ class KVCacheManager:
         # a multi-module MTP drafter's KV at a position reads this many tokens ahead
         reach = max(1, num_prefill_lookahead)
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
-        self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
         groups = kv_cache_config.kv_cache_groups
-        check_match_unit(prefix_match_unit, self.core.config.alignment, hash_block_size, groups)
+        config = unit_config(config, prefix_match_unit, hash_block_size, groups)
+        try:
+            self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
+        except ConfigError as why:  # what `unit U` does not serve (ALLOC-UNIT-1)
+            raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why
         self.num_kv_cache_groups = len(groups)
         self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
         self.blocks[0].is_null = True
@@ -176,6 +179,7 @@ class KVCacheManager:
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
+        self._copies: list[tuple[int, int, int]] = []  # `unit U`: this step's block copies
         # what vLLM's block hashes name, with settings.vllm_hash_view on (get_cached_block)
         self._hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
 
@@ -589,6 +593,7 @@ class KVCacheManager:
         tracked.seen, tracked.keep = lengths, keep
 
     def _note_new(self, result: Scheduled) -> None:
+        self._copies += result.copies
         if self._zeroed:
             for group, new in zip(self.core.config.groups, result.new_blocks, strict=True):
                 if group.kind is not Kind.MAMBA:
@@ -780,10 +785,14 @@ class KVCacheManager:
                 self._new_ids.extend(b for b in table[start_token // group.block_size :] if b)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
-        return [], []  # kvcert never copies a block on write
+        """The copies this step's chunks need before the pass (`unit U`: ALLOC-UNIT-3/4),
+        as vLLM's (source, target) pairs; no block to retain: the allocator holds each
+        source until the step ends."""
+        copies, self._copies = self._copies, []
+        return [KVCacheBlockCopy(src_block_id=s, dst_block_id=t) for _, s, t in copies], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         return {}  # state offloads feed KV connectors, which this manager does not serve
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []  # no partial-tail state checkpoints (partial hash hits are off)
+        return []  # partial-tail offloads feed KV connectors, which this manager does not serve

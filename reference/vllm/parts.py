@@ -98,12 +98,18 @@ class CoordinatorView:
     """The part of vLLM's coordinator its scheduler reads directly, and the retention
     interval vLLM's tests read and set."""
 
-    enable_partial_hash_hits = False
     eagle_group_ids: tuple[int, ...] = ()
 
     def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
         self._owner = owner
         self.single_type_managers = [GroupView(owner, i, g) for i, g in enumerate(groups)]
+
+    @property
+    def enable_partial_hash_hits(self) -> bool:
+        """Whether hits may end inside a block (`unit U`): vLLM's scheduler then ends a
+        prefill chunk at the prompt's last unit boundary, where ALLOC-UNIT-2 keys a state
+        group's tail."""
+        return self._owner.core.config.hit_unit is not None
 
     @property
     def retention_interval(self) -> int | None:

@@ -490,13 +490,9 @@ def corrupt(name):
     if name == "INV-WRITE-1":  # `unit U`: the block a's next chunk writes holds a's tail key
         unit = initial_state(PoolConfig(Layout((FullAttention(4), MambaState(4)), hit_unit=2), 16))
         state, (*_, extended) = run(unit, Admit("a", PROMPT[:7], 6), EndStep(), Extend("a", 1))
-        ((_, source, target),) = extended.copies
-        blocks = list(state.blocks)
-        keyed = state.blocks[source]
-        blocks[target] = dataclasses.replace(
-            blocks[target], partial=keyed.partial, partial_at=6, content=keyed.content
-        )
-        return dataclasses.replace(state, blocks=tuple(blocks))
+        assert len(extended.copies) == 1  # the keyed block is copied out before the pass
+        a = dataclasses.replace(state.requests["a"], keeps=())  # ... but with no copy out:
+        return dataclasses.replace(state, requests={**state.requests, "a": a})
     state, (a, _) = run(pool(FullAttention(4)), Admit("a", PROMPT[:10], 10), EndStep())
     state, (b,) = run(state, Admit("b", PROMPT[:10], 10))
     blocks = list(state.blocks)

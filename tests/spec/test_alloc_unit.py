@@ -341,9 +341,11 @@ def test_docstring_example_of_keeping_a_state_checkpoint():
     state, (extended, _) = run(state, Extend("a", 4), EndStep())
     (group, source, target) = extended.copies[0]
     assert (group, source) == (1, keyed)
-    assert extended.tables[1][1] == target != keyed
-    assert state.blocks[keyed].ref_count == 0
-    assert state.blocks[keyed].partial_at == 96
+    assert extended.tables[1][1] == keyed != target  # the table only grows: a writes 7 itself
+    assert state.blocks[target].ref_count == 0  # released at the step's end, cached
+    assert state.blocks[target].partial_at == 96
+    assert state.blocks[keyed].partial is None
+    assert state.blocks[keyed].ref_count == 1  # a's running state block
     assert len(extended.copies) == 1  # attention keeps writing its own tail block
 
 

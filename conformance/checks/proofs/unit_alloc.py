@@ -7,8 +7,9 @@ state group's blocks go through:
 
     allocate(slot, i)       pop free block i (ALLOC-EVICT-1: its key goes)
     write(slot, e, f)       the slot's chunk ends at e: its running block takes the state at
-                            e, or, when that block is keyed, fresh block f does and the keyed
-                            block is released (ALLOC-UNIT-4)
+                            e; when that block is keyed, it is first copied into fresh block
+                            f, which takes the key when the step ends and is released, cached
+                            (ALLOC-UNIT-4: the running request's table only grows)
     key(slot)               the step ends where the running block's state is: key it there
     copy(slot, i, f)        a hit on keyed block i copies it into fresh block f (ALLOC-UNIT-3)
     release(slot)           drop the slot's reference; at zero the block joins the free queue
@@ -107,8 +108,13 @@ def steps(p: StatePool, end: Any, in_place: bool) -> list[tuple[Any, StatePool]]
             else:
                 out.append((z3.And(held, z3.Not(p.keyed[i])), written))
                 for f in range(1, BLOCKS):
-                    if f != i:  # ALLOC-UNIT-4: the keyed block stays; the chunk writes f
-                        kept = _fresh(_released(p, i), s, f, end)
+                    if f != i:  # ALLOC-UNIT-4: f, a copy of i, takes the key; the chunk writes i
+                        kept = replace(
+                            written,
+                            keyed=replaced_at(replaced_at(p.keyed, i, False), f, True),
+                            key=replaced_at(p.key, f, p.key[i]),
+                            content=replaced_at(written.content, f, p.content[i]),
+                        )
                         out.append((z3.And(held, p.keyed[i], p.free[f]), kept))
             keyed = replace(
                 p, keyed=replaced_at(p.keyed, i, True), key=replaced_at(p.key, i, p.content[i])

@@ -47,8 +47,9 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "a Qwen3.5-like layout (full and align-mode state, 8-token blocks, unit 2): the writer's "
         "first chunk ends at the prompt's tail boundary 12, so both groups key block 1 there "
         "(ALLOC-UNIT-2); its next chunk would overwrite the state at 12, so the state block is "
-        "copied first and kept (ALLOC-UNIT-4); a re-send hits 12 and copies both tails into "
-        "fresh blocks (ALLOC-UNIT-3)",
+        "first copied out into a fresh block, which takes the key when the step ends "
+        "(ALLOC-UNIT-4); a re-send hits 12 and copies both tails into fresh blocks "
+        "(ALLOC-UNIT-3)",
         focus=("ALLOC-UNIT-2", "ALLOC-UNIT-3", "ALLOC-UNIT-4"),
     )  # fmt: skip
     yield alloc_case(
@@ -105,7 +106,7 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "alloc.unit.mode-all",
         every, 12, [*_written(prompt, 12), *resend], None,
         "a state group in mode all keys its tail like mode align, and its next chunk, which "
-        "writes that block, copies it first",
+        "writes that block, copies it out first",
         focus=("ALLOC-UNIT-4",),
     )  # fmt: skip
     chunked = Layout((ChunkedLocal(8, 16),), hit_unit=2)
