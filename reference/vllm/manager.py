@@ -385,6 +385,7 @@ class KVCacheManager:
                 f"{result.hit} tokens now; look the request up again before allocating"
             )
         tables = result.tables or ()
+        self._copies += result.copies  # `unit U`: the blocks a hit ends inside
         self._check_runner_columns(request, hit, hit + num_new_tokens, checkpoint)
         self._saw(rid, tables)
         self._note_new(result)
@@ -565,6 +566,7 @@ class KVCacheManager:
         appended to the tables the worker holds; None when they did not fit."""
         if not isinstance(result, Scheduled):
             return None
+        self._copies += result.copies  # `unit U`: run before the pass, new blocks or not
         if not any(result.new_blocks):
             return self.empty_kv_cache_blocks
         self._note_new(result)
@@ -593,7 +595,6 @@ class KVCacheManager:
         tracked.seen, tracked.keep = lengths, keep
 
     def _note_new(self, result: Scheduled) -> None:
-        self._copies += result.copies
         if self._zeroed:
             for group, new in zip(self.core.config.groups, result.new_blocks, strict=True):
                 if group.kind is not Kind.MAMBA:

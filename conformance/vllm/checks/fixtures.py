@@ -14,6 +14,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     MambaSpec,
 )
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -75,3 +76,22 @@ def make_scheduler(cls: Any, vllm_config: Any, *specs: Any, hash_block_size: int
         block_size=BLOCK,
         hash_block_size=hash_block_size,
     )
+
+
+def run_step(
+    scheduler: Any, prompts: dict[str, list[int]], seen: Callable[[Any], None] | None = None
+) -> Any:
+    """One schedule() and its output (a token sampled where a prompt's last token ran);
+    `seen` looks at the scheduler output before the output is given back."""
+    out = scheduler.schedule()
+    if seen is not None:
+        seen(out)
+    ids = list(out.num_scheduled_tokens)
+    done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
+    runner = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] if r in done else [] for r in ids],
+    )
+    scheduler.update_from_output(out, runner)
+    return out

@@ -15,7 +15,8 @@ diverge is checkpointed for a third, and the state a Mamba2-style kernel saves i
 chunk is held and hit. Also the retention interval vLLM's tests set on the coordinator
 (honoured in vLLM's meaning before the first request, refused after), and the read-only views
 of kvcert's state under the names vLLM's tests read (tables, hit alignment, the blocks cached
-for one of vLLM's block hashes).
+for one of vLLM's block hashes), and --prefix-match-unit served through `unit U` beside vLLM's
+own manager (unit_serving).
 Prints one line per check; exit 1 on any failure.
 """
 
@@ -42,6 +43,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.checks import unit_serving
 from kvcert.conformance.vllm.checks.fixtures import (
     BLOCK,
     FULL,
@@ -51,6 +53,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     make_scheduler,
     refused,
     request,
+    run_step,
     state_config,
 )
 from kvcert.conformance.vllm.checks.views import (
@@ -277,25 +280,6 @@ def routed_experts_scheduler() -> Any:
     vllm_config = state_config()
     vllm_config.aux_output_config.enable_return_routed_experts = True
     return make_scheduler(Scheduler, vllm_config, FULL)
-
-
-def run_step(
-    scheduler: Any, prompts: dict[str, list[int]], seen: Callable[[Any], None] | None = None
-) -> Any:
-    """One schedule() and its output (a token sampled where a prompt's last token ran);
-    `seen` looks at the scheduler output before the output is given back."""
-    out = scheduler.schedule()
-    if seen is not None:
-        seen(out)
-    ids = list(out.num_scheduled_tokens)
-    done = [r for r in ids if scheduler.requests[r].num_computed_tokens >= len(prompts[r])]
-    runner = ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[7] if r in done else [] for r in ids],
-    )
-    scheduler.update_from_output(out, runner)
-    return out
 
 
 def hold_back_checks() -> list[tuple[str, bool, str]]:
@@ -643,7 +627,6 @@ def main() -> int:
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
         "routed-experts capture": routed_experts_scheduler,
-        "a --prefix-match-unit inside the blocks": functools.partial(match_unit_scheduler, BLOCK),
     }
     for kind, checks in (
         ("events", event_checks()),
@@ -658,6 +641,7 @@ def main() -> int:
         ("multi-module MTP", mtp_checks()),
         ("retention", retention_checks()),
         ("views", view_checks()),
+        ("--prefix-match-unit", unit_serving.checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok
