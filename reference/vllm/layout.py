@@ -32,6 +32,7 @@ from kvcert.reference.config import (
     hit_alignment,
 )
 from kvcert.reference.errors import ConfigError
+from kvcert.reference.tails import unit_refusal
 from kvcert.reference.vllm.settings import Settings
 
 _log = logging.getLogger(__name__)
@@ -173,20 +174,25 @@ def unit_config(
     config: CacheConfig, unit: int | None, hash_block_size: int, groups: Sequence[Any]
 ) -> CacheConfig:
     """`config` under the hit-granularity profile `unit U` when `--prefix-match-unit` asks
-    for hits inside blocks (a unit below the lcm of the block sizes, HIT-UNIT-1): kvcert then
-    serves them (HIT-UNIT-1..5, ALLOC-UNIT-1..4) or refuses what the profile does not define,
-    never ignoring the flag. Without one, vLLM may still serve sub-block hits on its own
-    (align-mode state blocks longer than the hash block, vLLM's `partial_hash_hits_enabled`):
-    kvcert's hits are then coarser than vLLM's, which it says once per process."""
+    for hits inside blocks (a unit below the lcm of the block sizes, HIT-UNIT-1): served
+    (HIT-UNIT-1..5, ALLOC-UNIT-1..4), or refused where the profile is not defined, never
+    ignored. Without the flag, vLLM 0.33 still hits every hash block on its own where an
+    align-mode state group's blocks are longer (its `partial_hash_hits_enabled`); kvcert's
+    hits stay whole blocks there, coarser than vLLM's, which it says once per process."""
     alignment = config.alignment
     if unit is not None and unit < alignment:
         try:
-            return dataclasses.replace(config, hit_unit=unit)
+            served = dataclasses.replace(config, hit_unit=unit)
         except ConfigError as why:
+            why_not: str | None = str(why)
+        else:
+            why_not = unit_refusal(served)
+        if why_not is not None:
             raise UnsupportedConfigError(
-                f"--prefix-match-unit {unit}: {why}; unset it, set it to {alignment}, or drop "
-                "--scheduler-cls"
-            ) from why
+                f"--prefix-match-unit {unit}: {why_not}; unset it, set it to {alignment}, or "
+                "drop --scheduler-cls"
+            )
+        return served
     coarser = (hash_block_size, alignment)
     if hash_block_size >= alignment or coarser in _COARSER_SAID:
         return config

@@ -134,12 +134,9 @@ class KVCacheManager:
         # a multi-module MTP drafter's KV at a position reads this many tokens ahead
         reach = max(1, num_prefill_lookahead)
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
+        config = dataclasses.replace(config, record_events=enable_kv_cache_events)
         groups = kv_cache_config.kv_cache_groups
-        config = unit_config(config, prefix_match_unit, hash_block_size, groups)
-        try:
-            self.core = Core(dataclasses.replace(config, record_events=enable_kv_cache_events))
-        except ConfigError as why:  # what `unit U` does not serve (ALLOC-UNIT-1)
-            raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why
+        self.core = Core(unit_config(config, prefix_match_unit, hash_block_size, groups))
         self.num_kv_cache_groups = len(groups)
         self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
         self.blocks[0].is_null = True
@@ -195,7 +192,10 @@ class KVCacheManager:
                 "admitted; set it before the first request (--prefix-cache-retention-interval)"
             )
         profile = retention_profile(interval, core.config.groups, None)
-        self.core = Core(dataclasses.replace(core.config, **profile))
+        try:
+            self.core = Core(dataclasses.replace(core.config, **profile))
+        except ConfigError as why:  # sparse retention under --prefix-match-unit (ALLOC-UNIT-1)
+            raise UnsupportedConfigError(f"retention interval {interval}: {why}") from why
 
     def cached_blocks(self, block_hash: Any, group_ids: Sequence[int]) -> list[Any] | None:
         """Per group in `group_ids`, the block kvcert serves for the tokens vLLM's

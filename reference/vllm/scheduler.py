@@ -66,6 +66,13 @@ class _KvcertManaged:
         except ConfigError as why:
             raise UnsupportedConfigError(str(why)) from why
         unit = getattr(vllm_config.cache_config, "prefix_match_unit", None)
+        pipelined = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+        if unit is not None and pipelined:
+            raise UnsupportedConfigError(
+                f"--prefix-match-unit {unit} with asynchronous scheduling: the copies of a hit "
+                "inside a block (ALLOC-UNIT-3/-4) are defined for one chunk in flight per "
+                "request; turn --async-scheduling off or unset --prefix-match-unit"
+            )
         manager = functools.partial(KVCacheManager, settings=settings, prefix_match_unit=unit)
         self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
         with _manager_class(manager):
