@@ -122,8 +122,7 @@ class KVCacheManager(Inspection):
         extras: Sequence[ExtraKey] = (),
         max_hit: int | None = None,
     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
-        """The hit a prompt would get now, without taking anything; `max_hit` caps it (see
-        `admit`)."""
+        """The hit a prompt would get now, taking nothing; `max_hit` caps it (see `admit`)."""
         prompt = self._prepared(tokens, extras)
         inputs.counts(max_hit=max_hit)
         self._probes += 1
@@ -174,8 +173,7 @@ class KVCacheManager(Inspection):
         return hit
 
     def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
-        """The served maps as they will be once every step in flight has ended (None when
-        those steps complete no block)."""
+        """The served maps once every step in flight has ended (None: they complete none)."""
         chunks = []
         for rid in self._in_flight:
             request = self._requests.get(rid)
@@ -727,17 +725,19 @@ class KVCacheManager(Inspection):
 
     def _release(self, rid: str, dispatched: bool = False) -> int:
         request = self._running(rid)
+        if dispatched and request.keeps:  # its pass overwrites a keyed block: not defined
+            Tails.refuse("finish or preempt with dispatched=True of a chunk keeping a checkpoint")
         if request.published is not None and not dispatched:
             self._withdraw(rid, request)
         del self._requests[rid]
         self._in_flight.pop(rid, None)
-        pool = self.pool
         if request.sources or request.keeps:  # a chunk copying blocks: they go after its table
             held = [(g, j, b) for g, t in enumerate(request.tables)
                     for j in range(len(t) - 1, -1, -1) if (b := t[j]) != NULL_BLOCK]  # fmt: skip
             return self._give_back([*held, *request.sources, *request.keeps])
-        batches = pool.queue.request_batches(self.config.groups, request.tables, request.held_from)
-        return sum(pool.release(batch) for batch in batches)
+        queue = self.pool.queue
+        batches = queue.request_batches(self.config.groups, request.tables, request.held_from)
+        return sum(self.pool.release(batch) for batch in batches)
 
     def _withdraw(self, rid: str, request: Request) -> None:
         """Implements ALLOC-VIS-3: the blocks published for a chunk that will not run lose

@@ -106,6 +106,19 @@ def test_a_copy_source_does_not_stop_a_withdrawal():
     assert kv.lookup([1, 2, 3, 9])[0] == 2  # the tail key stayed
 
 
+def test_a_dispatched_release_of_a_chunk_keeping_a_checkpoint_is_refused():
+    """Its pass would overwrite the keyed state block before the copy took the key: refused,
+    nothing released; released normally, the checkpoint stays keyed."""
+    kv = manager()
+    kv.admit("a", PROMPT, 96)
+    kv.end_step()
+    assert len(kv.extend("a", 4).copies) == 1
+    with pytest.raises(RequestStateError, match="dispatched"):
+        kv.finish("a", dispatched=True)
+    kv.finish("a")
+    assert kv.lookup(PROMPT)[0] == 96
+
+
 def test_pipelining_calls_are_refused_under_the_unit_profile():
     kv = manager()
     kv.admit("a", PROMPT, 96)
