@@ -8,10 +8,14 @@ register. Implements ALLOC-COMMIT-1 (`committed`), CKPT-INNER-1's registration
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
 from kvcert.reference.events import Stored
 from kvcert.reference.inputs import TOKEN_LIMIT
+from kvcert.reference.keyindex import ServedMap
+from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
 from kvcert.reference.retention import keeps_less, kept_positions, retained_lengths
 
@@ -155,6 +159,21 @@ class Registrar:
                         pending[g].setdefault(key, table[j])
         finally:
             request.computed = before
+
+    def served_after(
+        self, pool: BlockPool, chunks: Sequence[Request]
+    ) -> list[ServedMap[bytes]] | None:
+        """Per group, the served map once the `chunks` in flight have ended: the pool's, with
+        the keys they will register (`pending_keys`); None when they register none."""
+        pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
+        for request in chunks:
+            self.pending_keys(request, pending)
+        if not any(pending):
+            return None
+        return [
+            Layered(now, extra) if extra else now
+            for now, extra in zip(pool.served, pending, strict=True)
+        ]
 
     @staticmethod
     def inner_done(request: Request, before: int) -> tuple[int, ...]:

@@ -40,11 +40,11 @@ from kvcert.reference.hashing import DigestMemo, ExtraKey, encode_tokens, hasher
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.inspection import Inspection
 from kvcert.reference.keyindex import ServedMap
-from kvcert.reference.lookup import ChunksInFlight, Keying, Layered
+from kvcert.reference.lookup import ChunksInFlight, Keying
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
-from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
-from kvcert.reference.unit_hits import find_unit_hit
+from kvcert.reference.tails import Maps, Source, Tails, copies, unit_refusal, with_targets
+from kvcert.reference.unit_hits import Hit, find_unit_hit
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
 
@@ -129,13 +129,15 @@ class KVCacheManager(Inspection):
         hit, tables = self._hit(prompt, max_hit)
         return hit, tuple(tuple(t) for t in tables)
 
-    def _hit(self, prompt: Prompt, max_hit: int | None) -> tuple[int, list[list[int]]]:
+    def _hit(self, prompt: Prompt, max_hit: int | None, after: Maps | None = None) -> Hit:
         """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
-        the cap that every group accepts when the hit exceeds it (find_hit's `limit`)."""
+        the cap that every group accepts when the hit exceeds it (find_hit's `limit`);
+        under `unit U` over the served maps `after` the steps in flight, when given."""
         if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
             units = self._keying.unit_keys(prompt.chains)
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
-            return find_unit_hit(self.config, top, units, self._tails.served, self._tails.flying)
+            maps, flying = (self._tails.served, self._tails.flying) if after is None else after
+            return find_unit_hit(self.config, top, units, maps, flying)
         keys = self._keying.keys(prompt.chains)
         hit, tables = self.search(self.config, len(prompt), keys, self.pool.served)
         if max_hit is not None and hit > max_hit:
@@ -164,6 +166,10 @@ class KVCacheManager(Inspection):
         prompt = self._prepared(tokens, extras)
         inputs.counts(max_hit=max_hit)
         served = self._served_after_steps()
+        if self._tails is not None:  # `unit U`: the tail keys those steps register count too
+            chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
+            after = self._tails.served_after(served or self.pool.served, chunks), ()
+            return self._hit(prompt, max_hit, after)[0]
         if served is None:
             return self._hit(prompt, max_hit)[0]
         keys = self._keying.keys(prompt.chains)
@@ -182,15 +188,7 @@ class KVCacheManager(Inspection):
         state = (self._admissions, tuple(chunk[:3] for chunk in chunks))
         if self._after_steps is not None and self._after_steps[0] == state:
             return self._after_steps[1]  # a step's admissions ask this once each
-        pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
-        for *_, request in chunks:
-            self._commits.pending_keys(request, pending)
-        served: list[ServedMap[bytes]] | None = None
-        if any(pending):
-            served = [
-                Layered(now, extra) if extra else now
-                for now, extra in zip(self.pool.served, pending, strict=True)
-            ]
+        served = self._commits.served_after(self.pool, [chunk[3] for chunk in chunks])
         self._after_steps = (state, served)
         return served
 

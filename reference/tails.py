@@ -25,17 +25,19 @@ index of the pool (`BlockPool.tails`), with the same earliest-holder rule (ALLOC
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention
 from kvcert.reference.errors import RequestStateError
+from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
 
 Copy = tuple[int, int, int]  # (group, source block, target block)
 Source = tuple[int, int, int]  # (group, table position, source block)
+Maps = tuple[Sequence[ServedMap[bytes]], Container[int]]  # served maps, blocks in flight
 
 
 def unit_refusal(config: CacheConfig) -> str | None:
@@ -149,28 +151,51 @@ class Tails:
             request.keeps = []
         return moved
 
+    def served_after(
+        self, blocks: Sequence[ServedMap[bytes]], chunks: Iterable[Request]
+    ) -> list[ServedMap[bytes]]:
+        """Per group, what the hit search reads once the `chunks` in flight have ended: the
+        block keys `blocks` (with theirs), over the tail keys, over the tail keys those
+        chunks will register (`register`'s choice, made early); no block is in flight then."""
+        pending: list[dict[bytes, int]] = [{} for _ in self.groups]
+        for request in chunks:
+            end = request.computed + request.scheduled
+            for g, position in self._tails_of(request, request.computed, end):
+                chain = request.chains[g]
+                if chain is not None:
+                    block = request.tables[g][position // self.groups[g].block_size]
+                    pending[g].setdefault(chain.digests[position // chain.size - 1], block)
+        return [
+            Layered(whole, Layered(part, extra) if extra else part)
+            for whole, part, extra in zip(blocks, self.index.served, pending, strict=True)
+        ]
+
+    def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
+        """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its
+        computed count moves from `before` to `after`."""
+        tail = (request.prompt_length - 1) // self.unit * self.unit
+        found = []
+        for g, group in enumerate(self.groups):
+            if not tail or group.kind is Kind.CROSS or not tail % group.block_size:
+                continue
+            if group.kind is Kind.MAMBA:
+                if group.mode is not MambaMode.NONE and before < tail == after:
+                    found.append((g, tail))
+            elif before < tail <= after:
+                found.append((g, tail))
+        return found
+
     def register(self, request: Request, before: int) -> int:
         """ALLOC-UNIT-2 for a request whose computed count moved from `before`: key the block
         its prompt's tail falls inside; returns how many keys were registered."""
-        unit = self.unit
-        tail = (request.prompt_length - 1) // unit * unit
-        if not tail:
-            return 0
         registered = 0
-        for g, group in enumerate(self.groups):
-            size = group.block_size
-            if group.kind is Kind.CROSS or not tail % size:
-                continue
-            if group.kind is Kind.MAMBA:
-                if group.mode is MambaMode.NONE or not before < tail == request.computed:
-                    continue
+        for g, tail in self._tails_of(request, before, request.computed):
+            if self.groups[g].kind is Kind.MAMBA:
                 request.quiet_end = 0  # the next chunk must pass `keep` (ALLOC-UNIT-4)
-            elif not before < tail <= request.computed:
-                continue
             chain = request.chains[g]
-            if chain is None:  # cross attention only, skipped above
+            if chain is None:  # cross attention only, never a tail
                 continue
-            block = request.tables[g][tail // size]
+            block = request.tables[g][tail // self.groups[g].block_size]
             key = chain.digests[tail // chain.size - 1]
             registered += self.index.bind(block, g, key) >= 0
         return registered

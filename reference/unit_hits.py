@@ -37,6 +37,7 @@ from kvcert.reference.groups import first_needed
 from kvcert.reference.keyindex import ServedMap
 
 K = TypeVar("K", bound=Hashable)  # a key: a digest, or a position in the hit suite
+Hit = tuple[int, list[list[int]]]  # the hit length and, per group, its block list
 
 
 class _Reach:
@@ -127,7 +128,7 @@ def find_unit_hit(
     unit_keys: Sequence[Sequence[K]],
     served: Sequence[ServedMap[K]],
     in_flight: Container[int] = frozenset(),
-) -> tuple[int, list[list[int]]]:
+) -> Hit:
     """The hit length and, per group, its block list (HIT-UNIT-4: one entry per block the
     hit reaches, the block L falls in being the copy source when L is inside it).
 

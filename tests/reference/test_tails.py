@@ -119,6 +119,19 @@ def test_a_dispatched_release_of_a_chunk_keeping_a_checkpoint_is_refused():
     assert kv.lookup(PROMPT)[0] == 96
 
 
+def test_the_hit_after_the_steps_counts_the_tail_keys_they_register():
+    """What a drop-in asks before holding a request back a step (vLLM's Mamba deferral): the
+    writer's chunk in flight ends at the tail 96, so once its step ends a re-send hits 96
+    (a block search over whole keys alone would say 64)."""
+    kv = manager()
+    kv.admit("a", PROMPT, 96)
+    assert kv.lookup(PROMPT)[0] == 0
+    assert kv.lookup_after_steps(PROMPT) == 96
+    assert kv.lookup_after_steps(PROMPT, max_hit=90) == 0  # the chunk saves no state below 96
+    kv.end_step()
+    assert kv.lookup(PROMPT)[0] == kv.lookup_after_steps(PROMPT) == 96
+
+
 def test_pipelining_calls_are_refused_under_the_unit_profile():
     kv = manager()
     kv.admit("a", PROMPT, 96)

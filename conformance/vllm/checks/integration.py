@@ -641,7 +641,7 @@ def main() -> int:
         ("multi-module MTP", mtp_checks()),
         ("retention", retention_checks()),
         ("views", view_checks()),
-        ("--prefix-match-unit", unit_serving.checks()),
+        ("--prefix-match-unit", unit_serving.all_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok
