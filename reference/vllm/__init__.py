@@ -4,8 +4,8 @@
     vllm serve MODEL --scheduler-cls kvcert.reference.vllm.Scheduler --no-async-scheduling
 
 `KVCacheManager`, `Scheduler` and `AsyncScheduler` need vLLM (importing them without it raises
-ImportError); `Settings`, `HoldBack` and `UnsupportedConfigError` do not, so configuration can
-be checked anywhere.
+ImportError); `Settings`, `HoldBack`, `UnsupportedConfigError` and `IntegrationError` do not,
+so configuration can be checked anywhere.
 Never imports kvcert.spec. Configuration: `Settings` or the environment (KVCERT_EVICTION,
 KVCERT_HASH, KVCERT_SPECULATIVE, KVCERT_HOLD_BACK; see kvcert.reference.vllm.settings).
 """
@@ -15,12 +15,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kvcert.reference.vllm.layout import UnsupportedConfigError
+from kvcert.reference.vllm.layout import IntegrationError, UnsupportedConfigError
 from kvcert.reference.vllm.settings import HoldBack, Settings
 
 _NEEDS_VLLM = {
     "AsyncScheduler": "kvcert.reference.vllm.scheduler",
-    "IntegrationError": "kvcert.reference.vllm.manager",
     "KVCacheManager": "kvcert.reference.vllm.manager",
     "Scheduler": "kvcert.reference.vllm.scheduler",
 }

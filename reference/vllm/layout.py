@@ -31,7 +31,7 @@ from kvcert.reference.config import (
     Visibility,
     hit_alignment,
 )
-from kvcert.reference.errors import ConfigError
+from kvcert.reference.errors import ConfigError, KVCacheError
 from kvcert.reference.tails import unit_refusal
 from kvcert.reference.vllm.settings import Settings
 
@@ -41,6 +41,11 @@ _COARSER_SAID: set[tuple[int, int]] = set()  # the coarser-hits warnings already
 
 class UnsupportedConfigError(ConfigError):
     """A vLLM configuration the kvcert-backed manager does not serve (it says what to change)."""
+
+
+class IntegrationError(KVCacheError):
+    """The scheduler asked for something the manager's state contradicts (a bug in the
+    caller or here: never served silently)."""
 
 
 def _kinds() -> dict[type, Kind]:

@@ -3,7 +3,8 @@
 What differs from vLLM's own manager, on purpose (kvcert's rules):
 - Blocks become hittable when the step that writes them has run (ALLOC-VIS-1, ALLOC-COMMIT-1):
   the scheduler calls `end_step()` when the model's output for the step arrives
-  (`kvcert.reference.vllm.Scheduler` does), not at allocation. `cache_blocks` is therefore a
+  (`kvcert.reference.vllm.Scheduler` does; a manager driven alone, as vLLM's synchronous
+  scheduler drives its own, at `new_step_starts`), not at allocation. `cache_blocks` is a
   no-op; vLLM's manager registers blocks before their KV exists. With same-pass visibility
   (kvcert's scheduler picks it under vLLM's fcfs policy, `Settings.for_policy`) attention
   blocks serve hits from their chunk's scheduling on, as vLLM's do, and state checkpoints
@@ -42,13 +43,14 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 from kvcert.reference.config import Kind
-from kvcert.reference.errors import ConfigError, KVCacheError
+from kvcert.reference.errors import ConfigError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Publishing, convert
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import (
+    IntegrationError,
     UnsupportedConfigError,
     cache_config,
     retention_profile,
@@ -57,11 +59,6 @@ from kvcert.reference.vllm.layout import (
 )
 from kvcert.reference.vllm.parts import CoordinatorView, HashView, PoolView
 from kvcert.reference.vllm.settings import HoldBack, Settings
-
-
-class IntegrationError(KVCacheError):
-    """The scheduler asked for something this manager's state contradicts (a bug in the
-    caller or here: never served silently)."""
 
 
 @dataclass
@@ -178,7 +175,7 @@ class KVCacheManager:
         self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
         self._copies: list[tuple[int, int, int]] = []  # `unit U`: this step's block copies
         # what vLLM's block hashes name, with settings.vllm_hash_view on (get_cached_block)
-        self._hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
+        self.hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
 
     def set_retention_interval(self, interval: int | None) -> None:
         """Change the retention profile as vLLM reads an interval (`retention_profile`; None
@@ -196,18 +193,6 @@ class KVCacheManager:
             self.core = Core(dataclasses.replace(core.config, **profile))
         except ConfigError as why:  # sparse retention under --prefix-match-unit (ALLOC-UNIT-1)
             raise UnsupportedConfigError(f"retention interval {interval}: {why}") from why
-
-    def cached_blocks(self, block_hash: Any, group_ids: Sequence[int]) -> list[Any] | None:
-        """Per group in `group_ids`, the block kvcert serves for the tokens vLLM's
-        `block_hash` covers, or None when any group serves none (vLLM's `get_cached_block`;
-        `HashView`)."""
-        if self._hash_view is None:
-            raise IntegrationError(
-                "get_cached_block reads vLLM's block hashes, which kvcert does not key by: "
-                "turn KVCERT_VLLM_HASH_VIEW=on (Settings.vllm_hash_view) to let the manager "
-                "remember what each hash names"
-            )
-        return self._hash_view.blocks(self, block_hash, group_ids)
 
     def reserved_inner_checkpoint(self, rid: str) -> int:
         """The inner checkpoint (CKPT-INNER-1) request `rid`'s latest chunk reserves, while
@@ -312,8 +297,8 @@ class KVCacheManager:
         do not fit. vLLM counts draft tokens in `num_new_tokens`; kvcert computes only known
         tokens and holds slots for the drafts as lookahead."""
         del new_computed_blocks, skip_zeroing_group_ids  # the hit is re-derived and checked
-        if self._hash_view is not None:
-            self._hash_view.remember(request)
+        if self.hash_view is not None:
+            self.hash_view.remember(request)
         if num_external_computed_tokens or delay_cache_blocks:
             raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
         if num_encoder_tokens:
@@ -617,7 +602,12 @@ class KVCacheManager:
         """No-op: blocks are registered by `end_step`, once their KV is written."""
 
     def new_step_starts(self) -> None:
-        """No-op: steps end in `end_step`."""
+        """vLLM's scheduler begins a step. Under kvcert's schedulers (which number steps,
+        `start_step`) steps end in `end_step`, when their output arrives. A manager nobody
+        numbers steps for is driven as vLLM's synchronous scheduler drives its own: a step
+        starts once the last one's output has been read, so every step so far has ended."""
+        if self.core.step == 0:
+            self.end_step()
 
     def remove_skipped_blocks(
         self,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvcert.reference.config import Kind, Retention
 from kvcert.reference.vllm.extras import request_extras
+from kvcert.reference.vllm.layout import IntegrationError
 
 if TYPE_CHECKING:
     from kvcert.reference.vllm.manager import KVCacheManager
@@ -154,7 +155,14 @@ class PoolView:
         """Per group, the block kvcert's cache serves for the tokens vLLM's `block_hash`
         names, or None when any group has none (vLLM's meaning); needs
         `Settings.vllm_hash_view`, which remembers what each hash names."""
-        return self._owner.cached_blocks(block_hash, kv_cache_group_ids)
+        view = self._owner.hash_view
+        if view is None:
+            raise IntegrationError(
+                "get_cached_block reads vLLM's block hashes, which kvcert does not key by: "
+                "turn KVCERT_VLLM_HASH_VIEW=on (Settings.vllm_hash_view) to let the manager "
+                "remember what each hash names"
+            )
+        return view.blocks(self._owner, block_hash, kv_cache_group_ids)
 
     def free_blocks(self, blocks: Iterable[Any]) -> None:
         """Release what `pop_blocks_for_free` handed out (and nothing else)."""

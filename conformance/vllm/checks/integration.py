@@ -59,6 +59,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
 from kvcert.conformance.vllm.checks.views import (
     match_unit_scheduler,
     retention_checks,
+    step_signal_checks,
     view_checks,
 )
 from kvcert.reference.config import Visibility
@@ -641,6 +642,7 @@ def main() -> int:
         ("multi-module MTP", mtp_checks()),
         ("retention", retention_checks()),
         ("views", view_checks()),
+        ("step signal", step_signal_checks()),
         ("--prefix-match-unit", unit_serving.all_checks()),
     ):
         for name, ok, detail in checks:

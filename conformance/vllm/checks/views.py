@@ -1,8 +1,9 @@
 """What vLLM's own tests read and set on the drop-in, on vLLM 0.33.0's objects: the
 coordinator's retention interval (honoured in vLLM's meaning before the first request,
 refused after or where it cannot act), the read-only views of kvcert's state under vLLM's
-names (tables, hit alignment, the blocks cached for one of vLLM's block hashes), and
-`--prefix-match-unit` (refused where it asks for hits inside blocks). Run by
+names (tables, hit alignment, the blocks cached for one of vLLM's block hashes), the step
+signal a manager driven alone gets (`new_step_starts`), and `--prefix-match-unit` (refused
+where it asks for hits inside blocks). Run by
 `kvcert.conformance.vllm.checks.integration`."""
 
 from __future__ import annotations
@@ -129,4 +130,29 @@ def view_checks() -> list[tuple[str, bool, str]]:
         ("hits align to whole blocks", alignment == BLOCK, f"{alignment}"),
         ("a freed request holds nothing", "a" not in freed and freed["a"] == [], f"{freed}"),
         ("refused with the hash view off", without != "answered", without),
+    ]
+
+
+def step_signal_checks() -> list[tuple[str, bool, str]]:
+    """`new_step_starts()` ends every step so far on a manager nobody numbers steps for
+    (driven alone, as vLLM's synchronous scheduler drives its own: each step starts once the
+    last one's output has been read), so a state checkpoint serves the next step's lookups;
+    under numbered steps (kvcert's schedulers) it ends nothing, the step's output does."""
+    other = TOKENS[:48] + [7] * 16
+
+    def hit_after(numbered: bool) -> tuple[int, int]:
+        manager = KVCacheManager(config(FULL, STATE), 256, BLOCK, BLOCK, settings=Settings())
+        step = manager.start_step() if numbered else None
+        a = request("a")
+        manager.allocate_slots(a, 48)
+        a.num_computed_tokens = 48
+        manager.new_step_starts()
+        now = manager.get_computed_blocks(request("b", tokens=other))[1]
+        manager.end_step(step)
+        return now, manager.get_computed_blocks(request("c", tokens=other))[1]
+
+    alone, numbered = hit_after(numbered=False), hit_after(numbered=True)
+    return [
+        ("alone: the next step hits the checkpoint", alone == (48, 48), f"{alone}"),
+        ("numbered: only the step's end serves it", numbered == (0, 48), f"{numbered}"),
     ]
