@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
@@ -46,6 +46,7 @@ from kvcert.reference.config import Kind
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
+from kvcert.reference.vllm.blocks import PoolBlock
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Publishing, convert
 from kvcert.reference.vllm.extras import request_extras
@@ -135,8 +136,7 @@ class KVCacheManager:
         groups = kv_cache_config.kv_cache_groups
         self.core = Core(unit_config(config, prefix_match_unit, hash_block_size, groups))
         self.num_kv_cache_groups = len(groups)
-        self.blocks = [KVCacheBlock(i) for i in range(kv_cache_config.num_blocks)]
-        self.blocks[0].is_null = True
+        self.blocks = [PoolBlock(self, i) for i in range(kv_cache_config.num_blocks)]
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
@@ -298,7 +298,7 @@ class KVCacheManager:
         tokens and holds slots for the drafts as lookahead."""
         del new_computed_blocks, skip_zeroing_group_ids  # the hit is re-derived and checked
         if self.hash_view is not None:
-            self.hash_view.remember(request)
+            self.hash_view.remember(request, self)
         if num_external_computed_tokens or delay_cache_blocks:
             raise UnsupportedConfigError("the kvcert manager does not support KV connectors")
         if num_encoder_tokens:
@@ -396,6 +396,9 @@ class KVCacheManager:
         end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
         slots = min(max(end + lookahead, tracked.keep), self.max_model_len)
         self._check_no_rewind(request, progress)
+        if progress.scheduled and not self.core.step:  # unnumbered: a later step (see below)
+            self.end_step()
+            progress = self._progress(rid)
         if progress.scheduled or tracked.pending:  # a chunk in flight, or one behind it
             return self._schedule_pending(request, end, slots)
         computed, known = progress.computed, progress.known
@@ -605,7 +608,9 @@ class KVCacheManager:
         """vLLM's scheduler begins a step. Under kvcert's schedulers (which number steps,
         `start_step`) steps end in `end_step`, when their output arrives. A manager nobody
         numbers steps for is driven as vLLM's synchronous scheduler drives its own: a step
-        starts once the last one's output has been read, so every step so far has ended."""
+        starts once the last one's output has been read, so every step so far has ended (as
+        when such a manager is asked to extend a request whose chunk it holds in flight: a
+        synchronous scheduler schedules a request once per step)."""
         if self.core.step == 0:
             self.end_step()
 

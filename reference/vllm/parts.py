@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcert.reference.config import Kind, Retention
+from kvcert.reference.vllm.blocks import CachedHashesView, FreeQueueView
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import IntegrationError
 
@@ -132,8 +133,9 @@ class CoordinatorView:
 
 class PoolView:
     """The part of vLLM's block pool its scheduler reads directly (free counts, the deferred
-    release of blocks `pop_blocks_for_free` handed out) and the cached blocks vLLM's tests
-    look up by one of vLLM's block hashes."""
+    release of blocks `pop_blocks_for_free` handed out) and what vLLM's tests read: the
+    block objects, the free queue, the cached keys, the cached blocks for one of vLLM's
+    block hashes (kvcert.reference.vllm.blocks)."""
 
     def __init__(self, owner: KVCacheManager) -> None:
         self._owner = owner
@@ -141,6 +143,9 @@ class PoolView:
         self.hash_block_size = owner.hash_block_size
         self.null_block = owner.blocks[0]
         self.enable_caching = owner.enable_caching
+        self.blocks = owner.blocks
+        self.free_block_queue = FreeQueueView(owner)
+        self.cached_block_hash_to_block = CachedHashesView(owner)
 
     def get_num_free_blocks(self) -> int:
         return self._owner.core.pool.num_free
@@ -178,11 +183,30 @@ class HashView:
     def __init__(self, hash_block_size: int) -> None:
         self._size = hash_block_size
         self._named: dict[Any, tuple[Any, int]] = {}
+        # kvcert's digest after P tokens -> (vLLM's hash of those tokens, P), for the block
+        # fields (`PoolBlock`); per request, how many of its hashes were indexed
+        self._digests: dict[bytes, tuple[Any, int]] = {}
+        self._indexed: dict[str, int] = {}
 
-    def remember(self, request: Any) -> None:
+    def remember(self, request: Any, owner: KVCacheManager) -> None:
         size = self._size
-        for i, block_hash in enumerate(getattr(request, "block_hashes", ())):
+        hashes = list(getattr(request, "block_hashes", ()))
+        for i, block_hash in enumerate(hashes):
             self._named.setdefault(block_hash, (request, (i + 1) * size))
+        if len(hashes) <= self._indexed.get(request.request_id, 0):
+            return
+        self._indexed[request.request_id] = len(hashes)
+        prompt = owner.core.prompt(request.all_token_ids, request_extras(request))
+        for chain in {id(c): c for c in prompt.chains if c is not None}.values():
+            for k, digest in enumerate(chain.digests):
+                end = (k + 1) * chain.size  # a draft chain's digest also covers its lookahead
+                if end % size == 0 and end // size <= len(hashes):
+                    self._digests.setdefault(digest, (hashes[end // size - 1], end))
+
+    def named(self, digest: bytes) -> tuple[Any, int] | None:
+        """vLLM's hash of the tokens kvcert's `digest` certifies, and how many they are; None
+        for a digest of no request the manager allocated for."""
+        return self._digests.get(digest)
 
     def blocks(
         self, owner: KVCacheManager, block_hash: Any, group_ids: Sequence[int]

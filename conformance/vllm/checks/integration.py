@@ -57,6 +57,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     state_config,
 )
 from kvcert.conformance.vllm.checks.views import (
+    block_field_checks,
     match_unit_scheduler,
     retention_checks,
     step_signal_checks,
@@ -643,6 +644,7 @@ def main() -> int:
         ("retention", retention_checks()),
         ("views", view_checks()),
         ("step signal", step_signal_checks()),
+        ("block fields", block_field_checks()),
         ("--prefix-match-unit", unit_serving.all_checks()),
     ):
         for name, ok, detail in checks:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from vllm import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    make_block_hash_with_group_id,
+)
 from vllm.v1.request import Request
 
 from kvcert.conformance.vllm.checks.fixtures import (
@@ -28,7 +33,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     request,
     state_config,
 )
-from kvcert.reference.config import Retention
+from kvcert.reference.config import Eviction, Retention
 from kvcert.reference.vllm import IntegrationError, KVCacheManager, Scheduler, Settings
 
 
@@ -136,8 +141,10 @@ def view_checks() -> list[tuple[str, bool, str]]:
 def step_signal_checks() -> list[tuple[str, bool, str]]:
     """`new_step_starts()` ends every step so far on a manager nobody numbers steps for
     (driven alone, as vLLM's synchronous scheduler drives its own: each step starts once the
-    last one's output has been read), so a state checkpoint serves the next step's lookups;
-    under numbered steps (kvcert's schedulers) it ends nothing, the step's output does."""
+    last one's output has been read), so a state checkpoint serves the next step's lookups,
+    and so does scheduling a request whose chunk is in flight again (such a scheduler
+    schedules a request once per step); under numbered steps (kvcert's schedulers) neither
+    ends a step, the step's output does."""
     other = TOKENS[:48] + [7] * 16
 
     def hit_after(numbered: bool) -> tuple[int, int]:
@@ -151,8 +158,70 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
         manager.end_step(step)
         return now, manager.get_computed_blocks(request("c", tokens=other))[1]
 
+    def hit_after_extend() -> int:
+        manager = KVCacheManager(config(FULL, STATE), 256, BLOCK, BLOCK, settings=Settings())
+        a = request("a")
+        manager.allocate_slots(a, 48)
+        a.num_computed_tokens = 48
+        manager.allocate_slots(a, 16)  # scheduled again: its first step has ended
+        return int(manager.get_computed_blocks(request("b", tokens=other))[1])
+
     alone, numbered = hit_after(numbered=False), hit_after(numbered=True)
+    extended = hit_after_extend()
     return [
         ("alone: the next step hits the checkpoint", alone == (48, 48), f"{alone}"),
         ("numbered: only the step's end serves it", numbered == (0, 48), f"{numbered}"),
+        ("alone: scheduling a request again ends its step", extended == 48, f"{extended}"),
     ]
+
+
+def block_field_checks() -> list[tuple[str, bool, str]]:
+    """The fields vLLM's tests read on block objects and the pool's free queue and cached
+    keys, computed from kvcert's pool: a held block's reference count, vLLM's hash (with
+    group) and length of the tokens its key certifies, nothing on an unkeyed block, the
+    free queue's count, order and sentinels; the hash fields refused without the hash view."""
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    settings = Settings(vllm_hash_view=True, eviction=Eviction.LRU)
+    manager = KVCacheManager(config(FULL), 64, BLOCK, BLOCK, settings=settings)
+    a = Request("a", TOKENS[:40], SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    manager.allocate_slots(a, a.num_tokens)
+    manager.end_step()
+    table = manager.get_block_ids("a")[0]
+    second, partial = manager.blocks[table[1]], manager.blocks[table[2]]
+    wanted = make_block_hash_with_group_id(a.block_hashes[1], 0)
+    queue = manager.block_pool.free_block_queue
+    before = [b.block_id for b in queue.get_all_free_blocks()]
+    keys = len(manager.block_pool.cached_block_hash_to_block)
+    held = second.ref_cnt
+    manager.free(a)
+    after = [b.block_id for b in queue.get_all_free_blocks()]
+    head = queue.fake_free_list_head.next_free_block
+    bare = KVCacheManager(config(FULL), 64, BLOCK, BLOCK, settings=Settings())
+    bare.allocate_slots(request("b"), len(TOKENS))
+    bare.end_step()
+    keyed = bare.blocks[bare.get_block_ids("b")[0][0]]
+    refusal = refused_with(IntegrationError, lambda: keyed.block_hash)
+    return [
+        ("a held block counts its holder", held == 1, f"{held}"),
+        ("block_hash is vLLM's hash of its tokens", second.block_hash == wanted, "differs"),
+        ("block_hash_num_tokens", second.block_hash_num_tokens == 2 * BLOCK, "differs"),
+        ("an unkeyed block has no hash", partial.block_hash is None, f"{partial.block_hash}"),
+        ("two keys cached", keys == 2, f"{keys}"),
+        (
+            "the free queue's count and order",
+            queue.num_free_blocks == len(after) and after == before + table[::-1],
+            f"{before} then {after}",
+        ),
+        ("the head sentinel names the first", head.block_id == after[0], f"{head}"),
+        ("freed blocks hold no reference", second.ref_cnt == 0, f"{second.ref_cnt}"),
+        ("block_hash refused without the hash view", refusal is not None, "answered"),
+    ]
+
+
+def refused_with(error: type[Exception], read: Callable[[], Any]) -> str | None:
+    try:
+        read()
+    except error as why:
+        return str(why)
+    return None
