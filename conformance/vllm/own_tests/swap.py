@@ -9,11 +9,13 @@ hash view is turned on (KVCERT_VLLM_HASH_VIEW=on): the tests read the cache by v
 hashes (`block_pool.get_cached_block`), and the view remembers what each names.
 
 Many tests drive the manager alone, as vLLM's scheduler drives it under its default fcfs
-policy. A manager built without a scheduler declares no visibility profile, and kvcert's
-default there is step-end; these tests are run under the profile vLLM's own manager has and
-kvcert's Scheduler picks under fcfs, same-pass (ALLOC-VIS-2), unless KVCERT_VISIBILITY says
-otherwise. A manager a Scheduler builds gets the Scheduler's settings, chosen by its policy
-as in production (step-end under priority).
+policy, and they are written against the profiles vLLM's own manager has. Such a manager is
+built under those profiles, each one kvcert's spec defines and holds it to exactly, unless
+the environment names another: same-pass visibility (ALLOC-VIS-2, which kvcert's Scheduler
+also picks under fcfs; kvcert's default without a scheduler is step-end, KVCERT_VISIBILITY)
+and lru-unkeyed-first eviction (ALLOC-FREE-2: vLLM's free queue puts blocks without a key
+at its head; kvcert's default is lru, KVCERT_EVICTION). A manager a Scheduler builds gets
+the Scheduler's settings, chosen by its policy as in production (step-end under priority).
 """
 
 from __future__ import annotations
@@ -26,19 +28,22 @@ import pytest
 from vllm.v1.core import kv_cache_manager
 from vllm.v1.core.sched import async_scheduler, scheduler
 
-from kvcert.reference.config import Visibility
+from kvcert.reference.config import Eviction, Visibility
 from kvcert.reference.vllm import AsyncScheduler, KVCacheManager, Scheduler, Settings
 
 
 class BareManager(KVCacheManager):  # type: ignore[misc]
-    """kvcert's manager as vLLM's tests build it alone: same-pass visibility unless the
-    environment names one (a Scheduler passes its own settings)."""
+    """kvcert's manager as vLLM's tests build it alone: vLLM's manager's visibility and
+    eviction profiles unless the environment names others (a Scheduler passes its own
+    settings)."""
 
     def __init__(self, *args: Any, settings: Settings | None = None, **kwargs: Any) -> None:
         if settings is None:
             settings = Settings.from_env()
             if settings.visibility is None:
                 settings = dataclasses.replace(settings, visibility=Visibility.SAME_PASS)
+            if "KVCERT_EVICTION" not in os.environ:
+                settings = dataclasses.replace(settings, eviction=Eviction.LRU_UNKEYED_FIRST)
         super().__init__(*args, settings=settings, **kwargs)
 
 
