@@ -352,7 +352,7 @@ class KVCacheManager:
             verifies_drafts=num_new_tokens > budget,
         )
         if not isinstance(result, Scheduled):
-            self._convert_events()  # evictions an admission that did not fit never made
+            self.pending_events()  # evictions an admission that did not fit never made
             return None
         tracked = self._tracked[rid]
         tracked.prompt = None
@@ -598,7 +598,7 @@ class KVCacheManager:
         full blocks it and earlier steps wrote (ALLOC-COMMIT-1), never a later step's.
         Returns how many blocks became hittable."""
         registered = self.core.end_step(step)
-        self._convert_events()
+        self.pending_events()
         return registered
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
@@ -625,7 +625,7 @@ class KVCacheManager:
     # -- release ----------------------------------------------------------------------------
 
     def _forget(self, rid: str) -> None:
-        self._convert_events()  # while the request's publishing details are known
+        self.pending_events()  # while the request's publishing details are known
         self._tracked.pop(rid, None)
 
     def free(self, request: Any) -> None:
@@ -752,15 +752,16 @@ class KVCacheManager:
         AllBlocksCleared on a reset. Block hashes are kvcert's keys (bytes; the parent is the
         previous block's key in the same group); as vLLM publishes them, one BlockStored per
         run of a request's blocks in one group, one BlockRemoved per evicted block."""
-        self._convert_events()
-        events, self._events = self._events, []
+        events, self._events = self.pending_events(), []
         return events
 
-    def _convert_events(self) -> None:
-        """The allocator's events since the last call, as vLLM's (`events.convert`)."""
+    def pending_events(self) -> list[Any]:
+        """The KV events not taken yet (vLLM's `kv_event_queue`), the allocator's since the
+        last call converted first (`events.convert`)."""
         if self.enable_kv_cache_events:
             groups = self.kv_cache_config.kv_cache_groups
             self._events += convert(self.core.take_events(), self._publishing_of, groups)
+        return self._events
 
     def _publishing_of(self, rid: str) -> Publishing:
         tracked = self._tracked.get(rid)

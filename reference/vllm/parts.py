@@ -134,8 +134,8 @@ class CoordinatorView:
 class PoolView:
     """The part of vLLM's block pool its scheduler reads directly (free counts, the deferred
     release of blocks `pop_blocks_for_free` handed out) and what vLLM's tests read: the
-    block objects, the free queue, the cached keys, the cached blocks for one of vLLM's
-    block hashes (kvcert.reference.vllm.blocks)."""
+    block objects, the free queue, the cached keys, the KV events not taken yet, the cached
+    blocks for one of vLLM's block hashes (kvcert.reference.vllm.blocks)."""
 
     def __init__(self, owner: KVCacheManager) -> None:
         self._owner = owner
@@ -146,6 +146,11 @@ class PoolView:
         self.blocks = owner.blocks
         self.free_block_queue = FreeQueueView(owner)
         self.cached_block_hash_to_block = CachedHashesView(owner)
+
+    @property
+    def kv_event_queue(self) -> tuple[Any, ...]:
+        """The KV events `take_events` has not handed out yet (read-only)."""
+        return tuple(self._owner.pending_events())
 
     def get_num_free_blocks(self) -> int:
         return self._owner.core.pool.num_free

@@ -176,10 +176,11 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
 
 
 def block_field_checks() -> list[tuple[str, bool, str]]:
-    """The fields vLLM's tests read on block objects and the pool's free queue and cached
-    keys, computed from kvcert's pool: a held block's reference count, vLLM's hash (with
-    group) and length of the tokens its key certifies, nothing on an unkeyed block, the
-    free queue's count, order and sentinels; the hash fields refused without the hash view."""
+    """The fields vLLM's tests read on block objects and the pool's free queue, cached keys
+    and pending KV events, computed from kvcert's pool: a held block's reference count,
+    vLLM's hash (with group) and length of the tokens its key certifies, nothing on an
+    unkeyed block, the free queue's count, order and sentinels, the events not taken yet;
+    the hash fields refused without the hash view."""
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
     settings = Settings(vllm_hash_view=True, eviction=Eviction.LRU)
@@ -197,11 +198,16 @@ def block_field_checks() -> list[tuple[str, bool, str]]:
     manager.free(a)
     after = [b.block_id for b in queue.get_all_free_blocks()]
     head = queue.fake_free_list_head.next_free_block
-    bare = KVCacheManager(config(FULL), 64, BLOCK, BLOCK, settings=Settings())
+    bare = KVCacheManager(
+        config(FULL), 64, BLOCK, BLOCK, enable_kv_cache_events=True, settings=Settings()
+    )
     bare.allocate_slots(request("b"), len(TOKENS))
     bare.end_step()
     keyed = bare.blocks[bare.get_block_ids("b")[0][0]]
     refusal = refused_with(IntegrationError, lambda: keyed.block_hash)
+    queued = bare.block_pool.kv_event_queue
+    taken = bare.take_events()
+    emptied = bare.block_pool.kv_event_queue
     return [
         ("a held block counts its holder", held == 1, f"{held}"),
         ("block_hash is vLLM's hash of its tokens", second.block_hash == wanted, "differs"),
@@ -216,6 +222,11 @@ def block_field_checks() -> list[tuple[str, bool, str]]:
         ("the head sentinel names the first", head.block_id == after[0], f"{head}"),
         ("freed blocks hold no reference", second.ref_cnt == 0, f"{second.ref_cnt}"),
         ("block_hash refused without the hash view", refusal is not None, "answered"),
+        (
+            "kv_event_queue holds what take_events hands out, then nothing",
+            len(queued) == 1 and list(queued) == taken and emptied == (),
+            f"{queued} {taken} {emptied}",
+        ),
     ]
 
 
