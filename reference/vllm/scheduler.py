@@ -59,6 +59,13 @@ class _KvcertManaged:
                 "block's outputs beside vLLM's own block pool, which the kvcert manager does "
                 "not have: turn it off, or drop --scheduler-cls"
             )
+        transfer = getattr(vllm_config, "kv_transfer_config", None)
+        if transfer is not None and getattr(transfer, "kv_connector", None):
+            raise UnsupportedConfigError(
+                f"KV connector {transfer.kv_connector!r}: the kvcert manager does not support KV "
+                "connectors (tokens loaded from an external store are no hit source the spec "
+                "defines); drop --kv-transfer-config, or drop --scheduler-cls"
+            )
         self._check(vllm_config)
         policy = str(getattr(vllm_config.scheduler_config, "policy", "fcfs"))
         try:

@@ -284,6 +284,19 @@ def routed_experts_scheduler() -> Any:
     return make_scheduler(Scheduler, vllm_config, FULL)
 
 
+def connector_scheduler() -> Any:
+    """kvcert's Scheduler for an engine configured with a KV connector (vLLM's example
+    connector, which stores KV on local disk)."""
+    from vllm.config import KVTransferConfig  # noqa: PLC0415
+
+    vllm_config = state_config()
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True  # as it asks
+    vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="ExampleConnector", kv_role="kv_both"
+    )
+    return make_scheduler(Scheduler, vllm_config, FULL)
+
+
 def hold_back_checks() -> list[tuple[str, bool, str]]:
     """A (80 tokens) and B (A's first 64, then 16 others) arrive together. Step 1 prefills A
     up to its last block boundary (64); B would hit those 64 tokens once step 1 has ended, so
@@ -629,6 +642,7 @@ def main() -> int:
             config(), 256, BLOCK, BLOCK, dcp_world_size=2
         ),
         "routed-experts capture": routed_experts_scheduler,
+        "a KV connector": connector_scheduler,
     }
     for kind, checks in (
         ("events", event_checks()),
