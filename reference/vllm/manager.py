@@ -396,7 +396,7 @@ class KVCacheManager:
         end = request.num_computed_tokens + num_new_tokens  # vLLM's, draft tokens included
         slots = min(max(end + lookahead, tracked.keep), self.max_model_len)
         self._check_no_rewind(request, progress)
-        if progress.scheduled and not self.core.step:  # unnumbered: a later step (see below)
+        if progress.scheduled and not self.core.step:  # unnumbered: see new_step_starts
             self.end_step()
             progress = self._progress(rid)
         if progress.scheduled or tracked.pending:  # a chunk in flight, or one behind it

@@ -189,18 +189,19 @@ class HashView:
         self._size = hash_block_size
         self._named: dict[Any, tuple[Any, int]] = {}
         # kvcert's digest after P tokens -> (vLLM's hash of those tokens, P), for the block
-        # fields (`PoolBlock`); per request, how many of its hashes were indexed
+        # fields (`PoolBlock`); per request object (held, so that its id stays its own), how
+        # many of its hashes were indexed
         self._digests: dict[bytes, tuple[Any, int]] = {}
-        self._indexed: dict[str, int] = {}
+        self._indexed: dict[int, tuple[Any, int]] = {}
 
     def remember(self, request: Any, owner: KVCacheManager) -> None:
         size = self._size
         hashes = list(getattr(request, "block_hashes", ()))
         for i, block_hash in enumerate(hashes):
             self._named.setdefault(block_hash, (request, (i + 1) * size))
-        if len(hashes) <= self._indexed.get(request.request_id, 0):
+        if len(hashes) <= self._indexed.get(id(request), (request, 0))[1]:
             return
-        self._indexed[request.request_id] = len(hashes)
+        self._indexed[id(request)] = (request, len(hashes))
         prompt = owner.core.prompt(request.all_token_ids, request_extras(request))
         for chain in {id(c): c for c in prompt.chains if c is not None}.values():
             for k, digest in enumerate(chain.digests):
