@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvcert.conformance.campaign.workload import STATE_MODELS, generate
+from kvcert.conformance.vllm.own_tests.report import explained_reason
 from tests.docs import doc, words
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +104,16 @@ def test_the_check_fails_on_any_change_of_outcome(tmp_path: Path, now: dict[str,
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == code, run.stdout + run.stderr
+
+
+def test_a_refusal_the_failure_shows_comes_before_the_explained_reason() -> None:
+    explained = {"test_x": "reads an internal"}
+    refusal = "UnsupportedConfigError: the kvcert manager does not support KV connectors"
+    assert explained_reason("test_x.py::test_x", refusal, explained) == "refused: KV connectors"
+    assert explained_reason("test_x.py::test_x", "assert 1 == 2", explained) == "reads an internal"
+    assert explained_reason("test_y.py::test_y", "assert 1 == 2", explained).startswith(
+        "UNEXPLAINED"
+    )
 
 
 def test_the_docs_quote_the_campaign_through_kvcerts_scheduler() -> None:

@@ -116,13 +116,17 @@ def reason(text: str) -> str:
     return f"UNEXPLAINED: {first.strip()[:160]}"
 
 
-def _explained(test: str, text: str, explained: dict[str, str]) -> str:
+def explained_reason(test: str, text: str, explained: dict[str, str]) -> str:
     """The reason explained.json gives the test (a regex over its id or its failure text),
-    else what its failure message shows."""
+    else what its failure message shows; a refusal the message shows comes first (the test
+    configures a feature kvcert refuses, whatever it would read next)."""
+    shown = reason(text)
+    if shown.startswith("refused"):
+        return shown
     for pattern, why in explained.items():
         if not pattern.startswith("_") and (re.search(pattern, test) or re.search(pattern, text)):
             return why
-    return reason(text)
+    return shown
 
 
 def _needs(reasons: Iterable[str], refusals: dict[str, str]) -> list[str]:
@@ -156,7 +160,7 @@ def render(
         return results.get(test, ("missing", ""))[0] == "passed"
 
     lost = {
-        test: _explained(test, ours.get(test, ("missing", "not run"))[1], explained)
+        test: explained_reason(test, ours.get(test, ("missing", "not run"))[1], explained)
         for test in vllm
         if passed(vllm, test) and not passed(ours, test)
     }
