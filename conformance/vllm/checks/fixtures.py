@@ -58,10 +58,13 @@ def state_config(asynchronous: bool = False) -> Any:
     return vllm_config
 
 
-def refused(build: Callable[[], Any]) -> str | None:
+def refused(
+    build: Callable[[], Any], error: type[Exception] = UnsupportedConfigError
+) -> str | None:
+    """What `build` was refused with (an `error`), or None when it went through."""
     try:
         build()
-    except UnsupportedConfigError as why:
+    except error as why:
         return str(why)
     return None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from vllm import SamplingParams
@@ -204,7 +203,7 @@ def block_field_checks() -> list[tuple[str, bool, str]]:
     bare.allocate_slots(request("b"), len(TOKENS))
     bare.end_step()
     keyed = bare.blocks[bare.get_block_ids("b")[0][0]]
-    refusal = refused_with(IntegrationError, lambda: keyed.block_hash)
+    refusal = refused(lambda: keyed.block_hash, IntegrationError)
     queued = bare.block_pool.kv_event_queue
     taken = bare.take_events()
     emptied = bare.block_pool.kv_event_queue
@@ -228,11 +227,3 @@ def block_field_checks() -> list[tuple[str, bool, str]]:
             f"{queued} {taken} {emptied}",
         ),
     ]
-
-
-def refused_with(error: type[Exception], read: Callable[[], Any]) -> str | None:
-    try:
-        read()
-    except error as why:
-        return str(why)
-    return None
