@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from vllm import SamplingParams
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
@@ -287,8 +288,6 @@ def routed_experts_scheduler() -> Any:
 def connector_scheduler() -> Any:
     """kvcert's Scheduler for an engine configured with a KV connector (vLLM's example
     connector, which stores KV on local disk)."""
-    from vllm.config import KVTransferConfig  # noqa: PLC0415
-
     vllm_config = state_config()
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True  # as it asks
     vllm_config.kv_transfer_config = KVTransferConfig(
