@@ -14,7 +14,9 @@ from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.config import CacheConfig
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.hashing import ExtraKey
+from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.requests import Prompt, Request
+from kvcert.reference.tails import Tails
 
 
 class Inspection:
@@ -25,21 +27,48 @@ class Inspection:
     _requests: dict[str, Request]
     _running: Callable[[str], Request]  # the running request, or UnknownRequestError
     _prepared: Callable[[Sequence[int] | Prompt, Sequence[ExtraKey]], Prompt]
+    _tails: Tails | None  # `unit U`: the tail keys (ALLOC-UNIT-2)
+    _in_flight: dict[str, int]  # the requests with a chunk in flight
+    _served_after_steps: Callable[[], list[ServedMap[bytes]] | None]
 
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
         return tuple(tuple(t) for t in self._running(rid).tables)
 
-    def cached_block(self, prompt: Sequence[int] | Prompt, group: int, end: int) -> int | None:
+    def cached_block(
+        self, prompt: Sequence[int] | Prompt, group: int, end: int, *, after_steps: bool = False
+    ) -> int | None:
         """The block a lookup gets for group `group`'s block of `prompt` ending at token `end`
-        (ALLOC-LOOKUP-1); None when none is cached there or no block of the group ends there."""
+        (ALLOC-LOOKUP-1), or under `unit U` the block holding its tail key at an `end` inside
+        a block (ALLOC-UNIT-2); None when nothing is cached there or no key ends there.
+        `after_steps`: once every step in flight has ended (the keys their chunks register
+        then count already, as in `lookup_after_steps`)."""
         prepared, size = self._prepared(prompt, ()), self._group_size(group)
         inputs.position(end, "end")
-        chain = prepared.chains[group]
-        if chain is None or end % size or not 0 < end <= len(prepared):
+        chain, unit = prepared.chains[group], self.config.hit_unit
+        if chain is None or not 0 < end <= len(prepared):
             return None
-        key = chain.key(size, end // size - 1)
-        return None if key is None else self.pool.lookup(group, key)
+        if end % size == 0:
+            key = chain.key(size, end // size - 1)
+        elif unit is not None and end % unit == 0:
+            key = chain.key(unit, end // unit - 1)
+        else:
+            return None
+        maps = self._maps_after_steps() if after_steps else self._maps_now()
+        block = NULL_BLOCK if key is None else maps[group].get(key, NULL_BLOCK)
+        return None if block == NULL_BLOCK else block
+
+    def _maps_now(self) -> Sequence[ServedMap[bytes]]:
+        """Per group, what a lookup reads now: block keys, then under `unit U` tail keys."""
+        return self.pool.served if self._tails is None else self._tails.served
+
+    def _maps_after_steps(self) -> Sequence[ServedMap[bytes]]:
+        """As `_maps_now`, once every step in flight has ended (ALLOC-COMMIT-1, ALLOC-UNIT-2)."""
+        served = self._served_after_steps() or self.pool.served
+        if self._tails is None:
+            return served
+        chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
+        return self._tails.served_after(served, chunks)
 
     def _group_size(self, group: int) -> int:
         count = len(self.config.groups)

@@ -165,11 +165,9 @@ class KVCacheManager(Inspection):
         this; `lookup` keeps them out until then (ALLOC-VIS-1)."""
         prompt = self._prepared(tokens, extras)
         inputs.counts(max_hit=max_hit)
-        served = self._served_after_steps()
         if self._tails is not None:  # `unit U`: the tail keys those steps register count too
-            chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
-            after = self._tails.served_after(served or self.pool.served, chunks), ()
-            return self._hit(prompt, max_hit, after)[0]
+            return self._hit(prompt, max_hit, (self._maps_after_steps(), ()))[0]
+        served = self._served_after_steps()
         if served is None:
             return self._hit(prompt, max_hit)[0]
         keys = self._keying.keys(prompt.chains)

@@ -186,3 +186,21 @@ def test_the_pure_python_key_index_serves_tails_too(monkeypatch):
         settings=settings(max_examples=tiered(100, 2000), stateful_step_count=80),
     )
     assert ReferenceAgainstSpecUnderUnit.steps >= tiered(2_000, 60_000)
+
+
+def test_cached_block_names_a_tail_key_and_after_steps_the_keys_a_chunk_in_flight_registers():
+    """The inspection view: `cached_block` at a position inside a block is the block holding
+    the tail key there (ALLOC-UNIT-2); `after_steps` counts the keys the chunks in flight
+    register when their steps end, which a lookup serves only then (ALLOC-VIS-1)."""
+    kv = manager()
+    a = kv.admit("a", PROMPT, 96)
+    assert [kv.cached_block(PROMPT, g, 96) for g in (0, 1)] == [None, None]
+    after = [kv.cached_block(PROMPT, g, 96, after_steps=True) for g in (0, 1)]
+    assert after == [a.tables[0][1], a.tables[1][1]]
+    assert kv.cached_block(PROMPT, 0, 64, after_steps=True) == a.tables[0][0]
+    assert kv.cached_block(PROMPT, 0, 88, after_steps=True) is None  # not a multiple of U
+    assert kv.lookup(PROMPT)[0] == 0
+    kv.end_step()
+    assert [kv.cached_block(PROMPT, g, 96) for g in (0, 1)] == after
+    assert kv.cached_block(PROMPT, 1, 80) is None  # no checkpoint there
+    assert kv.lookup(PROMPT)[0] == 96
