@@ -27,6 +27,21 @@ def _runner() -> Any:
     return checkpoint.compute_mamba_prefill_checkpoints
 
 
+def _resolved_alignment(
+    kv_cache_config: Any, hash_block_size: int, scheduler_block_size: int
+) -> int:
+    """vLLM's engine core resolves `cache_hit_alignment_tokens` to the hash block where it
+    serves hits inside blocks on its own (`partial_hash_hits_enabled`), else the scheduler
+    block, before any runner reads it; a config built without the engine core (vLLM's tests)
+    has None there."""
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
+
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) > 1 and partial_hash_hits_enabled(groups, hash_block_size):
+        return hash_block_size
+    return scheduler_block_size
+
+
 @dataclass(frozen=True)
 class RunnerCheckpoints:
     """The runner's inputs that do not change per chunk (all from vLLM's configuration)."""
@@ -65,9 +80,11 @@ class RunnerCheckpoints:
             return None
         _runner()  # imported now, not in the first step that needs it (torch, triton)
         alignment = getattr(kv_cache_config, "cache_hit_alignment_tokens", None)
+        if alignment is None:  # not resolved yet: what vLLM's engine core will set it to
+            alignment = _resolved_alignment(kv_cache_config, hash_block_size, scheduler_block_size)
         return cls(
             hash_block_size,
-            alignment or scheduler_block_size,
+            alignment,
             drop_eagle_block,
             hash_lookahead_tokens,
             tuple(groups),

@@ -36,7 +36,7 @@ from kvcert.reference.tails import unit_refusal
 from kvcert.reference.vllm.settings import Settings
 
 _log = logging.getLogger(__name__)
-_COARSER_SAID: set[tuple[int, int]] = set()  # the coarser-hits warnings already logged
+_COARSER_SAID: set[tuple[int, int, str]] = set()  # the coarser-hits warnings already logged
 
 
 class UnsupportedConfigError(ConfigError):
@@ -175,45 +175,81 @@ def retention_profile(
     return {"retention": Retention.SPARSE if sparse else Retention.DENSE, "retention_interval": 0}
 
 
+def refuse_unsupported(
+    *,
+    shared_prefix_checkpoint: bool,
+    dcp_world_size: int,
+    pcp_world_size: int,
+    metrics_collector: Any,
+) -> None:
+    """Refuse at start-up the manager settings the kvcert manager does not serve (typed, with
+    the flag that turns each off), rather than run without them."""
+    refused = {
+        "shared-prefix state checkpoints": (
+            shared_prefix_checkpoint,
+            "turn --enable-mamba-shared-prefix-checkpoint off",
+        ),
+        "dcp_world_size > 1": (dcp_world_size > 1, "use decode context parallel size 1"),
+        "pcp_world_size > 1": (pcp_world_size > 1, "use prefill context parallel size 1"),
+        "a KV-cache metrics collector": (
+            metrics_collector is not None,
+            "turn KV-cache residency metrics off",
+        ),
+    }
+    for what, (on, fix) in refused.items():
+        if on:
+            raise UnsupportedConfigError(f"the kvcert manager does not support {what}: {fix}")
+
+
 def unit_config(
     config: CacheConfig, unit: int | None, hash_block_size: int, groups: Sequence[Any]
 ) -> CacheConfig:
-    """`config` under the hit-granularity profile `unit U` when `--prefix-match-unit` asks
-    for hits inside blocks (a unit below the lcm of the block sizes, HIT-UNIT-1): served
-    (HIT-UNIT-1..5, ALLOC-UNIT-1..4), or refused where the profile is not defined, never
-    ignored. Without the flag, vLLM 0.33 still hits every hash block on its own where an
-    align-mode state group's blocks are longer (its `partial_hash_hits_enabled`); kvcert's
-    hits stay whole blocks there, coarser than vLLM's, which it says once per process."""
+    """`config` under the hit-granularity profile `unit U` where vLLM serves hits inside
+    blocks: with `--prefix-match-unit` below the lcm of the block sizes (HIT-UNIT-1), served
+    (HIT-UNIT-1..5, ALLOC-UNIT-1..4) or refused where the profile is not defined, never
+    ignored; without it, where vLLM 0.33 hits every hash block on its own (an align-mode
+    state group's blocks are longer than the hash block: its `partial_hash_hits_enabled`),
+    served at the hash block wherever the profile is defined, so that a prompt shorter than
+    such a block still hits. Where it is not, hits stay whole blocks, coarser than vLLM's,
+    which is said once per process with the rule that stands in the way."""
     alignment = config.alignment
     if unit is not None and unit < alignment:
-        try:
-            served = dataclasses.replace(config, hit_unit=unit)
-        except ConfigError as why:
-            why_not: str | None = str(why)
-        else:
-            why_not = unit_refusal(served)
+        served, why_not = _unit_served(config, unit)
         if why_not is not None:
             raise UnsupportedConfigError(
                 f"--prefix-match-unit {unit}: {why_not}; unset it, set it to {alignment}, or "
                 "drop --scheduler-cls"
             )
         return served
-    coarser = (hash_block_size, alignment)
-    if hash_block_size >= alignment or coarser in _COARSER_SAID:
+    if unit is not None or hash_block_size >= alignment:
         return config
     from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
 
-    if partial_hash_hits_enabled(groups, hash_block_size):
+    if not partial_hash_hits_enabled(groups, hash_block_size):
+        return config
+    served, why_not = _unit_served(config, hash_block_size)
+    if why_not is None:
+        return served
+    coarser = (hash_block_size, alignment, why_not)
+    if coarser not in _COARSER_SAID:
         _COARSER_SAID.add(coarser)
         _log.warning(
             "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
-            "manager serves them at whole blocks of every group (every %d tokens); pass "
-            "--prefix-match-unit %d for hits inside blocks",
+            "manager serves them at whole blocks of every group (every %d tokens): %s",
             hash_block_size,
             alignment,
-            hash_block_size,
+            why_not,
         )
     return config
+
+
+def _unit_served(config: CacheConfig, unit: int) -> tuple[CacheConfig, str | None]:
+    """`config` with hit_unit `unit`, and why the manager cannot serve it (None: it can)."""
+    try:
+        served = dataclasses.replace(config, hit_unit=unit)
+    except ConfigError as why:
+        return config, str(why)
+    return served, unit_refusal(served)
 
 
 def cache_config(

@@ -43,7 +43,6 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 from kvcert.reference.config import Kind
-from kvcert.reference.errors import ConfigError
 from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.blocks import PoolBlock
@@ -54,6 +53,7 @@ from kvcert.reference.vllm.layout import (
     IntegrationError,
     UnsupportedConfigError,
     cache_config,
+    refuse_unsupported,
     retention_profile,
     state_spec_types,
     unit_config,
@@ -104,21 +104,12 @@ class KVCacheManager:
         prefix_match_unit: int | None = None,
     ) -> None:
         del max_in_flight_tokens  # vLLM's own sizing
-        refused = {
-            "shared-prefix state checkpoints": (
-                enable_mamba_shared_prefix_checkpoint,
-                "turn --enable-mamba-shared-prefix-checkpoint off",
-            ),
-            "dcp_world_size > 1": (dcp_world_size > 1, "use decode context parallel size 1"),
-            "pcp_world_size > 1": (pcp_world_size > 1, "use prefill context parallel size 1"),
-            "a KV-cache metrics collector": (
-                metrics_collector is not None,
-                "turn KV-cache residency metrics off",
-            ),
-        }
-        for what, (on, fix) in refused.items():
-            if on:
-                raise UnsupportedConfigError(f"the kvcert manager does not support {what}: {fix}")
+        refuse_unsupported(
+            shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            metrics_collector=metrics_collector,
+        )
         self.settings = Settings.from_env() if settings is None else settings
         self.hash_block_size = hash_block_size  # read back by the scheduler (block_pool)
         self.kv_cache_config = kv_cache_config
@@ -134,7 +125,9 @@ class KVCacheManager:
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
         config = dataclasses.replace(config, record_events=enable_kv_cache_events)
         groups = kv_cache_config.kv_cache_groups
-        self.core = Core(unit_config(config, prefix_match_unit, hash_block_size, groups))
+        # kept for set_retention_interval, which rebuilds the profile under another retention
+        self._unit_request = (prefix_match_unit, hash_block_size, groups)
+        self.core = Core(unit_config(config, *self._unit_request))
         self.num_kv_cache_groups = len(groups)
         self.blocks = [PoolBlock(self, i) for i in range(kv_cache_config.num_blocks)]
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
@@ -189,9 +182,10 @@ class KVCacheManager:
                 "admitted; set it before the first request (--prefix-cache-retention-interval)"
             )
         profile = retention_profile(interval, core.config.groups, None)
-        try:
-            self.core = Core(dataclasses.replace(core.config, **profile))
-        except ConfigError as why:  # sparse retention under --prefix-match-unit (ALLOC-UNIT-1)
+        config = dataclasses.replace(core.config, hit_unit=None, **profile)
+        try:  # sparse retention under --prefix-match-unit is refused (ALLOC-UNIT-1)
+            self.core = Core(unit_config(config, *self._unit_request))
+        except UnsupportedConfigError as why:
             raise UnsupportedConfigError(f"retention interval {interval}: {why}") from why
 
     def reserved_inner_checkpoint(self, rid: str) -> int:
@@ -633,6 +627,12 @@ class KVCacheManager:
         after registering the blocks its verified drafts completed."""
         rid = request.request_id
         progress = self.core.progress_of(rid)
+        if progress is not None and progress.scheduled and not self.core.step:
+            # unnumbered (see new_step_starts): a synchronous scheduler releases a request
+            # with a chunk in flight once that chunk's output has arrived (a finish) or
+            # between steps (an abort), so every step so far has ended
+            self.end_step()
+            progress = self.core.progress_of(rid)
         if progress is not None:
             self._accept_verified(request, progress)
         self._forget(rid)

@@ -228,7 +228,7 @@ class HashView:
         prompt = owner.core.prompt(request.all_token_ids, request_extras(request))
         found = []
         for group in group_ids:
-            block = owner.core.cached_block(prompt, group, end)
+            block = owner.core.cached_block(prompt, group, end, after_steps=True)
             if block is None:
                 return None
             found.append(owner.blocks[block])

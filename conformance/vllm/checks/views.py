@@ -89,8 +89,9 @@ def retention_checks() -> list[tuple[str, bool, str]]:
 def view_checks() -> list[tuple[str, bool, str]]:
     """The read-only views vLLM's tests read, computed from kvcert's state: a group's tables
     (`req_to_blocks`), its hit alignment, and the blocks kvcert serves for one of vLLM's
-    block hashes (`block_pool.get_cached_block`, with the hash view on): none before the step
-    writing them ends (ALLOC-VIS-1), the table's blocks after."""
+    block hashes (`block_pool.get_cached_block`, with the hash view on): like vLLM's map, the
+    blocks a chunk in flight will register count from its scheduling, while hits on them wait
+    for the step's end (ALLOC-VIS-1)."""
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
     settings = Settings(vllm_hash_view=True)
@@ -103,6 +104,8 @@ def view_checks() -> list[tuple[str, bool, str]]:
     ]
     pool = manager.block_pool
     early = pool.get_cached_block(a.block_hashes[1], [0])
+    b = Request("b", TOKENS, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    early_hit = manager.get_computed_blocks(b)[1]
     manager.end_step()
     attention = pool.get_cached_block(a.block_hashes[1], [0])
     state = pool.get_cached_block(a.block_hashes[3], [0, 1])
@@ -118,7 +121,12 @@ def view_checks() -> list[tuple[str, bool, str]]:
         without = str(why)
     return [
         ("req_to_blocks is the table", views == [list(t) for t in tables], f"{views} {tables}"),
-        ("nothing cached before the step ends", early is None, f"{early}"),
+        (
+            "keyed with its chunk, as in vLLM's map",
+            [b.block_id for b in early or ()] == [tables[0][1]],
+            f"{early} vs {tables[0][1]}",
+        ),
+        ("no hit before the step ends (ALLOC-VIS-1)", early_hit == 0, f"{early_hit}"),
         (
             "the table's block once it ends",
             [b.block_id for b in attention or ()] == [tables[0][1]],
