@@ -150,8 +150,9 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
     (driven alone, as vLLM's synchronous scheduler drives its own: each step starts once the
     last one's output has been read), so a state checkpoint serves the next step's lookups,
     and so does scheduling a request whose chunk is in flight again (such a scheduler
-    schedules a request once per step); under numbered steps (kvcert's schedulers) neither
-    ends a step, the step's output does."""
+    schedules a request once per step), and so does releasing a request whose chunk is in
+    flight (such a scheduler frees a request after its step's output, or aborts it between
+    steps); under numbered steps (kvcert's schedulers) none ends a step, the step's output does."""
     other = TOKENS[:48] + [7] * 16
 
     def hit_after(numbered: bool) -> tuple[int, int]:
@@ -173,12 +174,30 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
         manager.allocate_slots(a, 16)  # scheduled again: its first step has ended
         return int(manager.get_computed_blocks(request("b", tokens=other))[1])
 
+    def hit_after_free(numbered: bool) -> int:
+        manager = KVCacheManager(config(FULL, STATE), 256, BLOCK, BLOCK, settings=Settings())
+        step = manager.start_step() if numbered else None
+        a = request("a")
+        manager.allocate_slots(a, 48)
+        a.num_computed_tokens = 48
+        manager.free(a)  # released with its chunk in flight: finished once its output came
+        now = int(manager.get_computed_blocks(request("b", tokens=other))[1])
+        manager.end_step(step)
+        return now
+
     alone, numbered = hit_after(numbered=False), hit_after(numbered=True)
     extended = hit_after_extend()
+    freed, freed_numbered = hit_after_free(numbered=False), hit_after_free(numbered=True)
     return [
         ("alone: the next step hits the checkpoint", alone == (48, 48), f"{alone}"),
         ("numbered: only the step's end serves it", numbered == (0, 48), f"{numbered}"),
         ("alone: scheduling a request again ends its step", extended == 48, f"{extended}"),
+        (
+            "alone: releasing a request with a chunk in flight ends its step",
+            freed == 48,
+            f"{freed}",
+        ),
+        ("numbered: a release ends no step", freed_numbered == 0, f"{freed_numbered}"),
     ]
 
 
