@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
+from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.hashing import ExtraKey
@@ -30,6 +31,7 @@ class Inspection:
     _tails: Tails | None  # `unit U`: the tail keys (ALLOC-UNIT-2)
     _in_flight: dict[str, int]  # the requests with a chunk in flight
     _served_after_steps: Callable[[], list[ServedMap[bytes]] | None]
+    _commits: Registrar  # what a chunk registers when its step ends (ALLOC-COMMIT-1)
 
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
@@ -69,6 +71,20 @@ class Inspection:
             return served
         chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
         return self._tails.served_after(served, chunks)
+
+    def keys_after_steps(self) -> dict[int, tuple[int, bytes]]:
+        """Block -> (group, key) for each key a chunk in flight registers when its step ends
+        (ALLOC-COMMIT-1; under `unit U` its tail keys too, ALLOC-UNIT-2): what an engine that
+        keys blocks as it schedules them already shows on them."""
+        chunks = [r for rid in self._in_flight if (r := self._requests.get(rid)) and r.scheduled]
+        pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
+        for request in chunks:
+            self._commits.pending_keys(request, pending)
+        if self._tails is not None:
+            for g, tails in enumerate(self._tails.pending(chunks)):
+                for key, block in tails.items():
+                    pending[g].setdefault(key, block)
+        return {block: (g, key) for g, keys in enumerate(pending) for key, block in keys.items()}
 
     def _group_size(self, group: int) -> int:
         count = len(self.config.groups)

@@ -157,6 +157,15 @@ class Tails:
         """Per group, what the hit search reads once the `chunks` in flight have ended: the
         block keys `blocks` (with theirs), over the tail keys, over the tail keys those
         chunks will register (`register`'s choice, made early); no block is in flight then."""
+        pending = self.pending(chunks)
+        return [
+            Layered(whole, Layered(part, extra) if extra else part)
+            for whole, part, extra in zip(blocks, self.index.served, pending, strict=True)
+        ]
+
+    def pending(self, chunks: Iterable[Request]) -> list[dict[bytes, int]]:
+        """Per group, the tail keys the `chunks` in flight register when their steps end
+        (`register`'s choice, made early): key -> block."""
         pending: list[dict[bytes, int]] = [{} for _ in self.groups]
         for request in chunks:
             end = request.computed + request.scheduled
@@ -165,10 +174,7 @@ class Tails:
                 if chain is not None:
                     block = request.tables[g][position // self.groups[g].block_size]
                     pending[g].setdefault(chain.digests[position // chain.size - 1], block)
-        return [
-            Layered(whole, Layered(part, extra) if extra else part)
-            for whole, part, extra in zip(blocks, self.index.served, pending, strict=True)
-        ]
+        return pending
 
     def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
         """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its

@@ -24,20 +24,22 @@ if TYPE_CHECKING:
 
 def _held_key(owner: KVCacheManager, block: int) -> tuple[int, bytes] | None:
     """(group, digest) `block` is registered under: its block key, else (`unit U`) its tail
-    key; None when it holds neither."""
+    key, else the key its chunk in flight registers when the step ends (vLLM keys a block as
+    it schedules it, so its fields show that key already); None when it holds none."""
     pool = owner.core.pool
     found = pool.key_of(block)
     if found is None and pool.tails is not None:
         key, group = pool.tails.key_of(block), pool.tails.group_of(block)
         found = None if key is None or group is None else (group, key)
-    return found
+    return found if found is not None else owner.core.keys_after_steps().get(block)
 
 
 class PoolBlock(KVCacheBlock):  # type: ignore[misc]
     """One of vLLM's block objects whose fields read kvcert's pool: `ref_cnt` the table
     entries and copies holding it (INV-REF-1), `block_hash` vLLM's hash (with group) of the
     tokens its key certifies and `block_hash_num_tokens` how many (a whole block, or under
-    `unit U` a tail), None for an unkeyed block; `prev_free_block` / `next_free_block` its
+    `unit U` a tail; a key the block's chunk in flight registers counts), None for an
+    unkeyed block; `prev_free_block` / `next_free_block` its
     neighbours in the free queue (None while held). Read-only: vLLM's own pool sets these,
     kvcert's never does."""
 

@@ -200,7 +200,11 @@ def test_cached_block_names_a_tail_key_and_after_steps_the_keys_a_chunk_in_fligh
     assert kv.cached_block(PROMPT, 0, 64, after_steps=True) == a.tables[0][0]
     assert kv.cached_block(PROMPT, 0, 88, after_steps=True) is None  # not a multiple of U
     assert kv.lookup(PROMPT)[0] == 0
+    pending = kv.keys_after_steps()  # block 0 whole, the tail at 96 in both groups
+    assert sorted(pending) == sorted([a.tables[0][0], a.tables[0][1], a.tables[1][1]])
+    assert pending[a.tables[1][1]][0] == 1
     kv.end_step()
+    assert kv.keys_after_steps() == {}
     assert [kv.cached_block(PROMPT, g, 96) for g in (0, 1)] == after
     assert kv.cached_block(PROMPT, 1, 80) is None  # no checkpoint there
     assert kv.lookup(PROMPT)[0] == 96

@@ -104,6 +104,7 @@ def view_checks() -> list[tuple[str, bool, str]]:
     ]
     pool = manager.block_pool
     early = pool.get_cached_block(a.block_hashes[1], [0])
+    early_length = manager.blocks[tables[0][1]].block_hash_num_tokens
     b = Request("b", TOKENS, SamplingParams(max_tokens=1), None, block_hasher=hasher)
     early_hit = manager.get_computed_blocks(b)[1]
     manager.end_step()
@@ -127,6 +128,11 @@ def view_checks() -> list[tuple[str, bool, str]]:
             f"{early} vs {tables[0][1]}",
         ),
         ("no hit before the step ends (ALLOC-VIS-1)", early_hit == 0, f"{early_hit}"),
+        (
+            "its block's fields show that key already",
+            early_length == 2 * BLOCK,
+            f"{early_length}",
+        ),
         (
             "the table's block once it ends",
             [b.block_id for b in attention or ()] == [tables[0][1]],
