@@ -90,16 +90,56 @@ def written(resend=PROMPT, layout=HYBRID, chunks=(96, 4), blocks=32, **profile):
             {},
             Layout(
                 (FullAttention(64), SlidingWindow(64, 64, draft=True)),
-                Speculative.EXACT,
+                Speculative.DROP,
                 hit_unit=16,
             ),
-            "draft groups",
+            "drop profile",
         ),
     ],
 )
 def test_the_unit_profile_refuses_what_it_does_not_define(profile, layout, fragment):
     with pytest.raises(InvalidOp, match=fragment):
         PoolConfig(layout, 8, **profile)
+
+
+DRAFTED = Layout(
+    (FullAttention(64), FullAttention(64, draft=True)), Speculative.EXACT, hit_unit=16
+)
+
+
+def test_draft_groups_keyed_exactly_are_served_under_the_unit_profile():
+    assert spec.unit_problem(PoolConfig(DRAFTED, 8)) is None
+
+
+@pytest.mark.parametrize(
+    ("reach", "chunks", "keyed"),
+    [
+        (1, (100,), True),  # the key covers token 96, in the prompt; computed with it
+        (2, (96, 4), True),  # tokens 0..97: in the prompt, registered once token 96 is computed
+        (2, (97, 3), True),
+        (4, (100,), True),  # tokens 0..99: the whole prompt
+        (5, (100,), False),  # token 100 is not in the prompt: never keyed for the re-send
+    ],
+)
+def test_a_draft_tail_is_keyed_when_the_prompt_holds_its_reach(reach, chunks, keyed):
+    """ALLOC-UNIT-2 for a draft group: T=96 inside block 1; the key covers `reach` tokens
+    past T (HASH-DRAFT-1), and the re-send hits 96 only when it is keyed."""
+    layout = dataclasses.replace(DRAFTED, draft_reach=reach)
+    state = written(layout=layout, chunks=chunks)
+    keyed_at = {b.partial_at for b in state.blocks if b.partial and b.partial[0] == 1}
+    assert keyed_at == ({96} if keyed else set())
+    _, (admitted,) = run(state, Admit("b", PROMPT, 100))
+    assert admitted.hit == (96 if keyed else 64)
+
+
+def test_a_draft_tail_waits_for_the_reach_minus_one_tokens_after_it():
+    """Reach 3: the KV at positions up to 95 in the draft layers needs tokens up to 97, so
+    the step that ends at 97 registers the tail, the one ending at 96 does not."""
+    layout = dataclasses.replace(DRAFTED, draft_reach=3)
+    state, _ = run(pool(layout), Admit("a", PROMPT, 96), EndStep())
+    assert not any(b.partial for b in state.blocks if b.partial and b.partial[0] == 1)
+    state, _ = run(state, Extend("a", 2), EndStep())
+    assert [b.partial_at for b in state.blocks if b.partial and b.partial[0] == 1] == [96]
 
 
 @pytest.mark.parametrize("visibility", ["step-end", "same-pass"])
@@ -464,7 +504,8 @@ class UnitSpecSelfCheck(SpecSelfCheck):
     """test_alloc's self-check machine under `unit U` (lru or lru-unkeyed-first, step-end or
     same-pass): every invariant holds after each operation, INV-COPY-1 (copies carry the
     request's tokens), INV-COPY-2 (they read written KV) and INV-KEY-1 on partial keys among
-    them; and every copy's target is in the request's table."""
+    them; and every copy's target is in the request's table (ALLOC-UNIT-3), or its source is,
+    a state block keyed at a tail that the chunk writes (ALLOC-UNIT-4)."""
 
     @initialize(
         layout=unit_layouts(),
@@ -486,7 +527,9 @@ class UnitSpecSelfCheck(SpecSelfCheck):
         if isinstance(observation, Admitted | Extended):
             for g, source, target in observation.copies:
                 assert target not in (NULL_BLOCK, source)
-                assert target in observation.tables[g]
+                if target not in observation.tables[g]:  # ALLOC-UNIT-4: a kept checkpoint
+                    assert source in observation.tables[g]
+                    assert self.state.blocks[source].partial is not None
 
     def _read_by_others(self, rid):
         request = self.state.requests.get(rid)
