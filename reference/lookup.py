@@ -47,15 +47,16 @@ class Keying:
         for group, lookahead in zip(self.config.groups, self.lookahead, strict=True):
             if group.kind is Kind.CROSS:
                 chains.append(None)
-            elif lookahead:
-                chains.append(Chain(group.block_size, lookahead, extras, self.digest))
+            elif lookahead:  # under `unit U` digested at every multiple of U (its tail keys)
+                size = self.config.hit_unit or group.block_size
+                chains.append(Chain(size, lookahead, extras, self.digest))
             else:
                 chains.append(base)
         return chains
 
     def unit_keys(self, chains: Sequence[Chain | None]) -> list[list[bytes]]:
-        """Under `unit U`: per group the request's key at every multiple of U it reaches (no
-        draft chains then: ALLOC-UNIT-1), as kvcert.reference.unit_hits reads them.
+        """Under `unit U`: per group the request's key at every multiple of U it reaches (a
+        draft group's from its own chain at U), as kvcert.reference.unit_hits reads them.
         Implements HASH-UNIT-1: the digest after P tokens certifies exactly tokens [0, P),
         so a tail key (P inside a block) never equals a block key (P a block end)."""
         unit = self.config.hit_unit or self.base_size

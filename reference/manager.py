@@ -69,7 +69,6 @@ class KVCacheManager(Inspection):
             record_events=config.record_events,
             tail_keys=unit,
         )
-        self._tails = Tails(config, self.pool) if unit else None  # ALLOC-UNIT-2..4
         budget = config.digest_memo_bytes
         self._memo = DigestMemo(budget) if budget else None
         self._requests: dict[str, Request] = {}
@@ -84,6 +83,7 @@ class KVCacheManager(Inspection):
         # tokens past a block it waits for before registering it (ALLOC-COMMIT-1)
         lookahead = [config.draft_reach if exact and g.draft else 0 for g in config.groups]
         commit_delay = [config.draft_reach - 1 if g.draft else 0 for g in config.groups]
+        self._tails = Tails(config, self.pool, lookahead) if unit else None  # ALLOC-UNIT-2..4
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)

@@ -3,19 +3,22 @@
 Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
 
 - ALLOC-UNIT-1 (`unit_refusal`): the profile is served with dense retention, lru or
-  lru-unkeyed-first eviction, step-end visibility and no draft layers, like the spec; and,
+  lru-unkeyed-first eviction and draft layers keyed exactly (if any), like the spec; and,
   where the reference has a feature the spec does not cover, without KV events and without
   counting dead evictions (both read one key per block).
 - ALLOC-UNIT-2 (`Tails.register`): a prompt's tail boundary T, the last multiple of U below
   its length, is keyed when it lies inside a block: an attention group's block once a step
-  has computed token T - 1, a state group's only when a step ended exactly at T.
+  has computed token T - 1, a draft group's (exact keying) once the prompt holds the reach
+  tokens its key covers past T and a step has computed the reach - 1 after T too, a state
+  group's only when a step ended exactly at T.
 - ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
   one; the source is held until the step ends.
 - ALLOC-UNIT-4 (`Tails.keep`, `Tails.move_kept`): a state block keyed inside a block is copied
   out into a fresh block before its writer's chunk overwrites it; the copy takes the key when
   the step ends, so the writer's table (which vLLM's worker only appends to) never changes.
 
-Keys. One digest chain at granularity U serves every group (kvcert.reference.hashing): the
+Keys. One digest chain at granularity U serves every group but the draft groups, which get
+one each at U covering their lookahead (kvcert.reference.lookup): the
 digest after P tokens certifies exactly the tokens [0, P), so a block's key (P a block end)
 and a tail key (P inside a block) are digests of different lengths and never collide. A
 block holds at most one tail key besides its block key: tail keys live in a second key
@@ -29,7 +32,7 @@ from collections.abc import Container, Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
-from kvcert.reference.config import CacheConfig, Eviction, Kind, MambaMode, Retention
+from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, Kind, MambaMode, Retention
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
@@ -47,10 +50,11 @@ def unit_refusal(config: CacheConfig) -> str | None:
         return f"{unit} needs retention='dense': sparse retention keeps whole blocks only"
     if config.eviction is Eviction.HYBRID:
         return f"{unit} needs eviction 'lru' or 'lru-unkeyed-first': hybrid reads block keys only"
-    if any(g.draft for g in config.groups):
+    if config.speculative is DraftKeying.DROP and any(g.draft for g in config.groups):
         return (
-            f"{unit} with draft groups is not specified (where a draft layer's tail key ends, "
-            "HASH-DRAFT-1, and how the drop meets it, HIT-SPEC-2): leave hit_unit unset"
+            f"{unit} with draft groups under the drop profile is not specified (how the drop "
+            "meets a prompt's tail key, HIT-SPEC-2): use speculative='exact' or leave "
+            "hit_unit unset"
         )
     if config.record_events or config.count_dead_evictions:
         return (
@@ -63,12 +67,13 @@ def unit_refusal(config: CacheConfig) -> str | None:
 class Tails:
     """Per cache configuration under `unit U`: the tail keys and the copies they need."""
 
-    def __init__(self, config: CacheConfig, pool: BlockPool) -> None:
+    def __init__(self, config: CacheConfig, pool: BlockPool, lookahead: Sequence[int]) -> None:
         unit = config.hit_unit
         if unit is None:  # the manager builds one only under the profile
             raise ValueError("Tails serves the `unit U` profile: config.hit_unit is None")
         self.unit = unit
         self.groups = config.groups
+        self.lookahead = lookahead  # per group, the draft tokens its keys cover (HASH-DRAFT-1)
         self.pool = pool
         tails = pool.tails
         if tails is None:
@@ -179,7 +184,8 @@ class Tails:
     def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
         """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its
         computed count moves from `before` to `after`."""
-        tail = (request.prompt_length - 1) // self.unit * self.unit
+        prompt = request.prompt_length
+        tail = (prompt - 1) // self.unit * self.unit
         found = []
         for g, group in enumerate(self.groups):
             if not tail or group.kind is Kind.CROSS or not tail % group.block_size:
@@ -187,7 +193,10 @@ class Tails:
             if group.kind is Kind.MAMBA:
                 if group.mode is not MambaMode.NONE and before < tail == after:
                     found.append((g, tail))
-            elif before < tail <= after:
+                continue
+            lookahead = self.lookahead[g]  # a draft key covers tokens past T: in the prompt
+            needed = tail + max(lookahead - 1, 0)  # and their KV computed, but the last
+            if tail + lookahead <= prompt and before < needed <= after:
                 found.append((g, tail))
         return found
 

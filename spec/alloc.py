@@ -57,6 +57,7 @@ from kvcert.spec.layout import (
     MambaMode,
     MambaState,
     SlidingWindow,
+    Speculative,
     hit_alignment,
     is_draft,
 )
@@ -131,14 +132,15 @@ class PoolConfig:
 
 def unit_problem(config: PoolConfig) -> str | None:
     """ALLOC-UNIT-1: The allocator serves the hit-granularity profile `unit U` with dense
-    retention, lru or lru-unkeyed-first eviction and no draft layers, under either
-    visibility (same-pass through HIT-UNIT-5); what else it would need is not defined yet,
-    so it is refused, saying which rule stands in the way.
+    retention, lru or lru-unkeyed-first eviction and draft layers keyed exactly (if any),
+    under either visibility (same-pass through HIT-UNIT-5); what else it would need is not
+    defined yet, so it is refused, saying which rule stands in the way.
 
         full B=64 + state B=64, U=16, dense, lru, step-end  served
         the same under same-pass visibility                 served (HIT-UNIT-5)
+        + an EAGLE draft group, exact keying                served (HASH-DRAFT-1, ALLOC-UNIT-2)
         the same under sparse retention                     refused (RET-SPARSE-2)
-        + an EAGLE draft group                              refused (HASH-DRAFT-1, HIT-SPEC-2)
+        + an EAGLE draft group, the drop                    refused (HIT-SPEC-2)
 
     pre: True
     post: __return__ is None or config.layout.hit_unit is not None
@@ -159,11 +161,11 @@ def unit_problem(config: PoolConfig) -> str | None:
             "keys only, not by partial keys; use eviction 'lru' or 'lru-unkeyed-first'"
         )
     drafts = [g.name for g in layout.groups if is_draft(g)]
-    if drafts:
+    if drafts and layout.speculative is Speculative.DROP:
         return (
-            f"{unit} with draft groups {drafts}: where a draft layer's partial key would end "
-            "(HASH-DRAFT-1's lookahead) and how the drop (HIT-SPEC-2) meets a prompt's tail "
-            "key is not defined for the allocator; leave hit_unit unset with draft layers"
+            f"{unit} with draft groups {drafts} under the drop profile: how the drop "
+            "(HIT-SPEC-2) meets a prompt's tail key is not defined for the allocator; use "
+            "speculative='exact' or leave hit_unit unset"
         )
     return None
 
@@ -1322,12 +1324,17 @@ def tail_boundary(unit: int, prompt: int) -> int:
 def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     """ALLOC-UNIT-2: Under `unit U` a request keys the block its prompt's tail boundary T
     (the longest hit a re-send of the prompt takes) falls inside, when T is inside a block:
-    an attention group at the end of the step that computed token T - 1, a state group in
-    mode align or all only at the end of a step that ended exactly at T (its running block
-    then holds the state at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
+    an attention group at the end of the step that computed token T - 1, a draft group
+    (exact keying, HASH-DRAFT-1) only when the prompt holds the draft_reach tokens its key
+    covers past T, at the end of the step that computed the draft_reach - 1 tokens after T
+    too (as ALLOC-COMMIT-1 waits for a whole draft block), a state group in mode align or all
+    only at the end of a step that ended exactly at T (its running block then holds the state
+    at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
 
         B=64, U=16, prompt 100 (T=96), steps [0, 64) [64, 100):
         full      the end of step 2 keys block 1 at 96 (tokens 64..95)
+        draft     reach 2: key over tokens 0..97, at the end of step 2 (computed token 96)
+                  reach 5: nothing (the prompt ends at 100 < 96 + 5)
         state     nothing: step 2 ended at 100;  with steps [0, 96) [96, 100) the end of
                   step 1 keys the state at 96 in block 1
         prompt 128 (T=112) or 65 (T=64, a block boundary: ALLOC-COMMIT-1's): as stated;  nothing
@@ -1345,7 +1352,11 @@ def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     if isinstance(group, MambaState):
         ended_there = request.computed == tail and before < tail
         return tail if group.mode is not MambaMode.NONE and ended_there else 0
-    return tail if before < tail <= request.computed else 0
+    lookahead = key_lookahead(layout, group)  # the draft reach, or 0
+    if tail + lookahead > request.prompt:
+        return 0
+    needed = tail + max(lookahead - 1, 0)  # computed tokens the key's KV needs
+    return tail if before < needed <= request.computed else 0
 
 
 def _register_tail(
@@ -1356,11 +1367,14 @@ def _register_tail(
     returns the next stamp."""
     group = layout.groups[g]
     b = request.tables[g][position // group.block_size]  # written this step: never released
-    key = partial_key(request.tokens, group.block_size, position, request.extras)
+    covered = position + key_lookahead(layout, group)  # a draft key's tokens past it too
+    key = partial_key(
+        request.tokens, group.block_size, position, request.extras, covered - position
+    )
     content = blocks[b].content or (
         g,
-        request.tokens[:position],
-        extras_within(request.extras, position),
+        request.tokens[:covered],
+        extras_within(request.extras, covered),
     )
     blocks[b] = dataclasses.replace(
         blocks[b], partial=(g, key), partial_at=position, partial_stamp=stamp, content=content

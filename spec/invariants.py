@@ -95,7 +95,9 @@ def keys_describe_content(state: State) -> bool:
             if slot == block.partial:
                 at = block.partial_at
                 size = spec_group.block_size
-                if not 0 < at <= len(tokens) or partial_key(tokens, size, at, extras) != slot[1]:
+                if not 0 < at <= len(tokens) - lookahead:
+                    return False
+                if partial_key(tokens, size, at, extras, lookahead) != slot[1]:
                     return False
                 continue
             keys = block_keys(tokens, spec_group.block_size, extras, lookahead)

@@ -136,7 +136,7 @@ def with_unit(
     served = (
         eviction is not spec.Eviction.HYBRID
         and retention is Retention.DENSE
-        and not any(is_draft(g) for g in layout.groups)
+        and not (layout.speculative is Speculative.DROP and any(map(is_draft, layout.groups)))
     )
     if not pick or not served:
         return layout

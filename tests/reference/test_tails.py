@@ -39,10 +39,29 @@ def test_the_unit_profile_refuses_what_it_does_not_serve(settings, fragment):
         manager(**settings)
 
 
-def test_draft_groups_are_refused_under_the_unit_profile():
-    groups = (GroupConfig(Kind.FULL, 64), GroupConfig(Kind.FULL, 64, draft=True))
-    with pytest.raises(ConfigError, match="draft groups"):
-        KVCacheManager(CacheConfig(groups, 20, speculative="exact", hit_unit=16))
+DRAFTED = (GroupConfig(Kind.FULL, 64), GroupConfig(Kind.FULL, 64, draft=True))
+
+
+def test_draft_groups_are_refused_under_the_unit_profile_only_with_the_drop():
+    with pytest.raises(ConfigError, match="drop profile"):
+        KVCacheManager(CacheConfig(DRAFTED, 20, speculative="drop", hit_unit=16))
+    KVCacheManager(CacheConfig(DRAFTED, 20, speculative="exact", hit_unit=16))
+
+
+@pytest.mark.parametrize(("reach", "prompt", "keyed_at"), [(1, 100, 96), (2, 98, 96), (3, 98, 0)])
+def test_a_draft_group_keys_its_tail_when_the_prompt_holds_its_reach(reach, prompt, keyed_at):
+    """ALLOC-UNIT-2 for a draft group (exact keying): the tail T=96 is keyed only when the
+    prompt holds the `reach` tokens its key covers past T, once the reach - 1 tokens after T
+    are computed too; a re-send hits there (the target group's tail is keyed at 96 anyway)."""
+    config = CacheConfig(DRAFTED, 20, speculative="exact", draft_reach=reach, hit_unit=16)
+    kv = KVCacheManager(config)
+    tokens = list(range(1, prompt + 1))
+    a = kv.admit("a", tokens, prompt)
+    kv.end_step()
+    assert kv.cached_block(tokens, 1, 96) == (a.tables[1][1] if keyed_at else None)
+    assert kv.cached_block(tokens, 0, 96) == a.tables[0][1]
+    kv.finish("a")
+    assert kv.lookup(tokens)[0] == (keyed_at or 64 if 64 + reach <= prompt else 0)
 
 
 def test_a_resend_copies_both_tails_and_the_sources_go_back_at_the_step_end():
@@ -171,10 +190,10 @@ def test_the_combined_served_map_reads_block_keys_then_tail_keys():
 def test_tails_need_the_profile_and_a_pool_keeping_tail_keys():
     config = CacheConfig(HYBRID, 8)
     with pytest.raises(ValueError, match="hit_unit is None"):
-        Tails(config, block_pool.BlockPool(8, num_groups=2))
+        Tails(config, block_pool.BlockPool(8, num_groups=2), [0, 0])
     unit = CacheConfig(HYBRID, 8, hit_unit=16)
     with pytest.raises(ValueError, match="tail_keys=True"):
-        Tails(unit, block_pool.BlockPool(8, num_groups=2))
+        Tails(unit, block_pool.BlockPool(8, num_groups=2), [0, 0])
 
 
 def test_the_pure_python_key_index_serves_tails_too(monkeypatch):

@@ -129,6 +129,9 @@ RETIRED = {
     "of `unit U` (ALLOC-UNIT-1..4): alloc/unit.json, and ALLOC-UNIT-1's refusals",
     "alloc.refuse.unit-same-pass": "spec 0.8.0 serves same-pass visibility under `unit U` "
     "(HIT-UNIT-5): alloc/unit.json's same-pass scenarios and alloc/same-pass.json's twins",
+    "alloc.refuse.unit-draft-groups": "spec 0.9.0 serves draft groups keyed exactly under "
+    "`unit U` (ALLOC-UNIT-2): alloc/unit.json's draft-tail scenarios; the drop stays refused "
+    "(alloc.refuse.unit-draft-groups-dropped)",
 }
 
 

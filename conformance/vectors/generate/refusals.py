@@ -279,13 +279,13 @@ def unit_refusals(full: JSON) -> Iterator[JSON]:
         )
     drafted = {"groups": [{"kind": "full", "block_size": 16},
                           {"kind": "full", "block_size": 16, "draft": True}],
-               "speculative": "exact", "hit_unit": 8}  # fmt: skip
+               "speculative": "drop", "hit_unit": 8}  # fmt: skip
     yield raw_case(
-        "alloc.refuse.unit-draft-groups",
+        "alloc.refuse.unit-draft-groups-dropped",
         {"suite": "alloc", "layout": drafted, "num_blocks": 8, "ops": []},
-        "where a draft layer's tail key ends and how the drop meets it is not defined for the "
-        "allocator (ALLOC-UNIT-1)",
-        ("hit.unit", "kind.full", "speculative.exact"),
+        "how the drop meets a prompt's tail key is not defined for the allocator "
+        "(ALLOC-UNIT-1; draft groups keyed exactly are served)",
+        ("hit.unit", "kind.full", "speculative.drop"),
     )
     for label, (partial, why) in views.items():
         yield raw_case(

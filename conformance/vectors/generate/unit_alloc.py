@@ -21,6 +21,7 @@ from kvcert.spec import (
     MambaMode,
     MambaState,
     SlidingWindow,
+    Speculative,
 )
 from kvcert.spec import alloc as spec
 
@@ -131,6 +132,20 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "a cross-attention group keeps no keys and needs none (HIT-CROSS-1): full attention "
         "alone decides the re-send's hit, 12, and only its tail is copied",
     )  # fmt: skip
+    drafted = Layout((FullAttention(8), FullAttention(8, draft=True)), Speculative.EXACT,
+                     draft_reach=2, hit_unit=2)  # fmt: skip
+    for length, hit, keyed in ((14, 12, "keys"), (13, 8, "cannot key")):
+        tokens = PROMPT[:length]
+        yield alloc_case(
+            f"alloc.unit.draft-tail-{'keyed' if hit == 12 else 'past-the-prompt'}",
+            drafted, 12,
+            [*_written(tokens, length), spec.Admit("b", tokens, length), spec.EndStep(),
+             spec.Finish("b")], "vllm --prefix-match-unit with an MTP drafter",
+            f"an MTP drafter of reach 2 keyed exactly: the draft group's key at the tail 12 "
+            f"covers tokens 0..13, so a {length}-token prompt {keyed} it (ALLOC-UNIT-2, "
+            f"HASH-DRAFT-1) and a re-send hits {hit}",
+            focus=("ALLOC-UNIT-2",),
+        )  # fmt: skip
     other: list[spec.Op] = [spec.Admit("c", tuple(range(500, 508)), 8), spec.EndStep(),
                             spec.Finish("c")]  # fmt: skip
     yield alloc_case(
