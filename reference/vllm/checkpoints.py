@@ -19,27 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvcert.reference.vllm.layout import vllm_hits_inside
+
 
 def _runner() -> Any:
     """vLLM's runner-side rule (imported on use: it brings torch and triton)."""
     from vllm.model_executor.layers.mamba import checkpoint  # noqa: PLC0415
 
     return checkpoint.compute_mamba_prefill_checkpoints
-
-
-def _resolved_alignment(
-    kv_cache_config: Any, hash_block_size: int, scheduler_block_size: int
-) -> int:
-    """vLLM's engine core resolves `cache_hit_alignment_tokens` to the hash block where it
-    serves hits inside blocks on its own (`partial_hash_hits_enabled`), else the scheduler
-    block, before any runner reads it; a config built without the engine core (vLLM's tests)
-    has None there."""
-    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
-
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) > 1 and partial_hash_hits_enabled(groups, hash_block_size):
-        return hash_block_size
-    return scheduler_block_size
 
 
 @dataclass(frozen=True)
@@ -80,8 +67,9 @@ class RunnerCheckpoints:
             return None
         _runner()  # imported now, not in the first step that needs it (torch, triton)
         alignment = getattr(kv_cache_config, "cache_hit_alignment_tokens", None)
-        if alignment is None:  # not resolved yet: what vLLM's engine core will set it to
-            alignment = _resolved_alignment(kv_cache_config, hash_block_size, scheduler_block_size)
+        if alignment is None:  # unresolved (vLLM's tests): what vLLM's engine core sets
+            inside = vllm_hits_inside(kv_cache_config.kv_cache_groups, hash_block_size)
+            alignment = hash_block_size if inside else scheduler_block_size
         return cls(
             hash_block_size,
             alignment,

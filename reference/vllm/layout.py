@@ -207,9 +207,8 @@ def unit_config(
     """`config` under the hit-granularity profile `unit U` where vLLM serves hits inside
     blocks: with `--prefix-match-unit` below the lcm of the block sizes (HIT-UNIT-1), served
     (HIT-UNIT-1..5, ALLOC-UNIT-1..4) or refused where the profile is not defined, never
-    ignored; without it, where vLLM 0.33 hits every hash block on its own (an align-mode
-    state group's blocks are longer than the hash block: its `partial_hash_hits_enabled`),
-    served at the hash block wherever the profile is defined, so that a prompt shorter than
+    ignored; without it, where vLLM 0.33 hits every hash block on its own
+    (`vllm_hits_inside`), served at the hash block wherever the profile is defined, so that a prompt shorter than
     such a block still hits. Where it is not, hits stay whole blocks, coarser than vLLM's,
     which is said once per process with the rule that stands in the way."""
     alignment = config.alignment
@@ -221,11 +220,11 @@ def unit_config(
                 "drop --scheduler-cls"
             )
         return served
-    if unit is not None or hash_block_size >= alignment:
-        return config
-    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
-
-    if not partial_hash_hits_enabled(groups, hash_block_size):
+    if (
+        unit is not None
+        or hash_block_size >= alignment
+        or not vllm_hits_inside(groups, hash_block_size)
+    ):
         return config
     served, why_not = _unit_served(config, hash_block_size)
     if why_not is None:
@@ -241,6 +240,23 @@ def unit_config(
             why_not,
         )
     return config
+
+
+def vllm_hits_inside(groups: Sequence[Any], hash_block_size: int) -> bool:
+    """Whether vLLM's engine core resolves this model's hits to the hash block on its own (its
+    `resolve_cache_hit_alignment_tokens`): several groups, an align-mode state group with
+    longer blocks, and every other cacheable group's manager able to look up hash blocks
+    (`partial_hash_hits_enabled` with the managers' classes)."""
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled  # noqa: PLC0415
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry  # noqa: PLC0415
+
+    if len(groups) <= 1:
+        return False
+    classes = [
+        KVCacheSpecRegistry.get_manager_class(g.kv_cache_spec, getattr(g, "role", None))
+        for g in groups
+    ]
+    return bool(partial_hash_hits_enabled(groups, hash_block_size, manager_classes=classes))
 
 
 def _unit_served(config: CacheConfig, unit: int) -> tuple[CacheConfig, str | None]:
