@@ -208,9 +208,10 @@ def unit_config(
     blocks: with `--prefix-match-unit` below the lcm of the block sizes (HIT-UNIT-1), served
     (HIT-UNIT-1..5, ALLOC-UNIT-1..4) or refused where the profile is not defined, never
     ignored; without it, where vLLM 0.33 hits every hash block on its own
-    (`vllm_hits_inside`), served at the hash block wherever the profile is defined, so that a prompt shorter than
-    such a block still hits. Where it is not, hits stay whole blocks, coarser than vLLM's,
-    which is said once per process with the rule that stands in the way."""
+    (`vllm_hits_inside`), served at the hash block wherever the profile is defined, so that
+    a prompt shorter than such a block still hits. Where it is not, hits stay whole blocks,
+    coarser than vLLM's, which is said once per process with the rule that stands in the
+    way."""
     alignment = config.alignment
     if unit is not None and unit < alignment:
         served, why_not = _unit_served(config, unit)
