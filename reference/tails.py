@@ -6,11 +6,11 @@ Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
   lru-unkeyed-first eviction and draft layers keyed exactly (if any), like the spec; and,
   where the reference has a feature the spec does not cover, without KV events and without
   counting dead evictions (both read one key per block).
-- ALLOC-UNIT-2 (`Tails.register`): a prompt's tail boundary T, the last multiple of U below
-  its length, is keyed when it lies inside a block: an attention group's block once a step
-  has computed token T - 1, a draft group's (exact keying) once the prompt holds the reach
-  tokens its key covers past T and a step has computed the reach - 1 after T too, a state
-  group's only when a step ended exactly at T.
+- ALLOC-UNIT-2 (`Tails.register`): a prompt's tail boundary T, the last multiple of U at or
+  below its length less max(1, r) (r: the tokens a draft key covers past its end), is keyed
+  when it lies inside a block: an attention group's block once a step has computed token
+  T - 1, a draft group's (exact keying) once a step has computed the r - 1 after T too, a
+  state group's only when a step ended exactly at T.
 - ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
   one; the source is held until the step ends.
 - ALLOC-UNIT-4 (`Tails.keep`, `Tails.move_kept`): a state block keyed inside a block is copied
@@ -184,8 +184,8 @@ class Tails:
     def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
         """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its
         computed count moves from `before` to `after`."""
-        prompt = request.prompt_length
-        tail = (prompt - 1) // self.unit * self.unit
+        reach = max(self.lookahead)  # the re-send hit (spec tail_boundary): a draft key
+        tail = max(request.prompt_length - max(1, reach), 0) // self.unit * self.unit
         found = []
         for g, group in enumerate(self.groups):
             if not tail or group.kind is Kind.CROSS or not tail % group.block_size:
@@ -194,9 +194,8 @@ class Tails:
                 if group.mode is not MambaMode.NONE and before < tail == after:
                     found.append((g, tail))
                 continue
-            lookahead = self.lookahead[g]  # a draft key covers tokens past T: in the prompt
-            needed = tail + max(lookahead - 1, 0)  # and their KV computed, but the last
-            if tail + lookahead <= prompt and before < needed <= after:
+            needed = tail + max(self.lookahead[g] - 1, 0)  # a draft key's KV: reach - 1 more
+            if before < needed <= after:
                 found.append((g, tail))
         return found
 

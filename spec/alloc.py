@@ -1311,30 +1311,33 @@ def end_step(state: State) -> tuple[State, Observation]:
     return ended, StepEnded(registered + state.published_in_step)
 
 
-def tail_boundary(unit: int, prompt: int) -> int:
-    """The longest hit a re-send of a `prompt`-token prompt can take under `unit U`: the last
-    multiple of U below its length (HIT-LEN-1 leaves the last token to compute).
+def tail_boundary(unit: int, prompt: int, reach: int = 0) -> int:
+    """The longest hit a re-send of a `prompt`-token prompt can take under `unit U`:
+    RET-SPARSE-1's re-send hit at U, the last multiple of U at or below prompt - max(1, r)
+    (HIT-LEN-1 leaves the last token to compute; a draft key at P covers the r = `reach`
+    tokens after P, HASH-DRAFT-1, which the prompt must hold).
 
-    pre: unit >= 1 and prompt >= 1
+        U=16, prompt 100: r 0 or 1 -> 96;  r 2 -> 96;  r 5 -> 80 (a key at 96 covers 96..100)
+
+    pre: unit >= 1 and prompt >= 1 and reach >= 0
     post: 0 <= __return__ < prompt and __return__ % unit == 0
     """
-    return (prompt - 1) // unit * unit
+    return max(prompt - max(1, reach), 0) // unit * unit
 
 
 def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     """ALLOC-UNIT-2: Under `unit U` a request keys the block its prompt's tail boundary T
-    (the longest hit a re-send of the prompt takes) falls inside, when T is inside a block:
-    an attention group at the end of the step that computed token T - 1, a draft group
-    (exact keying, HASH-DRAFT-1) only when the prompt holds the draft_reach tokens its key
-    covers past T, at the end of the step that computed the draft_reach - 1 tokens after T
-    too (as ALLOC-COMMIT-1 waits for a whole draft block), a state group in mode align or all
-    only at the end of a step that ended exactly at T (its running block then holds the state
-    at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
+    (the longest hit a re-send of the prompt takes, `tail_boundary`) falls inside, when T is
+    inside a block: an attention group at the end of the step that computed token T - 1, a
+    draft group (exact keying, HASH-DRAFT-1) once the draft_reach - 1 tokens after T are
+    computed too (as ALLOC-COMMIT-1 waits for a whole draft block), a state group in mode
+    align or all only at the end of a step that ended exactly at T (its running block then
+    holds the state at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
 
         B=64, U=16, prompt 100 (T=96), steps [0, 64) [64, 100):
         full      the end of step 2 keys block 1 at 96 (tokens 64..95)
         draft     reach 2: key over tokens 0..97, at the end of step 2 (computed token 96)
-                  reach 5: nothing (the prompt ends at 100 < 96 + 5)
+                  reach 5: T=80 for every group (a key at 96 would cover tokens past 99)
         state     nothing: step 2 ended at 100;  with steps [0, 96) [96, 100) the end of
                   step 1 keys the state at 96 in block 1
         prompt 128 (T=112) or 65 (T=64, a block boundary: ALLOC-COMMIT-1's): as stated;  nothing
@@ -1346,16 +1349,14 @@ def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     unit = layout.hit_unit
     if unit is None or isinstance(group, CrossAttention) or not request.prompt:
         return 0
-    tail = tail_boundary(unit, request.prompt)
+    reach = max(key_lookahead(layout, other) for other in layout.groups)
+    tail = tail_boundary(unit, request.prompt, reach)
     if not tail % group.block_size:
         return 0
     if isinstance(group, MambaState):
         ended_there = request.computed == tail and before < tail
         return tail if group.mode is not MambaMode.NONE and ended_there else 0
-    lookahead = key_lookahead(layout, group)  # the draft reach, or 0
-    if tail + lookahead > request.prompt:
-        return 0
-    needed = tail + max(lookahead - 1, 0)  # computed tokens the key's KV needs
+    needed = tail + max(key_lookahead(layout, group) - 1, 0)  # computed tokens its KV needs
     return tail if before < needed <= request.computed else 0
 
 
@@ -1452,6 +1453,7 @@ def withdraw(state: State, rid: str) -> State:
     """
     request = state.requests[rid]
     blocks = list(state.blocks)
+    layout = state.config.layout
     for g, start in enumerate(request.published):
         for j in range(start, request.registered[g]):
             b = request.tables[g][j]  # a position the chunk writes: never the null block
@@ -1464,16 +1466,19 @@ def withdraw(state: State, rid: str) -> State:
                 f"{readers[0] if readers else ''!r} took as a same-pass hit (ALLOC-VIS-2): "
                 "releasing it now leaves that KV unwritten; end the step first",
             )
-            blocks[b] = dataclasses.replace(blocks[b], key=None, content=_older(blocks[b]))
+            older = _older(blocks[b], key_lookahead(layout, layout.groups[g]))
+            blocks[b] = dataclasses.replace(blocks[b], key=None, content=older)
     return dataclasses.replace(state, blocks=tuple(blocks))
 
 
-def _older(block: Block) -> Content | None:
-    """What a withdrawn block still holds: the content its partial key names, or nothing."""
+def _older(block: Block, lookahead: int) -> Content | None:
+    """What a withdrawn block still holds: the content its partial key names (with the
+    `lookahead` tokens a draft key covers past it, HASH-DRAFT-1), or nothing."""
     if block.partial is None or block.content is None:
         return None
     g, tokens, extras = block.content
-    return g, tokens[: block.partial_at], extras_within(extras, block.partial_at)
+    covered = block.partial_at + lookahead
+    return g, tokens[:covered], extras_within(extras, covered)
 
 
 def reset_cache(state: State) -> tuple[State, Observation]:

@@ -65,6 +65,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.hashing import key_lookahead
 from kvcert.spec.invariants import violated
 from kvcert.spec.layout import hit_alignment, is_cacheable, is_draft
 from kvcert.spec.retention import Retention
@@ -374,6 +375,12 @@ def machine_for(
             if allowed:
                 self.apply(spec.Extend(rid, budget, (), 0, allowed[pick % len(allowed)]))
 
+        def _tail(self, prompt: int) -> int:
+            """ALLOC-UNIT-2's tail boundary of a `prompt`-token prompt (the re-send hit)."""
+            layout = self.model().config.layout
+            reach = max(key_lookahead(layout, g) for g in layout.groups)
+            return spec.tail_boundary(layout.hit_unit or 1, prompt, reach)
+
         def under_unit(self) -> bool:
             """Whether the run is under `unit U` (the tail rules below apply)."""
             return self.state is not None and self.state.config.layout.hit_unit is not None
@@ -387,8 +394,7 @@ def machine_for(
             if rid is None:
                 return
             tokens = base[:length]
-            unit = self.model().config.layout.hit_unit or 1
-            tail = (length - 1) // unit * unit
+            tail = self._tail(length)
             hit = spec.lookup(self.model(), tokens, ())[0]
             budget = tail - hit if stop and tail > hit else length
             self.apply(spec.Admit(rid, tokens, budget))
@@ -401,8 +407,7 @@ def machine_for(
             if rid is None or self.model().requests[rid].scheduled:
                 return
             request = self.model().requests[rid]
-            unit = self.model().config.layout.hit_unit or 1
-            tail = (request.prompt - 1) // unit * unit
+            tail = self._tail(request.prompt)
             if request.computed < tail:
                 self.apply(spec.Extend(rid, tail - request.computed))
 

@@ -48,37 +48,19 @@ def test_draft_groups_are_refused_under_the_unit_profile_only_with_the_drop():
     KVCacheManager(CacheConfig(DRAFTED, 20, speculative="exact", hit_unit=16))
 
 
-@pytest.mark.parametrize(("reach", "prompt", "keyed_at"), [(1, 100, 96), (2, 98, 96), (3, 98, 0)])
-def test_a_draft_group_keys_its_tail_when_the_prompt_holds_its_reach(reach, prompt, keyed_at):
-    """ALLOC-UNIT-2 for a draft group (exact keying): the tail T=96 is keyed only when the
-    prompt holds the `reach` tokens its key covers past T, once the reach - 1 tokens after T
-    are computed too; a re-send hits there (the target group's tail is keyed at 96 anyway)."""
+@pytest.mark.parametrize(("reach", "prompt", "tail"), [(1, 100, 96), (2, 98, 96), (3, 98, 80)])
+def test_a_draft_group_keys_its_tail_where_a_resend_can_hit(reach, prompt, tail):
+    """ALLOC-UNIT-2 for a draft group (exact keying): the tail is the re-send hit, prompt -
+    max(1, reach) floored to U (a draft key covers `reach` tokens past it), keyed in both
+    groups once the reach - 1 tokens after it are computed; a re-send hits there."""
     config = CacheConfig(DRAFTED, 20, speculative="exact", draft_reach=reach, hit_unit=16)
     kv = KVCacheManager(config)
     tokens = list(range(1, prompt + 1))
     a = kv.admit("a", tokens, prompt)
     kv.end_step()
-    assert kv.cached_block(tokens, 1, 96) == (a.tables[1][1] if keyed_at else None)
-    assert kv.cached_block(tokens, 0, 96) == a.tables[0][1]
+    assert [kv.cached_block(tokens, g, tail) for g in (0, 1)] == [a.tables[0][1], a.tables[1][1]]
     kv.finish("a")
-    assert kv.lookup(tokens)[0] == (keyed_at or 64 if 64 + reach <= prompt else 0)
-
-
-def test_a_resend_copies_both_tails_and_the_sources_go_back_at_the_step_end():
-    kv = manager()
-    kv.admit("a", PROMPT, 96)
-    assert kv.end_step() == 3  # block 0 whole, the tail at 96 in both groups
-    kept = kv.extend("a", 4)
-    assert len(kept.copies) == 1  # the state block keyed at 96 (ALLOC-UNIT-4)
-    kv.end_step()
-    kv.finish("a")
-    resent = kv.admit("b", PROMPT, 96)
-    assert resent.hit == 96
-    assert [g for g, _, _ in resent.copies] == [0, 1]
-    assert all(target in resent.tables[g] for g, _, target in resent.copies)
-    free = kv.stats().free_blocks
-    kv.end_step()
-    assert kv.stats().free_blocks == free + 2  # both sources released
+    assert kv.lookup(tokens)[0] == tail
 
 
 LONG = [*PROMPT, *range(200, 228)]  # 128 tokens: blocks 0 and 1 whole

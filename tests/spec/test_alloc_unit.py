@@ -102,9 +102,7 @@ def test_the_unit_profile_refuses_what_it_does_not_define(profile, layout, fragm
         PoolConfig(layout, 8, **profile)
 
 
-DRAFTED = Layout(
-    (FullAttention(64), FullAttention(64, draft=True)), Speculative.EXACT, hit_unit=16
-)
+DRAFTED = Layout((FullAttention(64), FullAttention(64, draft=True)), Speculative.EXACT, hit_unit=16)
 
 
 def test_draft_groups_keyed_exactly_are_served_under_the_unit_profile():
@@ -112,24 +110,24 @@ def test_draft_groups_keyed_exactly_are_served_under_the_unit_profile():
 
 
 @pytest.mark.parametrize(
-    ("reach", "chunks", "keyed"),
+    ("reach", "chunks", "tail"),
     [
-        (1, (100,), True),  # the key covers token 96, in the prompt; computed with it
-        (2, (96, 4), True),  # tokens 0..97: in the prompt, registered once token 96 is computed
-        (2, (97, 3), True),
-        (4, (100,), True),  # tokens 0..99: the whole prompt
-        (5, (100,), False),  # token 100 is not in the prompt: never keyed for the re-send
+        (1, (100,), 96),  # the key at 96 covers token 96, in the prompt; computed with it
+        (2, (96, 4), 96),  # tokens 0..97: registered once token 96 is computed
+        (2, (97, 3), 96),
+        (4, (100,), 96),  # tokens 0..99: the whole prompt
+        (5, (100,), 80),  # a key at 96 would cover token 100: T = 80 for every group
     ],
 )
-def test_a_draft_tail_is_keyed_when_the_prompt_holds_its_reach(reach, chunks, keyed):
-    """ALLOC-UNIT-2 for a draft group: T=96 inside block 1; the key covers `reach` tokens
-    past T (HASH-DRAFT-1), and the re-send hits 96 only when it is keyed."""
+def test_a_draft_tail_is_keyed_where_a_resend_can_hit(reach, chunks, tail):
+    """ALLOC-UNIT-2 for a draft group: T is the re-send hit, 100 - max(1, reach) floored to
+    U (the key at T covers `reach` tokens past it, HASH-DRAFT-1), and a re-send hits it."""
     layout = dataclasses.replace(DRAFTED, draft_reach=reach)
     state = written(layout=layout, chunks=chunks)
-    keyed_at = {b.partial_at for b in state.blocks if b.partial and b.partial[0] == 1}
-    assert keyed_at == ({96} if keyed else set())
+    keyed_at = {b.partial_at for b in state.blocks if b.partial}
+    assert keyed_at == {tail}
     _, (admitted,) = run(state, Admit("b", PROMPT, 100))
-    assert admitted.hit == (96 if keyed else 64)
+    assert admitted.hit == tail
 
 
 def test_a_draft_tail_waits_for_the_reach_minus_one_tokens_after_it():

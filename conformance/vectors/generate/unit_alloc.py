@@ -134,16 +134,17 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
     drafted = Layout((FullAttention(8), FullAttention(8, draft=True)), Speculative.EXACT,
                      draft_reach=2, hit_unit=2)  # fmt: skip
-    for length, hit, keyed in ((14, 12, "keys"), (13, 8, "cannot key")):
+    for length, tail in ((14, 12), (13, 10)):
         tokens = PROMPT[:length]
         yield alloc_case(
-            f"alloc.unit.draft-tail-{'keyed' if hit == 12 else 'past-the-prompt'}",
+            f"alloc.unit.draft-tail-{length}",
             drafted, 12,
             [*_written(tokens, length), spec.Admit("b", tokens, length), spec.EndStep(),
              spec.Finish("b")], "vllm --prefix-match-unit with an MTP drafter",
-            f"an MTP drafter of reach 2 keyed exactly: the draft group's key at the tail 12 "
-            f"covers tokens 0..13, so a {length}-token prompt {keyed} it (ALLOC-UNIT-2, "
-            f"HASH-DRAFT-1) and a re-send hits {hit}",
+            f"an MTP drafter of reach 2 keyed exactly: a draft key at P covers tokens up to "
+            f"P + 1 (HASH-DRAFT-1), so a {length}-token prompt's tail boundary is "
+            f"{length} - 2 floored to the unit, {tail}; both groups key it (ALLOC-UNIT-2) and "
+            f"a re-send hits {tail}",
             focus=("ALLOC-UNIT-2",),
         )  # fmt: skip
     other: list[spec.Op] = [spec.Admit("c", tuple(range(500, 508)), 8), spec.EndStep(),
