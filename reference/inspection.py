@@ -72,19 +72,23 @@ class Inspection:
         chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
         return self._tails.served_after(served, chunks)
 
-    def keys_after_steps(self) -> dict[int, tuple[int, bytes]]:
+    def keys_after_steps(self) -> dict[int, tuple[int, bytes] | None]:
         """Block -> (group, key) for each key a chunk in flight registers when its step ends
-        (ALLOC-COMMIT-1; under `unit U` its tail keys too, ALLOC-UNIT-2): what an engine that
+        (ALLOC-COMMIT-1; under `unit U` its tail keys too, ALLOC-UNIT-2, and the tail keys
+        ALLOC-UNIT-4 moves then: None for the block that loses one): what an engine that
         keys blocks as it schedules them already shows on them."""
         chunks = [r for rid in self._in_flight if (r := self._requests.get(rid)) and r.scheduled]
         pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
         for request in chunks:
             self._commits.pending_keys(request, pending)
+        moves: dict[int, tuple[int, bytes] | None] = {}
         if self._tails is not None:
             for g, tails in enumerate(self._tails.pending(chunks)):
                 for key, block in tails.items():
                     pending[g].setdefault(key, block)
-        return {block: (g, key) for g, keys in enumerate(pending) for key, block in keys.items()}
+            moves = self._tails.moving(chunks)
+        keyed = {block: (g, key) for g, keys in enumerate(pending) for key, block in keys.items()}
+        return {**keyed, **moves}
 
     def _group_size(self, group: int) -> int:
         count = len(self.config.groups)

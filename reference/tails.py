@@ -156,17 +156,38 @@ class Tails:
             request.keeps = []
         return moved
 
+    def moving(self, chunks: Iterable[Request]) -> dict[int, tuple[int, bytes] | None]:
+        """ALLOC-UNIT-4's moves when the `chunks` in flight end: each kept block loses its
+        tail key (None) and its copy gains it ((group, key))."""
+        moves: dict[int, tuple[int, bytes] | None] = {}
+        for request in chunks:
+            for g, j, fresh in request.keeps:
+                block = request.tables[g][j]
+                key = self.index.key_of(block)
+                if key is not None:
+                    moves[block], moves[fresh] = None, (g, key)
+        return moves
+
     def served_after(
         self, blocks: Sequence[ServedMap[bytes]], chunks: Iterable[Request]
     ) -> list[ServedMap[bytes]]:
         """Per group, what the hit search reads once the `chunks` in flight have ended: the
-        block keys `blocks` (with theirs), over the tail keys, over the tail keys those
-        chunks will register (`register`'s choice, made early); no block is in flight then."""
+        block keys `blocks` (with theirs), over the tail keys ALLOC-UNIT-4 moves to copies,
+        over the tail keys, over the tail keys those chunks will register (`register`'s
+        choice, made early); no block is in flight then."""
+        chunks = list(chunks)
         pending = self.pending(chunks)
-        return [
-            Layered(whole, Layered(part, extra) if extra else part)
-            for whole, part, extra in zip(blocks, self.index.served, pending, strict=True)
-        ]
+        moved: list[dict[bytes, int]] = [{} for _ in self.groups]
+        for block, held in self.moving(chunks).items():
+            if held is not None:
+                moved[held[0]][held[1]] = block
+        layered: list[ServedMap[bytes]] = []
+        for whole, part, extra, copies in zip(
+            blocks, self.index.served, pending, moved, strict=True
+        ):
+            tails: ServedMap[bytes] = Layered(part, extra) if extra else part
+            layered.append(Layered(whole, Layered(copies, tails) if copies else tails))
+        return layered
 
     def pending(self, chunks: Iterable[Request]) -> list[dict[bytes, int]]:
         """Per group, the tail keys the `chunks` in flight register when their steps end

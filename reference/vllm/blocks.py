@@ -23,15 +23,19 @@ if TYPE_CHECKING:
 
 
 def _held_key(owner: KVCacheManager, block: int) -> tuple[int, bytes] | None:
-    """(group, digest) `block` is registered under: its block key, else (`unit U`) its tail
-    key, else the key its chunk in flight registers when the step ends (vLLM keys a block as
-    it schedules it, so its fields show that key already); None when it holds none."""
+    """(group, digest) `block` is registered under once the steps in flight end (vLLM keys
+    and moves keys as it schedules a chunk, so its fields show them already): the key its
+    chunk registers then or a tail key moving to it (ALLOC-UNIT-4; None for the block it
+    leaves), else its block key, else (`unit U`) its tail key; None when it holds none."""
+    after = owner.core.keys_after_steps()
+    if block in after:
+        return after[block]
     pool = owner.core.pool
     found = pool.key_of(block)
     if found is None and pool.tails is not None:
         key, group = pool.tails.key_of(block), pool.tails.group_of(block)
         found = None if key is None or group is None else (group, key)
-    return found if found is not None else owner.core.keys_after_steps().get(block)
+    return found
 
 
 class PoolBlock(KVCacheBlock):  # type: ignore[misc]

@@ -209,3 +209,23 @@ def test_cached_block_names_a_tail_key_and_after_steps_the_keys_a_chunk_in_fligh
     assert [kv.cached_block(PROMPT, g, 96) for g in (0, 1)] == after
     assert kv.cached_block(PROMPT, 1, 80) is None  # no checkpoint there
     assert kv.lookup(PROMPT)[0] == 96
+
+
+def test_keys_after_steps_move_a_kept_tail_key_to_its_copy():
+    """ALLOC-UNIT-4 seen early: while the chunk that overwrites a state block keyed at 96 is
+    in flight, `keys_after_steps` names the copy as the key's holder and the written block as
+    losing it (what the key index shows once the step ends)."""
+    kv = manager()
+    a = kv.admit("a", PROMPT, 96)
+    kv.end_step()
+    kept = kv.extend("a", 4)
+    ((group, source, target),) = kept.copies
+    assert source == a.tables[1][1]
+    moves = kv.keys_after_steps()
+    assert moves[source] is None
+    assert moves[target] == (group, kv.pool.tails.key_of(source))
+    assert kv.cached_block(PROMPT, 1, 96) == source  # until the step ends
+    assert kv.cached_block(PROMPT, 1, 96, after_steps=True) == target
+    kv.end_step()
+    assert kv.pool.tails.key_of(target) == moves[target][1]
+    assert kv.pool.tails.key_of(source) is None
