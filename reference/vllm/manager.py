@@ -733,15 +733,19 @@ class KVCacheManager:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
-        """A lookup result cut at `num_computed_tokens` (a multiple of every block size)."""
+        """A lookup result cut at `num_computed_tokens` (a multiple of every block size); an
+        attention group holding fewer blocks than the cut needs is refused (a state group's
+        list may be shorter: it names only the blocks a hit reads)."""
         cut = []
         for group_blocks, group in zip(blocks.blocks, self.core.config.groups, strict=True):
-            if num_computed_tokens % group.block_size:
+            count, rest = divmod(num_computed_tokens, group.block_size)
+            if rest or (group.kind is not Kind.MAMBA and len(group_blocks) < count):
                 raise IntegrationError(
-                    f"cannot cut a hit at {num_computed_tokens} tokens: not a multiple of "
-                    f"block size {group.block_size}"
+                    f"cannot cut a hit at {num_computed_tokens} tokens: group of block size "
+                    f"{group.block_size} holds {len(group_blocks)} blocks, and the cut needs "
+                    f"a multiple of the block size within them"
                 )
-            cut.append(list(group_blocks[: num_computed_tokens // group.block_size]))
+            cut.append(list(group_blocks[:count]))
         return self.create_kv_cache_blocks(tuple(cut))
 
     # -- what the worker is told ------------------------------------------------------------

@@ -120,6 +120,11 @@ def view_checks() -> list[tuple[str, bool, str]]:
         without = "answered"
     except IntegrationError as why:
         without = str(why)
+    short = manager.create_kv_cache_blocks(([manager.blocks[tables[0][0]]], []))
+    try:
+        cut = f"cut to {manager.truncate_computed_blocks(short, 2 * BLOCK)}"
+    except IntegrationError as why:
+        cut = str(why)
     return [
         ("req_to_blocks is the table", views == [list(t) for t in tables], f"{views} {tables}"),
         (
@@ -148,6 +153,7 @@ def view_checks() -> list[tuple[str, bool, str]]:
         ("hits align to whole blocks", alignment == BLOCK, f"{alignment}"),
         ("a freed request holds nothing", "a" not in freed and freed["a"] == [], f"{freed}"),
         ("refused with the hash view off", without != "answered", without),
+        ("a cut past an attention group's blocks is refused", "holds 1 blocks" in cut, cut),
     ]
 
 
