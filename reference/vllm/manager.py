@@ -17,9 +17,9 @@ Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the
 group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
 so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
 encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups outside
-vLLM's align cache mode (`kvcert.reference.vllm.layout`), a `--prefix-match-unit` finer than
-kvcert's whole-block hits. KV events announce what becomes
-hittable when it does (at `end_step`).
+vLLM's align cache mode (`kvcert.reference.vllm.layout`), hits inside blocks
+(`--prefix-match-unit`, or vLLM's own choice) where the spec's `unit U` is not defined
+(ALLOC-UNIT-1). KV events announce what becomes hittable when it does (at `end_step`).
 
 Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
 numbers its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's
@@ -627,10 +627,11 @@ class KVCacheManager:
         after registering the blocks its verified drafts completed."""
         rid = request.request_id
         progress = self.core.progress_of(rid)
-        if progress is not None and progress.scheduled and not self.core.step:
-            # unnumbered (see new_step_starts): a synchronous scheduler releases a request
-            # with a chunk in flight once that chunk's output has arrived (a finish) or
-            # between steps (an abort), so every step so far has ended
+        running = getattr(request, "status", None) is RequestStatus.RUNNING  # a preemption
+        if progress is not None and progress.scheduled and not self.core.step and not running:
+            # unnumbered (see new_step_starts): a synchronous scheduler finishes a request
+            # with a chunk in flight once that chunk's output has arrived, or aborts it
+            # between steps, so every step so far has ended (it preempts one still RUNNING)
             self.end_step()
             progress = self.core.progress_of(rid)
         if progress is not None:

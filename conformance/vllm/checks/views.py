@@ -19,7 +19,7 @@ from vllm.v1.core.kv_cache_utils import (
     init_none_hash,
     make_block_hash_with_group_id,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from kvcert.conformance.vllm.checks.fixtures import (
     BLOCK,
@@ -186,12 +186,14 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
         manager.allocate_slots(a, 16)  # scheduled again: its first step has ended
         return int(manager.get_computed_blocks(request("b", tokens=other))[1])
 
-    def hit_after_free(numbered: bool) -> int:
+    def hit_after_free(numbered: bool, preempted: bool = False) -> int:
         manager = KVCacheManager(config(FULL, STATE), 256, BLOCK, BLOCK, settings=Settings())
         step = manager.start_step() if numbered else None
         a = request("a")
         manager.allocate_slots(a, 48)
         a.num_computed_tokens = 48
+        if preempted:  # vLLM preempts a request still RUNNING, maybe in the step it schedules
+            a.status = RequestStatus.RUNNING
         manager.free(a)  # released with its chunk in flight: finished once its output came
         now = int(manager.get_computed_blocks(request("b", tokens=other))[1])
         manager.end_step(step)
@@ -200,6 +202,7 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
     alone, numbered = hit_after(numbered=False), hit_after(numbered=True)
     extended = hit_after_extend()
     freed, freed_numbered = hit_after_free(numbered=False), hit_after_free(numbered=True)
+    preempted = hit_after_free(numbered=False, preempted=True)
     return [
         ("alone: the next step hits the checkpoint", alone == (48, 48), f"{alone}"),
         ("numbered: only the step's end serves it", numbered == (0, 48), f"{numbered}"),
@@ -210,6 +213,7 @@ def step_signal_checks() -> list[tuple[str, bool, str]]:
             f"{freed}",
         ),
         ("numbered: a release ends no step", freed_numbered == 0, f"{freed_numbered}"),
+        ("alone: a preemption (still RUNNING) ends no step", preempted == 0, f"{preempted}"),
     ]
 
 
