@@ -69,15 +69,14 @@ class Inspection:
         served = self._served_after_steps() or self.pool.served
         if self._tails is None:
             return served
-        chunks = [r for rid in self._in_flight if (r := self._requests.get(rid))]
-        return self._tails.served_after(served, chunks)
+        return self._tails.served_after(served, self._chunks_in_flight())
 
     def keys_after_steps(self) -> dict[int, tuple[int, bytes] | None]:
         """Block -> (group, key) for each key a chunk in flight registers when its step ends
         (ALLOC-COMMIT-1; under `unit U` its tail keys too, ALLOC-UNIT-2, and the tail keys
         ALLOC-UNIT-4 moves then: None for the block that loses one): what an engine that
         keys blocks as it schedules them already shows on them."""
-        chunks = [r for rid in self._in_flight if (r := self._requests.get(rid)) and r.scheduled]
+        chunks = self._chunks_in_flight()
         pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
         for request in chunks:
             self._commits.pending_keys(request, pending)
@@ -89,6 +88,10 @@ class Inspection:
             moves = self._tails.moving(chunks)
         keyed = {block: (g, key) for g, keys in enumerate(pending) for key, block in keys.items()}
         return {**keyed, **moves}
+
+    def _chunks_in_flight(self) -> list[Request]:
+        """The running requests with a chunk scheduled and not yet ended."""
+        return [r for rid in self._in_flight if (r := self._requests.get(rid)) and r.scheduled]
 
     def _group_size(self, group: int) -> int:
         count = len(self.config.groups)

@@ -44,6 +44,7 @@ from kvcert.spec.hashing import (
     block_keys,
     extras_within,
     key_lookahead,
+    keys_reach,
     matched_blocks,
     partial_key,
 )
@@ -1349,8 +1350,7 @@ def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     unit = layout.hit_unit
     if unit is None or isinstance(group, CrossAttention) or not request.prompt:
         return 0
-    reach = max(key_lookahead(layout, other) for other in layout.groups)
-    tail = tail_boundary(unit, request.prompt, reach)
+    tail = tail_boundary(unit, request.prompt, keys_reach(layout))
     if not tail % group.block_size:
         return 0
     if isinstance(group, MambaState):

@@ -173,6 +173,13 @@ def key_lookahead(layout: Layout, group: Group) -> int:
     return draft_lookahead(True, exact, layout.draft_reach) if is_draft(group) else 0
 
 
+def keys_reach(layout: Layout) -> int:
+    """The most tokens past a block any of `layout`'s keys cover (HASH-DRAFT-1): the draft
+    reach under exact keying with draft groups, else 0; a re-send of a prompt names keys
+    only up to its length less this (RET-SPARSE-1, ALLOC-UNIT-2)."""
+    return max(key_lookahead(layout, group) for group in layout.groups)
+
+
 def matched_blocks(keys: Sequence[BlockKey], cached_keys: frozenset[BlockKey]) -> frozenset[int]:
     """HASH-MATCH-1: A group has block j of a request cached when it holds a block under the
     request's key for block j.

@@ -33,7 +33,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from kvcert.spec.acceptance import group_accepts, needed_blocks
-from kvcert.spec.hashing import key_lookahead
+from kvcert.spec.hashing import keys_reach
 from kvcert.spec.layout import (
     ChunkedLocal,
     Group,
@@ -127,7 +127,7 @@ def retained_lengths(
     post: all(length > 0 and length % hit_alignment(layout) == 0 for length in __return__)
     """
     step = hit_alignment(layout)
-    reach = max(key_lookahead(layout, group) for group in layout.groups)
+    reach = keys_reach(layout)
     resend, extension = prompt - max(1, reach), prompt - reach
     lengths = {resend // step * step, extension // step * step, junction_at // step * step}
     if interval:

@@ -65,7 +65,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
-from kvcert.spec.hashing import key_lookahead
+from kvcert.spec.hashing import keys_reach
 from kvcert.spec.invariants import violated
 from kvcert.spec.layout import hit_alignment, is_cacheable, is_draft
 from kvcert.spec.retention import Retention
@@ -378,8 +378,7 @@ def machine_for(
         def _tail(self, prompt: int) -> int:
             """ALLOC-UNIT-2's tail boundary of a `prompt`-token prompt (the re-send hit)."""
             layout = self.model().config.layout
-            reach = max(key_lookahead(layout, g) for g in layout.groups)
-            return spec.tail_boundary(layout.hit_unit or 1, prompt, reach)
+            return spec.tail_boundary(layout.hit_unit or 1, prompt, keys_reach(layout))
 
         def under_unit(self) -> bool:
             """Whether the run is under `unit U` (the tail rules below apply)."""
