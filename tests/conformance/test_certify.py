@@ -249,6 +249,7 @@ class Lacking(ReferenceEngine):
         return {**super().describe(), "features": ["kind.full"], "profiles": []}
 
 
+@pytest.mark.slow
 def test_crashing_and_garbage_engines_are_reported_per_case():
     crashed = run_vectors(Crashing())
     assert crashed.counts() == Counter({"errored": len(all_cases())})
@@ -271,6 +272,7 @@ def test_a_hanging_engine_times_out_per_case_and_the_run_goes_on(tmp_path):
     assert all("no answer within 0.05 s" in r.detail for r in report.results)
 
 
+@pytest.mark.slow
 def test_missing_features_skip_with_a_reason_and_are_counted():
     report = run_vectors(Lacking())
     skipped = [r for r in report.results if r.status == "skipped"]
@@ -334,6 +336,7 @@ def test_engines_load_by_name_and_by_module_factory():
         load_engine("builtins:object")
 
 
+@pytest.mark.slow
 def test_certify_command_exit_codes_and_json_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["certify", "--quiet", "--json", str(out)]) == 0

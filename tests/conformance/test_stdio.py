@@ -30,6 +30,7 @@ def total_cases() -> int:
     return sum(1 for _ in iter_cases())
 
 
+@pytest.mark.slow
 def test_both_directions_of_a_whole_certification_follow_the_schema(tmp_path, capsys):
     transcript = tmp_path / "transcript.txt"
     engine = f"{PY} -m tests.conformance.recording_stdio_engine {shlex.quote(str(transcript))}"
