@@ -149,7 +149,9 @@ class Registrar:
                     continue
                 positions = list(self.committed(g, group, request, before))
                 if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
-                    positions += [q // group.block_size - 1 for q in inner]
+                    # a tail inside a block takes its tail key instead (CKPT-INNER-2: Tails)
+                    size = group.block_size
+                    positions += [q // size - 1 for q in inner if not q % size]
                 kept = self.kept(g, request)
                 if kept is not None:
                     positions = [j for j in positions if j in kept]
@@ -194,6 +196,8 @@ class Registrar:
         track, events = pool.tracking, pool.events
         kept = self.kept(g, request)
         for q in inner:
+            if q % group.block_size:  # the prompt's tail: Tails keys it (CKPT-INNER-2)
+                continue
             j = q // group.block_size - 1
             if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
                 continue

@@ -80,3 +80,20 @@ def first_written(group: GroupConfig, computed: int, end: int) -> int:
     if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
         return cdiv(end, group.block_size) - 1
     return computed // group.block_size
+
+
+def checkpoint_position(size: int, checkpoint: int, prompt_length: int) -> int:
+    """The table position a state group in mode align (blocks of `size`) saves an inner
+    checkpoint at: the block ending at a boundary (CKPT-INNER-1), or for the prompt's tail
+    inside a block, which only the chunk ending the prompt names, the position before that
+    chunk's running one (CKPT-INNER-2)."""
+    if checkpoint % size:
+        return cdiv(prompt_length, size) - 2
+    return checkpoint // size - 1
+
+
+def tail_boundary(unit: int, prompt_length: int, reach: int) -> int:
+    """A prompt's tail boundary under `unit U`: the longest hit a re-send takes, the last
+    multiple of U at or below its length less max(1, r) (r: the tokens a draft key covers
+    past its end). Implements the spec's tail_boundary (ALLOC-UNIT-2)."""
+    return max(prompt_length - max(1, reach), 0) // unit * unit

@@ -85,7 +85,7 @@ class KVCacheManager(Inspection):
         commit_delay = [config.draft_reach - 1 if g.draft else 0 for g in config.groups]
         self._tails = Tails(config, self.pool, lookahead) if unit else None  # ALLOC-UNIT-2..4
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
-        self._planner = TablePlanner(config)
+        self._planner = TablePlanner(config, max(lookahead))
         self._commits = Registrar(config, lookahead, commit_delay)
         self._same_pass = config.visibility is Visibility.SAME_PASS
         self._junctions = config.retention is Retention.SPARSE  # RET-JUNCTION-1 is kept
@@ -304,7 +304,7 @@ class KVCacheManager(Inspection):
         request.decoding = verifies_drafts and hit + request.scheduled == len(prompt)
         if checkpoint:
             self._planner.check_checkpoint(
-                hit, hit + request.scheduled, checkpoint, request.decoding
+                hit, hit + request.scheduled, checkpoint, request.decoding, len(prompt)
             )
             request.checkpoints = [checkpoint]
         request.tables = tables
@@ -549,6 +549,7 @@ class KVCacheManager(Inspection):
                     request.computed + request.scheduled,
                     checkpoint,
                     request.decoding,
+                    request.prompt_length,
                 )
             except RequestStateError:
                 request.scheduled, request.lookahead, _, request.decoding = before
@@ -660,9 +661,9 @@ class KVCacheManager(Inspection):
         if self._tails is not None:  # ALLOC-UNIT-4: kept checkpoints take their tail keys
             self._give_back(self._tails.move_kept(r for _, r, _ in committing))
         for rid, request, before in committing:
-            registered += self._commits.register(self.pool, rid, request, before)
-            if self._tails is not None:  # ALLOC-UNIT-2
+            if self._tails is not None:  # ALLOC-UNIT-2, before `register` ends the checkpoints
                 registered += self._tails.register(request, before)
+            registered += self._commits.register(self.pool, rid, request, before)
         for _, request, _ in committing:  # copy sources: the pass that read them has run
             if request.sources:
                 self._give_back(request.sources)

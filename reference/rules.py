@@ -92,6 +92,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "CKPT-ALIGN-1": (scheduling.next_chunk,),
     "CKPT-BRANCH-1": (scheduling.next_chunk,),
     "CKPT-INNER-1": (TablePlanner.changes, Registrar.register_inner),
+    "CKPT-INNER-2": (TablePlanner.check_checkpoint, tails.Tails.register),
     "PAGE-BYTES-1": (planner.page_bytes,),
     "PAGE-ANCHOR-1": (planner._anchor,),
     "PAGE-SIZE-1": (planner._anchor,),

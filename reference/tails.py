@@ -10,7 +10,8 @@ Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
   below its length less max(1, r) (r: the tokens a draft key covers past its end), is keyed
   when it lies inside a block: an attention group's block once a step has computed token
   T - 1, a draft group's (exact keying) once a step has computed the r - 1 after T too, a
-  state group's only when a step ended exactly at T.
+  state group's only when a step ended exactly at T or its chunk saved T in passing
+  (CKPT-INNER-2: the chunk ending the prompt names T as its inner checkpoint).
 - ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
   one; the source is held until the step ends.
 - ALLOC-UNIT-4 (`Tails.keep`, `Tails.move_kept`): a state block keyed inside a block is copied
@@ -34,6 +35,7 @@ from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, Kind, MambaMode, Retention
 from kvcert.reference.errors import RequestStateError
+from kvcert.reference.groups import checkpoint_position, tail_boundary
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
@@ -198,21 +200,23 @@ class Tails:
             for g, position in self._tails_of(request, request.computed, end):
                 chain = request.chains[g]
                 if chain is not None:
-                    block = request.tables[g][position // self.groups[g].block_size]
+                    block = request.tables[g][self._column(request, g, position, end)]
                     pending[g].setdefault(chain.digests[position // chain.size - 1], block)
         return pending
 
     def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
         """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its
         computed count moves from `before` to `after`."""
-        reach = max(self.lookahead)  # the re-send hit (spec tail_boundary): a draft key
-        tail = max(request.prompt_length - max(1, reach), 0) // self.unit * self.unit
+        tail = tail_boundary(self.unit, request.prompt_length, max(self.lookahead))
         found = []
         for g, group in enumerate(self.groups):
             if not tail or group.kind is Kind.CROSS or not tail % group.block_size:
                 continue
             if group.kind is Kind.MAMBA:
-                if group.mode is not MambaMode.NONE and before < tail == after:
+                ended = before < tail == after
+                # CKPT-INNER-2: the chunk ending the prompt saved T in passing
+                saved = group.mode is MambaMode.ALIGN and tail in request.checkpoints
+                if group.mode is not MambaMode.NONE and (ended or saved):
                     found.append((g, tail))
                 continue
             needed = tail + max(self.lookahead[g] - 1, 0)  # a draft key's KV: reach - 1 more
@@ -220,9 +224,18 @@ class Tails:
                 found.append((g, tail))
         return found
 
+    def _column(self, request: Request, g: int, tail: int, after: int) -> int:
+        """The table position of group g holding the tail's key: the block T falls in, or for
+        a state saved in passing by a chunk ending at `after` past T, CKPT-INNER-2's."""
+        size = self.groups[g].block_size
+        if self.groups[g].kind is Kind.MAMBA and after != tail:
+            return checkpoint_position(size, tail, request.prompt_length)
+        return tail // size
+
     def register(self, request: Request, before: int) -> int:
         """ALLOC-UNIT-2 for a request whose computed count moved from `before`: key the block
-        its prompt's tail falls inside; returns how many keys were registered."""
+        its prompt's tail falls inside (a state saved in passing: the block CKPT-INNER-2 put
+        it in); returns how many keys were registered."""
         registered = 0
         for g, tail in self._tails_of(request, before, request.computed):
             if self.groups[g].kind is Kind.MAMBA:
@@ -230,7 +243,7 @@ class Tails:
             chain = request.chains[g]
             if chain is None:  # cross attention only, never a tail
                 continue
-            block = request.tables[g][tail // self.groups[g].block_size]
+            block = request.tables[g][self._column(request, g, tail, request.computed)]
             key = chain.digests[tail // chain.size - 1]
             registered += self.index.bind(block, g, key) >= 0
         return registered

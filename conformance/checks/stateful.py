@@ -371,7 +371,9 @@ def machine_for(
                 return
             request = self.model().requests[rid]
             end = min(request.computed + budget, len(request.tokens))
-            allowed = spec.allowed_checkpoints(self.model().config.layout, request.computed, end)
+            layout = self.model().config.layout
+            tail = spec.chunk_tail(layout, request.prompt, end)  # CKPT-INNER-2 under `unit U`
+            allowed = spec.allowed_checkpoints(layout, request.computed, end, tail=tail)
             if allowed:
                 self.apply(spec.Extend(rid, budget, (), 0, allowed[pick % len(allowed)]))
 
@@ -385,10 +387,18 @@ def machine_for(
             return self.state is not None and self.state.config.layout.hit_unit is not None
 
         @precondition(lambda self: self.under_unit())
-        @rule(base=st.sampled_from(BASES), length=st.integers(2, 40), stop=st.booleans())
-        def admit_to_the_tail(self, base: tuple[int, ...], length: int, stop: bool) -> None:
+        @rule(
+            base=st.sampled_from(BASES),
+            length=st.integers(2, 40),
+            stop=st.booleans(),
+            save=st.booleans(),
+        )
+        def admit_to_the_tail(
+            self, base: tuple[int, ...], length: int, stop: bool, save: bool
+        ) -> None:
             """`unit U`: a prompt whose first chunk ends at its tail boundary (ALLOC-UNIT-2's
-            state key) or runs to its end, so a later one can hit inside a block."""
+            state key) or runs to its end, saving the tail in passing where it may
+            (CKPT-INNER-2), so a later one can hit inside a block."""
             rid = next((r for r in RIDS if r not in self.model().requests), None)
             if rid is None:
                 return
@@ -396,7 +406,12 @@ def machine_for(
             tail = self._tail(length)
             hit = spec.lookup(self.model(), tokens, ())[0]
             budget = tail - hit if stop and tail > hit else length
-            self.apply(spec.Admit(rid, tokens, budget))
+            checkpoint = 0
+            layout = self.model().config.layout
+            if checkpoints and save and budget == length and self.keeps_checkpoints():
+                problem = spec.checkpoint_problem(layout, hit, length, tail, tail=tail)
+                checkpoint = tail if problem is None else 0
+            self.apply(spec.Admit(rid, tokens, budget, checkpoint=checkpoint))
 
         @precondition(lambda self: self.under_unit())
         @rule(index=st.integers(0, 4))

@@ -229,3 +229,39 @@ def test_keys_after_steps_move_a_kept_tail_key_to_its_copy():
     kv.end_step()
     assert kv.pool.tails.key_of(target) == moves[target][1]
     assert kv.pool.tails.key_of(source) is None
+
+
+def test_the_chunk_ending_the_prompt_saves_its_tail_in_passing():
+    """CKPT-INNER-2: the tail 96 saved into the position before the running one, keyed there
+    (the view after the step in flight names it already), and a re-send hits it; the twin
+    without the checkpoint leaves no state at 96."""
+    core = manager()
+    assert core.prompt_tail(100) == 96
+    core.admit("a", PROMPT, 100, checkpoint=96)
+    assert core.checkpoint_position("a", 1, 96) == 0
+    saved = core.block_at("a", 1, 0)
+    assert core.cached_block(PROMPT, 1, 96, after_steps=True) == saved
+    assert core.cached_block(PROMPT, 1, 96) is None  # not before the step ends
+    core.end_step()
+    assert core.cached_block(PROMPT, 1, 96) == saved
+    core.finish("a")
+    resend = core.admit("b", PROMPT, 4)
+    assert resend.hit == 96
+    assert (1, saved, resend.tables[1][1]) in resend.copies
+    twin = manager()
+    twin.admit("a", PROMPT, 100)
+    twin.end_step()
+    twin.finish("a")
+    assert twin.admit("b", PROMPT, 4).hit == 0
+
+
+def test_a_tail_the_chunk_cannot_save_is_refused():
+    core = manager()
+    core.admit("a", PROMPT, 64)
+    core.end_step()
+    with pytest.raises(RequestStateError, match="holds the state the chunk reads"):
+        core.extend("a", 36, checkpoint=96)
+    with pytest.raises(RequestStateError, match="or the prompt's tail, 96"):
+        core.extend("a", 36, checkpoint=80)
+    with pytest.raises(RequestStateError, match="not a block boundary"):
+        core.extend("a", 35, checkpoint=96)  # the chunk does not end the prompt

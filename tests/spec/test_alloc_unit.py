@@ -184,6 +184,56 @@ def test_a_chunk_past_the_tail_keys_attention_only():
     assert state.blocks[admitted.tables[1][1]].partial is None
 
 
+# --- CKPT-INNER-2: the chunk ending the prompt saves its tail in passing ------------------
+
+
+def test_a_chunk_ending_the_prompt_saves_its_tail_in_passing_and_a_resend_hits_it():
+    state, (admitted, ended) = run(pool(), Admit("a", PROMPT, 100, checkpoint=96), EndStep())
+    saved = admitted.tables[1][0]  # ceil(100 / 64) - 2: the position before the running one
+    assert saved != NULL_BLOCK
+    assert ended == StepEnded(3)  # full block 0, the full tail, the state saved at 96
+    assert state.blocks[saved].partial_at == 96
+    assert state.blocks[admitted.tables[1][1]].partial is None  # the running state at 100
+    state, _ = run(state, Finish("a"))
+    state, (resend,) = run(state, Admit("b", PROMPT, 4))
+    assert resend.hit == 96
+    assert (1, saved, resend.tables[1][1]) in resend.copies
+    # the twin: the same chunk naming no checkpoint leaves no state at 96, so no hit inside
+    state, _ = run(pool(), Admit("a", PROMPT, 100), EndStep(), Finish("a"))
+    state, (resend,) = run(state, Admit("b", PROMPT, 4))
+    assert resend.hit == 0
+
+
+def test_docstring_example_of_the_tail_checkpoint_position():
+    assert spec.tail_checkpoint_position(MambaState(64, MambaMode.ALIGN), 100) == 0
+    assert spec.chunk_tail(HYBRID, 100, 100) == 96
+    assert spec.chunk_tail(HYBRID, 100, 96) == 0  # the chunk does not end the prompt
+    assert spec.chunk_tail(dataclasses.replace(HYBRID, hit_unit=None), 100, 100) == 0
+
+
+@pytest.mark.parametrize(
+    ("start", "checkpoint", "fragment"),
+    [
+        (64, 96, "holds the state the chunk reads"),  # [64, 100): position 0 is read
+        (0, 80, "or the prompt's tail, 96"),  # a unit position that is not the tail
+    ],
+)
+def test_a_tail_checkpoint_the_chunk_cannot_save_is_refused(start, checkpoint, fragment):
+    state = pool()
+    if start:
+        state, _ = run(state, Admit("a", PROMPT, start), EndStep())
+        op = Extend("a", 100 - start, checkpoint=checkpoint)
+    else:
+        op = Admit("a", PROMPT, 100, checkpoint=checkpoint)
+    with pytest.raises(InvalidOp, match=fragment):
+        step(state, op)
+
+
+def test_a_tail_checkpoint_needs_the_chunk_to_end_the_prompt():
+    with pytest.raises(InvalidOp, match="not a block boundary"):
+        step(pool(), Admit("a", PROMPT, 99, checkpoint=96))
+
+
 def test_a_tail_key_stays_when_its_block_is_registered_whole():
     layout = Layout((FullAttention(32),), hit_unit=16)
     state, (admitted, _) = run(pool(layout), Admit("a", PROMPT[:60], 60), EndStep())

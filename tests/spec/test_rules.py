@@ -103,6 +103,7 @@ EXPECTED_TAGS = {
     "CKPT-ALIGN-1",
     "CKPT-BRANCH-1",
     "CKPT-INNER-1",
+    "CKPT-INNER-2",
     "ALLOC-SPEC-1",
     "ALLOC-SPEC-2",
     "INV-NULL-1",
@@ -403,6 +404,16 @@ def exercise_allocator(chosen: Layout) -> None:
         ]
         unit_layout = dataclasses.replace(chosen, hit_unit=1)
         run_script(alloc.initial_state(alloc.PoolConfig(unit_layout, 12)), unit)
+        if aligned and all(7 % size for size in aligned):
+            # CKPT-INNER-2: one chunk saves the tail (7) in passing; a re-send copies it
+            passing = [
+                alloc.Admit("w", prompt8, 8, checkpoint=7),
+                alloc.EndStep(),
+                alloc.Finish("w"),
+                alloc.Admit("x", prompt8, 8),
+                alloc.EndStep(),
+            ]
+            run_script(alloc.initial_state(alloc.PoolConfig(unit_layout, 12)), passing)
     if any(isinstance(g, MambaState) and g.speculative_blocks for g in chosen.groups):
         # ALLOC-SPEC-2: accepted drafts cross 4 (B=2): the decode chunk [3, 6) checkpoints it
         drafts = [

@@ -61,6 +61,22 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "ended at 8 or 12: the re-send hits 0",
         focus=("ALLOC-UNIT-2",),
     )  # fmt: skip
+    saving: list[spec.Op] = [
+        spec.Admit("a", prompt, 13, checkpoint=12),
+        spec.EndStep(),
+        spec.Extend("a", 1, (7,)),
+        spec.EndStep(),
+        spec.Finish("a"),
+    ]
+    yield alloc_case(
+        "alloc.unit.state-tail-saved-in-passing",
+        HYBRID, 12, [*saving, *resend], "vllm num_prefill_checkpoint_blocks=1",
+        "the same one chunk, naming the tail 12 as its inner checkpoint: the state group "
+        "saves the state at 12 in passing into position 0, the one before its running "
+        "position 1 (CKPT-INNER-2), keyed at 12 when the step ends; decoding never writes "
+        "there, and a re-send hits 12 and copies it",
+        focus=("CKPT-INNER-2", "ALLOC-UNIT-2"),
+    )  # fmt: skip
     yield alloc_case(
         "alloc.unit.checkpoint-kept-after-finish",
         HYBRID, 12,
