@@ -8,8 +8,11 @@ the state at one block boundary inside it, into the block-table column
 reserves the column only on the chunk that ends the prompt. This module asks the runner's own
 function what it will write and turns the answer into the reference allocator's
 `checkpoint=` (CKPT-INNER-1), or into 0 when kvcert's table must keep that column null:
-- the state saved must be the one kvcert's column holds, the state after
-  `(column + 1) * B` tokens (an EAGLE block drop or a hash-block alignment moves it elsewhere);
+- the state saved must be the one kvcert's column holds: the state after `(column + 1) * B`
+  tokens (CKPT-INNER-1), or, where kvcert serves hits inside blocks (`unit U`), the prompt's
+  tail boundary T saved in the column before the running one (CKPT-INNER-2: vLLM's runner
+  saves the state at a multiple of the hash block there); an EAGLE block drop or another
+  alignment moves it elsewhere;
 - every state group must save it (the reference checkpoints all align state groups at once);
 - the chunk must end the prompt, as with vLLM's manager, so kvcert holds no more blocks.
 """
@@ -103,9 +106,10 @@ class RunnerCheckpoints:
             out.append((start + offsets[0] if offsets[0] else 0, columns[0]))
         return out
 
-    def checkpoint(self, start: int, end: int, prefill_end: int) -> int:
+    def checkpoint(self, start: int, end: int, prefill_end: int, tail: int = 0) -> int:
         """The reference's `checkpoint=` for the chunk [start, end): the runner's position
-        when kvcert can hold it (module docstring), else 0 (the column stays null)."""
+        when kvcert can hold it (module docstring), else 0 (the column stays null). `tail`:
+        kvcert's prompt tail the chunk may save inside a block (CKPT-INNER-2), or 0."""
         if end < prefill_end or None in self.state_groups:
             return 0
         saved = self.written(start, end)
@@ -114,6 +118,10 @@ class RunnerCheckpoints:
             return 0
         ((position, column), *_) = saved
         sizes = {size for size, _ in filter(None, self.state_groups)}
-        if len(sizes) != 1 or position != (column + 1) * sizes.pop():
+        if len(sizes) != 1:
             return 0
-        return position
+        size = sizes.pop()
+        if position == (column + 1) * size:  # a block boundary (CKPT-INNER-1)
+            return position
+        inside = position == tail and position % size  # the prompt's tail (CKPT-INNER-2)
+        return position if inside and column == -(-end // size) - 2 else 0

@@ -13,20 +13,19 @@ What differs from vLLM's own manager, on purpose (kvcert's rules):
 - A waiting request whose hit the steps in flight are extending may wait a step instead of
   being admitted without those blocks (`Settings.hold_back`; vLLM does so for state groups).
 
-Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block,
-group i's table is vLLM's group i. Unsupported here (each refused with a typed error that says
-so, never served wrongly): KV connectors (external tokens, delayed caching, evicting by id),
-encoder-decoder models, decode/prefill context parallelism, state (Mamba/GDN) groups outside
-vLLM's align cache mode (`kvcert.reference.vllm.layout`), hits inside blocks
-(`--prefix-match-unit`, or vLLM's own choice) where the spec's `unit U` is not defined
-(ALLOC-UNIT-1). KV events announce what becomes hittable when it does (at `end_step`).
+Block ids are indices into vLLM's KV tensors: the same `num_blocks`, block 0 the null block, group
+i's table is vLLM's group i. Unsupported here (each refused with a typed error): KV connectors
+(external tokens, delayed caching, evicting by id), encoder-decoder models, decode/prefill context
+parallelism, state (Mamba/GDN) groups outside vLLM's align cache mode
+(`kvcert.reference.vllm.layout`), hits inside blocks (`--prefix-match-unit`, or vLLM's own choice)
+where the spec's `unit U` is not defined (ALLOC-UNIT-1). KV events name blocks as they become
+hittable.
 
-Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler
-numbers its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's
-output registers only what that step wrote. A request scheduled in step N+1 while its step-N
-chunk runs gets its blocks at once (the allocator's `reserve`: slots, nothing computed); that
-chunk becomes the allocator's chunk in flight once step N has ended and its sampled token is
-known (`start_pending`, called after each output).
+Asynchronous scheduling (step N+1 scheduled before step N's output arrives): the scheduler numbers
+its steps (`start_step`) and ends them one by one (`end_step(step)`), so a step's output registers
+only what that step wrote. A request scheduled in step N+1 while its step-N chunk runs gets its
+blocks at once (the allocator's `reserve`: slots, nothing computed); that chunk becomes the
+allocator's chunk in flight once step N has ended and its sampled token is known (`start_pending`).
 """
 
 from __future__ import annotations
@@ -329,7 +328,7 @@ class KVCacheManager:
         if waiting and self._held_back(request, prompt, hit):
             return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
-        checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget)
+        checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget, known)
         self._tracked[rid].inner = checkpoint
         result = self.core.admit(
             rid,
@@ -404,7 +403,7 @@ class KVCacheManager:
             tracked.inner = 0
             return self._handed_out(rid, self.core.reserve(rid, slots))
         start = request.num_computed_tokens
-        tracked.inner = self._checkpoint(request, start, end, real_end)
+        tracked.inner = self._checkpoint(request, start, end, real_end, known)
         checkpoint = tracked.inner or self._crossed(computed, real_end, appended)
         result = self.core.extend(
             rid, budget, appended, max(slots - real_end, 0), checkpoint=checkpoint
@@ -424,13 +423,14 @@ class KVCacheManager:
         boundary = (end - 1) // size * size
         return boundary if boundary > computed else 0
 
-    def _checkpoint(self, request: Any, start: int, end: int, real_end: int) -> int:
-        """The inner checkpoint of vLLM's chunk [start, end) (`kvcert.reference.vllm.
-        checkpoints`), if kvcert computes that position in it (its chunk ends at real_end)."""
+    def _checkpoint(self, request: Any, start: int, end: int, real_end: int, known: int) -> int:
+        """The inner checkpoint of vLLM's chunk [start, end) (`checkpoints`), if kvcert computes
+        it (its chunk ends at real_end; `known`: its tokens, the prompt's while in prefill)."""
         if self._runner_checkpoints is None:
             return 0
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-        position = self._runner_checkpoints.checkpoint(start, end, prefill_end)
+        tail = self.core.prompt_tail(known) if real_end == known else 0  # its prompt's end
+        position = self._runner_checkpoints.checkpoint(start, end, prefill_end, tail)
         return position if start < position < real_end else 0
 
     def _check_runner_columns(self, request: Any, start: int, end: int, checkpoint: int) -> None:
@@ -487,9 +487,9 @@ class KVCacheManager:
 
     def _schedule_pending(self, request: Any, end: int, slots: int) -> Any:
         """A chunk of a request whose previous chunk is still in flight: its blocks now, its
-        computation once the steps before it have ended (`start_pending`)."""
+        computation once the steps before it have ended (`start_pending`; no `unit U` tail)."""
         rid, start = request.request_id, request.num_computed_tokens
-        checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens))
+        checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens), 0)
         self._tracked[rid].inner = checkpoint
         result = self.core.reserve(rid, slots, chunk_end=end, checkpoint=checkpoint)
         if not isinstance(result, Scheduled):

@@ -48,13 +48,13 @@ class TablesView(Mapping[str, list[Any]]):
 
 class CheckpointsView(Mapping[str, tuple[int, int]]):
     """A state group's `_checkpoints` as vLLM's tests read it: per request whose latest
-    scheduled chunk reserves an inner checkpoint (CKPT-INNER-1), its position and the table
-    column holding it. vLLM keeps an entry until the request's next allocation; kvcert's
+    scheduled chunk reserves an inner checkpoint (CKPT-INNER-1, -2), its position and the
+    table column holding it. vLLM keeps an entry until the request's next allocation; kvcert's
     ends with the step that writes the checkpoint."""
 
-    def __init__(self, owner: KVCacheManager, block_size: int) -> None:
+    def __init__(self, owner: KVCacheManager, group: int) -> None:
         self._owner = owner
-        self._block_size = block_size
+        self._group = group
 
     def _latest(self, rid: object) -> int:
         return self._owner.reserved_inner_checkpoint(rid) if isinstance(rid, str) else 0
@@ -63,7 +63,7 @@ class CheckpointsView(Mapping[str, tuple[int, int]]):
         position = self._latest(rid)
         if not position:
             raise KeyError(rid)
-        return position, position // self._block_size - 1
+        return position, self._owner.core.checkpoint_position(rid, self._group, position)
 
     def __iter__(self) -> Iterator[str]:
         return (rid for rid in self._owner.core.running() if self._latest(rid))
@@ -87,7 +87,7 @@ class GroupView:
         self.req_to_blocks = TablesView(owner, index)
         self._null_block = owner.blocks[0]  # the object tables hold where nothing is held
         if owner.core.config.groups[index].kind is Kind.MAMBA:
-            self._checkpoints = CheckpointsView(owner, self.block_size)
+            self._checkpoints = CheckpointsView(owner, index)
 
     @property
     def cache_hit_alignment_tokens(self) -> int:

@@ -85,8 +85,8 @@ def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
         return
 
     class Early(RunnerCheckpoints):
-        def checkpoint(self, start: int, end: int, prefill_end: int) -> int:
-            position = super().checkpoint(start, end, prefill_end)
+        def checkpoint(self, start: int, end: int, prefill_end: int, tail: int = 0) -> int:
+            position = super().checkpoint(start, end, prefill_end, tail)
             block_size = next(group[0] for group in self.state_groups if group is not None)
             return position - block_size if position - block_size > start else position
 
