@@ -82,13 +82,12 @@ def first_written(group: GroupConfig, computed: int, end: int) -> int:
     return computed // group.block_size
 
 
-def checkpoint_position(size: int, checkpoint: int, prompt_length: int) -> int:
-    """The table position a state group in mode align (blocks of `size`) saves an inner
-    checkpoint at: the block ending at a boundary (CKPT-INNER-1), or for the prompt's tail
-    inside a block, which only the chunk ending the prompt names, the position before that
-    chunk's running one (CKPT-INNER-2)."""
+def checkpoint_position(size: int, checkpoint: int, end: int) -> int:
+    """The table position a state group in mode align (blocks of `size`) saves the inner
+    checkpoint of a chunk ending at `end` at: the block ending at a boundary (CKPT-INNER-1),
+    or for a position inside a block the one before the chunk's running one (CKPT-INNER-2)."""
     if checkpoint % size:
-        return cdiv(prompt_length, size) - 2
+        return cdiv(end, size) - 2
     return checkpoint // size - 1
 
 

@@ -18,7 +18,6 @@ from kvcert.reference.groups import checkpoint_position
 from kvcert.reference.hashing import ExtraKey
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.requests import Prompt, Request
-from kvcert.reference.tables import TablePlanner
 from kvcert.reference.tails import Tails
 
 
@@ -34,7 +33,6 @@ class Inspection:
     _in_flight: dict[str, int]  # the requests with a chunk in flight
     _served_after_steps: Callable[[], list[ServedMap[bytes]] | None]
     _commits: Registrar  # what a chunk registers when its step ends (ALLOC-COMMIT-1)
-    _planner: TablePlanner  # the table arithmetic (CKPT-INNER-2's tail)
 
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
@@ -106,20 +104,14 @@ class Inspection:
         """The ids of the requests holding blocks, in admission order."""
         return tuple(self._requests)
 
-    def prompt_tail(self, prompt_length: int) -> int:
-        """Under `unit U`, the tail boundary T of a prompt of `prompt_length` tokens: its
-        re-send hit, keyed by ALLOC-UNIT-2, which the chunk ending the prompt may name as its
-        inner checkpoint (CKPT-INNER-2); 0 without the profile."""
-        inputs.token_count(prompt_length, "prompt_length")
-        return self._planner.chunk_tail(prompt_length, prompt_length)
-
     def checkpoint_position(self, rid: str, group: int, checkpoint: int) -> int:
-        """The table position of state group `group` at which running request `rid` saves
-        the inner checkpoint `checkpoint`: the block ending there (CKPT-INNER-1), or for its
-        prompt's tail inside a block the one before the running position (CKPT-INNER-2)."""
+        """The table position of state group `group` at which running request `rid`'s chunk in
+        flight saves the inner checkpoint `checkpoint`: the block ending there (CKPT-INNER-1),
+        or for a position inside a block the one before the running position (CKPT-INNER-2)."""
         size = self._group_size(group)
         inputs.position(checkpoint, "checkpoint")
-        return checkpoint_position(size, checkpoint, self._running(rid).prompt_length)
+        request = self._running(rid)
+        return checkpoint_position(size, checkpoint, request.computed + request.scheduled)
 
     def scheduled_checkpoints(self, rid: str) -> tuple[int, ...]:
         """Request `rid`'s inner checkpoints (CKPT-INNER-1) in chunks not yet ended."""

@@ -85,7 +85,7 @@ class KVCacheManager(Inspection):
         commit_delay = [config.draft_reach - 1 if g.draft else 0 for g in config.groups]
         self._tails = Tails(config, self.pool, lookahead) if unit else None  # ALLOC-UNIT-2..4
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
-        self._planner = TablePlanner(config, max(lookahead))
+        self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
         self._same_pass = config.visibility is Visibility.SAME_PASS
         self._junctions = config.retention is Retention.SPARSE  # RET-JUNCTION-1 is kept
@@ -304,7 +304,7 @@ class KVCacheManager(Inspection):
         request.decoding = verifies_drafts and hit + request.scheduled == len(prompt)
         if checkpoint:
             self._planner.check_checkpoint(
-                hit, hit + request.scheduled, checkpoint, request.decoding, len(prompt)
+                hit, hit + request.scheduled, checkpoint, request.decoding, prefill=True
             )
             request.checkpoints = [checkpoint]
         request.tables = tables
@@ -549,7 +549,6 @@ class KVCacheManager(Inspection):
                     request.computed + request.scheduled,
                     checkpoint,
                     request.decoding,
-                    request.prompt_length,
                 )
             except RequestStateError:
                 request.scheduled, request.lookahead, _, request.decoding = before

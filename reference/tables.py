@@ -20,7 +20,6 @@ from kvcert.reference.groups import (
     first_release,
     first_written,
     table_end,
-    tail_boundary,
 )
 from kvcert.reference.inputs import TOKEN_LIMIT, token_count
 from kvcert.reference.requests import Request
@@ -63,9 +62,8 @@ def held_from(table: list[int]) -> int:
 class TablePlanner:
     """Per cache configuration, the table arithmetic of every group (built once)."""
 
-    def __init__(self, config: CacheConfig, reach: int = 0) -> None:
+    def __init__(self, config: CacheConfig) -> None:
         self.config = config
-        self._reach = reach  # the tokens past a block draft keys cover (HASH-DRAFT-1)
         # state groups that hold ALLOC-SPEC-1's positions for decode chunks
         self.drafting_states = any(g.speculative_blocks for g in config.groups)
         # `changes`' view of the groups: (index, group or None for cross attention, block size,
@@ -128,10 +126,7 @@ class TablePlanner:
             # the blocks of inner checkpoints not registered yet (a chunk in flight or
             # scheduled behind it saves them) stay held until their step ends
             saving = (
-                {
-                    checkpoint_position(block_size, q, request.prompt_length)
-                    for q in request.checkpoints
-                }
+                {checkpoint_position(block_size, q, in_flight) for q in request.checkpoints}
                 if request.checkpoints and state and group.mode is MambaMode.ALIGN
                 else ()
             )
@@ -254,29 +249,23 @@ class TablePlanner:
         request.quiet_state = state_end
         request.quiet_slots, request.quiet_slots_floor = slots, slots_floor
 
-    def chunk_tail(self, prompt_length: int, end: int) -> int:
-        """The prompt's tail boundary T a chunk ending at `end` may save in passing
-        (CKPT-INNER-2): under `unit U` when the chunk ends the prompt, else 0."""
-        unit = self.config.hit_unit
-        if unit is None or end != prompt_length:
-            return 0
-        return tail_boundary(unit, prompt_length, self._reach)
-
     def check_checkpoint(
         self,
         computed: int,
         end: int,
         checkpoint: object,
         decoding: bool = False,
-        prompt_length: int = 0,
+        prefill: bool = False,
     ) -> None:
         """CKPT-INNER-1's placement: a block boundary of every state group in mode align (one
         at least) strictly inside the chunk [computed, end), past the position the chunk
         reads its state from, or in a decode chunk of a group with speculative blocks at
         that position too (ALLOC-SPEC-2: the drafts' verification copied the state there);
-        or CKPT-INNER-2's: under `unit U`, in the chunk ending the prompt (`prompt_length`
-        tokens), the prompt's tail, saved before the running position, past the one read."""
-        tail = self.chunk_tail(prompt_length, end)
+        or CKPT-INNER-2's: under `unit U`, in a prefill chunk (not `decoding`, or `prefill`: an
+        admission's, whose drafts' positions lie past its running one), a multiple of U inside
+        a block, saved before the running position, past the one read."""
+        unit = self.config.hit_unit
+        inside = unit is not None and (prefill or not decoding)
         if type(checkpoint) is not int or not computed < checkpoint < end:
             raise RequestStateError(
                 f"checkpoint {checkpoint!r} is not strictly inside the chunk "
@@ -290,15 +279,15 @@ class TablePlanner:
         if not aligned:
             raise RequestStateError("a checkpoint needs a state group in mode align; pass 0")
         for g, size, copied in aligned:
-            if checkpoint == tail and checkpoint % size:
+            if inside and checkpoint % size and not checkpoint % (unit or 1):
                 read = (computed - 1) // size if computed else -1
-                if checkpoint_position(size, tail, end) > read:
+                if checkpoint_position(size, checkpoint, end) > read:
                     continue
                 raise RequestStateError(
-                    f"the prompt's tail {checkpoint} cannot be saved by the chunk [{computed}, "
-                    f"{end}) in state group {g} (B={size}): the position before its running "
-                    f"one, {checkpoint_position(size, tail, end)}, holds the state the chunk "
-                    "reads; pass 0 (stop a chunk at the tail instead)"
+                    f"checkpoint {checkpoint} cannot be saved by the chunk [{computed}, {end}) "
+                    f"in state group {g} (B={size}): the position before its running one, "
+                    f"{checkpoint_position(size, checkpoint, end)}, holds the state the chunk "
+                    "reads; pass 0 (stop a chunk there instead)"
                 )
             if copied:
                 low = ((computed - 1) // size + 1) * size
@@ -309,5 +298,9 @@ class TablePlanner:
                     f"checkpoint {checkpoint} is not a block boundary of state group {g} "
                     f"(B={size}) at or after {low}, the first one past the position the chunk "
                     f"[{computed}, {end}) reads its state from; name such a boundary, or 0"
-                    + (f" (or the prompt's tail, {tail})" if tail else "")
+                    + (
+                        f" (or, in a prefill chunk, a multiple of U={unit} inside a block)"
+                        if inside
+                        else ""
+                    )
                 )

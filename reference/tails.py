@@ -10,8 +10,9 @@ Implements the spec's ALLOC-UNIT-1..4 for the KVCacheManager:
   below its length less max(1, r) (r: the tokens a draft key covers past its end), is keyed
   when it lies inside a block: an attention group's block once a step has computed token
   T - 1, a draft group's (exact keying) once a step has computed the r - 1 after T too, a
-  state group's only when a step ended exactly at T or its chunk saved T in passing
-  (CKPT-INNER-2: the chunk ending the prompt names T as its inner checkpoint).
+  state group's only when a step ended exactly at T.
+- CKPT-INNER-2 (`Tails.register`): a state a prefill chunk saved in passing at a multiple of U
+  inside a block (its inner checkpoint) is keyed there, in the block before the running one.
 - ALLOC-UNIT-3 (`Tails.split`): a hit ending inside a block copies that block into a fresh
   one; the source is held until the step ends.
 - ALLOC-UNIT-4 (`Tails.keep`, `Tails.move_kept`): a state block keyed inside a block is copied
@@ -197,55 +198,52 @@ class Tails:
         pending: list[dict[bytes, int]] = [{} for _ in self.groups]
         for request in chunks:
             end = request.computed + request.scheduled
-            for g, position in self._tails_of(request, request.computed, end):
+            for g, position, column in self._tails_of(request, request.computed, end):
                 chain = request.chains[g]
                 if chain is not None:
-                    block = request.tables[g][self._column(request, g, position, end)]
+                    block = request.tables[g][column]
                     pending[g].setdefault(chain.digests[position // chain.size - 1], block)
         return pending
 
-    def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int]]:
-        """(group, position) of the tail keys ALLOC-UNIT-2 registers for `request` once its
-        computed count moves from `before` to `after`."""
+    def _tails_of(self, request: Request, before: int, after: int) -> list[tuple[int, int, int]]:
+        """(group, position, table position) of the keys inside a block that `request`
+        registers once its computed count moves from `before` to `after`: its prompt's tail
+        (ALLOC-UNIT-2, in the block it falls inside) and the states its chunk saved in
+        passing (CKPT-INNER-2, in the position before the chunk's running one)."""
         tail = tail_boundary(self.unit, request.prompt_length, max(self.lookahead))
         found = []
         for g, group in enumerate(self.groups):
-            if not tail or group.kind is Kind.CROSS or not tail % group.block_size:
+            size = group.block_size
+            if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
+                found += [
+                    (g, q, checkpoint_position(size, q, after))
+                    for q in request.checkpoints
+                    if before < q < after and q % size
+                ]
+            if not tail or group.kind is Kind.CROSS or not tail % size:
                 continue
             if group.kind is Kind.MAMBA:
-                ended = before < tail == after
-                # CKPT-INNER-2: the chunk ending the prompt saved T in passing
-                saved = group.mode is MambaMode.ALIGN and tail in request.checkpoints
-                if group.mode is not MambaMode.NONE and (ended or saved):
-                    found.append((g, tail))
+                if group.mode is not MambaMode.NONE and before < tail == after:
+                    found.append((g, tail, tail // size))
                 continue
             needed = tail + max(self.lookahead[g] - 1, 0)  # a draft key's KV: reach - 1 more
             if before < needed <= after:
-                found.append((g, tail))
+                found.append((g, tail, tail // size))
         return found
 
-    def _column(self, request: Request, g: int, tail: int, after: int) -> int:
-        """The table position of group g holding the tail's key: the block T falls in, or for
-        a state saved in passing by a chunk ending at `after` past T, CKPT-INNER-2's."""
-        size = self.groups[g].block_size
-        if self.groups[g].kind is Kind.MAMBA and after != tail:
-            return checkpoint_position(size, tail, request.prompt_length)
-        return tail // size
-
     def register(self, request: Request, before: int) -> int:
-        """ALLOC-UNIT-2 for a request whose computed count moved from `before`: key the block
-        its prompt's tail falls inside (a state saved in passing: the block CKPT-INNER-2 put
-        it in); returns how many keys were registered."""
+        """ALLOC-UNIT-2 and CKPT-INNER-2 for a request whose computed count moved from
+        `before`: key the block its prompt's tail falls inside and the blocks holding the
+        states its chunk saved in passing; returns how many keys were registered."""
         registered = 0
-        for g, tail in self._tails_of(request, before, request.computed):
-            if self.groups[g].kind is Kind.MAMBA:
+        for g, position, column in self._tails_of(request, before, request.computed):
+            if self.groups[g].kind is Kind.MAMBA and position == request.computed:  # at T
                 request.quiet_end = 0  # the next chunk must pass `keep` (ALLOC-UNIT-4)
             chain = request.chains[g]
             if chain is None:  # cross attention only, never a tail
                 continue
-            block = request.tables[g][self._column(request, g, tail, request.computed)]
-            key = chain.digests[tail // chain.size - 1]
-            registered += self.index.bind(block, g, key) >= 0
+            key = chain.digests[position // chain.size - 1]
+            registered += self.index.bind(request.tables[g][column], g, key) >= 0
         return registered
 
 

@@ -10,7 +10,7 @@ Operations, in the order a scheduler issues them within one step:
     Admit(rid, tokens, budget)      look the prompt up, take the hit, allocate for the chunk
     Extend(rid, budget, appended)   next prefill chunk or decode token of a running request
                                     (either may name a `checkpoint` inside the chunk: CKPT-INNER-1,
-                                    under `unit U` the prompt's tail too: CKPT-INNER-2)
+                                    under `unit U` inside a block too: CKPT-INNER-2)
     EndStep()                       the step's KV is written: commit, register full blocks
                                     (and, under `unit U`, the prompt's tail: ALLOC-UNIT-2)
     Finish(rid) / Preempt(rid)      release the request's blocks
@@ -208,7 +208,7 @@ class Request:
     lookahead: int  # speculative slots allocated beyond computed + scheduled
     tables: tuple[tuple[int, ...], ...]  # per group, physical ids; NULL_BLOCK where none held
     registered: tuple[int, ...]  # per group, table positions already considered for caching
-    checkpoint: int = 0  # a boundary (or prompt tail) inside the chunk in flight saving state
+    checkpoint: int = 0  # a position inside the chunk in flight whose state is saved too, or 0
     decoding: bool = False  # it appends sampled tokens: its chunks may verify drafts
     # same-pass (ALLOC-VIS-2): per group, where the positions published for the chunk in
     # flight start (they end at `registered`); () when nothing is published
@@ -249,7 +249,7 @@ class Admit:
     extras: tuple[Extra, ...] = ()
     lookahead: int = 0  # speculative slots to allocate beyond the chunk
     checkpoint: int = 0  # a block boundary inside the chunk whose state is saved too (CKPT-INNER-1)
-    # or, under `unit U` in the chunk ending the prompt, the prompt's tail (CKPT-INNER-2)
+    # or, under `unit U`, a multiple of U inside a block (CKPT-INNER-2)
 
 
 @dataclass(frozen=True)
@@ -632,28 +632,29 @@ def checkpoint_positions(group: Group, computed: int, end: int, checkpoint: int)
     """
     if not checkpoint or not isinstance(group, MambaState) or group.mode is not MambaMode.ALIGN:
         return range(0)
-    if checkpoint % group.block_size:  # the prompt's tail, inside a block (CKPT-INNER-2)
-        position = tail_checkpoint_position(group, end)
+    if checkpoint % group.block_size:  # a multiple of U inside a block (CKPT-INNER-2)
+        position = unit_checkpoint_position(group, end)
     else:
         position = checkpoint // group.block_size - 1
     return range(position, position + 1)
 
 
-def tail_checkpoint_position(group: MambaState, end: int) -> int:
-    """CKPT-INNER-2: Under `unit U` the chunk that ends a prompt may name the prompt's tail
-    boundary T (ALLOC-UNIT-2) as its inner checkpoint where T lies inside a block of a state
-    group in mode align; that group then saves the state at T into the position before the
-    one its running state is at, ceil(end / B) - 2, which must lie past the position the chunk
-    reads its state from, and keys it at T when the step ends.
+def unit_checkpoint_position(group: MambaState, end: int) -> int:
+    """CKPT-INNER-2: Under `unit U` a prefill chunk may instead name a multiple of U strictly
+    inside it that lies inside a block of a state group in mode align; that group then saves
+    the state there into the position before the one its running state is at,
+    ceil(end / B) - 2, which must lie past the position the chunk reads its state from, and
+    keys it there (its partial key) when the step ends.
 
     So a prompt computed in one chunk leaves its re-send hit inside a block, as a chunk
-    stopping at T would (ALLOC-UNIT-2), without the extra pass.
+    stopping at its tail would (ALLOC-UNIT-2), without the extra pass; and a chunk inside a
+    long prompt leaves a state a prompt diverging inside a block hits.
 
-        B=64, U=16, prompt 100 (T=96), chunk [0, 100):
+        B=64, U=16, prompt 100 (tail 96), chunk [0, 100) naming 96:
         position     0   1
         align        c   w        c: the state at 96, saved in passing   w: the running state
         end of step: block at position 0 keyed at 96 (its partial key); a re-send hits 96
-        chunk [64, 100): reads position 0 -> T cannot be named (it would overwrite it)
+        chunk [64, 100): reads position 0 -> it cannot name 96 (it would overwrite it)
 
     pre: end >= 1
     post: __return__ == -(-end // group.block_size) - 2
@@ -661,12 +662,15 @@ def tail_checkpoint_position(group: MambaState, end: int) -> int:
     return -(-end // group.block_size) - 2
 
 
-def chunk_tail(layout: Layout, prompt: int, end: int) -> int:
-    """The prompt's tail boundary a chunk ending at `end` may name (CKPT-INNER-2): T under
-    `unit U` when the chunk ends the prompt, else 0."""
-    if layout.hit_unit is None or end != prompt:
-        return 0
-    return tail_boundary(layout.hit_unit, prompt, keys_reach(layout))
+def saved_checkpoint(layout: Layout, g: int, request: Request) -> tuple[int, int] | None:
+    """The position inside a block whose state group g's chunk saved in passing, and the
+    table position holding it, both keyed when the step ends (CKPT-INNER-2); None if none."""
+    group, at = layout.groups[g], request.checkpoint
+    if not isinstance(group, MambaState) or group.mode is not MambaMode.ALIGN:
+        return None
+    if not at % group.block_size:  # none, or a block boundary (CKPT-INNER-1)
+        return None
+    return at, unit_checkpoint_position(group, request.computed)
 
 
 def draft_checkpoint_floor(group: MambaState, computed: int) -> int:
@@ -695,16 +699,14 @@ def checkpoint_problem(
     end: int,
     checkpoint: object,
     decoding: bool = False,
-    *,
-    tail: int = 0,
 ) -> str | None:
     """Why `checkpoint` cannot be the inner checkpoint of a chunk [computed, end), or None: it
     must be 0 or, for every state group in mode align (one at least), a multiple of its block
     size strictly inside the chunk, at a position after the one the chunk reads its state
     from (that block is read, not overwritten, by the chunk), or in a decode chunk of a group
-    with speculative blocks at that position too (ALLOC-SPEC-2); or the prompt's tail `tail`
-    (`chunk_tail`, 0 for none), which a group it falls inside a block of saves at a position
-    past the one read (CKPT-INNER-2)."""
+    with speculative blocks at that position too (ALLOC-SPEC-2); or, under `unit U` in a
+    prefill chunk, a multiple of U inside a block, which such a group saves at a position past
+    the one read (CKPT-INNER-2)."""
     if checkpoint == 0:
         return None
     if not (isinstance(checkpoint, int) and computed < checkpoint < end):
@@ -719,17 +721,18 @@ def checkpoint_problem(
     ]
     if not aligned:
         return "a checkpoint needs a state group in mode align; pass 0"
+    unit = layout.hit_unit
     for g, group in aligned:
         size = group.block_size
-        if checkpoint == tail and checkpoint % size:  # called only then: vectors cite its rule
+        if unit and not decoding and checkpoint % size and not checkpoint % unit:
             read = (computed - 1) // size if computed else -1
-            if tail_checkpoint_position(group, end) > read:
+            if unit_checkpoint_position(group, end) > read:  # called only then: vectors cite it
                 continue
             return (
-                f"the prompt's tail {checkpoint} cannot be saved by the chunk [{computed}, "
-                f"{end}) in state group {g} (B={size}): the position before its running one, "
-                f"{tail_checkpoint_position(group, end)}, holds the state the chunk reads; "
-                "pass 0 (stop a chunk at the tail instead)"
+                f"checkpoint {checkpoint} cannot be saved by the chunk [{computed}, {end}) in "
+                f"state group {g} (B={size}): the position before its running one, "
+                f"{unit_checkpoint_position(group, end)}, holds the state the chunk reads; "
+                "pass 0 (stop a chunk there instead)"
             )
         if decoding and group.speculative_blocks:  # called only then: vectors cite its rule
             low = draft_checkpoint_floor(group, computed)
@@ -740,19 +743,23 @@ def checkpoint_problem(
                 f"checkpoint {checkpoint} is not a block boundary of state group {g} "
                 f"(B={size}) at or after {low}, the first one past the position the chunk "
                 f"[{computed}, {end}) reads its state from; name such a boundary, or 0 for none"
-                + (f" (or the prompt's tail, {tail})" if tail else "")
+                + (
+                    f" (or, in a prefill chunk, a multiple of U={unit} inside a block)"
+                    if unit
+                    else ""
+                )
             )
     return None
 
 
 def allowed_checkpoints(
-    layout: Layout, computed: int, end: int, decoding: bool = False, tail: int = 0
+    layout: Layout, computed: int, end: int, decoding: bool = False
 ) -> tuple[int, ...]:
     """Every inner checkpoint a chunk [computed, end) may name (0, none, aside)."""
     return tuple(  # direct callers only: generators and machines pick checkpoints with it
         q
         for q in range(computed + 1, end)
-        if checkpoint_problem(layout, computed, end, q, decoding, tail=tail) is None
+        if checkpoint_problem(layout, computed, end, q, decoding) is None
     )
 
 
@@ -762,10 +769,8 @@ def _require_checkpoint(
     end: int,
     checkpoint: object,
     decoding: bool = False,
-    *,
-    tail: int = 0,
 ) -> None:
-    problem = checkpoint_problem(layout, computed, end, checkpoint, decoding, tail=tail)
+    problem = checkpoint_problem(layout, computed, end, checkpoint, decoding)
     _require(problem is None, problem or "")
 
 
@@ -842,10 +847,7 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
     if state.config.retention is Retention.SPARSE:  # a case cites the rules it reaches
         junction_at = junction(_cache_view(state, op.tokens, op.extras)[0], hit)
     scheduled = min(op.budget, len(op.tokens) - hit)
-    end = hit + scheduled
-    _require_checkpoint(
-        layout, hit, end, op.checkpoint, tail=chunk_tail(layout, len(op.tokens), end)
-    )
+    _require_checkpoint(layout, hit, hit + scheduled, op.checkpoint)
     tables, sources = split_tails(layout, hit, hit_tables)
     request = Request(
         op.tokens,
@@ -950,15 +952,12 @@ def _extend(state: State, op: Extend) -> tuple[State, Observation]:
     )
     scheduled = min(op.budget, len(tokens) - request.computed)
     decoding = request.decoding or bool(op.appended)
-    end = request.computed + scheduled
-    layout = state.config.layout
     _require_checkpoint(
-        layout,
+        state.config.layout,
         request.computed,
-        end,
+        request.computed + scheduled,
         op.checkpoint,
         decoding,
-        tail=chunk_tail(layout, request.prompt, end),
     )
     grown_request = dataclasses.replace(
         request,
@@ -1261,7 +1260,7 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
         if group.mode is MambaMode.NONE:
             return ()
         if group.mode is MambaMode.ALIGN:
-            inner = (  # a tail inside a block takes its partial key instead (CKPT-INNER-2)
+            inner = (  # a position inside a block takes its partial key (CKPT-INNER-2)
                 checkpoint_positions(group, before, request.computed, request.checkpoint)
                 if request.checkpoint and not request.checkpoint % size
                 else range(0)
@@ -1362,10 +1361,20 @@ def end_step(state: State) -> tuple[State, Observation]:
             )
             registered += count
             marks[g] = positions[-1] + 1
-        for g in range(len(layout.groups)):
+        for g, group in enumerate(layout.groups):
             tail = tail_position(layout, g, request, old.computed)
             if tail:  # called only then: a case cites the rules it reaches
-                stamp = _register_tail(layout, blocks, stamp, g=g, request=request, position=tail)
+                column = tail // group.block_size
+                stamp = _register_tail(
+                    layout, blocks, stamp, g=g, request=request, position=tail, column=column
+                )
+                registered += 1
+            saved = saved_checkpoint(layout, g, request)
+            if saved:  # CKPT-INNER-2
+                at, column = saved
+                stamp = _register_tail(
+                    layout, blocks, stamp, g=g, request=request, position=at, column=column
+                )
                 registered += 1
         requests[rid] = dataclasses.replace(
             request, registered=tuple(marks), checkpoint=0, published=(), sources=(), keeps=()
@@ -1399,16 +1408,14 @@ def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
     draft group (exact keying, HASH-DRAFT-1) once the draft_reach - 1 tokens after T are
     computed too (as ALLOC-COMMIT-1 waits for a whole draft block), a state group in mode
     align or all only at the end of a step that ended exactly at T (its running block then
-    holds the state at T, which ALLOC-UNIT-4 keeps) or whose chunk saved T in passing
-    (CKPT-INNER-2); 0 when nothing is keyed.
+    holds the state at T, which ALLOC-UNIT-4 keeps); 0 when nothing is keyed.
 
         B=64, U=16, prompt 100 (T=96), steps [0, 64) [64, 100):
         full      the end of step 2 keys block 1 at 96 (tokens 64..95)
         draft     reach 2: key over tokens 0..97, at the end of step 2 (computed token 96)
                   reach 5: T=80 for every group (a key at 96 would cover tokens past 99)
         state     nothing: step 2 ended at 100;  with steps [0, 96) [96, 100) the end of
-                  step 1 keys the state at 96 in block 1; with one step [0, 100) naming
-                  checkpoint 96 (CKPT-INNER-2), the state it saved at position 0
+                  step 1 keys the state at 96 in block 1
         prompt 128 (T=112) or 65 (T=64, a block boundary: ALLOC-COMMIT-1's): as stated;  nothing
 
     pre: 0 <= before <= request.computed
@@ -1423,23 +1430,27 @@ def tail_position(layout: Layout, g: int, request: Request, before: int) -> int:
         return 0
     if isinstance(group, MambaState):
         ended_there = request.computed == tail and before < tail
-        saved = group.mode is MambaMode.ALIGN and request.checkpoint == tail
-        return tail if group.mode is not MambaMode.NONE and (ended_there or saved) else 0
+        return tail if group.mode is not MambaMode.NONE and ended_there else 0
     needed = tail + max(key_lookahead(layout, group) - 1, 0)  # computed tokens its KV needs
     return tail if before < needed <= request.computed else 0
 
 
 def _register_tail(
-    layout: Layout, blocks: list[Block], stamp: int, *, g: int, request: Request, position: int
+    layout: Layout,
+    blocks: list[Block],
+    stamp: int,
+    *,
+    g: int,
+    request: Request,
+    position: int,
+    column: int,
 ) -> int:
-    """Key group g's block holding `position` under the request's partial key there
-    (ALLOC-UNIT-2; a state saved in passing: the block CKPT-INNER-2 put it in), keeping a
-    whole-block key and its longer content if it has them; returns the next stamp."""
+    """Key group g's block at table position `column` under the request's partial key at
+    `position` (ALLOC-UNIT-2: the block it falls inside; CKPT-INNER-2: the block the state
+    saved in passing went to), keeping a whole-block key and its longer content if it has
+    them; returns the next stamp."""
     group = layout.groups[g]
-    j = position // group.block_size
-    if isinstance(group, MambaState) and request.computed != position:
-        j = tail_checkpoint_position(group, request.computed)
-    b = request.tables[g][j]  # written this step: never released
+    b = request.tables[g][column]  # written this step: never released
     covered = position + key_lookahead(layout, group)  # a draft key's tokens past it too
     key = partial_key(
         request.tokens, group.block_size, position, request.extras, covered - position

@@ -365,15 +365,15 @@ def machine_for(
         @precondition(lambda self: checkpoints and self.keeps_checkpoints())
         @rule(index=st.integers(0, 4), budget=st.integers(2, 24), pick=st.integers(0, 7))
         def extend_past_a_checkpoint(self, index: int, budget: int, pick: int) -> None:
-            """A prefill chunk whose kernel saves state at a boundary inside it (CKPT-INNER-1)."""
+            """A prefill chunk whose kernel saves state at a boundary inside it (CKPT-INNER-1), or
+            under `unit U` inside a block (CKPT-INNER-2)."""
             rid = self._running(index)
             if rid is None or self.model().requests[rid].scheduled:
                 return
             request = self.model().requests[rid]
             end = min(request.computed + budget, len(request.tokens))
-            layout = self.model().config.layout
-            tail = spec.chunk_tail(layout, request.prompt, end)  # CKPT-INNER-2 under `unit U`
-            allowed = spec.allowed_checkpoints(layout, request.computed, end, tail=tail)
+            layout = self.model().config.layout  # under `unit U` inside blocks too (CKPT-INNER-2)
+            allowed = spec.allowed_checkpoints(layout, request.computed, end)
             if allowed:
                 self.apply(spec.Extend(rid, budget, (), 0, allowed[pick % len(allowed)]))
 
@@ -409,7 +409,7 @@ def machine_for(
             checkpoint = 0
             layout = self.model().config.layout
             if checkpoints and save and budget == length and self.keeps_checkpoints():
-                problem = spec.checkpoint_problem(layout, hit, length, tail, tail=tail)
+                problem = spec.checkpoint_problem(layout, hit, length, tail)
                 checkpoint = tail if problem is None else 0
             self.apply(spec.Admit(rid, tokens, budget, checkpoint=checkpoint))
 

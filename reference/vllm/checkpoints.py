@@ -2,19 +2,22 @@
 
 vLLM 0.33.0's Mamba2 layers (and FlashInfer GDN layers that export) plan their KV-cache spec
 with `num_prefill_checkpoint_blocks=1`: while computing a prefill chunk the kernel also writes
-the state at one block boundary inside it, into the block-table column
-`cdiv(chunk_end, B) - 2`, unless that column holds the null block. The runner decides with
-`compute_mamba_prefill_checkpoints`, for every chunk, from the chunk alone; vLLM's own manager
-reserves the column only on the chunk that ends the prompt. This module asks the runner's own
-function what it will write and turns the answer into the reference allocator's
-`checkpoint=` (CKPT-INNER-1), or into 0 when kvcert's table must keep that column null:
+the state at one position inside it (a multiple of the hit alignment), into the block-table
+column `cdiv(chunk_end, B) - 2`, unless that column holds the null block. The runner decides
+with `compute_mamba_prefill_checkpoints`, for every chunk, from the chunk alone; vLLM's own
+manager reserves the column on the chunk that ends the prompt and, on a chunk inside it, where
+its retention keeps the position. This module asks the runner's own function what it will
+write and turns the answer into the reference allocator's `checkpoint=` (CKPT-INNER-1, -2),
+or into 0 when kvcert's table must keep that column null:
 - the state saved must be the one kvcert's column holds: the state after `(column + 1) * B`
-  tokens (CKPT-INNER-1), or, where kvcert serves hits inside blocks (`unit U`), the prompt's
-  tail boundary T saved in the column before the running one (CKPT-INNER-2: vLLM's runner
+  tokens (CKPT-INNER-1), or, where kvcert serves hits inside blocks (`unit U`), a multiple of
+  U inside a block, saved in the column before the running one (CKPT-INNER-2: vLLM's runner
   saves the state at a multiple of the hash block there); an EAGLE block drop or another
   alignment moves it elsewhere;
 - every state group must save it (the reference checkpoints all align state groups at once);
-- the chunk must end the prompt, as with vLLM's manager, so kvcert holds no more blocks.
+- a chunk inside the prompt saves only what its retention keeps (under dense retention
+  everything, under sparse the block boundaries at multiples of the interval), as vLLM's own
+  manager reserves them, so a prompt diverging inside that chunk's last block hits it.
 """
 
 from __future__ import annotations
@@ -106,11 +109,16 @@ class RunnerCheckpoints:
             out.append((start + offsets[0] if offsets[0] else 0, columns[0]))
         return out
 
-    def checkpoint(self, start: int, end: int, prefill_end: int, tail: int = 0) -> int:
-        """The reference's `checkpoint=` for the chunk [start, end): the runner's position
-        when kvcert can hold it (module docstring), else 0 (the column stays null). `tail`:
-        kvcert's prompt tail the chunk may save inside a block (CKPT-INNER-2), or 0."""
-        if end < prefill_end or None in self.state_groups:
+    def checkpoint(
+        self, request: Any, start: int, end: int, unit: int | None, retention: int | None
+    ) -> int:
+        """The reference's `checkpoint=` for vLLM `request`'s chunk [start, end): the runner's
+        position when kvcert can hold it (module docstring), else 0 (the column stays null).
+        `unit`: kvcert's hit unit where it serves hits inside blocks (a state there is keyed,
+        CKPT-INNER-2), else None; `retention`: the retention interval in vLLM's meaning (None
+        dense, 0 latest-only, N also every multiple of N), which says what a chunk inside the
+        prompt saves: under dense retention anything, else a boundary it keeps."""
+        if None in self.state_groups:
             return 0
         saved = self.written(start, end)
         positions = {position for position, _ in saved}
@@ -121,7 +129,11 @@ class RunnerCheckpoints:
         if len(sizes) != 1:
             return 0
         size = sizes.pop()
-        if position == (column + 1) * size:  # a block boundary (CKPT-INNER-1)
-            return position
-        inside = position == tail and position % size  # the prompt's tail (CKPT-INNER-2)
-        return position if inside and column == -(-end // size) - 2 else 0
+        boundary = position == (column + 1) * size  # CKPT-INNER-1
+        inside = unit is not None and position % size != 0 and position % unit == 0  # -2
+        if not (boundary or (inside and column == -(-end // size) - 2)):
+            return 0
+        if end < max(request.num_prompt_tokens, request.num_tokens - 1):  # inside the prompt
+            kept = retention is None or (retention > 0 and boundary and position % retention == 0)
+            return position if kept else 0
+        return position

@@ -328,7 +328,7 @@ class KVCacheManager:
         if waiting and self._held_back(request, prompt, hit):
             return None
         watermark = self.watermark_blocks if others_scheduled and waiting else 0
-        checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget, known)
+        checkpoint = self._checkpoint(request, hit, hit + num_new_tokens, hit + budget)
         self._tracked[rid].inner = checkpoint
         result = self.core.admit(
             rid,
@@ -403,7 +403,7 @@ class KVCacheManager:
             tracked.inner = 0
             return self._handed_out(rid, self.core.reserve(rid, slots))
         start = request.num_computed_tokens
-        tracked.inner = self._checkpoint(request, start, end, real_end, known)
+        tracked.inner = self._checkpoint(request, start, end, real_end)
         checkpoint = tracked.inner or self._crossed(computed, real_end, appended)
         result = self.core.extend(
             rid, budget, appended, max(slots - real_end, 0), checkpoint=checkpoint
@@ -423,14 +423,13 @@ class KVCacheManager:
         boundary = (end - 1) // size * size
         return boundary if boundary > computed else 0
 
-    def _checkpoint(self, request: Any, start: int, end: int, real_end: int, known: int) -> int:
-        """The inner checkpoint of vLLM's chunk [start, end) (`checkpoints`), if kvcert computes
-        it (its chunk ends at real_end; `known`: its tokens, the prompt's while in prefill)."""
+    def _checkpoint(self, request: Any, start: int, end: int, real_end: int) -> int:
+        """The inner checkpoint of vLLM's chunk [start, end) (`kvcert.reference.vllm.
+        checkpoints`), if kvcert computes that position in it (its chunk ends at real_end)."""
         if self._runner_checkpoints is None:
             return 0
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-        tail = self.core.prompt_tail(known) if real_end == known else 0  # its prompt's end
-        position = self._runner_checkpoints.checkpoint(start, end, prefill_end, tail)
+        unit, kept = self.core.config.hit_unit, self.coordinator.retention_interval
+        position = self._runner_checkpoints.checkpoint(request, start, end, unit, kept)
         return position if start < position < real_end else 0
 
     def _check_runner_columns(self, request: Any, start: int, end: int, checkpoint: int) -> None:
@@ -487,9 +486,9 @@ class KVCacheManager:
 
     def _schedule_pending(self, request: Any, end: int, slots: int) -> Any:
         """A chunk of a request whose previous chunk is still in flight: its blocks now, its
-        computation once the steps before it have ended (`start_pending`; no `unit U` tail)."""
+        computation once the steps before it have ended (`start_pending`)."""
         rid, start = request.request_id, request.num_computed_tokens
-        checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens), 0)
+        checkpoint = self._checkpoint(request, start, end, min(end, request.num_tokens))
         self._tracked[rid].inner = checkpoint
         result = self.core.reserve(rid, slots, chunk_end=end, checkpoint=checkpoint)
         if not isinstance(result, Scheduled):

@@ -236,7 +236,6 @@ def test_the_chunk_ending_the_prompt_saves_its_tail_in_passing():
     (the view after the step in flight names it already), and a re-send hits it; the twin
     without the checkpoint leaves no state at 96."""
     core = manager()
-    assert core.prompt_tail(100) == 96
     core.admit("a", PROMPT, 100, checkpoint=96)
     assert core.checkpoint_position("a", 1, 96) == 0
     saved = core.block_at("a", 1, 0)
@@ -255,13 +254,27 @@ def test_the_chunk_ending_the_prompt_saves_its_tail_in_passing():
     assert twin.admit("b", PROMPT, 4).hit == 0
 
 
-def test_a_tail_the_chunk_cannot_save_is_refused():
+def test_a_chunk_inside_the_prompt_saves_a_state_a_diverging_prompt_hits():
+    """CKPT-INNER-2 in a chunk that does not end the prompt (attention blocks of 16, so a
+    hit at 112 is one attention serves): the twin naming no checkpoint serves 0."""
+    groups = (GroupConfig(Kind.FULL, 16), GroupConfig(Kind.MAMBA, 64, mode=MambaMode.ALIGN))
+    prompt = list(range(1, 201))
+    diverging = [*prompt[:120], *range(900, 940)]
+    for checkpoint, hit in ((112, 112), (0, 0)):
+        core = KVCacheManager(CacheConfig(groups, 40, hit_unit=16))
+        core.admit("a", prompt, 160, checkpoint=checkpoint)
+        core.end_step()
+        core.extend("a", 40)
+        core.end_step()
+        core.finish("a")
+        assert core.admit("b", diverging, 4).hit == hit
+
+
+def test_a_unit_checkpoint_the_chunk_cannot_save_is_refused():
     core = manager()
     core.admit("a", PROMPT, 64)
     core.end_step()
     with pytest.raises(RequestStateError, match="holds the state the chunk reads"):
         core.extend("a", 36, checkpoint=96)
-    with pytest.raises(RequestStateError, match="or the prompt's tail, 96"):
-        core.extend("a", 36, checkpoint=80)
-    with pytest.raises(RequestStateError, match="not a block boundary"):
-        core.extend("a", 35, checkpoint=96)  # the chunk does not end the prompt
+    with pytest.raises(RequestStateError, match="a multiple of U=16 inside a block"):
+        core.extend("a", 36, checkpoint=90)

@@ -204,21 +204,36 @@ def test_a_chunk_ending_the_prompt_saves_its_tail_in_passing_and_a_resend_hits_i
     assert resend.hit == 0
 
 
-def test_docstring_example_of_the_tail_checkpoint_position():
-    assert spec.tail_checkpoint_position(MambaState(64, MambaMode.ALIGN), 100) == 0
-    assert spec.chunk_tail(HYBRID, 100, 100) == 96
-    assert spec.chunk_tail(HYBRID, 100, 96) == 0  # the chunk does not end the prompt
-    assert spec.chunk_tail(dataclasses.replace(HYBRID, hit_unit=None), 100, 100) == 0
+def test_docstring_example_of_the_unit_checkpoint_position():
+    assert spec.unit_checkpoint_position(MambaState(64, MambaMode.ALIGN), 100) == 0
+
+
+def test_a_chunk_inside_the_prompt_saves_a_unit_position_a_diverging_prompt_hits():
+    """CKPT-INNER-2 in a chunk that does not end the prompt: [0, 160) of a 200-token prompt
+    (state B=64, attention B=16) saves the state at 112 into position 1 (ceil(160 / 64) - 2);
+    a prompt sharing 120 tokens, then diverging, hits 112 (attention keys every 16 tokens);
+    the twin naming no checkpoint leaves it 0 (no step ended at a state boundary)."""
+    layout = Layout((FullAttention(16), MambaState(64, MambaMode.ALIGN)), hit_unit=16)
+    long_prompt = tuple(range(1, 201))
+    diverging = (*long_prompt[:120], *range(900, 940))
+    for checkpoint, hit in ((112, 112), (0, 0)):
+        state = pool(layout)
+        state, (admitted,) = run(state, Admit("a", long_prompt, 160, checkpoint=checkpoint))
+        state, _ = run(state, EndStep(), Extend("a", 40), EndStep(), Finish("a"))
+        if checkpoint:
+            assert state.blocks[admitted.tables[1][1]].partial_at == 112
+        state, (reader,) = run(state, Admit("b", diverging, 4))
+        assert reader.hit == hit
 
 
 @pytest.mark.parametrize(
     ("start", "checkpoint", "fragment"),
     [
         (64, 96, "holds the state the chunk reads"),  # [64, 100): position 0 is read
-        (0, 80, "or the prompt's tail, 96"),  # a unit position that is not the tail
+        (0, 90, "a multiple of U=16 inside a block"),  # not a multiple of the unit
     ],
 )
-def test_a_tail_checkpoint_the_chunk_cannot_save_is_refused(start, checkpoint, fragment):
+def test_a_unit_checkpoint_the_chunk_cannot_save_is_refused(start, checkpoint, fragment):
     state = pool()
     if start:
         state, _ = run(state, Admit("a", PROMPT, start), EndStep())
@@ -229,9 +244,10 @@ def test_a_tail_checkpoint_the_chunk_cannot_save_is_refused(start, checkpoint, f
         step(state, op)
 
 
-def test_a_tail_checkpoint_needs_the_chunk_to_end_the_prompt():
+def test_a_decode_chunk_names_no_unit_checkpoint():
+    state, _ = run(pool(), Admit("a", PROMPT, 100), EndStep())
     with pytest.raises(InvalidOp, match="not a block boundary"):
-        step(pool(), Admit("a", PROMPT, 99, checkpoint=96))
+        step(state, Extend("a", 13, appended=tuple(range(13)), checkpoint=112))
 
 
 def test_a_tail_key_stays_when_its_block_is_registered_whole():

@@ -77,6 +77,35 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "there, and a re-send hits 12 and copies it",
         focus=("CKPT-INNER-2", "ALLOC-UNIT-2"),
     )  # fmt: skip
+    fine = Layout((FullAttention(2), MambaState(8, MambaMode.ALIGN)), hit_unit=2)
+    long_prompt, diverging = PROMPT[:24], (*PROMPT[:13], *range(500, 507))
+    yield alloc_case(
+        "alloc.unit.state-saved-inside-a-chunk",
+        fine, 30,
+        [spec.Admit("a", long_prompt, 16, checkpoint=12), spec.EndStep(),
+         spec.Extend("a", 8), spec.EndStep(), spec.Finish("a"),
+         spec.Admit("c", diverging, 20), spec.EndStep()],
+        "vllm dense retention, num_prefill_checkpoint_blocks=1",
+        "attention blocks of 2, state blocks of 8: the prompt's first chunk [0, 16) names 12, "
+        "inside state block 1, as its inner checkpoint; the state at 12 goes to position 0, "
+        "before the running one (CKPT-INNER-2), keyed at 12 when the step ends; a prompt "
+        "sharing 13 tokens hits 12 and copies it (no step ended at 8 or 12: without the "
+        "checkpoint it hits 0)",
+        focus=("CKPT-INNER-2",),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.unit-checkpoint-over-the-read-state-refused",
+        HYBRID, 12,
+        [spec.Admit("a", prompt, 8), spec.EndStep(),
+         spec.Extend("a", 5, checkpoint=12), spec.Extend("a", 5, checkpoint=11),
+         spec.Extend("a", 5), spec.EndStep()],
+        None,
+        "the chunk [8, 13) reads the state at 8 from position 0, the position before its "
+        "running one: naming 12 would have the kernel overwrite it, so it is refused "
+        "(CKPT-INNER-2); 11 is no multiple of the unit 2 (refused); then the chunk runs "
+        "without a checkpoint",
+        focus=("CKPT-INNER-2",),
+    )  # fmt: skip
     yield alloc_case(
         "alloc.unit.checkpoint-kept-after-finish",
         HYBRID, 12,

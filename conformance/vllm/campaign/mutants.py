@@ -85,8 +85,10 @@ def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
         return
 
     class Early(RunnerCheckpoints):
-        def checkpoint(self, start: int, end: int, prefill_end: int, tail: int = 0) -> int:
-            position = super().checkpoint(start, end, prefill_end, tail)
+        def checkpoint(
+            self, request: Any, start: int, end: int, unit: int | None, retention: int | None
+        ) -> int:
+            position = super().checkpoint(request, start, end, unit, retention)
             block_size = next(group[0] for group in self.state_groups if group is not None)
             return position - block_size if position - block_size > start else position
 
