@@ -149,7 +149,7 @@ class Registrar:
                     continue
                 positions = list(self.committed(g, group, request, before))
                 if inner and group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
-                    # a tail inside a block takes its tail key instead (CKPT-INNER-2: Tails)
+                    # a position inside a block takes its tail key (CKPT-INNER-2: Tails)
                     size = group.block_size
                     positions += [q // size - 1 for q in inner if not q % size]
                 kept = self.kept(g, request)
@@ -196,7 +196,7 @@ class Registrar:
         track, events = pool.tracking, pool.events
         kept = self.kept(g, request)
         for q in inner:
-            if q % group.block_size:  # the prompt's tail: Tails keys it (CKPT-INNER-2)
+            if q % group.block_size:  # inside a block: Tails keys it (CKPT-INNER-2)
                 continue
             j = q // group.block_size - 1
             if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:

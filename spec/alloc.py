@@ -694,11 +694,7 @@ def draft_checkpoint_floor(group: MambaState, computed: int) -> int:
 
 
 def checkpoint_problem(
-    layout: Layout,
-    computed: int,
-    end: int,
-    checkpoint: object,
-    decoding: bool = False,
+    layout: Layout, computed: int, end: int, checkpoint: object, decoding: bool = False
 ) -> str | None:
     """Why `checkpoint` cannot be the inner checkpoint of a chunk [computed, end), or None: it
     must be 0 or, for every state group in mode align (one at least), a multiple of its block
@@ -764,11 +760,7 @@ def allowed_checkpoints(
 
 
 def _require_checkpoint(
-    layout: Layout,
-    computed: int,
-    end: int,
-    checkpoint: object,
-    decoding: bool = False,
+    layout: Layout, computed: int, end: int, checkpoint: object, decoding: bool = False
 ) -> None:
     problem = checkpoint_problem(layout, computed, end, checkpoint, decoding)
     _require(problem is None, problem or "")
