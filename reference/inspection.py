@@ -117,6 +117,13 @@ class Inspection:
         """Request `rid`'s inner checkpoints (CKPT-INNER-1) in chunks not yet ended."""
         return tuple(self._running(rid).checkpoints)
 
+    def considered_positions(self, rid: str, group: int) -> int:
+        """How many leading positions of group `group`'s table running request `rid` has had
+        considered for caching: each registered, or passed over (a partial tail, a position
+        retention does not keep). Later positions have not ended a step yet."""
+        self._group_size(group)  # a valid group index
+        return self._running(rid).registered[group]
+
     def block_at(self, rid: str, group: int, position: int) -> int:
         """The block running request `rid` holds at `position` of group `group`'s table
         (NULL_BLOCK where it holds none, or past the table's end)."""

@@ -72,10 +72,38 @@ class CheckpointsView(Mapping[str, tuple[int, int]]):
         return sum(1 for _ in self)
 
 
+class CachedCountView(Mapping[str, int]):
+    """One group's `num_cached_block` as vLLM's tests read it: per running request that has
+    had any, how many leading blocks of its table were considered for caching (registered,
+    or passed over by retention), computed from kvcert's request state."""
+
+    def __init__(self, owner: KVCacheManager, group: int) -> None:
+        self._owner = owner
+        self._group = group
+
+    def _count(self, rid: object) -> int:
+        core = self._owner.core
+        if not isinstance(rid, str) or not core.is_running(rid):
+            return 0
+        return core.considered_positions(rid, self._group)
+
+    def __getitem__(self, rid: str) -> int:
+        count = self._count(rid)
+        if not count:
+            raise KeyError(rid)
+        return count
+
+    def __iter__(self) -> Iterator[str]:
+        return (rid for rid in self._owner.core.running() if self._count(rid))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class GroupView:
     """What vLLM's scheduler and tests read of a per-group manager: its block size and spec,
     and read-only views of kvcert's state under vLLM's names (the hit alignment, the tables,
-    a state group's reserved inner checkpoints)."""
+    the blocks considered for caching, a state group's reserved inner checkpoints)."""
 
     retains_longer_hit = False
 
@@ -85,6 +113,7 @@ class GroupView:
         self.kv_cache_spec = group.kv_cache_spec
         self.block_size = group.kv_cache_spec.block_size
         self.req_to_blocks = TablesView(owner, index)
+        self.num_cached_block = CachedCountView(owner, index)
         self._null_block = owner.blocks[0]  # the object tables hold where nothing is held
         if owner.core.config.groups[index].kind is Kind.MAMBA:
             self._checkpoints = CheckpointsView(owner, index)

@@ -113,8 +113,10 @@ def view_checks() -> list[tuple[str, bool, str]]:
     mid_state = pool.get_cached_block(a.block_hashes[1], [0, 1])
     unknown = pool.get_cached_block(b"\x00" * 32, [0])
     alignment = manager.coordinator.single_type_managers[0].cache_hit_alignment_tokens
+    counts = [dict(g.num_cached_block) for g in manager.coordinator.single_type_managers]
     manager.free(a)
     freed = manager.coordinator.single_type_managers[0].req_to_blocks
+    counted = [dict(g.num_cached_block) for g in manager.coordinator.single_type_managers]
     try:
         KVCacheManager(config(), 256, BLOCK, BLOCK).block_pool.get_cached_block(b"", [0])
         without = "answered"
@@ -152,6 +154,12 @@ def view_checks() -> list[tuple[str, bool, str]]:
         ("an unknown hash names nothing cached", unknown is None, f"{unknown}"),
         ("hits align to whole blocks", alignment == BLOCK, f"{alignment}"),
         ("a freed request holds nothing", "a" not in freed and freed["a"] == [], f"{freed}"),
+        (
+            "num_cached_block: every full block considered once the step ends",
+            counts == [{"a": 4}, {"a": 4}],
+            f"{counts}",
+        ),
+        ("num_cached_block: nothing for a freed request", counted == [{}, {}], f"{counted}"),
         ("refused with the hash view off", without != "answered", without),
         ("a cut past an attention group's blocks is refused", "holds 1 blocks" in cut, cut),
     ]
