@@ -57,7 +57,7 @@ from kvcert.reference.vllm.layout import (
     state_spec_types,
     unit_config,
 )
-from kvcert.reference.vllm.parts import CoordinatorView, HashView, PoolView
+from kvcert.reference.vllm.parts import HashView, PoolView, coordinator_view
 from kvcert.reference.vllm.settings import HoldBack, Settings
 
 
@@ -132,7 +132,7 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in groups))
-        self.coordinator = CoordinatorView(self, groups)
+        self.coordinator = coordinator_view(self, groups)
         self.block_pool = PoolView(self)
         self._zeroed = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._new_ids: list[int] = []  # attention blocks handed out, for the worker to zero

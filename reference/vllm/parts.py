@@ -160,6 +160,29 @@ class CoordinatorView:
         return core.blocks_to_reach(request_id, num_tokens) if core.is_running(request_id) else 0
 
 
+class UnitaryKVCacheCoordinator(CoordinatorView):
+    """The view of a model with one KV-cache group, under vLLM's name for its coordinator."""
+
+
+class HybridKVCacheCoordinator(CoordinatorView):
+    """The view of a model with several KV-cache groups, under vLLM's name for its
+    coordinator."""
+
+
+class KVCacheCoordinatorNoPrefixCache(CoordinatorView):
+    """The view with prefix caching off, under vLLM's name for its coordinator."""
+
+
+def coordinator_view(owner: KVCacheManager, groups: Sequence[Any]) -> CoordinatorView:
+    """The coordinator view, of the class vLLM would build for the same model and caching
+    flag (tests read the class's name to see which coordinator runs)."""
+    if not owner.enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(owner, groups)
+    if len(groups) == 1:
+        return UnitaryKVCacheCoordinator(owner, groups)
+    return HybridKVCacheCoordinator(owner, groups)
+
+
 class PoolView:
     """The part of vLLM's block pool its scheduler reads directly (free counts, the deferred
     release of blocks `pop_blocks_for_free` handed out) and what vLLM's tests read: the

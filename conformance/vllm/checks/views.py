@@ -122,6 +122,10 @@ def view_checks() -> list[tuple[str, bool, str]]:
         without = "answered"
     except IntegrationError as why:
         without = str(why)
+    names = [
+        type(KVCacheManager(config(*specs), 256, BLOCK, BLOCK, enable_caching=on).coordinator)
+        for specs, on in (((FULL,), True), ((FULL, STATE), True), ((FULL,), False))
+    ]
     short = manager.create_kv_cache_blocks(([manager.blocks[tables[0][0]]], []))
     try:
         cut = f"cut to {manager.truncate_computed_blocks(short, 2 * BLOCK)}"
@@ -161,6 +165,16 @@ def view_checks() -> list[tuple[str, bool, str]]:
         ),
         ("num_cached_block: nothing for a freed request", counted == [{}, {}], f"{counted}"),
         ("refused with the hash view off", without != "answered", without),
+        (
+            "the coordinator's class is the one vLLM builds",
+            [n.__name__ for n in names]
+            == [
+                "UnitaryKVCacheCoordinator",
+                "HybridKVCacheCoordinator",
+                "KVCacheCoordinatorNoPrefixCache",
+            ],
+            f"{names}",
+        ),
         ("a cut past an attention group's blocks is refused", "holds 1 blocks" in cut, cut),
     ]
 
