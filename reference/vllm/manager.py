@@ -46,7 +46,7 @@ from kvcert.reference.manager import KVCacheManager as Core
 from kvcert.reference.manager import Progress, Prompt, Scheduled
 from kvcert.reference.vllm.blocks import PoolBlock
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
-from kvcert.reference.vllm.events import UNNAMED, Publishing, convert
+from kvcert.reference.vllm.events import UNNAMED, Announcer, Publishing
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import (
     IntegrationError,
@@ -165,6 +165,7 @@ class KVCacheManager:
         self._hold_back = hold is HoldBack.ALL or (hold is HoldBack.STATE and self._has_state)
         self._popped: dict[int, str] = {}  # a block handed out by pop_blocks_for_free -> owner
         self._events: list[Any] = []  # vLLM's KV events, converted as the allocator's happen
+        self._announcer = Announcer(hash_block_size, num_hash_lookahead_tokens)
         self._copies: list[tuple[int, int, int]] = []  # `unit U`: this step's block copies
         # what vLLM's block hashes name, with settings.vllm_hash_view on (get_cached_block)
         self.hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
@@ -351,10 +352,11 @@ class KVCacheManager:
         tracked.prompt = None
         if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
-            tracked.publishing = (
+            tracked.publishing = Publishing(
                 lora.adapter_id if lora else None,
                 lora.name if lora else None,
                 getattr(request, "session_id", None),
+                request,
             )
         if result.hit != hit:
             self.core.preempt(rid)
@@ -753,18 +755,16 @@ class KVCacheManager:
     def take_events(self) -> list[Any]:
         """vLLM's KV events since the last call: BlockStored when a block becomes hittable
         (the end of the step that wrote it), BlockRemoved when one is evicted,
-        AllBlocksCleared on a reset. Block hashes are kvcert's keys (bytes; the parent is the
-        previous block's key in the same group); as vLLM publishes them, one BlockStored per
-        run of a request's blocks in one group, one BlockRemoved per evicted block."""
+        AllBlocksCleared on a reset, naming vLLM's own block hashes (`events.Announcer`)."""
         events, self._events = self.pending_events(), []
         return events
 
     def pending_events(self) -> list[Any]:
         """The KV events not taken yet (vLLM's `kv_event_queue`), the allocator's since the
-        last call converted first (`events.convert`)."""
+        last call converted first."""
         if self.enable_kv_cache_events:
-            groups = self.kv_cache_config.kv_cache_groups
-            self._events += convert(self.core.take_events(), self._publishing_of, groups)
+            groups, now = self.kv_cache_config.kv_cache_groups, self.core.take_events()
+            self._events += self._announcer.convert(now, self._publishing_of, groups)
         return self._events
 
     def _publishing_of(self, rid: str) -> Publishing:

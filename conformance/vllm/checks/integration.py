@@ -35,7 +35,13 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    maybe_convert_block_hash,
+)
 from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     MambaSpec,
@@ -149,6 +155,23 @@ KEYING: list[tuple[str, dict[str, Any], dict[str, Any], int]] = [
 ]
 
 
+def published(block_hashes: Any) -> list[Any]:
+    """vLLM's block hashes as its KV events publish them (ints or bytes, as its settings say)."""
+    return [maybe_convert_block_hash(h) for h in block_hashes]
+
+
+def lookahead_events() -> tuple[list[Any], Request]:
+    """A prompt computed where vLLM's block hashes read the token after each block (its hash
+    lookahead for a drafter, whose draft KV reads it): the events once the step ends."""
+    manager = KVCacheManager(
+        config(), 256, BLOCK, BLOCK, enable_kv_cache_events=True, num_hash_lookahead_tokens=1
+    )
+    r = request("r", block_hasher=get_request_block_hasher(BLOCK, sha256, 1))
+    manager.allocate_slots(r, r.num_tokens)
+    manager.end_step()
+    return manager.take_events(), r
+
+
 def event_checks() -> list[tuple[str, bool, str]]:
     """A LoRA request computed, then another evicting most of its blocks, then a reset, in
     a pool of 5 usable blocks: what take_events() returns after each."""
@@ -159,13 +182,15 @@ def event_checks() -> list[tuple[str, bool, str]]:
         BLOCK,
         enable_kv_cache_events=True,
     )
-    a = request("a", lora_request=lora("adapter", "/adapters/a"))
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+    a = request("a", lora_request=lora("adapter", "/adapters/a"), block_hasher=hasher)
     manager.allocate_slots(a, a.num_tokens)
     before = manager.take_events()
     manager.end_step()
     stored = manager.take_events()
     manager.free(a)
-    b = request("b", tokens=list(range(500, 564)))
+    b = request("b", tokens=list(range(500, 564)), block_hasher=hasher)
     manager.allocate_slots(b, b.num_tokens)
     removed = manager.take_events()
     manager.end_step()
@@ -175,6 +200,7 @@ def event_checks() -> list[tuple[str, bool, str]]:
     cleared = manager.take_events()
     one = stored[0] if len(stored) == 1 and isinstance(stored[0], BlockStored) else None
     hashes = set(one.block_hashes) if one else set()
+    ahead, r = lookahead_events()
     return [
         ("nothing announced before the step ends", before == [], f"{before}"),
         (
@@ -187,6 +213,20 @@ def event_checks() -> list[tuple[str, bool, str]]:
             and one.group_idx == 0
             and one.kv_cache_spec_kind == "full_attention",
             f"{stored}",
+        ),
+        (
+            "its hashes are vLLM's own block hashes of the request",
+            one is not None and one.block_hashes == published(a.block_hashes),
+            f"{one and one.block_hashes} vs {a.block_hashes}",
+        ),
+        (
+            "with vLLM's hash lookahead of 1: the 3 blocks whose next token is known, each with it",
+            len(ahead) == 1
+            and isinstance(ahead[0], BlockStored)
+            and ahead[0].block_hashes == published(r.block_hashes)
+            and len(r.block_hashes) == 3
+            and ahead[0].lookahead_token_ids == [[TOKENS[16]], [TOKENS[32]], [TOKENS[48]]],
+            f"{ahead} vs {r.block_hashes}",
         ),
         (
             "BlockStored names the LoRA adapter",

@@ -265,7 +265,7 @@ def block_field_checks() -> list[tuple[str, bool, str]]:
     bare = KVCacheManager(
         config(FULL), 64, BLOCK, BLOCK, enable_kv_cache_events=True, settings=Settings()
     )
-    bare.allocate_slots(request("b"), len(TOKENS))
+    bare.allocate_slots(request("b", block_hasher=hasher), len(TOKENS))
     bare.end_step()
     keyed = bare.blocks[bare.get_block_ids("b")[0][0]]
     refusal = refused(lambda: keyed.block_hash, IntegrationError)
