@@ -119,8 +119,8 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.mamba_shared_prefix_checkpoint = False
         drafting = use_eagle or num_hash_lookahead_tokens > 0  # vLLM runs a drafter
-        # a multi-module MTP drafter's KV at a position reads this many tokens ahead
-        reach = max(1, num_prefill_lookahead)
+        # tokens a drafter's KV reads ahead (k MTP modules: k), as far as vLLM's hashes reach
+        reach = max(1, num_prefill_lookahead, num_hash_lookahead_tokens)
         config = cache_config(kv_cache_config, max_model_len, drafting, self.settings, reach)
         config = dataclasses.replace(config, record_events=enable_kv_cache_events)
         groups = kv_cache_config.kv_cache_groups

@@ -645,24 +645,27 @@ def mtp_checks() -> list[tuple[str, bool, str]]:
     them) served with 3 MTP modules (vLLM's scheduler passes num_prefill_lookahead=3): after
     A's 64 tokens, B shares them up to token 48 and differs at token 49. The drafter's KV at
     position 47 read tokens up to 50, so B may not take block 2 (HASH-DRAFT-1 with reach 3);
-    one module (an EAGLE head, reach 1) reads token 48 only and may."""
+    one module (an EAGLE head, reach 1) reads token 48 only and may. Where vLLM's hashes
+    reach 3 tokens past each block but the prefill lookahead says 0, the longer reach keys."""
     draft = dataclasses.replace(FULL, is_draft=True)
     b_tokens = [*TOKENS[:49], 7, *TOKENS[50:]]
     hits = {}
-    for modules in (1, 3):
+    for hashed, modules in ((1, 1), (3, 3), (3, 0)):
         manager = KVCacheManager(
             config(FULL, draft), 256, BLOCK, BLOCK, use_eagle=True,
-            num_hash_lookahead_tokens=modules, num_prefill_lookahead=modules,
+            num_hash_lookahead_tokens=hashed, num_prefill_lookahead=modules,
         )  # fmt: skip
         a = request("a")
         manager.allocate_slots(a, a.num_tokens)
         manager.end_step()
         manager.free(a)
-        hits[modules] = manager.get_computed_blocks(request("b", tokens=b_tokens))[1]
+        hits[hashed, modules] = manager.get_computed_blocks(request("b", tokens=b_tokens))[1]
     return [
-        ("3 modules: no hit on a block whose third token after it differs", hits[3] == 32,
-         f"hit {hits[3]} (want 32)"),
-        ("1 module: the same block hits", hits[1] == 48, f"hit {hits[1]} (want 48)"),
+        ("3 modules: no hit on a block whose third token after it differs",
+         hits[3, 3] == 32, f"hit {hits[3, 3]} (want 32)"),
+        ("1 module: the same block hits", hits[1, 1] == 48, f"hit {hits[1, 1]} (want 48)"),
+        ("hashes reaching 3 past each block, prefill lookahead 0: keyed with reach 3",
+         hits[3, 0] == 32, f"hit {hits[3, 0]} (want 32)"),
     ]  # fmt: skip
 
 
