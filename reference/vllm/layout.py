@@ -288,7 +288,8 @@ def cache_config(
     `num_prefill_lookahead_tokens`: k for k MTP modules). A positive
     `--prefix-cache-retention-interval` is honoured as sparse retention with that interval;
     None and vLLM's default 0 leave the retention to `settings` (dense unless chosen;
-    `retention_profile`)."""
+    `retention_profile`). A max_model_len no hit fits under (at most the hit alignment) is
+    served without reuse, with a warning: the limit is left to vLLM's scheduler."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise UnsupportedConfigError("the model has no KV-cache groups: nothing to manage")
@@ -305,17 +306,27 @@ def cache_config(
     )
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
     retention = retention_profile(interval, configs, settings.retention)
+    alignment, limit = hit_alignment(configs), max_model_len
+    if max_model_len <= alignment:  # no request is long enough to reuse a whole block
+        _log.warning(
+            "every prefix hit is a multiple of %d tokens and max_model_len is %d: prefix "
+            "caching can never hit with these block sizes; the kvcert manager serves the "
+            "model without reuse",
+            alignment,
+            max_model_len,
+        )
+        limit = None  # the spec refuses a limit no hit fits under; vLLM's scheduler keeps it
     try:
         return CacheConfig(
             configs,
             kv_cache_config.num_blocks,
             speculative=(settings.speculative or DraftKeying.EXACT) if any(marked) else None,
             draft_reach=draft_reach if any(marked) else 1,
-            max_model_len=max_model_len,
+            max_model_len=limit,
             hash_algorithm=settings.hash_algorithm,
             eviction=settings.eviction,
             visibility=settings.visibility or Visibility.STEP_END,
             **retention,
         )
-    except ConfigError as why:  # e.g. blocks longer than any request: nothing could hit
+    except ConfigError as why:
         raise UnsupportedConfigError(f"{why} (or drop --scheduler-cls)") from why

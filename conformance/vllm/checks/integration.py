@@ -640,6 +640,22 @@ def draft_checks() -> list[tuple[str, bool, str]]:
     ]
 
 
+def short_model_checks() -> list[tuple[str, bool, str]]:
+    """A max_model_len of 8 under blocks of 16 (a pooling model's short context): no hit
+    can fit, and the manager still serves the model (vLLM's does), without reuse."""
+    manager = KVCacheManager(config(), 8, BLOCK, BLOCK)
+    tokens = TOKENS[:8]
+    a = request("a", tokens=tokens)
+    allocated = manager.allocate_slots(a, 8)
+    manager.end_step()
+    manager.free(a)
+    hit = manager.get_computed_blocks(request("b", tokens=tokens))[1]
+    return [
+        ("served", allocated is not None, "no blocks for the prompt"),
+        ("a re-send hits nothing", hit == 0, f"hit {hit}"),
+    ]
+
+
 def mtp_checks() -> list[tuple[str, bool, str]]:
     """A model with a drafter's group (its layers marked `is_draft`, as 0.33's drafters mark
     them) served with 3 MTP modules (vLLM's scheduler passes num_prefill_lookahead=3): after
@@ -688,6 +704,7 @@ def main() -> int:
     }
     for kind, checks in (
         ("events", event_checks()),
+        ("max_model_len below a block", short_model_checks()),
         ("async, step-end", async_checks(Visibility.STEP_END)),
         ("async, same-pass", async_checks(Visibility.SAME_PASS)),
         ("state", state_checks()),

@@ -56,11 +56,6 @@ REASONS: list[tuple[str, str]] = [
         r"not prefix-cacheable in vLLM's terms",
         "refused: a bounded-replay (not prefix-cacheable) sliding-window group",
     ),
-    (
-        r"a request of max_model_len=\d+ can reuse at most",
-        "kvcert refuses at start-up a cache whose max_model_len is below one block (no prefix "
-        "can ever be reused): ConfigError",
-    ),
     (r"does not support KV connectors", "refused: KV connectors"),
     (r"serve encoder-decoder", "refused: encoder-decoder models (cross-attention tokens)"),
     (
