@@ -32,11 +32,12 @@ from kvcert.reference.config import (
     hit_alignment,
 )
 from kvcert.reference.errors import ConfigError, KVCacheError
+from kvcert.reference.retention import BOUNDED
 from kvcert.reference.tails import unit_refusal
 from kvcert.reference.vllm.settings import Settings
 
 _log = logging.getLogger(__name__)
-_COARSER_SAID: set[tuple[int, int, str]] = set()  # the coarser-hits warnings already logged
+_SAID: set[str] = set()  # the warnings already logged (`_say_once`)
 
 
 class UnsupportedConfigError(ConfigError):
@@ -170,9 +171,30 @@ def retention_profile(
     if interval:
         return {"retention": Retention.SPARSE, "retention_interval": interval}
     if default is not None:
+        notice = retention_notice(interval, groups, default)
+        if notice is not None:
+            _say_once(notice)
         return {"retention": default, "retention_interval": 0}
     sparse = interval == 0
     return {"retention": Retention.SPARSE if sparse else Retention.DENSE, "retention_interval": 0}
+
+
+def retention_notice(
+    interval: object, groups: tuple[GroupConfig, ...], default: Retention
+) -> str | None:
+    """What the operator is told when vLLM's interval 0 (latest-only, vLLM's default) is
+    served as dense retention, kvcert's default (None where retention changes nothing: no
+    sliding-window, chunked local or state group), so the flag is never read silently."""
+    if interval != 0 or default is not Retention.DENSE:
+        return None
+    if not any(g.kind in BOUNDED for g in groups):
+        return None
+    return (
+        "vLLM's prefix_cache_retention_interval 0 (latest-only, its default) is served as "
+        "kvcert's dense retention: every hit latest-only keeps and more, for more cached "
+        "(evictable) window and state blocks; KVCERT_RETENTION=sparse chooses kvcert's sparse "
+        "retention (RET-SPARSE-1)"
+    )
 
 
 def refuse_unsupported(
@@ -230,17 +252,19 @@ def unit_config(
     served, why_not = _unit_served(config, hash_block_size)
     if why_not is None:
         return served
-    coarser = (hash_block_size, alignment, why_not)
-    if coarser not in _COARSER_SAID:
-        _COARSER_SAID.add(coarser)
-        _log.warning(
-            "vLLM would serve prefix-cache hits every %d tokens on this model; the kvcert "
-            "manager serves them at whole blocks of every group (every %d tokens): %s",
-            hash_block_size,
-            alignment,
-            why_not,
-        )
+    _say_once(
+        f"vLLM would serve prefix-cache hits every {hash_block_size} tokens on this model; the "
+        f"kvcert manager serves them at whole blocks of every group (every {alignment} "
+        f"tokens): {why_not}"
+    )
     return config
+
+
+def _say_once(warning: str) -> None:
+    """Logs `warning` the first time this process meets it (each manager built says it)."""
+    if warning not in _SAID:
+        _SAID.add(warning)
+        _log.warning(warning)
 
 
 def vllm_hits_inside(groups: Sequence[Any], hash_block_size: int) -> bool:

@@ -34,6 +34,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
 )
 from kvcert.reference.config import Eviction, Retention
 from kvcert.reference.vllm import IntegrationError, KVCacheManager, Scheduler, Settings
+from kvcert.reference.vllm.layout import retention_notice
 
 
 def match_unit_scheduler(unit: int) -> Any:
@@ -64,6 +65,23 @@ def retention_checks() -> list[tuple[str, bool, str]]:
         built.coordinator.retention_interval = interval
         got = (built.coordinator.retention_interval, built.core.config.retention)
         checks.append((f"set to {interval}", got == (interval, retention), f"got {got}"))
+    full, state = built.core.config.groups
+    notices = [
+        retention_notice(interval, groups, default) is not None
+        for interval, groups, default in (
+            (0, (full, state), Retention.DENSE),
+            (0, (full,), Retention.DENSE),
+            (None, (full, state), Retention.DENSE),
+            (0, (full, state), Retention.SPARSE),
+        )
+    ]
+    checks.append(
+        (
+            "vLLM's 0 served as dense is said (only where a bounded group makes it matter)",
+            notices == [True, False, False, False],
+            f"{notices}",
+        )
+    )
     built.get_computed_blocks(request("r"))
     try:
         built.coordinator.retention_interval = 0
