@@ -330,7 +330,8 @@ def cache_config(
     )
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
     retention = retention_profile(interval, configs, settings.retention)
-    alignment, limit = hit_alignment(configs), max_model_len
+    alignment = hit_alignment(configs)
+    limit: int | None = max_model_len
     if max_model_len <= alignment:  # no request is long enough to reuse a whole block
         _log.warning(
             "every prefix hit is a multiple of %d tokens and max_model_len is %d: prefix "
