@@ -27,6 +27,7 @@ THM-HYB-SEARCH (Z3) proves its shape.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
@@ -109,11 +110,10 @@ def longest_single_group(
     config: CacheConfig, num_tokens: int, keys: Keys[K], served: Served[K]
 ) -> int:
     """The longest multiple of the alignment, up to num_tokens - 1, at which some one group
-    holds the request's prefix (accepts it, needing at least one block there): where the
+    holds the request's prefix in whole blocks (accepts it, needing at least one): where the
     shared prefix ends for the group that kept the most of it. The caller's junction when it
     exceeds the hit. Implements RET-JUNCTION-1."""
     alignment = config.alignment
-    top = (num_tokens - 1) // alignment * alignment
     longest = 0
     for g, group in enumerate(config.groups):
         if group.kind is Kind.CROSS or (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE):
@@ -122,15 +122,16 @@ def longest_single_group(
             size = group.block_size
             prefix = _cached_prefix(served[g], keys[g], (num_tokens - 1) // size)
             length = len(prefix) * size // alignment * alignment
-        else:
+        else:  # whole blocks of the group (under `unit U` too: its blocks are multiples)
+            step = math.lcm(alignment, group.block_size)
             refusal = _refuser([group], [_Presence(served[g], keys[g])])
-            length = top
+            length = (num_tokens - 1) // step * step
             while length > longest:  # the first accepted length that needs a block
-                found = _first_two(length, alignment, refusal)
+                found = _first_two(length, step, refusal)
                 length = found[0] if found else 0
                 if first_needed(group, length) < length // group.block_size:
                     break
-                length -= alignment
+                length -= step
         longest = max(longest, length)
     return longest
 

@@ -19,12 +19,19 @@ def first_needed(group: GroupConfig, length: int) -> int:
     Implements HIT-FULL-1, HIT-SW-1, HIT-CHUNK-1, HIT-MAMBA-1 (length > 0 for state groups).
     """
     size = group.block_size
-    if group.kind is Kind.SLIDING_WINDOW:
-        return max(0, length - (group.window - 1)) // size
-    if group.kind is Kind.CHUNKED_LOCAL:
-        return (length // group.chunk) * group.chunk // size
     if group.kind is Kind.MAMBA:
         return max(0, length // size - 1)
+    return first_token_read(group, length) // size
+
+
+def first_token_read(group: GroupConfig, length: int) -> int:
+    """The first cached token an attention group's hit of `length` reads (none when it is
+    `length` itself): full attention 0, a window the W - 1 before, chunked local the hit's
+    chunk start. Implements HIT-FULL-1, HIT-SW-1, HIT-CHUNK-1."""
+    if group.kind is Kind.SLIDING_WINDOW:
+        return max(0, length - (group.window - 1))
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return (length // group.chunk) * group.chunk
     return 0
 
 

@@ -1,6 +1,7 @@
 """Sparse retention: which committed blocks of a bounded group stay cached.
 
-Implements spec §6b: RET-SPARSE-1 (`retained_lengths`), RET-SPARSE-2 (`kept_positions`);
+Implements spec §6b: RET-SPARSE-1 (`retained_lengths`), RET-SPARSE-2 (`kept_positions`),
+RET-SPARSE-3 (`keeps_checkpoint`);
 RET-JUNCTION-1's search lives with the hit search (`coordinator.longest_single_group`).
 Only sliding-window, chunked-local and state groups keep less than every committed block
 (RET-DENSE-1); the registrar asks `kept_positions` once per registration it makes for them.
@@ -9,7 +10,7 @@ Only sliding-window, chunked-local and state groups keep less than every committ
 from __future__ import annotations
 
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, Retention
-from kvcert.reference.groups import first_needed
+from kvcert.reference.groups import first_needed, first_token_read
 
 BOUNDED = (Kind.SLIDING_WINDOW, Kind.CHUNKED_LOCAL, Kind.MAMBA)
 
@@ -40,9 +41,24 @@ def retained_lengths(
 
 
 def kept_positions(group: GroupConfig, lengths: frozenset[int]) -> frozenset[int]:
-    """The positions a hit at one of `lengths` needs in `group`: the run from
-    `first_needed` to the block before the length. Implements RET-SPARSE-2."""
+    """The positions a hit at one of `lengths` reads in `group`: the run from `first_needed`
+    to the block before the length; under `unit U`, for a length inside a block, an attention
+    group's run through the block holding its last token, a state group's none (its state
+    there is a tail key). Implements RET-SPARSE-2."""
     size = group.block_size
-    return frozenset(
-        j for length in lengths for j in range(first_needed(group, length), length // size)
-    )
+    kept: set[int] = set()
+    for length in lengths:
+        if not length % size:
+            kept.update(range(first_needed(group, length), length // size))
+        elif group.kind is not Kind.MAMBA:  # a state inside a block is a tail key (RET-SPARSE-3)
+            first = first_token_read(group, length)
+            if first < length:
+                kept.update(range(first // size, (length - 1) // size + 1))
+    return frozenset(kept)
+
+
+def keeps_checkpoint(lengths: frozenset[int] | None, position: int) -> bool:
+    """Whether a state checkpoint saved inside a block at `position` (CKPT-INNER-2) is keyed:
+    always under dense retention (`lengths` None), else only at a retained length.
+    Implements RET-SPARSE-3."""
+    return lengths is None or position in lengths

@@ -77,6 +77,7 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "RET-DENSE-1": (retention.keeps_less,),
     "RET-SPARSE-1": (retention.retained_lengths,),
     "RET-SPARSE-2": (retention.kept_positions, Registrar.kept),
+    "RET-SPARSE-3": (retention.keeps_checkpoint, tails.Tails._tails_of),
     "RET-JUNCTION-1": (coordinator.longest_single_group, KVCacheManager._junction),
     "ALLOC-RESET-1": (KVCacheManager.reset_prefix_cache,),
     "ALLOC-UNIT-1": (tails.unit_refusal,),

@@ -34,12 +34,13 @@ from collections.abc import Container, Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
-from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, Kind, MambaMode, Retention
+from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, Kind, MambaMode
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.groups import checkpoint_position, tail_boundary
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
+from kvcert.reference.retention import keeps_checkpoint, keeps_less, retained_lengths
 
 Copy = tuple[int, int, int]  # (group, source block, target block)
 Source = tuple[int, int, int]  # (group, table position, source block)
@@ -49,8 +50,6 @@ Maps = tuple[Sequence[ServedMap[bytes]], Container[int]]  # served maps, blocks 
 def unit_refusal(config: CacheConfig) -> str | None:
     """Why a KVCacheManager cannot serve `config`'s `unit U`, or None (ALLOC-UNIT-1)."""
     unit = f"hit_unit={config.hit_unit}"
-    if config.retention is not Retention.DENSE:
-        return f"{unit} needs retention='dense': sparse retention keeps whole blocks only"
     if config.eviction is Eviction.HYBRID:
         return f"{unit} needs eviction 'lru' or 'lru-unkeyed-first': hybrid reads block keys only"
     if config.speculative is DraftKeying.DROP and any(g.draft for g in config.groups):
@@ -75,6 +74,7 @@ class Tails:
         if unit is None:  # the manager builds one only under the profile
             raise ValueError("Tails serves the `unit U` profile: config.hit_unit is None")
         self.unit = unit
+        self.config = config
         self.groups = config.groups
         self.lookahead = lookahead  # per group, the draft tokens its keys cover (HASH-DRAFT-1)
         self.pool = pool
@@ -209,17 +209,20 @@ class Tails:
         """(group, position, table position) of the keys inside a block that `request`
         registers once its computed count moves from `before` to `after`: its prompt's tail
         (ALLOC-UNIT-2, in the block it falls inside) and the states its chunk saved in
-        passing (CKPT-INNER-2, in the position before the chunk's running one)."""
+        passing (CKPT-INNER-2, in the position before the chunk's running one) where the
+        retention keeps them (RET-SPARSE-3)."""
         tail = tail_boundary(self.unit, request.prompt_length, max(self.lookahead))
         found = []
         for g, group in enumerate(self.groups):
             size = group.block_size
             if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
-                found += [
-                    (g, q, checkpoint_position(size, q, after))
-                    for q in request.checkpoints
-                    if before < q < after and q % size
-                ]
+                saved = [q for q in request.checkpoints if before < q < after and q % size]
+                if saved and keeps_less(self.config, group):  # RET-SPARSE-3
+                    lengths = retained_lengths(
+                        self.config, request.prompt_length, request.junction, after
+                    )
+                    saved = [q for q in saved if keeps_checkpoint(lengths, q)]
+                found += [(g, q, checkpoint_position(size, q, after)) for q in saved]
             if not tail or group.kind is Kind.CROSS or not tail % size:
                 continue
             if group.kind is Kind.MAMBA:

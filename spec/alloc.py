@@ -63,7 +63,14 @@ from kvcert.spec.layout import (
     hit_alignment,
     is_draft,
 )
-from kvcert.spec.retention import Retention, is_bounded, junction, kept_positions, retained_lengths
+from kvcert.spec.retention import (
+    Retention,
+    is_bounded,
+    junction,
+    keeps_checkpoint,
+    kept_positions,
+    retained_lengths,
+)
 from kvcert.spec.view import CacheView
 
 NULL_BLOCK = 0  # physical id of the null block
@@ -133,7 +140,7 @@ class PoolConfig:
 
 
 def unit_problem(config: PoolConfig) -> str | None:
-    """ALLOC-UNIT-1: The allocator serves the hit-granularity profile `unit U` with dense
+    """ALLOC-UNIT-1: The allocator serves the hit-granularity profile `unit U` with either
     retention, lru or lru-unkeyed-first eviction and draft layers keyed exactly (if any),
     under either visibility (same-pass through HIT-UNIT-5); what else it would need is not
     defined yet, so it is refused, saying which rule stands in the way.
@@ -141,8 +148,9 @@ def unit_problem(config: PoolConfig) -> str | None:
         full B=64 + state B=64, U=16, dense, lru, step-end  served
         the same under same-pass visibility                 served (HIT-UNIT-5)
         + an EAGLE draft group, exact keying                served (HASH-DRAFT-1, ALLOC-UNIT-2)
-        the same under sparse retention                     refused (RET-SPARSE-2)
+        the same under sparse retention                     served (RET-SPARSE-2, -3)
         + an EAGLE draft group, the drop                    refused (HIT-SPEC-2)
+        hybrid eviction                                     refused (EVICT-DEAD-1)
 
     pre: True
     post: __return__ is None or config.layout.hit_unit is not None
@@ -151,12 +159,6 @@ def unit_problem(config: PoolConfig) -> str | None:
     if layout.hit_unit is None:
         return None
     unit = f"hit_unit={layout.hit_unit}"
-    if config.retention is not Retention.DENSE:
-        return (
-            f"{unit} with {config.retention.value} retention: the positions sparse retention "
-            "keeps (RET-SPARSE-1/2) are whole blocks, and which partial keys it would keep is "
-            "not defined; use retention='dense' under `unit U`"
-        )
     if config.eviction is Eviction.HYBRID:
         return (
             f"{unit} with hybrid eviction: EVICT-DEAD-1 judges blocks by their whole-block "
@@ -1266,17 +1268,22 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
 def retained(config: PoolConfig, g: int, request: Request) -> frozenset[int] | None:
     """The positions of group g that the retention profile keeps for `request`, or None for
     all of them (RET-DENSE-1; RET-SPARSE-1/-2 for a bounded group under sparse)."""
-    group = config.layout.groups[g]
-    if config.retention is Retention.DENSE or not is_bounded(group):
+    lengths = kept_lengths(config, g, request)
+    return None if lengths is None else kept_positions(config.layout.groups[g], lengths)
+
+
+def kept_lengths(config: PoolConfig, g: int, request: Request) -> frozenset[int] | None:
+    """The hit lengths group g keeps `request`'s blocks for: its retained lengths for a bounded
+    group under sparse retention (RET-SPARSE-1), else None (all, RET-DENSE-1)."""
+    if config.retention is Retention.DENSE or not is_bounded(config.layout.groups[g]):
         return None
-    lengths = retained_lengths(
+    return retained_lengths(
         config.layout,
         request.prompt,
         request.junction,
         request.computed,
         config.retention_interval,
     )
-    return kept_positions(group, lengths)
 
 
 def _register(
@@ -1362,7 +1369,7 @@ def end_step(state: State) -> tuple[State, Observation]:
                 )
                 registered += 1
             saved = saved_checkpoint(layout, g, request)
-            if saved:  # CKPT-INNER-2
+            if saved and keeps_checkpoint(kept_lengths(state.config, g, request), saved[0]):
                 at, column = saved
                 stamp = _register_tail(
                     layout, blocks, stamp, g=g, request=request, position=at, column=column

@@ -30,6 +30,7 @@ unchanged HIT-* rules over what is registered, so "owed" is not a second hit rul
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 
 from kvcert.spec.acceptance import group_accepts, needed_blocks
@@ -76,15 +77,17 @@ def is_bounded(group: Group) -> bool:
 
 def junction(view: CacheView, hit: int) -> int:
     """RET-JUNCTION-1: A request's junction is the longest multiple of the hit alignment, up
-    to HIT-LEN-1's limit, at which some one group holds the request's prefix (it accepts the
-    length and needs at least one block there) when it is admitted, if that is longer than
-    the hit it got (else 0): the prefix it shares with a cached request that a bounded group
-    had not kept.
+    to HIT-LEN-1's limit, at which some one group holds the request's prefix in whole blocks
+    (it accepts the length and needs at least one block there) when it is admitted, if that
+    is longer than the hit it got (else 0): the prefix it shares with a cached request that a
+    bounded group had not kept.
 
         full B=16 cached {0..5}, SW W=32 cached {}:   full alone accepts 96
         request of 120 tokens, hit 0                  -> junction 96
         a third request sharing 96 tokens then hits 96 (RET-SPARSE-1 keeps it)
         chunked C=64 accepts 64 needing nothing:      no evidence of a shared prefix
+        unit U=8: full B=16 holds 80 of a 90-token prefix -> junction 80 (not 88: a partial
+                  key is no whole block)
 
     pre: hit >= 0
     post: __return__ == 0 or __return__ > hit
@@ -97,6 +100,7 @@ def junction(view: CacheView, hit: int) -> int:
             for length in range(step, view.num_tokens, step)
             for i, group in enumerate(layout.groups)
             if is_cacheable(group)
+            and length % group.block_size == 0  # whole blocks: under `unit U` too
             and needed_blocks(group, length)
             and group_accepts(group, view.cached[i], length)
         ),
@@ -139,15 +143,52 @@ def retained_lengths(
 
 def kept_positions(group: Group, lengths: frozenset[int]) -> frozenset[int]:
     """RET-SPARSE-2: Under sparse retention a bounded group registers a committed position
-    only if a hit at one of the request's retained lengths needs it (HIT-SW-1, HIT-CHUNK-1,
-    HIT-MAMBA-1); the others are released uncached.
+    only if a hit at one of the request's retained lengths reads it (HIT-SW-1, HIT-CHUNK-1,
+    HIT-MAMBA-1; under `unit U`, for a length inside a block, HIT-UNIT-2/-3); the others are
+    released uncached.
 
         SW B=16 W=32, lengths {96}:          needs [65, 96) -> positions 4 5
         SW B=16 W=32, lengths {48, 96}:      positions 1 2 4 5    (3: in neither window)
         state B=16, lengths {48, 96}:        positions 2 5        (the checkpoints at 48, 96)
         chunked B=16 C=64, lengths {96}:     positions 4 5        (chunk 64..127 before 96)
+        unit U=8, SW B=16 W=16, {88}:        reads [73, 88) -> positions 4 5 (5 holds 80..87)
+        unit U=8, state B=16, {88}:          none (the state at 88 is a partial key: RET-SPARSE-3)
 
     pre: is_bounded(group)
     post: all(p >= 0 for p in __return__)
     """
-    return frozenset(j for length in lengths for j in needed_blocks(group, length))
+    return frozenset(j for length in lengths for j in blocks_read(group, length))
+
+
+def blocks_read(group: Group, length: int) -> range:
+    """The blocks a hit at `length` reads from group `group`: at a block boundary those
+    HIT-GROUP-1 needs; inside a block (`unit U`) an attention group's blocks holding the tokens
+    its kind's rule reads (the last one up to the hit, HIT-UNIT-2), a state group's none (its
+    checkpoint there is a partial key, HIT-UNIT-3).
+
+    pre: is_bounded(group) and length >= 1
+    post: all(j <= (length - 1) // group.block_size for j in __return__)
+    """
+    size = group.block_size
+    if length % size == 0:
+        return needed_blocks(group, length)
+    if isinstance(group, MambaState):
+        return range(0)
+    tokens = needed_blocks(dataclasses.replace(group, block_size=1), length)
+    return range(tokens.start // size, (length - 1) // size + 1) if tokens else range(0)
+
+
+def keeps_checkpoint(lengths: frozenset[int] | None, position: int) -> bool:
+    """RET-SPARSE-3: Under sparse retention a state checkpoint a chunk saved inside a block
+    (CKPT-INNER-2) is keyed only at one of its request's retained lengths, so the prompt's
+    tail keys (ALLOC-UNIT-2), at its re-send length, always are.
+
+        `lengths` None (dense, RET-DENSE-1): every saved checkpoint is keyed
+        unit U=16, state B=64, prompt 200 (re-send 192): a chunk ending at 112 saves 112
+        dense:   keyed (a request diverging at 120 hits 112)
+        sparse:  not keyed (112 is no retained length; that hit is given up, §6b)
+
+    pre: position >= 1
+    post: __return__ or lengths is not None
+    """
+    return lengths is None or position in lengths

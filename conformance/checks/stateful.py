@@ -129,15 +129,14 @@ def with_unit(
     pick: int,
     eviction: spec.Eviction,
     visibility: spec.Visibility,  # either serves `unit U` (same-pass through HIT-UNIT-5)
-    retention: Retention,
+    retention: Retention,  # either serves it (RET-SPARSE-2/-3 under sparse)
 ) -> Layout:
     """`layout` under `unit U` for a nonzero `pick` (U: the pick-th smallest divisor of the
     block sizes, cycling: the smaller U, the more tails fall inside blocks), where
     ALLOC-UNIT-1 serves the profiles; else `layout` itself."""
-    served = (
-        eviction is not spec.Eviction.HYBRID
-        and retention is Retention.DENSE
-        and not (layout.speculative is Speculative.DROP and any(map(is_draft, layout.groups)))
+    del retention
+    served = eviction is not spec.Eviction.HYBRID and not (
+        layout.speculative is Speculative.DROP and any(map(is_draft, layout.groups))
     )
     if not pick or not served:
         return layout

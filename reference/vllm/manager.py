@@ -183,7 +183,7 @@ class KVCacheManager:
             )
         profile = retention_profile(interval, core.config.groups, None)
         config = dataclasses.replace(core.config, hit_unit=None, **profile)
-        try:  # sparse retention under --prefix-match-unit is refused (ALLOC-UNIT-1)
+        try:  # what --prefix-match-unit cannot serve is refused (ALLOC-UNIT-1)
             self.core = Core(unit_config(config, *self._unit_request))
         except UnsupportedConfigError as why:
             raise UnsupportedConfigError(f"retention interval {interval}: {why}") from why

@@ -26,7 +26,7 @@ class ReferenceAgainstSpec(machine_for(ReferenceEngine)):  # type: ignore[misc]
 
 UNIT_PROFILES = frozenset(
     {"eviction.lru", "eviction.lru-unkeyed-first", "visibility.step-end", "visibility.same-pass",
-     "retention.dense", "hit.unit"}
+     "retention.dense", "retention.sparse", "retention.sparse-interval", "hit.unit"}
 )  # fmt: skip
 
 
@@ -40,7 +40,7 @@ class ReferenceAgainstSpecUnderUnit(
 ):
     """The same machine with every run under `unit U` (ALLOC-UNIT-1..4, HIT-UNIT-5): tail
     keys (draft groups' too, keyed exactly), the copies of hits inside blocks and of kept
-    state checkpoints, under step-end and same-pass visibility."""
+    state checkpoints, under step-end and same-pass visibility, dense and sparse retention."""
 
 
 def test_reference_matches_the_spec_for_ten_thousand_steps():

@@ -28,7 +28,6 @@ def manager(**settings: object) -> KVCacheManager:
 @pytest.mark.parametrize(
     ("settings", "fragment"),
     [
-        ({"retention": "sparse"}, "retention='dense'"),
         ({"eviction": "hybrid"}, "lru-unkeyed-first"),
         ({"record_events": True}, "record_events"),
         ({"count_dead_evictions": True}, "count_dead_evictions"),
@@ -37,6 +36,17 @@ def manager(**settings: object) -> KVCacheManager:
 def test_the_unit_profile_refuses_what_it_does_not_serve(settings, fragment):
     with pytest.raises(ConfigError, match=fragment):
         manager(**settings)
+
+
+def test_the_unit_profile_serves_sparse_retention():
+    """RET-SPARSE-2/-3 under `unit U`: a prompt of 100 computed in one chunk that saves its
+    tail 96 in passing; a re-send hits 96 under sparse retention as under dense."""
+    for retention in ("dense", "sparse"):
+        m = manager(retention=retention)
+        m.admit("a", PROMPT, 100, checkpoint=96)
+        m.end_step()
+        m.finish("a")
+        assert m.admit("b", PROMPT, 4).hit == 96, retention
 
 
 DRAFTED = (GroupConfig(Kind.FULL, 64), GroupConfig(Kind.FULL, 64, draft=True))

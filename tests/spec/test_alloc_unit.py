@@ -84,7 +84,6 @@ def written(resend=PROMPT, layout=HYBRID, chunks=(96, 4), blocks=32, **profile):
 @pytest.mark.parametrize(
     ("profile", "layout", "fragment"),
     [
-        ({"retention": Retention.SPARSE}, HYBRID, "retention='dense'"),
         ({"eviction": Eviction.HYBRID}, HYBRID, "EVICT-DEAD-1"),
         (
             {},
@@ -224,6 +223,43 @@ def test_a_chunk_inside_the_prompt_saves_a_unit_position_a_diverging_prompt_hits
             assert state.blocks[admitted.tables[1][1]].partial_at == 112
         state, (reader,) = run(state, Admit("b", diverging, 4))
         assert reader.hit == hit
+
+
+# --- RET-SPARSE-2/-3: `unit U` under sparse retention ---------------------------------------
+
+
+def test_sparse_retention_keeps_the_prompts_tail_and_drops_a_state_saved_mid_prompt():
+    """Chunks [0, 120) and [120, 200) of a 200-token prompt save the states at 112 and 192 in
+    passing (CKPT-INNER-2). Under sparse retention the re-send hit inside a block (192:
+    RET-SPARSE-1 floors to U) stays served, while 112 (no retained length) is not keyed
+    (RET-SPARSE-3): the prompt diverging after 120 hits 112 under dense retention, 0 under
+    sparse. The twin naming no checkpoint in the tail chunk leaves the re-send 0."""
+    layout = Layout((FullAttention(16), MambaState(64, MambaMode.ALIGN)), hit_unit=16)
+    long_prompt = tuple(range(1, 201))
+    diverging = (*long_prompt[:120], *range(900, 940))
+    for retention, tail, mid in (
+        (Retention.DENSE, 192, 112),
+        (Retention.SPARSE, 192, 0),
+        (Retention.SPARSE, 0, 0),
+    ):
+        state = pool(layout, retention=retention)
+        state, _ = run(state, Admit("a", long_prompt, 120, checkpoint=112), EndStep())
+        state, _ = run(state, Extend("a", 80, checkpoint=tail), EndStep(), Finish("a"))
+        _, (reader,) = run(state, Admit("b", diverging, 4))
+        assert reader.hit == mid, retention
+        _, (resend,) = run(state, Admit("c", long_prompt, 4))
+        assert resend.hit == tail, (retention, tail)
+
+
+def test_sparse_retention_under_unit_keeps_the_window_blocks_a_tail_hit_reads():
+    """RET-SPARSE-2 at a length inside a block: SW B=64 W=64 with U=16, prompt 100 (re-send
+    96): the window [33, 96) lies in blocks 0 and 1; block 0 is kept, and the tail key of
+    block 1 serves the rest, so a re-send hits 96 under sparse retention as under dense."""
+    layout = Layout((FullAttention(64), SlidingWindow(64, 64)), hit_unit=16)
+    for retention in Retention:
+        state = written(layout=layout, chunks=(100,), retention=retention)
+        state, (resend,) = run(state, Admit("b", PROMPT, 4))
+        assert resend.hit == 96, retention
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,7 @@ EXPECTED_TAGS = {
     "RET-DENSE-1",
     "RET-SPARSE-1",
     "RET-SPARSE-2",
+    "RET-SPARSE-3",
     "RET-JUNCTION-1",
     "EVICT-LIVE-1",
     "EVICT-DEAD-1",
@@ -403,7 +404,9 @@ def exercise_allocator(chosen: Layout) -> None:
             alloc.Finish("v"),
         ]
         unit_layout = dataclasses.replace(chosen, hit_unit=1)
-        run_script(alloc.initial_state(alloc.PoolConfig(unit_layout, 12)), unit)
+        for retention_profile in ("dense", "sparse"):  # RET-SPARSE-2/-3 read unit lengths
+            unit_config = alloc.PoolConfig(unit_layout, 12, retention=retention_profile)
+            run_script(alloc.initial_state(unit_config), unit)
         if aligned and all(7 % size for size in aligned):
             # CKPT-INNER-2: one chunk saves the tail (7) in passing; a re-send copies it
             passing = [
@@ -413,7 +416,9 @@ def exercise_allocator(chosen: Layout) -> None:
                 alloc.Admit("x", prompt8, 8),
                 alloc.EndStep(),
             ]
-            run_script(alloc.initial_state(alloc.PoolConfig(unit_layout, 12)), passing)
+            for retention_profile in ("dense", "sparse"):
+                unit_config = alloc.PoolConfig(unit_layout, 12, retention=retention_profile)
+                run_script(alloc.initial_state(unit_config), passing)
     if any(isinstance(g, MambaState) and g.speculative_blocks for g in chosen.groups):
         # ALLOC-SPEC-2: accepted drafts cross 4 (B=2): the decode chunk [3, 6) checkpoints it
         drafts = [

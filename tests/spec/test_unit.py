@@ -82,7 +82,7 @@ def test_block_profile_is_unchanged_and_coarser():
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), (F(), F())),
          InvalidRequest),
         (
-            lambda: spec.PoolConfig(Layout((FullAttention(4),), hit_unit=2), 8, retention="sparse"),
+            lambda: spec.PoolConfig(Layout((FullAttention(4),), hit_unit=2), 8, eviction="hybrid"),
             InvalidOp,
         ),
         (lambda: CacheView(Layout((FullAttention(4),), hit_unit=2), 9, (F(),), ({2},)),

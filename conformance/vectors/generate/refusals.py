@@ -265,9 +265,6 @@ def unit_refusals(full: JSON) -> Iterator[JSON]:
         ("hit.unit", "kind.full", "kind.mamba.none"),
     )  # fmt: skip
     for label, (family, value), why in (
-        ("sparse", ("retention", "sparse"),
-         "sparse retention keeps whole blocks; which tail keys it keeps is not defined "
-         "(ALLOC-UNIT-1)"),
         ("hybrid-eviction", ("eviction", "hybrid"),
          "hybrid eviction judges blocks by their whole-block keys only (ALLOC-UNIT-1)"),
     ):  # fmt: skip

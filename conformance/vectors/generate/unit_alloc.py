@@ -24,6 +24,7 @@ from kvcert.spec import (
     Speculative,
 )
 from kvcert.spec import alloc as spec
+from kvcert.spec.retention import Retention
 
 PROMPT = tuple(range(100, 140))  # 40 distinct tokens
 HYBRID = Layout((FullAttention(8), MambaState(8, MambaMode.ALIGN)), hit_unit=2)
@@ -94,6 +95,19 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         focus=("CKPT-INNER-2",),
     )  # fmt: skip
     yield alloc_case(
+        "alloc.unit.sparse.state-saved-mid-prompt-dropped",
+        fine, 30,
+        [spec.Admit("a", long_prompt, 16, checkpoint=12), spec.EndStep(),
+         spec.Extend("a", 8), spec.EndStep(), spec.Finish("a"),
+         spec.Admit("c", diverging, 20), spec.EndStep()],
+        "vllm --prefix-cache-retention-interval with --prefix-match-unit",
+        "the same under sparse retention: 12 is none of the writer's retained lengths (re-send "
+        "22, extension 24), so the state saved there is not keyed (RET-SPARSE-3) and the "
+        "diverging prompt hits 0, the hit sparse retention gives up (dense: 12)",
+        focus=("RET-SPARSE-3",),
+        retention=Retention.SPARSE,
+    )  # fmt: skip
+    yield alloc_case(
         "alloc.unit.unit-checkpoint-over-the-read-state-refused",
         HYBRID, 12,
         [spec.Admit("a", prompt, 8), spec.EndStep(),
@@ -126,6 +140,18 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
         "prompt sharing the 13 tokens hits 12, copying block 1 of both groups; an 11-token "
         "prompt cannot name the key at 12 (its tokens end at 11) and hits 8",
         focus=("ALLOC-UNIT-2", "ALLOC-UNIT-3"),
+    )  # fmt: skip
+    yield alloc_case(
+        "alloc.unit.sparse.attention-tails",
+        window, 16,
+        [*_written(prompt, 13), spec.Admit("b", longer, 23), spec.EndStep(), spec.Finish("b"),
+         spec.Admit("c", prompt[:11], 11), spec.EndStep()], None,
+        "the same under sparse retention: the re-send length 12 lies inside block 1, whose "
+        "window [10, 12) the tail key serves, and the window block kept for it is block 1 "
+        "(RET-SPARSE-2 at a length inside a block); the longer prompt still hits 12, while "
+        "the 11-token prompt's 8 is no retained length and its window block 0 is not kept: 0",
+        focus=("RET-SPARSE-2",),
+        retention=Retention.SPARSE,
     )  # fmt: skip
     tight: list[spec.Op] = [*_written(prompt, 12), spec.Admit("b", prompt, 13),
              spec.Admit("c", tuple(range(500, 509)), 9), spec.EndStep(),
