@@ -82,6 +82,21 @@ def retention_checks() -> list[tuple[str, bool, str]]:
             f"{notices}",
         )
     )
+    state = dataclasses.replace(STATE, block_size=2 * BLOCK)
+    unit = KVCacheManager(config(FULL, state), 256, 2 * BLOCK, BLOCK, prefix_match_unit=BLOCK)
+    unit.coordinator.retention_interval = 64
+    got = (
+        unit.core.config.hit_unit,
+        unit.core.config.retention,
+        unit.coordinator.retention_interval,
+    )
+    checks.append(
+        (
+            "--prefix-match-unit under a positive interval: served (spec 0.11.0)",
+            got == (BLOCK, Retention.SPARSE, 64),
+            f"got {got}",
+        )
+    )
     built.get_computed_blocks(request("r"))
     try:
         built.coordinator.retention_interval = 0
