@@ -85,7 +85,7 @@ def retention_checks() -> list[tuple[str, bool, str]]:
     state = dataclasses.replace(STATE, block_size=2 * BLOCK)
     unit = KVCacheManager(config(FULL, state), 256, 2 * BLOCK, BLOCK, prefix_match_unit=BLOCK)
     unit.coordinator.retention_interval = 64
-    got = (
+    served = (
         unit.core.config.hit_unit,
         unit.core.config.retention,
         unit.coordinator.retention_interval,
@@ -93,8 +93,8 @@ def retention_checks() -> list[tuple[str, bool, str]]:
     checks.append(
         (
             "--prefix-match-unit under a positive interval: served (spec 0.11.0)",
-            got == (BLOCK, Retention.SPARSE, 64),
-            f"got {got}",
+            served == (BLOCK, Retention.SPARSE, 64),
+            f"got {served}",
         )
     )
     built.get_computed_blocks(request("r"))
