@@ -119,8 +119,9 @@ class Inspection:
 
     def considered_positions(self, rid: str, group: int) -> int:
         """How many leading positions of group `group`'s table running request `rid` has had
-        considered for caching: each registered, or passed over (a partial tail, a position
-        retention does not keep). Later positions have not ended a step yet."""
+        considered for caching: each registered (under same-pass visibility also published
+        for the chunk in flight, ALLOC-VIS-2), or passed over (a position retention does not
+        keep)."""
         self._group_size(group)  # a valid group index
         return self._running(rid).registered[group]
 

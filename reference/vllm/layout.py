@@ -333,12 +333,10 @@ def cache_config(
     alignment = hit_alignment(configs)
     limit: int | None = max_model_len
     if max_model_len <= alignment:  # no request is long enough to reuse a whole block
-        _log.warning(
-            "every prefix hit is a multiple of %d tokens and max_model_len is %d: prefix "
-            "caching can never hit with these block sizes; the kvcert manager serves the "
-            "model without reuse",
-            alignment,
-            max_model_len,
+        _say_once(
+            f"every prefix hit is a multiple of {alignment} tokens and max_model_len is "
+            f"{max_model_len}: prefix caching can never hit with these block sizes; the kvcert "
+            "manager serves the model without reuse"
         )
         limit = None  # the spec refuses a limit no hit fits under; vLLM's scheduler keeps it
     try:
