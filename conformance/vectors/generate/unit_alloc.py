@@ -80,12 +80,14 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
     fine = Layout((FullAttention(2), MambaState(8, MambaMode.ALIGN)), hit_unit=2)
     long_prompt, diverging = PROMPT[:24], (*PROMPT[:13], *range(500, 507))
+    inside_chunk: list[spec.Op] = [
+        spec.Admit("a", long_prompt, 16, checkpoint=12), spec.EndStep(),
+        spec.Extend("a", 8), spec.EndStep(), spec.Finish("a"),
+        spec.Admit("c", diverging, 20), spec.EndStep(),
+    ]  # fmt: skip
     yield alloc_case(
         "alloc.unit.state-saved-inside-a-chunk",
-        fine, 30,
-        [spec.Admit("a", long_prompt, 16, checkpoint=12), spec.EndStep(),
-         spec.Extend("a", 8), spec.EndStep(), spec.Finish("a"),
-         spec.Admit("c", diverging, 20), spec.EndStep()],
+        fine, 30, inside_chunk,
         "vllm dense retention, num_prefill_checkpoint_blocks=1",
         "attention blocks of 2, state blocks of 8: the prompt's first chunk [0, 16) names 12, "
         "inside state block 1, as its inner checkpoint; the state at 12 goes to position 0, "
@@ -96,10 +98,7 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
     yield alloc_case(
         "alloc.unit.sparse.state-saved-mid-prompt-dropped",
-        fine, 30,
-        [spec.Admit("a", long_prompt, 16, checkpoint=12), spec.EndStep(),
-         spec.Extend("a", 8), spec.EndStep(), spec.Finish("a"),
-         spec.Admit("c", diverging, 20), spec.EndStep()],
+        fine, 30, inside_chunk,
         "vllm --prefix-cache-retention-interval with --prefix-match-unit",
         "the same under sparse retention: 12 is none of the writer's retained lengths (re-send "
         "22, extension 24), so the state saved there is not keyed (RET-SPARSE-3) and the "
@@ -131,11 +130,13 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
     window = Layout((FullAttention(8), SlidingWindow(8, 3)), hit_unit=2)
     longer = (*prompt, *range(300, 310))
+    tails: list[spec.Op] = [
+        *_written(prompt, 13), spec.Admit("b", longer, 23), spec.EndStep(), spec.Finish("b"),
+        spec.Admit("c", prompt[:11], 11), spec.EndStep(),
+    ]  # fmt: skip
     yield alloc_case(
         "alloc.unit.attention-tails",
-        window, 16,
-        [*_written(prompt, 13), spec.Admit("b", longer, 23), spec.EndStep(), spec.Finish("b"),
-         spec.Admit("c", prompt[:11], 11), spec.EndStep()], None,
+        window, 16, tails, None,
         "full attention and a 3-token window key the tail at 12 after one chunk; a longer "
         "prompt sharing the 13 tokens hits 12, copying block 1 of both groups; an 11-token "
         "prompt cannot name the key at 12 (its tokens end at 11) and hits 8",
@@ -143,9 +144,7 @@ def unit_alloc_scenarios() -> Iterator[JSON]:
     )  # fmt: skip
     yield alloc_case(
         "alloc.unit.sparse.attention-tails",
-        window, 16,
-        [*_written(prompt, 13), spec.Admit("b", longer, 23), spec.EndStep(), spec.Finish("b"),
-         spec.Admit("c", prompt[:11], 11), spec.EndStep()], None,
+        window, 16, tails, None,
         "the same under sparse retention: the re-send length 12 lies inside block 1, whose "
         "window [10, 12) the tail key serves, and the window block kept for it is block 1 "
         "(RET-SPARSE-2 at a length inside a block); the longer prompt still hits 12, while "
