@@ -17,7 +17,7 @@ from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
-from kvcert.reference.retention import keeps_less, kept_positions, retained_lengths
+from kvcert.reference.retention import keeps_less, kept_positions, lengths_kept
 
 
 class Registrar:
@@ -95,10 +95,9 @@ class Registrar:
         far, or None: every committed one (RET-DENSE-1). Implements RET-SPARSE-2."""
         if not self._keeps_less[g]:
             return None
-        lengths = retained_lengths(
-            self.config, request.prompt_length, request.junction, request.computed
-        )
-        return kept_positions(self.config.groups[g], lengths)
+        group = self.config.groups[g]
+        lengths = lengths_kept(self.config, group, request, request.computed)
+        return None if lengths is None else kept_positions(group, lengths)
 
     def _register_run(
         self, pool: BlockPool, rid: str, request: Request, g: int, positions: range

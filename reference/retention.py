@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, Retention
 from kvcert.reference.groups import first_needed, first_token_read
+from kvcert.reference.requests import Request
 
 BOUNDED = (Kind.SLIDING_WINDOW, Kind.CHUNKED_LOCAL, Kind.MAMBA)
 
@@ -38,6 +39,17 @@ def retained_lengths(
     if config.speculative is DraftKeying.DROP:
         lengths.update([length - step for length in lengths])
     return frozenset(length for length in lengths if length > 0)
+
+
+def lengths_kept(
+    config: CacheConfig, group: GroupConfig, request: Request, computed: int
+) -> frozenset[int] | None:
+    """The hit lengths `group` keeps `request`'s blocks for once it has computed `computed`
+    tokens: its retained lengths where the group keeps less, else None (every committed
+    position, RET-DENSE-1). Implements RET-SPARSE-1 for a request."""
+    if not keeps_less(config, group):
+        return None
+    return retained_lengths(config, request.prompt_length, request.junction, computed)
 
 
 def kept_positions(group: GroupConfig, lengths: frozenset[int]) -> frozenset[int]:

@@ -40,7 +40,7 @@ from kvcert.reference.groups import checkpoint_position, tail_boundary
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
-from kvcert.reference.retention import keeps_checkpoint, keeps_less, retained_lengths
+from kvcert.reference.retention import keeps_checkpoint, lengths_kept
 
 Copy = tuple[int, int, int]  # (group, source block, target block)
 Source = tuple[int, int, int]  # (group, table position, source block)
@@ -217,10 +217,8 @@ class Tails:
             size = group.block_size
             if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
                 saved = [q for q in request.checkpoints if before < q < after and q % size]
-                if saved and keeps_less(self.config, group):  # RET-SPARSE-3
-                    lengths = retained_lengths(
-                        self.config, request.prompt_length, request.junction, after
-                    )
+                if saved:  # RET-SPARSE-3
+                    lengths = lengths_kept(self.config, group, request, after)
                     saved = [q for q in saved if keeps_checkpoint(lengths, q)]
                 found += [(g, q, checkpoint_position(size, q, after)) for q in saved]
             if not tail or group.kind is Kind.CROSS or not tail % size:
