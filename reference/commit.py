@@ -17,7 +17,7 @@ from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
-from kvcert.reference.retention import keeps_less, kept_positions, lengths_kept
+from kvcert.reference.retention import Retained, keeps, keeps_less, lengths_kept
 
 
 class Registrar:
@@ -90,14 +90,13 @@ class Registrar:
             if block != NULL_BLOCK and pool.key_of(block) is not None
         ]
 
-    def kept(self, g: int, request: Request) -> frozenset[int] | None:
-        """The positions of group g that sparse retention keeps for `request` as computed so
-        far, or None: every committed one (RET-DENSE-1). Implements RET-SPARSE-2."""
+    def kept(self, g: int, request: Request) -> Retained | None:
+        """The hit lengths group g keeps `request`'s committed blocks for (a position is kept
+        when `keeps` says one reads it), or None: every committed one (RET-DENSE-1 where
+        every block is read, or a group whose hit needs them all). Implements RET-SPARSE-2."""
         if not self._keeps_less[g]:
             return None
-        group = self.config.groups[g]
-        lengths = lengths_kept(self.config, group, request, request.computed)
-        return None if lengths is None else kept_positions(group, lengths)
+        return lengths_kept(self.config, self.config.groups[g], request)
 
     def _register_run(
         self, pool: BlockPool, rid: str, request: Request, g: int, positions: range
@@ -121,7 +120,7 @@ class Registrar:
             block = table[j]
             if block == NULL_BLOCK:  # released before its next token arrived
                 continue
-            if kept is not None and j not in kept:  # released uncached when let go
+            if kept is not None and not keeps(group, kept, j):  # released uncached when let go
                 continue
             key = chain.key(group.block_size, j) if chain else None
             if key is None:  # pragma: no cover - committed tokens are always digested
@@ -153,7 +152,7 @@ class Registrar:
                     positions += [q // size - 1 for q in inner if not q % size]
                 kept = self.kept(g, request)
                 if kept is not None:
-                    positions = [j for j in positions if j in kept]
+                    positions = [j for j in positions if keeps(group, kept, j)]
                 for j in positions:
                     key = chain.key(group.block_size, j)
                     if table[j] != NULL_BLOCK and key is not None:
@@ -200,7 +199,7 @@ class Registrar:
             j = q // group.block_size - 1
             if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
                 continue
-            if kept is not None and j not in kept:
+            if kept is not None and not keeps(group, kept, j):
                 request.registered[g] = j + 1
                 continue
             key = chain.key(group.block_size, j) if chain else None

@@ -218,7 +218,7 @@ class Tails:
             if group.kind is Kind.MAMBA and group.mode is MambaMode.ALIGN:
                 saved = [q for q in request.checkpoints if before < q < after and q % size]
                 if saved:  # RET-SPARSE-3
-                    lengths = lengths_kept(self.config, group, request, after)
+                    lengths = lengths_kept(self.config, group, request)
                     saved = [q for q in saved if keeps_checkpoint(lengths, q)]
                 found += [(g, q, checkpoint_position(size, q, after)) for q in saved]
             if not tail or group.kind is Kind.CROSS or not tail % size:

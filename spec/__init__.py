@@ -46,7 +46,7 @@ from kvcert.spec.layout import (
 )
 from kvcert.spec.view import CacheView
 
-SPEC_VERSION = "0.11.0"
+SPEC_VERSION = "0.12.0"
 
 __all__ = [
     "NULL",

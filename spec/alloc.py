@@ -64,11 +64,13 @@ from kvcert.spec.layout import (
     is_draft,
 )
 from kvcert.spec.retention import (
+    Retained,
     Retention,
+    dense_lengths,
     is_bounded,
     junction,
+    keeps,
     keeps_checkpoint,
-    kept_positions,
     retained_lengths,
 )
 from kvcert.spec.view import CacheView
@@ -1265,25 +1267,16 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
     return tuple(range(start, max(start, stop)))
 
 
-def retained(config: PoolConfig, g: int, request: Request) -> frozenset[int] | None:
-    """The positions of group g that the retention profile keeps for `request`, or None for
-    all of them (RET-DENSE-1; RET-SPARSE-1/-2 for a bounded group under sparse)."""
-    lengths = kept_lengths(config, g, request)
-    return None if lengths is None else kept_positions(config.layout.groups[g], lengths)
-
-
-def kept_lengths(config: PoolConfig, g: int, request: Request) -> frozenset[int] | None:
-    """The hit lengths group g keeps `request`'s blocks for: its retained lengths for a bounded
-    group under sparse retention (RET-SPARSE-1), else None (all, RET-DENSE-1)."""
-    if config.retention is Retention.DENSE or not is_bounded(config.layout.groups[g]):
+def kept_lengths(config: PoolConfig, g: int, request: Request) -> Retained | None:
+    """The hit lengths group g keeps `request`'s committed blocks for: a bounded group's
+    retained lengths under the profile (RET-DENSE-1, RET-SPARSE-1), else None (every
+    committed block: a full-attention hit needs them all)."""
+    layout = config.layout
+    if not is_bounded(layout.groups[g]):
         return None
-    return retained_lengths(
-        config.layout,
-        request.prompt,
-        request.junction,
-        request.computed,
-        config.retention_interval,
-    )
+    if config.retention is Retention.DENSE:
+        return dense_lengths(layout)
+    return retained_lengths(layout, request.prompt, request.junction, config.retention_interval)
 
 
 def _register(
@@ -1294,10 +1287,10 @@ def _register(
     g: int,
     request: Request,
     positions: tuple[int, ...],
-    kept: frozenset[int] | None = None,
+    kept: Retained | None = None,
 ) -> tuple[int, int]:
     """Give group g's blocks at `positions` their keys and contents, in position order,
-    leaving out those sparse retention does not keep (`kept`, RET-SPARSE-2; None keeps
+    leaving out those no hit at a retained length reads (`kept`, RET-SPARSE-2; None keeps
     all); returns (the next stamp, how many were registered)."""
     group = layout.groups[g]
     lookahead = key_lookahead(layout, group)
@@ -1307,7 +1300,7 @@ def _register(
         b = request.tables[g][j]
         if b == NULL_BLOCK:  # released (ALLOC-SKIP-1) before its next token arrived
             continue
-        if kept is not None and j not in kept:  # released uncached when its request lets go
+        if kept is not None and not keeps(group, kept, j):  # released uncached when let go
             continue
         covered = (j + 1) * group.block_size + lookahead
         blocks[b] = dataclasses.replace(
@@ -1356,7 +1349,7 @@ def end_step(state: State) -> tuple[State, Observation]:
                 g=g,
                 request=request,
                 positions=positions,
-                kept=retained(state.config, g, request),
+                kept=kept_lengths(state.config, g, request),
             )
             registered += count
             marks[g] = positions[-1] + 1
@@ -1497,7 +1490,7 @@ def publish(state: State, request: Request) -> tuple[State, Request]:
             continue
         positions = committed_positions(layout, g, done, request.computed)
         if positions:
-            kept = retained(state.config, g, done)
+            kept = kept_lengths(state.config, g, done)
             stamp, added = _register(
                 layout, blocks, stamp, g=g, request=done, positions=positions, kept=kept
             )

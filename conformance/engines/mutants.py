@@ -244,14 +244,14 @@ class RetentionShortEngine(Mutant):
     retention = "sparse"
 
     def injected(self) -> AbstractContextManager[None]:
-        original = retention.kept_positions
+        original = retention.reads
 
-        def one_short(group: Any, lengths: frozenset[int]) -> frozenset[int]:
-            kept = original(group, lengths)
-            firsts = {min(original(group, frozenset({length})), default=-1) for length in lengths}
-            return kept - firsts
+        def one_short(group: Any, length: int, position: int) -> bool:
+            if not original(group, length, position):
+                return False
+            return any(original(group, length, j) for j in range(position))  # not the first
 
-        return patched(commit, "kept_positions", one_short)
+        return patched(retention, "reads", one_short)
 
 
 class JunctionForgottenEngine(Mutant):

@@ -352,6 +352,35 @@ def retention_owed(drop: bool = False, extension: bool = True, step_below: bool 
     return build
 
 
+def dense_reads(factor: int = 1) -> Any:
+    """RET-DENSE-1's claim: a writer's bounded groups registering only the blocks some hit at
+    a multiple of the alignment reads give every reader the hit they give registering every
+    full block. The reader shares `shared` tokens of the writer's prompt (the cached blocks
+    are those within them). Twin (`factor=2`): only blocks a multiple of twice the alignment
+    reads."""
+
+    def build() -> tuple[list[Any], Any]:
+        groups, num_tokens, domain = _layout(PR)
+        shared = z3.Int("shared")
+        domain += [shared >= 0, shared <= num_tokens]
+        step = factor * _alignment(groups)
+        masked = []
+        for g in groups:
+            domain += [g.cached[j] == ((j + 1) * g.size <= shared) for j in range(PR.lmax)]
+            bounded = z3.Or(g.kind == SW, g.kind == CHUNKED, g.kind == STATE)
+            read = [
+                z3.Or([z3.And(n % step == 0, _needed_at(g, n, j)) for n in range(1, PR.lmax + 1)])
+                for j in range(PR.lmax)
+            ]
+            cached = tuple(
+                z3.And(g.cached[j], z3.Or(z3.Not(bounded), read[j])) for j in range(PR.lmax)
+            )
+            masked.append(SymGroup(g.kind, g.size, g.window, g.chunk, cached))
+        return domain, spec_hit(groups, num_tokens, PR) == spec_hit(masked, num_tokens, PR)
+
+    return build
+
+
 def downward_closed(kind: int) -> Any:
     """Accepting L implies accepting every shorter length aligned to the block size."""
 
@@ -530,6 +559,14 @@ OBLIGATIONS = (
     Obligation("TWIN-REG-UNIT-DOUBLE", ("ALLOC-COMMIT-1",), "as THM-REG-UNIT", COUNTEREXAMPLE,
                "pr", registration_unit(factor=2), twin_of="THM-REG-UNIT", rlimit=200_000_000,
                about="units of twice the alignment lose the writer's last aligned length"),
+    Obligation("THM-DENSE-READS", ("RET-DENSE-1", "RET-SPARSE-2", "HIT-HYB-1"),
+               "as THM-HYB-SEARCH; a reader sharing 0..9 tokens with one writer, mode-all state",
+               PROVED, "pr", dense_reads(), rlimit=200_000_000,
+               about="registering only blocks an aligned hit reads changes no hit"),
+    Obligation("TWIN-DENSE-READS-DOUBLE", ("RET-DENSE-1",), "as THM-DENSE-READS",
+               COUNTEREXAMPLE, "pr", dense_reads(factor=2), twin_of="THM-DENSE-READS",
+               rlimit=200_000_000,
+               about="keeping only blocks twice the alignment reads loses a hit"),
     Obligation("THM-RET-OWED", ("RET-SPARSE-1", "RET-SPARSE-2", "HIT-HYB-1"),
                "as THM-HYB-SEARCH; one writer of 1..9 tokens, mode-all state", PROVED, "pr",
                retention_owed(), rlimit=200_000_000,

@@ -43,7 +43,14 @@ from kvcert.spec.layout import (
     Speculative,
     is_draft,
 )
-from kvcert.spec.retention import Retention, is_bounded, junction, kept_positions, retained_lengths
+from kvcert.spec.retention import (
+    Retention,
+    dense_lengths,
+    is_bounded,
+    junction,
+    keeps,
+    retained_lengths,
+)
 from kvcert.spec.view import CacheView, keyable_blocks
 
 Key = tuple[bytes, ...] | bytes  # what a block holds: its slots' identities (a state: one)
@@ -264,15 +271,17 @@ class Oracle:
     def _retained(self, g: int, j: int, stamp: Stamp) -> bool:
         """RET-SPARSE-2 for the request that wrote the block, as admitted when it wrote it."""
         group = self.layout.groups[g]
-        if self.profiles.retention is Retention.DENSE or not is_bounded(group):
+        if not is_bounded(group):
             return True
-        rid, step, end = stamp
+        if self.profiles.retention is Retention.DENSE:
+            return keeps(group, dense_lengths(self.layout), j)
+        rid, step, _ = stamp
         admissions = [a for a in self._admissions.get(rid, ()) if a[0] <= step]
         if not admissions:
             return False
         _, prompt, joint = admissions[-1]
-        lengths = retained_lengths(self.layout, prompt, joint, end, self.profiles.interval)
-        return j in kept_positions(group, lengths)
+        lengths = retained_lengths(self.layout, prompt, joint, self.profiles.interval)
+        return keeps(group, lengths, j)
 
     # --- judging --------------------------------------------------------------------------
 
