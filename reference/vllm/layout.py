@@ -49,6 +49,12 @@ class IntegrationError(KVCacheError):
     caller or here: never served silently)."""
 
 
+class CutError(IntegrationError, AssertionError):
+    """A lookup result cut where no hit can end (`truncate_computed_blocks`). Also an
+    AssertionError: vLLM's manager asserts this precondition, so a caller written against
+    it catches that; kvcert says which group and why."""
+
+
 def _kinds() -> dict[type, Kind]:
     from vllm.v1 import kv_cache_interface as specs  # noqa: PLC0415
 

@@ -49,6 +49,7 @@ from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Announcer, Publishing
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import (
+    CutError,
     IntegrationError,
     UnsupportedConfigError,
     cache_config,
@@ -742,7 +743,7 @@ class KVCacheManager:
         for group_blocks, group in zip(blocks.blocks, self.core.config.groups, strict=True):
             count, rest = divmod(num_computed_tokens, group.block_size)
             if rest or (group.kind is not Kind.MAMBA and len(group_blocks) < count):
-                raise IntegrationError(
+                raise CutError(
                     f"cannot cut a hit at {num_computed_tokens} tokens: group of block size "
                     f"{group.block_size} holds {len(group_blocks)} blocks, and the cut needs "
                     f"a multiple of the block size within them"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcert.reference.config import Kind, Retention
+from kvcert.reference.config import Kind, Retention, hit_alignment
 from kvcert.reference.vllm.blocks import CachedHashesView, FreeQueueView
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import IntegrationError
@@ -141,6 +141,18 @@ class CoordinatorView:
         prefill chunk at the prompt's last unit boundary, where ALLOC-UNIT-2 keys a state
         group's tail."""
         return self._owner.core.config.hit_unit is not None
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The lcm of the groups' block sizes: where vLLM's scheduler ends a state group's
+        chunks, and every whole-block hit ends (HIT-HYB-1)."""
+        return hit_alignment(self._owner.core.config.groups)
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Every hit is a multiple of this many tokens: the lcm above, or U under `unit U`
+        (HIT-UNIT-1); what vLLM's workers place state checkpoints on."""
+        return self._owner.core.config.alignment
 
     @property
     def retention_interval(self) -> int | None:

@@ -34,7 +34,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
 )
 from kvcert.reference.config import Eviction, Retention
 from kvcert.reference.vllm import IntegrationError, KVCacheManager, Scheduler, Settings
-from kvcert.reference.vllm.layout import retention_notice
+from kvcert.reference.vllm.layout import CutError, retention_notice
 
 
 def match_unit_scheduler(unit: int) -> Any:
@@ -162,8 +162,14 @@ def view_checks() -> list[tuple[str, bool, str]]:
     short = manager.create_kv_cache_blocks(([manager.blocks[tables[0][0]]], []))
     try:
         cut = f"cut to {manager.truncate_computed_blocks(short, 2 * BLOCK)}"
-    except IntegrationError as why:
-        cut = str(why)
+    except CutError as why:  # also what vLLM's assert raises, for callers catching that
+        cut = str(why) if isinstance(why, AssertionError | IntegrationError) else "untyped"
+    wide_state = dataclasses.replace(STATE, block_size=2 * BLOCK)
+    wide = KVCacheManager(config(FULL, wide_state), 256, 2 * BLOCK, BLOCK)
+    unit = match_unit_scheduler(BLOCK // 2).kv_cache_manager.coordinator
+    aligned = [
+        (c.scheduler_block_size, c._cache_hit_alignment_tokens) for c in (wide.coordinator, unit)
+    ]
     return [
         ("req_to_blocks is the table", views == [list(t) for t in tables], f"{views} {tables}"),
         (
@@ -209,6 +215,12 @@ def view_checks() -> list[tuple[str, bool, str]]:
             f"{names}",
         ),
         ("a cut past an attention group's blocks is refused", "holds 1 blocks" in cut, cut),
+        (
+            "scheduler_block_size is the lcm; hits align to the hash block inside a longer "
+            "state block, as vLLM resolves it, and to U under --prefix-match-unit U",
+            aligned == [(2 * BLOCK, BLOCK), (2 * BLOCK, BLOCK // 2)],
+            f"{aligned}",
+        ),
     ]
 
 
