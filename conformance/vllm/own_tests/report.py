@@ -46,11 +46,6 @@ REASONS: list[tuple[str, str]] = [
         "refused: vLLM's sub-block shared-prefix state checkpoints "
         "(enable_mamba_shared_prefix_checkpoint; kvcert's block-aligned junction is served)",
     ),
-    (
-        r"enable_partial_hash_hits",
-        "not served: vLLM's partial (sub-block) hash hits for state groups; kvcert hits whole "
-        "blocks of every group (HIT-GROUP-1) and reports partial hits off",
-    ),
     (r"does not support dcp_world_size", "refused: decode context parallelism"),
     (
         r"not prefix-cacheable in vLLM's terms",
