@@ -31,6 +31,7 @@ class Registrar:
         self.lookahead = lookahead
         self.commit_delay = commit_delay
         self._sizes = [g.block_size for g in config.groups]
+        self._unit = config.alignment  # attention registers in whole units (ALLOC-COMMIT-1)
         self._keeps_less = [keeps_less(config, g) for g in config.groups]  # RET-SPARSE-2
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
         # the groups ALLOC-VIS-2 publishes: attention kinds (a cross group registers nothing)
@@ -256,15 +257,18 @@ class Registrar:
 
     def committed(self, g: int, group: GroupConfig, request: Request, before: int) -> range:
         """The table positions of group g whose KV is now entirely written. Implements
-        ALLOC-COMMIT-1: draft blocks wait for draft_reach - 1 more computed tokens and exact
-        draft keys for their tokens, state groups checkpoint at every boundary (all) or where
-        the step ended (align), never in mode none."""
+        ALLOC-COMMIT-1: attention blocks in whole units of the hit granularity, draft blocks
+        wait for draft_reach - 1 more computed tokens and exact draft keys for their tokens,
+        state groups checkpoint at every boundary (all) or where the step ended (align),
+        never in mode none."""
         if group.kind is Kind.CROSS:
             return range(0)
         size = group.block_size
         start, stop = request.registered[g], (request.computed - self.commit_delay[g]) // size
         if self.lookahead[g]:
             stop = min(stop, (len(request.tokens) - self.lookahead[g]) // size)
+        if group.kind is not Kind.MAMBA:  # whole units of the hit granularity
+            stop = min(stop, request.computed // self._unit * self._unit // size)
         if group.kind is Kind.MAMBA:
             if group.mode is MambaMode.NONE:
                 return range(0)

@@ -1227,14 +1227,18 @@ def release(state: State, rid: str) -> tuple[State, Observation]:
 
 def committed_positions(layout: Layout, g: int, request: Request, before: int) -> tuple[int, ...]:
     """ALLOC-COMMIT-1: At the end of a step a group registers the table positions whose KV is
-    now entirely written; a draft group waits until the draft_reach - 1 tokens after the
-    block are computed too (its last positions are drafted again until then) and, under
-    exact keying, until its key's tokens are known; a state group registers a checkpoint at
-    every boundary (all) or only where the step ended and at the chunk's inner checkpoint
-    (align, CKPT-INNER-1), and never in mode none; a position already released holds nothing
-    to register.
+    now entirely written; an attention group registers in whole units of the hit
+    granularity A (the hit alignment, or U), a block once its request has computed the
+    multiple of A at or after its end (no hit can read it before: THM-REG-UNIT); a draft
+    group waits until the draft_reach - 1 tokens after the block are computed too (its last
+    positions are drafted again until then) and, under exact keying, until its key's tokens
+    are known; a state group registers a checkpoint at every boundary (all) or only where
+    the step ended and at the chunk's inner checkpoint (align, CKPT-INNER-1), and never in
+    mode none; a position already released holds nothing to register.
 
         B=16, computed 40 -> 64 this step:   full registers positions 2, 3
+        full B=16 beside SW B=32 (A=32), computed 0 -> 48:   full registers 0, 1 (2 waits
+                                                             for computed 64)
         draft (exact), 64 tokens known:      position 3 waits for token 64
         draft, reach 3, computed 40 -> 64:   position 2 only (3 waits for computed 66)
         state align:                         position 3 (the step ended at 64)
@@ -1252,6 +1256,9 @@ def committed_positions(layout: Layout, g: int, request: Request, before: int) -
         stop = min(stop, (request.computed - (layout.draft_reach - 1)) // size)
     if key_lookahead(layout, group):
         stop = min(stop, (len(request.tokens) - key_lookahead(layout, group)) // size)
+    if not isinstance(group, MambaState):  # whole units of the hit granularity
+        unit = hit_alignment(layout)
+        stop = min(stop, request.computed // unit * unit // size)
     if isinstance(group, MambaState):
         if group.mode is MambaMode.NONE:
             return ()
@@ -1531,7 +1538,9 @@ def withdraw(state: State, rid: str) -> State:
     layout = state.config.layout
     for g, start in enumerate(request.published):
         for j in range(start, request.registered[g]):
-            b = request.tables[g][j]  # a position the chunk writes: never the null block
+            b = request.tables[g][j]
+            if b == NULL_BLOCK:  # released while waiting for its unit (ALLOC-COMMIT-1): no key
+                continue
             readers = sorted(
                 r for r, other in state.requests.items() if r != rid and b in other.tables[g]
             )

@@ -58,9 +58,16 @@ CAUSES = {
     "next step; ALLOC-HOLD-1 keeps only the running state",
     "registration-unit": "registered count differs in a layout of several block sizes: vLLM "
     "caches in whole units of the hit alignment (seen on 0.33: a B=1 group caches nothing "
-    "until the B=2 group's block is full); the spec registers every full block at the step "
-    "end. No hit differs: a hit is a multiple of the alignment and needs no block of a partial "
+    "until the B=2 group's block is full); the spec registered every full block at the step "
+    "end (since spec 0.12.0 it registers attention blocks in whole units too, ALLOC-COMMIT-1). "
+    "No hit differs: a hit is a multiple of the alignment and needs no block of a partial "
     "unit (THM-REG-UNIT, proved in kvcert check's pr tier, with its twin)",
+    "eagle-window-tail": "under drop keying (use_eagle) vLLM 0.33's sliding-window mask keeps, "
+    "at each aligned boundary, the window ending one block past it, for its EAGLE proof "
+    "margin (a draft block matched past a candidate hit, then dropped), so it registers "
+    "window blocks no hit at a multiple of the alignment reads; the spec's HIT-SPEC-2 steps "
+    "the hit down instead, and RET-DENSE-1 and RET-SPARSE-2 keep only the blocks such hits "
+    "read (spec 0.12.0). Every hit is the spec's",
     "equal-specs": "vLLM <= 0.28's HybridKVCacheCoordinator asserts that two groups have "
     "different specs (its planner merges equal ones, draft layers included); 0.33 accepts them",
     "preempt-in-flight": "known upstream, open PR vllm#43569 (wrong output, reproduced "

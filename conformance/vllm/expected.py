@@ -233,6 +233,7 @@ HITS_UNCHANGED = frozenset(
         "lookahead-registration",
         "lookahead-copy",
         "chunk-end-registered",
+        "eagle-window-tail",
         "reprefill-window-held",
     }
 )
@@ -341,6 +342,10 @@ def _cause(
         return "swa-lookahead-index"
     if detail.startswith(REFUSED_VALID) and _equal_groups(layout):
         return "equal-specs"
+    if any(  # degenerate: every hit 0, whatever else the layout has
+        g.get("kind") == "sliding_window" and g.get("window") == 1 for g in layout.get("groups", [])
+    ):
+        return "one-token-window"
     if layout.get("speculative") == "drop":
         hits = re.match(r"hit (\d+) != expected (\d+)", detail)
         served = re.match(
@@ -371,10 +376,6 @@ def _cause(
         g.get("kind") in ("full", "mamba") for g in layout.get("groups", [])
     ):
         return "free-hit"
-    if any(
-        g.get("kind") == "sliding_window" and g.get("window") == 1 for g in layout.get("groups", [])
-    ):
-        return "one-token-window"
     if _chunk_end_registered(counts, case, layout, trace):
         return "chunk-end-registered"
     return _step_cause(detail, case, layout) or _lookahead_wait(detail, layout, trace)
@@ -396,6 +397,19 @@ def _chunk_end_registered(
         and trace is not None
         and bool(trace.get("hits_equal"))
         and any(g.get("kind") == "chunked_local" for g in layout.get("groups", []))
+    )
+
+
+def _eagle_window_tail(detail: str, layout: dict[str, Any]) -> bool:
+    """Under drop keying, more blocks registered than the spec's in a layout with a sliding
+    window (see the cause)."""
+    more = re.match(r"step \d+: \{'step_ended': \{'registered': (\d+)\}\} != "
+                    r"expected \{'step_ended': \{'registered': (\d+)", detail)  # fmt: skip
+    return (
+        layout.get("speculative") == "drop"
+        and more is not None
+        and int(more[1]) > int(more[2])
+        and any(g.get("kind") == "sliding_window" for g in layout.get("groups", []))
     )
 
 
@@ -467,6 +481,8 @@ def _step_cause(detail: str, case: dict[str, Any] | None, layout: dict[str, Any]
         if "not a consistent renaming" in detail and modes:
             return "mamba-all-hold" if "all" in modes else "align-hold"
         if ops[index].get("op") == "end_step" and "registered" in detail:
+            if _eagle_window_tail(detail, layout):
+                return "eagle-window-tail"
             sizes = {g["block_size"] for g in layout["groups"]}
             if len(sizes) > 1:
                 return "registration-unit"

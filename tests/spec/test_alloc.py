@@ -161,6 +161,42 @@ def test_sliding_window_releases_blocks_outside_the_window_with_nulls():
     assert state.free[-3:] == (a.tables[0][2], a.tables[0][1], a.tables[0][0])
 
 
+def test_attention_registers_in_whole_units_of_the_hit_alignment():
+    """ALLOC-COMMIT-1: full B=2 beside a window B=1 (A=2): a chunk ending at 3 registers the
+    window's positions 0 and 1, not 2 (it waits for computed 4); one ending at 5 leaves
+    position 4 waiting, and a finish gives it back uncached."""
+    layout = Layout((FullAttention(2), SlidingWindow(1, 4)))
+    state = initial_state(PoolConfig(layout, 16))
+    state, (_, ended, _, fourth, _, fifth) = run(
+        state,
+        Admit("a", PROMPT[:6], 3),
+        EndStep(),
+        Extend("a", 1),
+        EndStep(),
+        Extend("a", 1),
+        EndStep(),
+    )
+    assert ended == StepEnded(registered=1 + 2)  # full 0; window 0, 1
+    assert fourth == StepEnded(registered=1 + 2)  # full 1; window 2, 3 (computed 4)
+    assert fifth == StepEnded(registered=0)  # window 4 waits for computed 6
+    waiting = state.requests["a"].tables[1][4]
+    state, _ = run(state, Finish("a"))
+    assert state.blocks[waiting].key is None
+
+
+def test_a_position_released_before_its_unit_is_no_published_block():
+    """ALLOC-VIS-3 with ALLOC-COMMIT-1's units: a window of 1 (A=2) releases position 0 before
+    it is registered, so finishing the request whose chunk is in flight is no withdrawal of
+    a block another request holds (the null block is nobody's hit)."""
+    layout = Layout((FullAttention(2), SlidingWindow(1, 1)))
+    state = initial_state(PoolConfig(layout, 8, visibility="same-pass"))
+    ops = [Admit("a", PROMPT[:2], 2), Admit("b", PROMPT[:3], 1), Admit("c", PROMPT[:2], 1)]
+    state, _ = run(state, *ops, EndStep(), Extend("c", 4))
+    assert state.requests["c"].tables[1][0] == NULL_BLOCK
+    _, (released,) = run(state, Finish("c"))
+    assert released == Released(blocks=2)
+
+
 def test_mamba_align_registers_a_checkpoint_only_where_a_step_ends_on_a_boundary():
     """ALLOC-COMMIT-1: steps ending at 16 (aligned) and 20 (not) with B=8: one checkpoint."""
     state, (_, ended1, _, ended2) = run(

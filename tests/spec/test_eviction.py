@@ -116,15 +116,23 @@ def test_release_order_by_profile():
 
 
 def test_unkeyed_first_puts_unregistered_blocks_at_the_head():
-    """ALLOC-FREE-2: 14 tokens, B=4 and B=8: the partial blocks 4 (group 0) and 6 (group 1)
-    carry no key; group 1's goes ahead of group 0's, keyed blocks keep ALLOC-FREE-1's tail."""
+    """ALLOC-FREE-2: 14 tokens, B=4 and B=8 (A=8): the partial blocks 4 (group 0) and 6
+    (group 1) carry no key, nor does 3 (tokens 8..11, past the last multiple of A computed,
+    ALLOC-COMMIT-1); group 1's goes ahead of group 0's, keyed blocks keep ALLOC-FREE-1's
+    tail."""
     ops = [spec.Admit("a", tuple(range(1, 15)), 14), spec.EndStep(), spec.Finish("a")]
     layout = Layout((FullAttention(4), SlidingWindow(8, 9)))
     state, _ = run(layout, 10, ops, spec.Eviction.LRU_UNKEYED_FIRST)
     lru, _ = run(layout, 10, ops, spec.Eviction.LRU)
-    assert state.free == (6, 4, 7, 8, 9, 3, 2, 1, 5)
+    assert state.free == (6, 4, 3, 7, 8, 9, 2, 1, 5)
     assert lru.free == (7, 8, 9, 4, 3, 2, 1, 6, 5)
-    assert [state.blocks[b].key is None for b in (6, 4, 3, 5)] == [True, True, False, False]
+    assert [state.blocks[b].key is None for b in (6, 4, 3, 2, 5)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_hybrid_keeps_the_resent_prefix_where_lru_loses_it():

@@ -261,10 +261,11 @@ def drop_covers_reach(beyond: int = 0) -> Any:
 
 
 def registration_unit(factor: int = 1) -> Any:
-    """ALLOC-COMMIT-1 registers each block of a group once it is full. An engine that
-    registers a group's blocks only in whole units of U tokens (a block once the U-aligned
-    unit holding it is computed; vLLM 0.33 across block sizes, with U the hit alignment)
-    serves every request sharing the writer's `computed` tokens the same hybrid hit: a hit
+    """Registering each block of a group once it is full, and registering it only in whole
+    units of U tokens (a block once the U-aligned unit holding it is computed; vLLM 0.33
+    across block sizes and, since spec 0.12.0, ALLOC-COMMIT-1 for attention groups, with U
+    the hit alignment) serve every request sharing the writer's `computed` tokens the same
+    hybrid hit: a hit
     length is a multiple of the alignment, so a hit at or below the writer's last whole unit
     needs no block of the partial unit after it, and a longer one needs a block past
     `computed`, cached under neither rule. Groups' blocks are registered as mode all and
