@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcert.reference.config import Kind, Retention, hit_alignment
+from kvcert.reference.retention import BOUNDED
 from kvcert.reference.vllm.blocks import CachedHashesView, FreeQueueView
 from kvcert.reference.vllm.extras import request_extras
 from kvcert.reference.vllm.layout import IntegrationError
@@ -134,6 +135,8 @@ class CoordinatorView:
     def __init__(self, owner: KVCacheManager, groups: Sequence[Any]) -> None:
         self._owner = owner
         self.single_type_managers = [GroupView(owner, i, g) for i, g in enumerate(groups)]
+        config = owner.kv_cache_config  # the interval vLLM was given, where it changes nothing
+        self._given = getattr(config, "prefix_cache_retention_interval", None)
 
     @property
     def enable_partial_hash_hits(self) -> bool:
@@ -157,13 +160,18 @@ class CoordinatorView:
     @property
     def retention_interval(self) -> int | None:
         """The retention profile in vLLM's terms: None dense, else sparse retention's
-        interval (0: only the blocks a replay or a junction needs)."""
+        interval (0: only the blocks a replay or a junction needs). Without a window,
+        chunked local or state group both profiles keep every block, and the interval reads
+        back as vLLM was given it (vLLM ignores it there too)."""
         config = self._owner.core.config
+        if not any(g.kind in BOUNDED for g in config.groups):
+            return self._given
         return None if config.retention is Retention.DENSE else config.retention_interval
 
     @retention_interval.setter
     def retention_interval(self, interval: int | None) -> None:
         self._owner.set_retention_interval(interval)
+        self._given = interval
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
         """Free blocks the running request still needs to hold `num_tokens` tokens (the

@@ -97,6 +97,18 @@ def retention_checks() -> list[tuple[str, bool, str]]:
             f"got {served}",
         )
     )
+    zero = dataclasses.replace(config(FULL), prefix_cache_retention_interval=0)
+    plain = KVCacheManager(zero, 256, BLOCK, BLOCK)
+    read_back = [plain.coordinator.retention_interval, plain.core.config.retention]
+    plain.coordinator.retention_interval = None
+    read_back.append(plain.coordinator.retention_interval)
+    checks.append(
+        (
+            "full attention alone: the interval reads back as given (both profiles keep all)",
+            read_back == [0, Retention.DENSE, None],
+            f"got {read_back}",
+        )
+    )
     built.get_computed_blocks(request("r"))
     try:
         built.coordinator.retention_interval = 0
