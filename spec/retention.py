@@ -203,7 +203,7 @@ def keeps(group: Group, lengths: Retained, position: int) -> bool:
     so a length the request has not computed yet keeps the block as well.
 
     pre: is_bounded(group) and position >= 0
-    post: True
+    post: not __return__ or lengths.every > 0 or bool(lengths.named)
     """
     size = group.block_size
     reach = group.window if isinstance(group, SlidingWindow) else 0
