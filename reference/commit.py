@@ -17,7 +17,7 @@ from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import Layered
 from kvcert.reference.requests import Request
-from kvcert.reference.retention import Retained, keeps, keeps_less, lengths_kept
+from kvcert.reference.retention import Kept, keeps_less, lengths_kept, periodic_mask
 
 
 class Registrar:
@@ -33,6 +33,7 @@ class Registrar:
         self._sizes = [g.block_size for g in config.groups]
         self._unit = config.alignment  # attention registers in whole units (ALLOC-COMMIT-1)
         self._keeps_less = [keeps_less(config, g) for g in config.groups]  # RET-SPARSE-2
+        self._masks: dict[tuple[int, int, int], tuple[bool, ...] | None] = {}  # per period
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
         # the groups ALLOC-VIS-2 publishes: attention kinds (a cross group registers nothing)
         self._attention_groups = [
@@ -91,13 +92,20 @@ class Registrar:
             if block != NULL_BLOCK and pool.key_of(block) is not None
         ]
 
-    def kept(self, g: int, request: Request) -> Retained | None:
-        """The hit lengths group g keeps `request`'s committed blocks for (a position is kept
-        when `keeps` says one reads it), or None: every committed one (RET-DENSE-1 where
-        every block is read, or a group whose hit needs them all). Implements RET-SPARSE-2."""
+    def kept(self, g: int, request: Request) -> Kept | None:
+        """The committed positions of group g that `request`'s retained lengths read (`j in
+        kept`), or None: every committed one (RET-DENSE-1 where every block is read, or a
+        group whose hit needs them all). Implements RET-SPARSE-2."""
         if not self._keeps_less[g]:
             return None
-        return lengths_kept(self.config, self.config.groups[g], request)
+        group = self.config.groups[g]
+        lengths = lengths_kept(self.config, group, request)
+        if lengths is None:
+            return None
+        period = (g, lengths.every, lengths.below)
+        if period not in self._masks:
+            self._masks[period] = periodic_mask(group, lengths.every, lengths.below)
+        return Kept(group, lengths, self._masks[period])
 
     def _register_run(
         self, pool: BlockPool, rid: str, request: Request, g: int, positions: range
@@ -109,11 +117,14 @@ class Registrar:
         table = request.tables[g]
         registered = 0
         kept = self.kept(g, request)
-        if kept is None and not pool.tracking and pool.events is None and chain is not None:
+        if not pool.tracking and pool.events is None and chain is not None:
             keys = chain.keys_between(group.block_size, positions.start, positions.stop)
             if len(keys) < len(positions):  # pragma: no cover - as below
                 raise RuntimeError(f"no digest for a committed block of group {g}")
             blocks = table[positions.start : positions.stop]
+            if kept is not None:  # the run less the positions no retained length reads
+                chosen = [i for i, j in enumerate(positions) if j in kept]
+                blocks, keys = [blocks[i] for i in chosen], [keys[i] for i in chosen]
             registered = pool.register_run(g, blocks, keys)
             request.registered[g] = positions.stop
             return registered
@@ -121,7 +132,7 @@ class Registrar:
             block = table[j]
             if block == NULL_BLOCK:  # released before its next token arrived
                 continue
-            if kept is not None and not keeps(group, kept, j):  # released uncached when let go
+            if kept is not None and j not in kept:  # released uncached when let go
                 continue
             key = chain.key(group.block_size, j) if chain else None
             if key is None:  # pragma: no cover - committed tokens are always digested
@@ -153,7 +164,7 @@ class Registrar:
                     positions += [q // size - 1 for q in inner if not q % size]
                 kept = self.kept(g, request)
                 if kept is not None:
-                    positions = [j for j in positions if keeps(group, kept, j)]
+                    positions = [j for j in positions if j in kept]
                 for j in positions:
                     key = chain.key(group.block_size, j)
                     if table[j] != NULL_BLOCK and key is not None:
@@ -200,7 +211,7 @@ class Registrar:
             j = q // group.block_size - 1
             if j < request.registered[g] or j >= len(table) or table[j] == NULL_BLOCK:
                 continue
-            if kept is not None and not keeps(group, kept, j):
+            if kept is not None and j not in kept:
                 request.registered[g] = j + 1
                 continue
             key = chain.key(group.block_size, j) if chain else None

@@ -79,17 +79,22 @@ def lengths_kept(config: CacheConfig, group: GroupConfig, request: Request) -> R
     return retained_lengths(config, request.prompt_length, request.junction)
 
 
-def reads(group: GroupConfig, length: int, position: int) -> bool:
-    """Whether a hit of `length` reads `group`'s block at `position`: at a block boundary one
-    of the run from `first_needed`; under `unit U`, inside a block, an attention group's run
-    through the block holding its last token, a state group's none (a tail key)."""
+def positions_read(group: GroupConfig, length: int) -> range:
+    """The positions a hit of `length` reads in `group`: at a block boundary the run from
+    `first_needed`; under `unit U`, inside a block, an attention group's run through the block
+    holding its last token, a state group's none (a tail key)."""
     size = group.block_size
     if not length % size:
-        return first_needed(group, length) <= position < length // size
+        return range(first_needed(group, length), length // size)
     if group.kind is Kind.MAMBA:  # a state inside a block is a tail key (RET-SPARSE-3)
-        return False
+        return range(0)
     first = first_token_read(group, length)
-    return first < length and first // size <= position <= (length - 1) // size
+    return range(first // size, (length - 1) // size + 1) if first < length else range(0)
+
+
+def reads(group: GroupConfig, length: int, position: int) -> bool:
+    """Whether a hit of `length` reads `group`'s block at `position`."""
+    return position in positions_read(group, length)
 
 
 def keeps(group: GroupConfig, lengths: Retained, position: int) -> bool:
@@ -113,6 +118,47 @@ def keeps(group: GroupConfig, lengths: Retained, position: int) -> bool:
             if reads(group, length, position):
                 return True
     return False
+
+
+class Kept:
+    """The committed positions of one bounded group that a request's retained lengths read,
+    answered in O(1) per position (`j in kept`): the positions the named lengths read, and
+    the periodic families' mask, which repeats every lcm(period, B, C) tokens (a length and
+    a position shifted by that many tokens read alike). Implements RET-SPARSE-2 as `keeps`
+    does (tests/reference checks the two agree)."""
+
+    __slots__ = ("_group", "_lengths", "_mask", "_named")
+
+    def __init__(
+        self, group: GroupConfig, lengths: Retained, mask: tuple[bool, ...] | None
+    ) -> None:
+        """`mask`: `periodic_mask(group, lengths.every, lengths.below)`, which the caller
+        keeps per configuration (() when there is no period)."""
+        self._group, self._lengths, self._mask = group, lengths, mask
+        self._named = frozenset(j for n in lengths.named for j in positions_read(group, n))
+
+    def __contains__(self, position: object) -> bool:
+        if not isinstance(position, int):
+            return False
+        if position in self._named:
+            return True
+        mask = self._mask
+        if mask is None:  # a period too long to tabulate: the walk
+            return keeps(self._group, self._lengths, position)
+        return bool(mask) and mask[position % len(mask)]
+
+
+def periodic_mask(group: GroupConfig, every: int, below: int) -> tuple[bool, ...] | None:
+    """Whether each position of one period is read by some length of the families `every`
+    and `every - below` (() without a period; None when the period exceeds PERIOD_LIMIT
+    positions)."""
+    if not every:
+        return ()
+    span = math.lcm(every, group.block_size, group.chunk or 1) // group.block_size
+    if span > PERIOD_LIMIT:
+        return None
+    families = Retained(every=every, below=below)
+    return tuple(keeps(group, families, j) for j in range(span))
 
 
 def keeps_less(config: CacheConfig, group: GroupConfig) -> bool:

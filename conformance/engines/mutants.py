@@ -244,14 +244,12 @@ class RetentionShortEngine(Mutant):
     retention = "sparse"
 
     def injected(self) -> AbstractContextManager[None]:
-        original = retention.reads
+        original = retention.positions_read
 
-        def one_short(group: Any, length: int, position: int) -> bool:
-            if not original(group, length, position):
-                return False
-            return any(original(group, length, j) for j in range(position))  # not the first
+        def one_short(group: Any, length: int) -> range:
+            return original(group, length)[1:]  # each retained length's first block left out
 
-        return patched(retention, "reads", one_short)
+        return patched(retention, "positions_read", one_short)
 
 
 class JunctionForgottenEngine(Mutant):
