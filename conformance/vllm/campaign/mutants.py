@@ -141,16 +141,26 @@ def _kvcert_block_multiple_unregistered(wired: Any) -> None:
 
 
 def _kvcert_retention_one_block_short(wired: Any) -> None:
-    """RET-SPARSE-2 one block short: under sparse retention each bounded group's kept mask
-    loses its lowest position, the first block some retained length's hit needs. Every read
-    stays sound; the hits at that length are lost, which the completeness oracle must
-    catch on the seeds that ask for sparse retention (`Workload.retention_units`)."""
+    """RET-SPARSE-2 one block short: each bounded group's kept positions (sparse retention,
+    or dense where a block no aligned hit reads is masked, spec 0.12.0) lose the lowest of
+    the request's table, the first block some retained length's hit needs. Every read stays
+    sound; the hits at that length are lost, which the completeness oracle must catch."""
     registrar = wired.scheduler.kv_cache_manager.core._commits
     kept = registrar.kept
 
-    def short(g: int, request: Any) -> frozenset[int] | None:
-        positions: frozenset[int] | None = kept(g, request)
-        return positions - {min(positions)} if positions else positions
+    class Short:
+        """The registrar's kept positions less the lowest of the request's table."""
+
+        def __init__(self, positions: Any, table: list[int]) -> None:
+            self.positions = positions
+            self.lowest = next((j for j in range(len(table)) if j in positions), None)
+
+        def __contains__(self, j: object) -> bool:
+            return j != self.lowest and j in self.positions
+
+    def short(g: int, request: Any) -> Short | None:
+        positions = kept(g, request)
+        return None if positions is None else Short(positions, request.tables[g])
 
     registrar.kept = short
 
