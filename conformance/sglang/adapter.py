@@ -4,19 +4,18 @@ Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang 0.5.23`). SGLa
 the KV cache as a radix tree of token runs, not as per-group block tables, so only part of
 the suite maps (docs/engines.md has the table):
 
-    one full-attention group, block size B                RadixCache(page_size=B)
-    full + sliding window W, one block size B             UnifiedRadixCache (FULL, SWA) over
-                                                          CPU pools, sliding_window_size W - 1
-    the full group's cached blocks                        the longest cached prefix is inserted
-                                                          (a tree holds prefix-closed sets only)
-    the sliding group's cached blocks                     one insert per cached run [a, b) with
-                                                          SWA evicted below a*B (tombstones),
-                                                          read back and checked before lookup
-    a lookup of n tokens                                  match_prefix(first n-1 tokens), the
-                                                          scheduler's own cap (a request always
-                                                          computes its last token)
-    anything else (other kinds, drafts, the alloc and     {"unsupported": why}: accounted for as
-    page suites)                                          skipped, never as passed
+    full attention, + one sliding window W, + one     UnifiedRadixCache with the FULL (+ SWA,
+    Mamba state (mode all or align), one page B       + MAMBA) components over CPU pools, page
+                                                      B, sliding_window_size W - 1, Mamba's
+                                                      extra buffer where B > 1 (SGLang's rule)
+    full groups (target and draft) cached alike       the one full component (one pool)
+    draft groups under the exact profile, reach 1     is_eagle: bigram keys (unified.py)
+    the cached blocks                                 inserts as finished requests leave them
+                                                      (unified.py), read back before lookup
+    a lookup of n tokens                              Req.init_next_round_input: the
+                                                      scheduler's prefill match (cap n - 1)
+    anything else (other kinds, layouts one tree      {"unsupported": why}: accounted for as
+    cannot hold, the alloc and page suites)           skipped, never as passed
 
 Importing `sglang.srt.mem_cache` pulls in `sglang.srt.configs`, whose vision-model configs
 import torchvision; no torchvision on the index runs beside CPU torch 2.13.0. Those two
@@ -32,14 +31,16 @@ import importlib.util
 import sys
 import types
 from array import array
-from functools import cache
 from importlib.metadata import version
 from typing import Any
 
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
+from kvcert.conformance.sglang import unified
 
 REFUSED: JSON = {"refused": True}
+# The layout's speculative profiles (absent: no draft layers).
+SPECULATIVE = (None, "exact", "drop")
 # sglang modules that import torchvision at import time and are off the radix-cache path.
 VISION_MODULES = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
 
@@ -88,62 +89,6 @@ def prepare_import() -> None:
         sys.meta_path.insert(0, _VisionModules())
 
 
-@cache
-def sglang_api() -> Any:
-    """SGLang's radix cache module, imported once (5 s)."""
-    prepare_import()
-    from sglang.srt.mem_cache import radix_cache
-    from sglang.srt.mem_cache.base_prefix_cache import (
-        InsertParams,
-        MatchPrefixParams,
-    )
-
-    return radix_cache, InsertParams, MatchPrefixParams
-
-
-@cache
-def unified_api() -> types.SimpleNamespace:
-    """SGLang's unified radix tree with its full and SWA components, and their pools."""
-    prepare_import()
-    import torch
-    from sglang.srt.mem_cache.allocator.swa import (
-        SWATokenToKVPoolAllocator,
-    )
-    from sglang.srt.mem_cache.cache_init_params import (
-        CacheInitParams,
-    )
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-    from sglang.srt.mem_cache.unified_cache.components import (
-        ComponentType,
-    )
-    from sglang.srt.mem_cache.unified_radix_cache import (
-        UnifiedRadixCache,
-    )
-
-    return types.SimpleNamespace(
-        torch=torch,
-        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator,
-        CacheInitParams=CacheInitParams,
-        ReqToTokenPool=ReqToTokenPool,
-        SWAKVPool=SWAKVPool,
-        ComponentType=ComponentType,
-        UnifiedRadixCache=UnifiedRadixCache,
-    )
-
-
-class _Allocator:
-    """What RadixCache.create_simulated needs from a KV allocator (no memory behind it)."""
-
-    device = "cpu"
-
-    def free(self, indices: object) -> None:
-        return None
-
-    def free_segment(self, indices: object, start_pos: int = 0) -> None:
-        return None
-
-
 def _positive(value: object) -> int | None:
     """A positive integer, else None (JSON bools are not integers here)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -184,7 +129,13 @@ class SglangEngine:
         return {
             "name": "sglang",
             "version": version("sglang"),
-            "features": ["kind.full", "kind.sliding_window"],
+            "features": [
+                "kind.full",
+                "kind.sliding_window",
+                "kind.mamba.align",
+                "kind.mamba.all",
+                "speculative.exact",
+            ],
             "profiles": [],
         }
 
@@ -199,14 +150,13 @@ class SglangEngine:
             or not all(isinstance(g, dict) for g in groups)
         ):
             return REFUSED
-        kinds = sorted(str(g.get("kind")) for g in groups)
-        if kinds not in (["full"], ["full", "sliding_window"]):
-            return {"unsupported": "one full-attention group, alone or with one sliding window"}
         drafts = [g.get("draft", False) for g in groups]
-        if not all(isinstance(d, bool) for d in drafts):
-            return REFUSED
-        if layout.get("speculative") is not None or any(drafts):
-            return {"unsupported": "draft keying is not driven through the radix cache"}
+        problem = _speculation_problem(layout, drafts)
+        if problem is not None:
+            return problem
+        roles: dict[str, list[int]] = {}
+        for index, group in enumerate(groups):
+            roles.setdefault(str(group.get("kind")), []).append(index)
         sizes = [_positive(g.get("block_size")) for g in groups]
         n = _positive(case.get("num_tokens"))
         if n is None or None in sizes or len(case["cached"]) != len(groups):
@@ -214,134 +164,142 @@ class SglangEngine:
         limit = layout.get("max_model_len")
         if limit is not None and (_positive(limit) is None or n > limit):
             return REFUSED
-        if len(groups) == 1:
-            return self._full(n, sizes[0] or 1, _ranges(case["cached"][0]))
-        full, sliding = (0, 1) if groups[0]["kind"] == "full" else (1, 0)
-        window = _positive(groups[sliding].get("window"))
-        if window is None:
-            return REFUSED
-        if sizes[0] != sizes[1]:
-            return {"unsupported": "one page size for every layer: the block sizes differ"}
-        if window < 2:
-            return {"unsupported": "SGLang's window excludes the query (W - 1 tokens): W >= 2"}
-        cached = (_ranges(case["cached"][full]), _ranges(case["cached"][sliding]))
-        answer = self._full_and_sliding(n, sizes[0] or 1, window, *cached)
-        if "blocks" in answer and full == 1:
-            answer["blocks"].reverse()
-        return answer
+        cached = [_ranges(c) for c in case["cached"]]
+        why = _inexpressible(groups, roles, cached)
+        if why is not None:
+            return {"unsupported": why}
+        return self._unified(case, groups, roles, cached, any(drafts))
 
-    def _full(self, n: int, size: int, cached: set[int]) -> JSON:
-        """RadixCache: insert the cached prefix, match the first n - 1 tokens."""
-        radix_cache, insert_params, match_params = sglang_api()
-        tree = radix_cache.RadixCache.create_simulated(mock_allocator=_Allocator(), page_size=size)
-        tokens = list(range(1, n + 1))
-        prefix = _cached_prefix(cached) * size
-        if prefix > n:
-            return REFUSED
-        if prefix:
-            tree.insert(insert_params(key=radix_cache.RadixKey(tokens[:prefix])))
-        match = tree.match_prefix(match_params(key=radix_cache.RadixKey(tokens[: n - 1])))
-        hit = int(match.device_prefix_len)
-        return {"hit": hit, "blocks": [list(range(hit // size))]}
-
-    def _full_and_sliding(
-        self, n: int, size: int, window: int, full: set[int], sliding: set[int]
+    def _unified(
+        self,
+        case: JSON,
+        groups: list[JSON],
+        roles: dict[str, list[int]],
+        cached: list[set[int]],
+        eagle: bool,
     ) -> JSON:
-        """UnifiedRadixCache with the full and SWA components over real (CPU) pools.
-
-        The cached state is built the way finished requests leave it: each insert of a prefix
-        passes `component_evicted_seqlens[SWA]`, the point below which the request had already
-        freed its SWA slots, so those nodes are tombstones. The state is read back from the
-        tree and compared with the one wanted before the lookup.
-        """
-        radix_cache, insert_params, match_params = sglang_api()
-        api = unified_api()
-        prefix = _cached_prefix(full)
-        if prefix * size > n:
+        """The case as a unified tree's state, looked up by the scheduler's prefill step."""
+        n = case["num_tokens"]
+        sizes = [g["block_size"] for g in groups]
+        full = roles["full"][0]
+        page = sizes[full]
+        sliding = roles.get("sliding_window", [None])[0]
+        state = roles.get("mamba", [None])[0]
+        window = None if sliding is None else _positive(groups[sliding].get("window"))
+        if sliding is not None and window is None:
             return REFUSED
-        tree = self._unified_tree(api, size, window - 1, max(prefix * size, size))
-        tokens = array("q", range(1, n + 1))
-        inserts = _live_runs(sliding, prefix)
-        if not inserts or inserts[-1][1] != prefix:
-            inserts.append((prefix, prefix))
-        node = None
-        if prefix:
-            span = prefix * size
-            zero, full_span = api.torch.tensor([0]), api.torch.tensor([span])
-            # One request's pages: prefix 0, length span, no previous page (last_loc -1).
-            slots = tree.token_to_kv_pool_allocator.alloc_extend(
-                zero, zero, full_span, full_span, api.torch.tensor([-1]), span
-            )
-            for a, b in inserts:
-                result = tree.insert(
-                    insert_params(
-                        key=radix_cache.RadixKey(tokens[: b * size]),
-                        value=slots[: b * size].clone(),
-                        component_evicted_seqlens={api.ComponentType.SWA: a * size},
-                    )
-                )
-            node = result.last_device_node
-            live = self._live_blocks(tree, api, node, size)
-            if live != {j for j in range(prefix) if j in sliding}:
-                return {"unsupported": f"SGLang's inserts left SWA blocks {sorted(live)} live"}
-        match = tree.match_prefix(match_params(key=radix_cache.RadixKey(tokens[: n - 1])))
-        hit = int(match.device_prefix_len)
-        live = self._live_blocks(tree, api, node, size) if node is not None else set()
-        # The blocks SGLang's attention reads: those overlapping the W - 1 tokens before the hit.
-        first = max(0, hit - (window - 1)) // size
-        window_blocks = [j if first <= j and j in live else None for j in range(hit // size)]
-        return {"hit": hit, "blocks": [list(range(hit // size)), window_blocks]}
+        if window is not None and window < 2:
+            return {"unsupported": "SGLang's window excludes the query (W - 1 tokens): W >= 2"}
+        shape = unified.Shape(
+            page=page,
+            exclusive_window=None if window is None else window - 1,
+            state_grid=None if state is None else unified.state_grid(page, sizes[state]),
+            eagle=eagle,
+        )
+        prefix = _cached_prefix(cached[full])
+        if prefix * page > n:
+            return REFUSED
+        if state is None:
+            states: tuple[int, ...] = ()
+            pages = prefix
+        else:
+            states = _state_pages(cached[state], sizes[state], shape, prefix)
+            pages = states[-1] if states else 0
+        live = () if sliding is None else tuple(_live_runs(cached[sliding], pages))
+        wanted = unified.Wanted(pages, live, states)
+        tree, requests = unified.build(shape, max(n, pages * page) + 1)
+        tokens = array("q", range(1, max(n, pages * page) + 2))
+        differs = unified.populate(tree, requests, shape, wanted, tokens)
+        if differs is not None:
+            return {"unsupported": differs}
+        hit = unified.scheduler_match(tree, requests, tokens[:n])
+        blocks: list[list[int | None]] = [[] for _ in groups]
+        for index in roles["full"]:
+            blocks[index] = list(range(hit // page))
+        if sliding is not None and window is not None:
+            # The blocks SGLang's attention reads: those overlapping the W - 1 tokens before
+            # the hit, where the tree holds their SWA KV.
+            held = {j for a, b in live for j in range(a, b)}
+            first = max(0, hit - (window - 1)) // page
+            blocks[sliding] = [j if first <= j and j in held else None for j in range(hit // page)]
+        if state is not None:
+            size = sizes[state]
+            blocks[state] = [j if (j + 1) * size == hit else None for j in range(hit // size)]
+        return {"hit": hit, "blocks": blocks}
 
-    @staticmethod
-    def _unified_tree(
-        api: types.SimpleNamespace, size: int, exclusive_window: int, tokens: int
-    ) -> Any:
-        """A full + SWA unified tree over pools of `tokens` slots (one layer each, tiny heads)."""
-        capacity = tokens + size
-        dtype = api.torch.float16
-        pool = api.SWAKVPool(
-            size=capacity,
-            size_swa=capacity,
-            page_size=size,
-            dtype=dtype,
-            head_num=1,
-            head_dim=1,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[1],
-            device="cpu",
-        )
-        allocator = api.SWATokenToKVPoolAllocator(
-            size=capacity,
-            size_swa=capacity,
-            page_size=size,
-            dtype=dtype,
-            device="cpu",
-            kvcache=pool,
-            need_sort=False,
-        )
-        requests = api.ReqToTokenPool(
-            size=1, max_context_len=capacity, device="cpu", enable_memory_saver=False
-        )
-        params = api.CacheInitParams(
-            disable=False,
-            req_to_token_pool=requests,
-            token_to_kv_pool_allocator=allocator,
-            page_size=size,
-            sliding_window_size=exclusive_window,
-            tree_components=(api.ComponentType.FULL, api.ComponentType.SWA),
-        )
-        return api.UnifiedRadixCache(params)
 
-    @staticmethod
-    def _live_blocks(tree: Any, api: types.SimpleNamespace, node: Any, size: int) -> set[int]:
-        """Block positions on the path to `node` whose SWA value is present (not a tombstone)."""
-        (path,) = tree.tree_core.collect_path_info([node])
-        live: set[int] = set()
-        for info in path:
-            value = tree.tree_core.get_component_device_value(info.node_id, api.ComponentType.SWA)
-            if value is not None:
-                live.update(range(info.path_start // size, info.path_end // size))
-        return live
+def _speculation_problem(layout: JSON, drafts: list[object]) -> JSON | None:
+    """The answer for a speculative set-up SGLang has no counterpart for, or None.
+
+    SGLang keys the tree by bigrams under EAGLE (a position by its token and the next), so
+    every layer, the draft model's included, is keyed exactly one token ahead.
+    """
+    speculative = layout.get("speculative")
+    if not all(isinstance(d, bool) for d in drafts) or speculative not in SPECULATIVE:
+        return REFUSED
+    if speculative == "drop":
+        return {"unsupported": "SGLang keys a draft position by the token after it (bigram "
+                "keys): the exact profile, never the drop"}  # fmt: skip
+    if any(drafts) != (speculative is not None):
+        return {"unsupported": "draft groups and a speculative profile come together"}
+    if layout.get("draft_reach", 1) != 1:
+        return {"unsupported": "SGLang's bigram keys reach one token past a position: "
+                "draft_reach 1 (EAGLE, one MTP module)"}  # fmt: skip
+    return None
+
+
+def _inexpressible(
+    groups: list[JSON], roles: dict[str, list[int]], cached: list[set[int]]
+) -> str | None:
+    """Why SGLang's tree cannot hold this layout and cached state, or None.
+
+    One tree serves every layer over one page size: one full-attention component (a draft
+    model's layers are full attention over the target's token slots), at most one sliding
+    window and at most one Mamba state.
+    """
+    other = sorted(set(roles) - {"full", "sliding_window", "mamba"})
+    if other:
+        return f"SGLang's tree has full, SWA and Mamba components, no {', '.join(other)} group"
+    if "full" not in roles:
+        return (
+            "one full-attention group: SGLang's unified tree always has one "
+            "(a pure-SWA model's tree is not driven)"
+        )
+    for group in groups:
+        if group.get("draft") and group.get("kind") != "full":
+            return "SGLang's draft layers are full attention over the target's token slots"
+    fulls = roles["full"]
+    if all(groups[i].get("draft") for i in fulls):
+        return "a draft model rides on the target's full-attention slots: the target has none"
+    if len({groups[i].get("block_size") for i in fulls}) > 1:
+        return "one full-attention component: every full layer shares one page size"
+    if len({frozenset(cached[i]) for i in fulls}) > 1:
+        return "one full-attention component: every full layer (and draft layer) is cached alike"
+    if len(roles.get("sliding_window", ())) > 1:
+        return "one sliding window size per model"
+    if len(roles.get("mamba", ())) > 1:
+        return "one Mamba state per request"
+    for index in roles.get("mamba", ()):
+        if groups[index].get("mode") not in ("align", "all"):
+            return "a Mamba state is always cached: there is no mode that serves only the empty hit"
+    page = groups[fulls[0]].get("block_size")
+    for index in roles.get("sliding_window", ()):
+        if groups[index].get("block_size") != page:
+            return "one page size for every layer: the block sizes differ"
+    return None
+
+
+def _state_pages(cached: set[int], size: int, shape: unified.Shape, prefix: int) -> tuple[int, ...]:
+    """Pages at whose end the state group holds a checkpoint a hit can end at.
+
+    A checkpoint off the grid (the lcm of the page and the state block) ends no hit (HIT-
+    GROUP-1); one past the full-attention prefix cannot be reached: neither is inserted.
+    """
+    grid = shape.state_grid or size
+    ends = ((j + 1) * size for j in cached)
+    return tuple(
+        sorted(e // shape.page for e in ends if e % grid == 0 and e // shape.page <= prefix)
+    )
 
 
 def make_engine() -> SglangEngine:
@@ -351,5 +309,5 @@ def make_engine() -> SglangEngine:
             "SGLang is not installed in this Python; create its venv with "
             "`scripts/engine-venv.sh sglang VERSION` and run that venv's kvcert"
         )
-    sglang_api()  # import now (5 s), not inside the first case's time limit
+    unified.api()  # import now (5 s), not inside the first case's time limit
     return SglangEngine()

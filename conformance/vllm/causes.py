@@ -10,6 +10,11 @@ from __future__ import annotations
 from kvcert.conformance.vllm import unit_model
 
 CAUSES = {
+    "eagle-bigram-cap": "SGLang under EAGLE keys the tree by bigrams and caps the match at the "
+    "request's first n - 1 raw tokens, which hold n - 2 bigrams: a prefix cached up to n - 1 "
+    "(the spec's HIT-LEN-1 limit, whose last position's bigram ends at the request's own last "
+    "token) is served one page short whenever n - 1 is a page multiple; related: "
+    "sglang#40681 (open) names the same one-page-lower bigram boundary on the insert side",
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
     "layers own that check, and the adapter drives the manager only",
     "chunk-alignment": "vLLM requires block_size to divide the attention chunk (its attention "

@@ -152,6 +152,17 @@ def _waits_for_a_smaller_hit(detail: str, layout: dict[str, Any]) -> bool:
     return int(found.group(1)) > new
 
 
+def _bigram_cap(detail: str, case: dict[str, Any] | None) -> bool:
+    """A draft layout whose owed hit is the HIT-LEN-1 limit n - 1, served lower."""
+    found = re.match(r"hit (\d+) != expected (\d+)$", detail)
+    if case is None or not found:
+        return False
+    groups = case["input"]["layout"].get("groups", [])
+    got, want = int(found.group(1)), int(found.group(2))
+    owed_at_limit = want == case["input"].get("num_tokens", 0) - 1
+    return any(g.get("draft") for g in groups) and owed_at_limit and got < want
+
+
 def _blocks_past_hit(detail: str) -> bool:
     """Same hit, and each group's block list starts with the expected one, one runs longer."""
     found = re.match(r"block lists \(as runs\) (.*) != expected (.*)$", detail)
@@ -378,6 +389,8 @@ def _cause(
         return "free-hit"
     if _chunk_end_registered(counts, case, layout, trace):
         return "chunk-end-registered"
+    if _bigram_cap(detail, case):
+        return "eagle-bigram-cap"
     return _step_cause(detail, case, layout) or _lookahead_wait(detail, layout, trace)
 
 

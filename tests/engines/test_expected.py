@@ -211,29 +211,36 @@ def test_sglang_state_helpers():
     assert sglang._live_runs(set(), 3) == []
 
 
+FULL4 = {"kind": "full", "block_size": 4}
+DRAFT4 = {"kind": "full", "block_size": 4, "draft": True}
+
+
 @pytest.mark.parametrize(
     ("layout", "why"),
     [
-        ({"groups": [{"kind": "mamba", "block_size": 4}]}, "one full-attention group"),
+        ({"groups": [{"kind": "mamba", "block_size": 4, "mode": "all"}]}, "one full-attention"),
         (
-            {
-                "groups": [
-                    {"kind": "full", "block_size": 4},
-                    {"kind": "sliding_window", "block_size": 8, "window": 8},
-                ]
-            },
+            {"groups": [FULL4, {"kind": "sliding_window", "block_size": 8, "window": 8}]},
             "block sizes differ",
         ),
         (
-            {
-                "groups": [
-                    {"kind": "full", "block_size": 4},
-                    {"kind": "sliding_window", "block_size": 4, "window": 1},
-                ]
-            },
+            {"groups": [FULL4, {"kind": "sliding_window", "block_size": 4, "window": 1}]},
             "W >= 2",
         ),
-        ({"groups": [{"kind": "full", "block_size": 4, "draft": True}]}, "draft"),
+        ({"groups": [FULL4, {"kind": "full", "block_size": 8}]}, "one page size"),
+        ({"groups": [FULL4, {"kind": "mamba", "block_size": 4, "mode": "none"}]}, "always"),
+        ({"groups": [FULL4, {"kind": "chunked_local", "block_size": 4}]}, "chunked_local"),
+        ({"groups": [DRAFT4]}, "speculative profile"),
+        ({"groups": [DRAFT4], "speculative": "exact"}, "the target has none"),
+        ({"groups": [FULL4, DRAFT4], "speculative": "drop"}, "never the drop"),
+        ({"groups": [FULL4, DRAFT4], "speculative": "exact", "draft_reach": 2}, "draft_reach 1"),
+        (
+            {
+                "groups": [FULL4, {**DRAFT4, "kind": "sliding_window", "window": 4}],
+                "speculative": "exact",
+            },
+            "draft layers are full attention",
+        ),
     ],
 )
 def test_sglang_adapter_says_what_it_cannot_express(layout, why):
@@ -242,6 +249,22 @@ def test_sglang_adapter_says_what_it_cannot_express(layout, why):
     case = {"suite": "hit", "layout": layout, "num_tokens": 9, "cached": cached}
     answer = sglang.SglangEngine().run(case)
     assert why in answer["unsupported"]
+
+
+def test_sglang_adapter_keeps_one_full_component_only_when_the_full_groups_agree():
+    """Two full groups of one page size map to SGLang's one full pool only if cached alike."""
+    layout = {"groups": [FULL4, DRAFT4], "speculative": "exact"}
+    case = {"suite": "hit", "layout": layout, "num_tokens": 9, "cached": [[[0, 2]], [[0, 1]]]}
+    assert "cached alike" in sglang.SglangEngine().run(case)["unsupported"]
+
+
+def test_sglang_state_checkpoints_a_hit_can_end_at():
+    """States off the lcm grid of page and state block, or past the full prefix, end no hit."""
+    shape = sglang.unified.Shape(page=4, exclusive_window=None, state_grid=8)
+    # state block 2: checkpoints at 2, 4, ..., 16 tokens; on the 8-token grid: 8 and 16
+    assert sglang._state_pages(set(range(8)), 2, shape, prefix=4) == (2, 4)
+    assert sglang._state_pages(set(range(8)), 2, shape, prefix=3) == (2,)
+    assert sglang.unified.state_grid(4, 6) == 12
 
 
 def test_sglang_adapter_refuses_bad_json_and_other_suites():
@@ -483,3 +506,15 @@ def test_a_unit_difference_gets_the_cause_whose_reading_makes_it():
             "expect": {"hit": 10}}  # fmt: skip
     assert unit_cause("hit 8 != expected 10", case) == "unit-tail-past-asked"
     assert unit_cause("hit 6 != expected 10", case) is None  # not what the model answers
+
+
+def test_the_bigram_cap_is_named_only_for_a_draft_hit_owed_at_the_limit():
+    """eagle-bigram-cap: a draft layout owed n - 1 and served less; nothing else."""
+    layout = {"groups": [FULL4, DRAFT4], "speculative": "exact"}
+    case = {"input": {"layout": layout, "num_tokens": 9}}
+    short = {"id": "hit.x", "detail": "hit 4 != expected 8"}
+    assert expected.cause(short, case) == "eagle-bigram-cap"
+    below_limit = {"input": {"layout": layout, "num_tokens": 10}}
+    assert expected.cause(short, below_limit) != "eagle-bigram-cap"
+    no_draft = {"input": {"layout": {"groups": [FULL4]}, "num_tokens": 9}}
+    assert expected.cause(short, no_draft) != "eagle-bigram-cap"
