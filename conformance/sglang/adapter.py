@@ -1,30 +1,33 @@
 """SGLang as a conformance engine: the hit suite through SGLang's own radix trees.
 
-Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang 0.5.23`). SGLang keeps
-the KV cache as a radix tree of token runs, not as per-group block tables, so only part of
-the suite maps (docs/engines.md has the table):
+Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang VERSION`; 0.5.9, 0.5.15,
+0.5.19 and 0.5.23 are pinned). SGLang keeps the KV cache as a radix tree of token runs, not
+as per-group block tables, so only part of the suite maps (docs/engines.md has the table):
 
-    full attention, + one sliding window W, + one     UnifiedRadixCache with the FULL (+ SWA,
-    Mamba state (mode all or align), one page B       + MAMBA) components over CPU pools, page
-                                                      B, sliding_window_size W - 1, Mamba's
-                                                      extra buffer where B > 1 (SGLang's rule)
+    full attention, + one sliding window W, + one     the tree the release's server builds
+    Mamba state (mode all or align), one page B       (unified.py): UnifiedRadixCache from
+                                                      0.5.19, RadixCache / SWARadixCache /
+                                                      MambaRadixCache before, over CPU pools,
+                                                      page B, sliding_window_size W - 1,
+                                                      Mamba's extra buffer where B > 1
     full groups (target and draft) cached alike       the one full component (one pool)
-    draft groups under the exact profile, reach 1     is_eagle: bigram keys (unified.py)
+    draft groups under the exact profile, reach 1     is_eagle: bigram keys
     the cached blocks                                 inserts as finished requests leave them
                                                       (unified.py), read back before lookup
     a lookup of n tokens                              Req.init_next_round_input: the
                                                       scheduler's prefill match (cap n - 1)
-    anything else (other kinds, layouts one tree      {"unsupported": why}: accounted for as
+    anything else (other kinds, layouts the tree      {"unsupported": why}: accounted for as
     cannot hold, the alloc and page suites)           skipped, never as passed
 
-Importing `sglang.srt.mem_cache` pulls in `sglang.srt.configs`, whose vision-model configs
-import torchvision; no torchvision on the index runs beside CPU torch 2.13.0. Those two
-image-preprocessing modules are replaced by empty ones (`prepare_import`); nothing on the
-radix-cache path calls them.
+Importing `sglang.srt.mem_cache` pulls in modules that need what cannot be installed beside
+CPU torch 2.13.0: vision-model configs that import torchvision, torchvision itself (up to
+0.5.19) and 0.5.9's CUDA-only sgl_kernel. `prepare_import` stands in for exactly those
+(`VISION_MODULES`, `MISSING_PACKAGES`); nothing on the radix-cache path calls them.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -42,7 +45,17 @@ REFUSED: JSON = {"refused": True}
 # The layout's speculative profiles (absent: no draft layers).
 SPECULATIVE = (None, "exact", "drop")
 # sglang modules that import torchvision at import time and are off the radix-cache path.
-VISION_MODULES = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
+VISION_MODULES = (
+    "sglang.srt.multimodal.internvl_utils",
+    "sglang.srt.configs.deepseek_ocr",
+    "sglang.srt.configs.utils",
+)
+# Packages releases import at start-up for work off the radix-cache path, stood in for where
+# they are not installed: torchvision (up to 0.5.19, `sglang.srt.utils.common` imports
+# `torchvision.io.decode_jpeg` for image requests; no torchvision on the index runs beside CPU
+# torch 2.13.0) and sgl_kernel (0.5.9's host-memory pool imports its CUDA copy kernels; it has
+# no CPU build). Nothing on the radix-cache path calls them.
+MISSING_PACKAGES = ("torchvision", "sgl_kernel")
 
 
 class _Placeholder:
@@ -61,17 +74,36 @@ class _Placeholder:
         return iter(())
 
 
+class _PlaceholderClass(type):
+    """The class of a stand-in class: its class attributes (enum members, ...) are stand-ins."""
+
+    def __getattr__(cls, name: str) -> _Placeholder:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+
+
 def _stand_in(name: str) -> Any:
-    """A class for class-like names (configs get registered by type), else a value."""
+    """A class for class-like names (configs get registered by type), else a value.
+
+    Module attributes Python itself reads (`__file__`, `__path__`, ...) stay absent.
+    """
+    if name.startswith("__"):
+        raise AttributeError(name)
     if name[:1].isupper():
-        return type(name, (_Placeholder,), {"model_type": f"kvcert-replaced-{name}"})
+        return _PlaceholderClass(name, (_Placeholder,), {"model_type": f"kvcert-replaced-{name}"})
     return _Placeholder()
 
 
-class _VisionModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        self.missing = {p for p in MISSING_PACKAGES if importlib.util.find_spec(p) is None}
+        self.vision_missing = "torchvision" in self.missing
+
     def find_spec(self, fullname: str, path: object, target: object = None) -> Any:
-        if fullname in VISION_MODULES:
-            return importlib.machinery.ModuleSpec(fullname, self)
+        package = fullname.partition(".")[0] in self.missing
+        if fullname in VISION_MODULES or package:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=package)
         return None
 
     def create_module(self, spec: Any) -> types.ModuleType:
@@ -84,9 +116,17 @@ class _VisionModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def prepare_import() -> None:
-    """Replace the two torchvision-importing vision modules (idempotent)."""
-    if not any(isinstance(f, _VisionModules) for f in sys.meta_path):
-        sys.meta_path.insert(0, _VisionModules())
+    """Stand in for the vision modules that import torchvision, and for a missing torchvision.
+
+    transformers caches whether torchvision is installed the first time it is asked; asking
+    before the stand-in exists keeps its answer "no", so it never reaches for the stand-in.
+    """
+    if any(isinstance(f, _StandIns) for f in sys.meta_path):
+        return
+    finder = _StandIns()
+    if finder.vision_missing:
+        importlib.import_module("transformers.utils.import_utils").is_torchvision_available()
+    sys.meta_path.insert(0, finder)
 
 
 def _positive(value: object) -> int | None:
@@ -207,7 +247,11 @@ class SglangEngine:
             pages = states[-1] if states else 0
         live = () if sliding is None else tuple(_live_runs(cached[sliding], pages))
         wanted = unified.Wanted(pages, live, states)
-        tree, requests = unified.build(shape, max(n, pages * page) + 1)
+        try:
+            needed = unified.slots_needed(shape, wanted, n)
+            tree, requests = unified.build(shape, needed, len(unified.insert_ends(wanted)))
+        except unified.Inexpressible as why:
+            return {"unsupported": str(why)}
         tokens = array("q", range(1, max(n, pages * page) + 2))
         differs = unified.populate(tree, requests, shape, wanted, tokens)
         if differs is not None:

@@ -1,26 +1,34 @@
-"""A hit case as a state of SGLang's unified radix tree (full + SWA and/or Mamba components).
+"""A hit case as a state of the radix tree SGLang's server builds for the case's model.
 
-SGLang keeps every layer kind in one tree of token runs over one page size; a node holds
-the full-attention KV of its run, the SWA KV of it (or a tombstone) and, for Mamba, the
-recurrent state at its end (or a tombstone). A hit case's cached blocks become that tree
-the way finished requests leave it, through SGLang's own operations only:
+SGLang keeps every layer kind in one tree of token runs over one page size: from 0.5.19 the
+unified tree (components FULL, SWA, MAMBA), up to 0.5.15 one tree per model kind
+(RadixCache, SWARadixCache, MambaRadixCache). A node holds the full-attention KV of its run,
+the SWA KV of it (or a tombstone) and, for Mamba, the recurrent state at its end (or a
+tombstone). A hit case's cached blocks become that tree the way finished requests leave it,
+through SGLang's own operations only:
 
     the full group's cached prefix            inserted up to the last place a hit can end
     a live sliding-window run [a, b)          an insert of [0, b) with the SWA slots below a
-                                              already released (`component_evicted_seqlens`)
+                                              already released (`component_evicted_seqlens`,
+                                              `swa_evicted_seqlen` before 0.5.23)
     a state checkpoint at e                   an insert of [0, e) carrying a Mamba slot
+    each insert                               a request that computed its whole key in slots
+                                              of its own; the tree frees the duplicates
     states an SWA insert had to carry         evicted through the tree's own Mamba LRU
     the lookup                                a `Req` whose `init_next_round_input` matches
                                               it, as the scheduler's prefill step does
 
-Every insert carries a Mamba slot when the tree has the Mamba component (SGLang asserts
-it), so a leaf always holds a state: full-attention blocks past the last state no hit can
-read are left out. The tree is read back after the set-up and compared with the state
-wanted; a difference is reported as a case SGLang cannot express, never as an answer.
+Every insert carries a Mamba slot when the tree has a Mamba state (SGLang asserts it), so a
+leaf always holds a state: full-attention blocks past the last state no hit can read are
+left out. The tree is read back after the set-up and compared with the state wanted; a
+difference is reported as a case the release cannot express, never as an answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import math
 import types
 from array import array
@@ -30,7 +38,8 @@ from typing import Any
 
 # SGLang's extra-buffer strategy is the only one that runs Mamba over pages > 1.
 NO_BUFFER_PAGE = 1
-# The tree's sizes: every pool holds the case's tokens plus one page; a handful of requests.
+# Request slots in the pools (the lookup's request and room to spare); each also gets this
+# many Mamba state slots besides the ones the inserts carry.
 STATE_SLOTS_PER_REQUEST = 3
 
 
@@ -53,9 +62,42 @@ class Wanted:
     states: tuple[int, ...]  # pages at whose end a Mamba state is held
 
 
+# The trees SGLang's server picks from (module under sglang.srt.mem_cache, class); a release
+# holds some of them: 0.5.15 and 0.5.19 all four, 0.5.23 no per-model SWA or Mamba tree.
+TREE_CLASSES = (
+    ("unified_radix_cache", "UnifiedRadixCache"),
+    ("radix_cache", "RadixCache"),
+    ("swa_radix_cache", "SWARadixCache"),
+    ("mamba_radix_cache", "MambaRadixCache"),
+)
+
+
+def _optional(module: str, name: str) -> Any:
+    """sglang.srt.mem_cache.MODULE.NAME, or None where this release has no such module."""
+    try:
+        loaded = importlib.import_module(f"sglang.srt.mem_cache.{module}")
+    except ModuleNotFoundError:
+        return None
+    return getattr(loaded, name, None)
+
+
+def _unified_by_default() -> bool:
+    """Whether the server builds the unified tree for full, SWA and Mamba models.
+
+    Up to 0.5.15 its tree factory builds it only under SGLANG_ENABLE_UNIFIED_RADIX_TREE and
+    otherwise picks RadixCache, SWARadixCache or MambaRadixCache per model; from 0.5.19 the
+    unified tree is the default (`sglang.srt.mem_cache.registry`).
+    """
+    try:
+        registry = importlib.import_module("sglang.srt.mem_cache.registry")
+    except ModuleNotFoundError:  # 0.5.9: the scheduler picks the tree itself; no unified one
+        return False
+    return "SGLANG_ENABLE_UNIFIED_RADIX_TREE.get()" not in inspect.getsource(registry)
+
+
 @cache
 def api() -> types.SimpleNamespace:
-    """SGLang's unified tree, its pools, the scheduler's request and its server arguments."""
+    """The release's trees, its pools, the scheduler's request and its server arguments."""
     from kvcert.conformance.sglang.adapter import prepare_import
 
     prepare_import()
@@ -64,7 +106,6 @@ def api() -> types.SimpleNamespace:
     from sglang.srt.environ import envs
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import (
         EvictParams,
         InsertParams,
@@ -79,10 +120,15 @@ def api() -> types.SimpleNamespace:
     )
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    trees = {name: _optional(module, name) for module, name in TREE_CLASSES}
+    component_type = _optional("unified_cache.components", "ComponentType")
+    # allocator.swa since 0.5.15; swa_memory_pool in 0.5.9
+    swa_allocator = _optional("allocator.swa", "SWATokenToKVPoolAllocator") or _optional(
+        "swa_memory_pool", "SWATokenToKVPoolAllocator"
+    )
 
     return types.SimpleNamespace(
         torch=torch,
@@ -91,7 +137,7 @@ def api() -> types.SimpleNamespace:
         envs=envs,
         Req=Req,
         TokenToKVPoolAllocator=TokenToKVPoolAllocator,
-        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator,
+        SWATokenToKVPoolAllocator=swa_allocator,
         EvictParams=EvictParams,
         InsertParams=InsertParams,
         MatchPrefixParams=MatchPrefixParams,
@@ -102,8 +148,9 @@ def api() -> types.SimpleNamespace:
         ReqToTokenPool=ReqToTokenPool,
         RadixKey=RadixKey,
         SWAKVPool=SWAKVPool,
-        ComponentType=ComponentType,
-        UnifiedRadixCache=UnifiedRadixCache,
+        ComponentType=component_type,
+        unified_by_default=_unified_by_default(),
+        **trees,
         SamplingParams=SamplingParams,
         ServerArgs=ServerArgs,
         set_global_server_args_for_scheduler=set_global_server_args_for_scheduler,
@@ -123,13 +170,17 @@ def _server_args(sg: types.SimpleNamespace, page: int) -> None:
     sg.set_global_server_args_for_scheduler(args)
 
 
-def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
-    """(tree, request pool) over CPU pools of `tokens` slots, one tiny layer per kind."""
+def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
+    """(tree, request pool) over CPU pools of `tokens` KV slots and room for `states` Mamba
+    states besides the requests' own, one tiny layer per kind."""
     sg = api()
+    if not sg.unified_by_default and shape.exclusive_window and shape.state_grid:
+        raise Inexpressible(
+            "this release's server builds SWARadixCache for an SWA + Mamba model: no state"
+        )
     _server_args(sg, shape.page)
     capacity = tokens + shape.page
     dtype = sg.torch.float16
-    components = [sg.ComponentType.FULL]
     extra_buffer = shape.state_grid is not None and shape.page > NO_BUFFER_PAGE
     if shape.state_grid is not None:
         with sg.envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
@@ -143,10 +194,10 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
                 conv_kernel=2,
             )
             cache_params = sg.Mamba2CacheParams(shape=state, layers=[0])
-        slots = capacity // shape.page + 2
-        requests = sg.HybridReqToTokenPool(
+        requests = _on_cpu(
+            sg.HybridReqToTokenPool,
             size=STATE_SLOTS_PER_REQUEST,
-            mamba_size=slots * STATE_SLOTS_PER_REQUEST,
+            mamba_size=states + STATE_SLOTS_PER_REQUEST * STATE_SLOTS_PER_REQUEST,
             mamba_spec_state_size=STATE_SLOTS_PER_REQUEST,
             max_context_len=capacity,
             device="cpu",
@@ -154,7 +205,9 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
             cache_params=cache_params,
             mamba_layer_ids=[0],
             enable_mamba_extra_buffer=extra_buffer,
-            speculative_num_draft_tokens=3,
+            # EAGLE's verify pass keeps a state per draft token; without drafts, none (the
+            # server passes its --speculative-num-draft-tokens, unset without a drafter).
+            speculative_num_draft_tokens=3 if shape.eagle else None,
         )
     else:
         requests = sg.ReqToTokenPool(
@@ -164,7 +217,8 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
             enable_memory_saver=False,
         )
     if shape.exclusive_window is not None:
-        pool = sg.SWAKVPool(
+        pool = _on_cpu(
+            sg.SWAKVPool,
             size=capacity,
             size_swa=capacity,
             page_size=shape.page,
@@ -184,10 +238,10 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
             kvcache=pool,
             need_sort=False,
         )
-        components.append(sg.ComponentType.SWA)
     else:
         if shape.state_grid is not None:
-            pool = sg.HybridLinearKVPool(
+            pool = _on_cpu(
+                sg.HybridLinearKVPool,
                 size=capacity,
                 dtype=dtype,
                 page_size=shape.page,
@@ -199,7 +253,8 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
                 mamba_pool=requests.mamba_pool,
             )
         else:
-            pool = sg.MHATokenToKVPool(
+            pool = _on_cpu(
+                sg.MHATokenToKVPool,
                 size=capacity,
                 page_size=shape.page,
                 dtype=dtype,
@@ -212,30 +267,88 @@ def build(shape: Shape, tokens: int) -> tuple[Any, Any]:
         allocator = sg.TokenToKVPoolAllocator(
             size=capacity, dtype=dtype, device="cpu", kvcache=pool, need_sort=False
         )
-    if shape.state_grid is not None:
-        components.append(sg.ComponentType.MAMBA)  # SGLang's order: full, SWA, Mamba
-    params = sg.CacheInitParams(
-        disable=False,
-        req_to_token_pool=requests,
-        token_to_kv_pool_allocator=allocator,
-        page_size=shape.page,
-        sliding_window_size=shape.exclusive_window,
-        tree_components=tuple(components),
-        enable_mamba_extra_buffer=extra_buffer,
-        is_eagle=shape.eagle,
-    )
-    return sg.UnifiedRadixCache(params), requests
+    fields = {
+        "disable": False,
+        "req_to_token_pool": requests,
+        "token_to_kv_pool_allocator": allocator,
+        "page_size": shape.page,
+        "sliding_window_size": shape.exclusive_window,
+        "enable_mamba_extra_buffer": extra_buffer,
+        "is_eagle": shape.eagle,
+    }
+    if sg.unified_by_default:
+        components = [sg.ComponentType.FULL]  # SGLang's order: full, SWA, Mamba
+        if shape.exclusive_window is not None:
+            components.append(sg.ComponentType.SWA)
+        if shape.state_grid is not None:
+            components.append(sg.ComponentType.MAMBA)
+        fields["tree_components"] = tuple(components)
+        tree_class = sg.UnifiedRadixCache
+    elif shape.exclusive_window is not None:
+        tree_class = sg.SWARadixCache
+    elif shape.state_grid is not None:
+        tree_class = sg.MambaRadixCache
+    else:
+        tree_class = sg.RadixCache
+    params = sg.CacheInitParams(**fields)
+    return tree_class(params), requests
+
+
+class Inexpressible(Exception):
+    """The case needs a tree this release's server does not build."""
+
+
+# Pool arguments a release may not take yet (0.5.9 reads the Mamba layers off cache_params).
+LATER_POOL_ARGUMENTS = ("mamba_layer_ids",)
+# Pool arguments only an early release requires, with the server's default (0.5.9).
+EARLY_POOL_ARGUMENTS = {"enable_kvcache_transpose": False}
+
+
+def _on_cpu(build_pool: Any, **arguments: Any) -> Any:
+    """A pool built on CPU with the arguments its release takes; Inexpressible where the
+    release places part of it on CUDA."""
+    taken = inspect.signature(build_pool).parameters
+    for name in LATER_POOL_ARGUMENTS:
+        if name in arguments and name not in taken:
+            del arguments[name]
+    for name, default in EARLY_POOL_ARGUMENTS.items():
+        if name in taken:
+            arguments.setdefault(name, default)
+    try:
+        return build_pool(**arguments)
+    except (AssertionError, RuntimeError) as error:
+        if "CUDA" not in str(error):
+            raise
+        raise Inexpressible(f"{build_pool.__name__} needs CUDA in this release: {error}") from None
 
 
 def _slots(tree: Any, shape: Shape, tokens: int) -> Any:
-    """One request's KV slots for `tokens` tokens, as the allocator hands out pages."""
-    sg = api()
+    """One request's KV slots for `tokens` tokens, as the allocator hands out pages.
+
+    The SWA allocator's paged `alloc_extend` takes a batch (and before 0.5.23 runs a Triton
+    kernel, which needs a GPU); as SGLang's own test kit does, whole pages are taken from its
+    full and SWA sub-allocators and mapped onto each other instead.
+    """
     allocator = tree.token_to_kv_pool_allocator
     if shape.exclusive_window is None or shape.page == 1:
         return allocator.alloc(tokens)
-    zero, span = sg.torch.tensor([0]), sg.torch.tensor([tokens])
-    # prefix 0, length `tokens`, no previous page (last location -1).
-    return allocator.alloc_extend(zero, zero, span, span, sg.torch.tensor([-1]), tokens)
+    whole = -(-tokens // shape.page) * shape.page
+    full = allocator.full_attn_allocator.alloc(whole)
+    swa = allocator.swa_attn_allocator.alloc(whole)
+    allocator.full_to_swa_index_mapping[full] = swa
+    return full[:tokens]
+
+
+def insert_ends(wanted: Wanted) -> list[int]:
+    """The pages at which the set-up's inserts end: each live SWA run, state and the prefix."""
+    runs = {b for _, b in wanted.live_windows}
+    return sorted(runs | set(wanted.states) | {wanted.pages}) if wanted.pages else []
+
+
+def slots_needed(shape: Shape, wanted: Wanted, num_tokens: int) -> int:
+    """KV slots for every insert's own key and the request's lookup."""
+    ahead = int(shape.eagle)
+    return sum(end * shape.page + ahead for end in insert_ends(wanted)) + num_tokens + ahead
 
 
 def populate(
@@ -248,67 +361,184 @@ def populate(
     page = shape.page
     span = wanted.pages * page
     ahead = int(shape.eagle)  # a bigram key holds the token after its last position
-    slots = _slots(tree, shape, span + ahead)
     released = {b: a for a, b in wanted.live_windows}
-    ends = sorted(set(released) | set(wanted.states) | {wanted.pages})
     leaf = None
-    for end in ends:
+    for end in insert_ends(wanted):
+        # Each insert is a finished request that computed its whole key in slots of its own
+        # (it matched nothing); the tree frees those it already holds, as duplicates.
+        slots = _slots(tree, shape, end * page + ahead)
         extra: dict[str, Any] = {}
         if shape.exclusive_window is not None:
-            below = released.get(end, end) * page
-            extra["component_evicted_seqlens"] = {sg.ComponentType.SWA: below}
+            extra.update(_released_below(released.get(end, end) * page))
         if shape.state_grid is not None:
-            extra["mamba_value"] = requests.mamba_allocator.alloc(1)
-        leaf = tree.insert(
+            # 0.5.9 hands out state slots from the pool itself
+            states = getattr(requests, "mamba_allocator", None) or requests.mamba_pool
+            extra["mamba_value"] = states.alloc(1)
+        result = tree.insert(
             sg.InsertParams(
-                key=sg.RadixKey(tokens[: end * page + ahead]),
+                key=sg.RadixKey(_as_request_holds(tokens[: end * page + ahead])),
                 value=slots[: end * page + ahead].clone(),
                 **extra,
             )
-        ).last_device_node
-    surplus = [end for end in ends if shape.state_grid is not None and end not in wanted.states]
+        )
+        leaf = getattr(result, "last_device_node", None)  # 0.5.9's result has no node
+    surplus = [
+        end
+        for end in insert_ends(wanted)
+        if shape.state_grid is not None and end not in wanted.states
+    ]
     if surplus:
         # Refresh the wanted states (a match ending at a state moves it to the front of
         # the Mamba LRU), then let the tree evict as many states as were carried in excess.
         for end in wanted.states:
             tree.match_prefix(_match_params(tokens[: end * page + ahead]))
         tree.evict(sg.EvictParams(num_tokens=0, mamba_num=len(surplus)))
-    held = read_back(tree, shape, leaf)
+    held = read_back(tree, shape, leaf, tokens[: span + ahead])
     if held != wanted:
-        return f"SGLang's inserts left {held}, not {wanted}"
+        return (
+            f"this release's tree cannot hold the cached state: inserting it left "
+            f"{_described(held)} (wanted {_described(wanted)})"
+        )
     return None
+
+
+def _described(state: Wanted) -> str:
+    return (
+        f"a {state.pages}-page prefix, live SWA pages {list(state.live_windows)}, "
+        f"states after pages {list(state.states)}"
+    )
+
+
+def _released_below(tokens: int) -> dict[str, Any]:
+    """The insert field saying the request had released its SWA slots below `tokens`.
+
+    SGLang 0.5.23 names it per component; earlier releases had one SWA field.
+    """
+    sg = api()
+    fields = {field.name for field in dataclasses.fields(sg.InsertParams)}
+    if "component_evicted_seqlens" in fields:
+        return {"component_evicted_seqlens": {sg.ComponentType.SWA: tokens}}
+    return {"swa_evicted_seqlen": tokens}
 
 
 def _match_params(key: array[int]) -> Any:
     sg = api()
-    return sg.MatchPrefixParams(key=sg.RadixKey(key))
+    return sg.MatchPrefixParams(key=sg.RadixKey(_as_request_holds(key)))
 
 
-def read_back(tree: Any, shape: Shape, node: Any) -> Wanted:
-    """The full prefix, SWA runs and states the tree holds on the path to `node`."""
+def _as_request_holds(tokens: array[int]) -> Any:
+    """Tokens in the container the release's requests hold them in, which its tree compares
+    slices of: a list in 0.5.9, an array("q") since."""
+    return list(tokens) if _requests_hold_lists() else tokens
+
+
+@cache
+def _requests_hold_lists() -> bool:
     sg = api()
+    probe = sg.Req(
+        rid="kvcert-probe",
+        origin_input_text="",
+        origin_input_ids=array("q"),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=1),
+    )
+    return isinstance(probe.output_ids, list)
+
+
+def read_back(tree: Any, shape: Shape, node: Any, key: array[int]) -> Wanted:
+    """The full prefix, SWA runs and states the tree holds on the path to `node` (`key`)."""
     page = shape.page
-    core = tree.tree_core
     live: list[tuple[int, int]] = []
     states: list[int] = []
     pages = 0
-    if node is not None and node != tree.root_node_handle():
-        (path,) = core.collect_path_info([node])
-        for info in path:
-            start, end = info.path_start // page, info.path_end // page
-            pages = max(pages, end)
-            if shape.exclusive_window is not None and (
-                core.get_component_device_value(info.node_id, sg.ComponentType.SWA) is not None
-            ):
-                if live and live[-1][1] == start:
-                    live[-1] = (live[-1][0], end)
-                else:
-                    live.append((start, end))
-            if shape.state_grid is not None and (
-                core.get_component_device_value(info.node_id, sg.ComponentType.MAMBA) is not None
-            ):
-                states.append(end)
+    for start_token, end_token, swa_held, state_held in path_runs(tree, shape, node, key):
+        start, end = start_token // page, end_token // page
+        pages = max(pages, end)
+        if shape.exclusive_window is not None and swa_held:
+            if live and live[-1][1] == start:
+                live[-1] = (live[-1][0], end)
+            else:
+                live.append((start, end))
+        if shape.state_grid is not None and state_held:
+            states.append(end)
     return Wanted(pages, tuple(live), tuple(states))
+
+
+def path_runs(
+    tree: Any, shape: Shape, node: Any, key: array[int]
+) -> list[tuple[int, int, bool, bool]]:
+    """(start, end, SWA value held, Mamba state held) per node from the root to `node`.
+
+    Only the components `shape` has are asked about (the Rust core refuses the others).
+
+    SGLang 0.5.23's tree cores answer path queries by node id (the Rust core holds no Python
+    nodes); 0.5.19's Python core hands out its nodes (`node_by_id`); the per-model trees of
+    earlier releases are walked down along `key` from their root.
+    """
+    if not hasattr(tree, "tree_core"):
+        return _per_model_runs(tree, key)
+    sg = api()
+    core = tree.tree_core
+    if node is None or node == core.root_node_handle():
+        return []
+    swa, mamba = sg.ComponentType.SWA, sg.ComponentType.MAMBA
+    if hasattr(core, "collect_path_info"):
+        (path,) = core.collect_path_info([node])
+
+        def held(node_id: Any, component: Any, present: object) -> bool:
+            if present is None:
+                return False
+            return core.get_component_device_value(node_id, component) is not None
+
+        return [
+            (
+                info.path_start,
+                info.path_end,
+                held(info.node_id, swa, shape.exclusive_window),
+                held(info.node_id, mamba, shape.state_grid),
+            )
+            for info in path
+        ]
+    chain = []
+    current = core.node_by_id(node)
+    while current is not None and current.parent is not None:
+        chain.append(current)
+        current = current.parent
+    runs, start = [], 0
+    for item in reversed(chain):
+        kept = {ct: item.component_data[ct].value is not None for ct in item.component_types}
+        end = start + len(item.key)
+        runs.append((start, end, kept.get(swa, False), kept.get(mamba, False)))
+        start = end
+    return runs
+
+
+def _per_model_runs(tree: Any, key: array[int]) -> list[tuple[int, int, bool, bool]]:
+    """Walk RadixCache, SWARadixCache or MambaRadixCache down along the raw tokens `key`."""
+    runs: list[tuple[int, int, bool, bool]] = []
+    node, start = tree.root_node, 0
+    while True:
+        step = next((c for c in node.children.values() if _continues(c.key, key, start)), None)
+        if step is None:
+            return runs
+        # A bigram key's raw tokens run one past its positions; its length counts positions.
+        end = start + len(step.key)
+        swa_held = not getattr(step, "swa_tombstone", True)
+        state_held = getattr(step, "mamba_value", None) is not None
+        runs.append((start, end, swa_held, state_held))
+        node, start = step, end
+
+
+def _continues(edge: Any, key: array[int], start: int) -> bool:
+    """Whether a node's key is `key`'s continuation at position `start`.
+
+    0.5.9 stores EAGLE keys as (token, next token) pairs; later releases keep raw tokens
+    with a bigram view, whose raw tokens run one past its positions.
+    """
+    stored = list(edge.token_ids)
+    if stored and isinstance(stored[0], tuple):
+        pairs = zip(key[start:], key[start + 1 :], strict=False)
+        return stored == [pair for pair, _ in zip(pairs, stored, strict=False)]
+    return stored == list(key[start : start + len(stored)])
 
 
 def scheduler_match(tree: Any, requests: Any, tokens: array[int]) -> int:
@@ -320,10 +550,14 @@ def scheduler_match(tree: Any, requests: Any, tokens: array[int]) -> int:
         origin_input_ids=tokens,
         sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=1),
     )
+    request.origin_input_ids = _as_request_holds(tokens)
     requests.alloc([request])
     try:
         request.init_next_round_input(tree)
-        return int(request.prefix_len)
+        # 0.5.23 keeps the matched length; earlier releases keep the matched slots.
+        if hasattr(request, "prefix_len"):
+            return int(request.prefix_len)
+        return len(request.prefix_indices)
     finally:
         requests.free(request)
 

@@ -612,8 +612,8 @@ ADAPTER_MODES = {"": "as the vector reads", "-planned": "through vLLM's planner"
 
 
 def summary() -> str:
-    """The README's results table: per engine release and adapter mode, the vectors that
-    pass, those that do not (each with its cause in expected*.json) and those skipped (a
+    """The README's results table: per engine release and adapter mode, the vectors run, those
+    that pass, those that do not (each with its cause in expected*.json) and those skipped (a
     feature or profile the engine does not claim), read from the committed RESULTS files."""
     header = "| engine | " + " | ".join(ADAPTER_MODES.values()) + " |"
     lines = [header, "|---|" + "---|" * len(ADAPTER_MODES)]
@@ -630,7 +630,8 @@ def summary() -> str:
                 found = re.search(r"^\* counts: (.*)$", results.read_text(encoding="utf-8"), re.M)
                 counts = json.loads(found.group(1)) if found else {}
                 failing = counts.get("failed", 0) + counts.get("errored", 0)
-                cells.append(f"{counts.get('passed', 0):,} / {failing:,} / "
+                passed = counts.get("passed", 0)
+                cells.append(f"{passed + failing:,} / {passed:,} / {failing:,} / "
                              f"{counts.get('skipped', 0):,}")  # fmt: skip
             name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
             lines.append(f"| {name} {release.name} | " + " | ".join(cells) + " |")
