@@ -208,7 +208,37 @@ class SglangEngine:
         why = _inexpressible(groups, roles, cached)
         if why is not None:
             return {"unsupported": why}
+        if "full" not in roles:
+            return self._all_swa(case, groups, cached)
         return self._unified(case, groups, roles, cached, any(drafts))
+
+    def _all_swa(self, case: JSON, groups: list[JSON], cached: list[set[int]]) -> JSON:
+        """An all-SWA model: PureSWARadixCache holds its finished requests' prefill portion,
+        a plain prefix; a hit reads the window's blocks before it."""
+        n = case["num_tokens"]
+        page = groups[0]["block_size"]
+        window = _positive(groups[0].get("window"))
+        if window is None:
+            return REFUSED
+        if window < 2:
+            return {"unsupported": "SGLang's window excludes the query (W - 1 tokens): W >= 2"}
+        prefix = _cached_prefix(cached[0])
+        if prefix * page > n:
+            return REFUSED
+        if any(prefix < j < (n - 1) // page for j in cached[0]):
+            return {"unsupported": "a radix tree holds a prefix: SWA blocks after a gap"}
+        try:
+            tree, requests = unified.build_pure_swa(page, window - 1, prefix * page + n)
+        except unified.Inexpressible as why:
+            return {"unsupported": str(why)}
+        tokens = array("q", range(1, max(n, prefix * page) + 1))
+        differs = unified.populate_prefix(tree, page, prefix, tokens)
+        if differs is not None:
+            return {"unsupported": differs}
+        hit = unified.scheduler_match(tree, requests, tokens[:n])
+        first = max(0, hit - (window - 1)) // page
+        reads = [j if first <= j else None for j in range(hit // page)]
+        return {"hit": hit, "blocks": [list(reads) for _ in groups]}
 
     def _unified(
         self,
@@ -304,11 +334,10 @@ def _inexpressible(
     other = sorted(set(roles) - {"full", "sliding_window", "mamba"})
     if other:
         return f"SGLang's tree has full, SWA and Mamba components, no {', '.join(other)} group"
+    if "full" not in roles and set(roles) != {"sliding_window"}:
+        return "one full-attention group: a Mamba state without one is not driven"
     if "full" not in roles:
-        return (
-            "one full-attention group: SGLang's unified tree always has one "
-            "(a pure-SWA model's tree is not driven)"
-        )
+        return _all_swa_problem(groups, cached)
     for group in groups:
         if group.get("draft") and group.get("kind") != "full":
             return "SGLang's draft layers are full attention over the target's token slots"
@@ -330,6 +359,15 @@ def _inexpressible(
     for index in roles.get("sliding_window", ()):
         if groups[index].get("block_size") != page:
             return "one page size for every layer: the block sizes differ"
+    return None
+
+
+def _all_swa_problem(groups: list[JSON], cached: list[set[int]]) -> str | None:
+    """Why an all-SWA layout does not map to one PureSWARadixCache, or None."""
+    if len({(g.get("window"), g.get("block_size")) for g in groups}) > 1:
+        return "one sliding window size and page for every layer of an all-SWA model"
+    if len({frozenset(c) for c in cached}) > 1:
+        return "one tree for every layer of an all-SWA model: every group is cached alike"
     return None
 
 

@@ -63,9 +63,11 @@ class Wanted:
 
 
 # The trees SGLang's server picks from (module under sglang.srt.mem_cache, class); a release
-# holds some of them: 0.5.15 and 0.5.19 all four, 0.5.23 no per-model SWA or Mamba tree.
+# holds some of them: 0.5.15 and 0.5.19 all five, 0.5.9 no unified or pure-SWA tree, 0.5.23
+# no per-model SWA or Mamba tree.
 TREE_CLASSES = (
     ("unified_radix_cache", "UnifiedRadixCache"),
+    ("pure_swa_radix_cache", "PureSWARadixCache"),
     ("radix_cache", "RadixCache"),
     ("swa_radix_cache", "SWARadixCache"),
     ("mamba_radix_cache", "MambaRadixCache"),
@@ -292,6 +294,60 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
         tree_class = sg.RadixCache
     params = sg.CacheInitParams(**fields)
     return tree_class(params), requests
+
+
+def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, Any]:
+    """(tree, request pool) for an all-SWA model: PureSWARadixCache, a plain radix tree of the
+    prefill portion of finished requests (the server's pick since 0.5.15)."""
+    sg = api()
+    if sg.PureSWARadixCache is None:
+        raise Inexpressible("this release has no tree for an all-SWA model (PureSWARadixCache)")
+    _server_args(sg, page)
+    capacity = tokens + page
+    dtype = sg.torch.float16
+    requests = sg.ReqToTokenPool(
+        size=STATE_SLOTS_PER_REQUEST,
+        max_context_len=capacity,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    pool = _on_cpu(
+        sg.MHATokenToKVPool,
+        size=capacity,
+        page_size=page,
+        dtype=dtype,
+        head_num=1,
+        head_dim=1,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    allocator = sg.TokenToKVPoolAllocator(
+        size=capacity, dtype=dtype, device="cpu", kvcache=pool, need_sort=False
+    )
+    params = sg.CacheInitParams(
+        disable=False,
+        req_to_token_pool=requests,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page,
+        sliding_window_size=exclusive_window,
+    )
+    return sg.PureSWARadixCache(params), requests
+
+
+def populate_prefix(tree: Any, page: int, pages: int, tokens: array[int]) -> str | None:
+    """Insert a finished request's `pages`-page prefill portion; None, or why the tree
+    differs."""
+    if pages == 0:
+        return None
+    sg = api()
+    span = pages * page
+    slots = tree.token_to_kv_pool_allocator.alloc(span)
+    tree.insert(sg.InsertParams(key=sg.RadixKey(_as_request_holds(tokens[:span])), value=slots))
+    held = _per_model_runs(tree, tokens[:span])
+    if not held or held[-1][1] != span:
+        return f"this release's tree cannot hold the cached prefix: it holds {held}"
+    return None
 
 
 class Inexpressible(Exception):

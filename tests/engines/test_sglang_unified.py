@@ -72,3 +72,23 @@ def test_stand_ins_answer_names_but_not_the_attributes_python_reads():
         adapter._stand_in("__file__")
     with pytest.raises(AttributeError):
         _ = mode.__wrapped__
+
+
+SW4 = {"kind": "sliding_window", "block_size": 4, "window": 8}
+
+
+@pytest.mark.parametrize(
+    ("groups", "cached", "why"),
+    [
+        ([SW4, {**SW4, "window": 16}], [[], []], "one sliding window size and page"),
+        ([SW4, {**SW4, "block_size": 8}], [[], []], "one sliding window size and page"),
+        ([SW4, SW4], [[[0, 1]], []], "cached alike"),
+        ([SW4], [[[0, 1], [2, 3]]], "after a gap"),
+        ([{"kind": "mamba", "block_size": 4, "mode": "all"}, SW4], [[], []], "Mamba state"),
+    ],
+)
+def test_an_all_swa_layout_maps_to_one_plain_prefix_tree_or_says_why_not(groups, cached, why):
+    """Answered before SGLang is imported: PureSWARadixCache holds one plain prefix for
+    every layer, so the groups must agree and the cached blocks must be a prefix."""
+    case = {"suite": "hit", "layout": {"groups": groups}, "num_tokens": 17, "cached": cached}
+    assert why in adapter.SglangEngine().run(case)["unsupported"]
