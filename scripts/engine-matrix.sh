@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long tier: every engine release that has a lock under engines/, one after another
 # (each venv is ~3 GB and cached in .engines/). Exits non-zero if any release deviates from
-# its expected results, if the preempt-in-flight repro stops reproducing on a vLLM release, or
+# its expected results (for SGLang with the unified tree's Rust core, with its Python core too),
+# if the preempt-in-flight repro stops reproducing on a vLLM release, or
 # if the soundness or completeness campaign (kvcert fuzz) cannot run on one; prints one line
 # per check (each adapter mode, and for vLLM the repro, both campaigns and the regressions).
 set -uo pipefail
@@ -23,6 +24,25 @@ for dir in engines/*/*/; do
       echo "$out" | tail -40
     fi
   done
+  core=""
+  if [ "$engine" = sglang ]; then
+    core=$(".engines/sglang-$version/bin/python" -c "from kvcert.conformance.sglang.adapter \
+import prepare_import; prepare_import(); from sglang.srt.environ import envs; \
+flag = getattr(envs, 'SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND', None); \
+print(flag.get() if flag is not None else None)" 2>/dev/null | tail -1)
+  fi
+  if [ "$core" = rust ]; then
+    # Where the unified tree runs on its Rust core by default (0.5.23), the Python core must
+    # answer alike.
+    if out=$(SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python bash scripts/engine-certify.sh \
+        sglang "$version" 2>&1); then
+      echo "ok   sglang $version python tree core: $(echo "$out" | tail -1)"
+    else
+      status=1
+      echo "FAIL sglang $version python tree core:"
+      echo "$out" | tail -40
+    fi
+  fi
   if [ "$engine" = vllm ]; then
     # The preempt-in-flight bug (docs/engines.md) must reproduce through vLLM's own
     # Scheduler on every pinned release (exit 1).
