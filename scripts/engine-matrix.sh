@@ -2,7 +2,8 @@
 # The long tier: every engine release that has a lock under engines/, one after another
 # (each venv is ~3 GB and cached in .engines/). Exits non-zero if any release deviates from
 # its expected results (for SGLang with the unified tree's Rust core, with its Python core too),
-# if the preempt-in-flight repro stops reproducing on a vLLM release, or
+# if the preempt-in-flight repro stops reproducing on a vLLM release (eagle-bigram-cap on an
+# SGLang one), or
 # if the soundness or completeness campaign (kvcert fuzz) cannot run on one; prints one line
 # per check (each adapter mode, and for vLLM the repro, both campaigns and the regressions).
 set -uo pipefail
@@ -41,6 +42,18 @@ print(flag.get() if flag is not None else None)" 2>/dev/null | tail -1)
       status=1
       echo "FAIL sglang $version python tree core:"
       echo "$out" | tail -40
+    fi
+  fi
+  if [ "$engine" = sglang ]; then
+    # eagle-bigram-cap (docs/engines.md) must reproduce through SGLang's own finish and
+    # prefill path on every pinned release (exit 1).
+    repro=$(".engines/sglang-$version/bin/python" -m kvcert.conformance.sglang.checks.bigram_cap 2>&1)
+    if [ $? -eq 1 ]; then
+      echo "ok   sglang $version repro: $(echo "$repro" | grep REPRODUCED)"
+    else
+      status=1
+      echo "FAIL sglang $version repro:"
+      echo "$repro" | tail -20
     fi
   fi
   if [ "$engine" = vllm ]; then

@@ -584,6 +584,23 @@ def _per_model_runs(tree: Any, key: array[int]) -> list[tuple[int, int, bool, bo
         node, start = step, end
 
 
+def matched_length(request: Any) -> int:
+    """The prefix a request's prefill step matched: 0.5.23 keeps its length, earlier
+    releases the matched slots."""
+    if hasattr(request, "prefix_len"):
+        return int(request.prefix_len)
+    return len(request.prefix_indices)
+
+
+def finish(request: Any, tree: Any) -> None:
+    """Give a finished request's KV back through SGLang's own path, the tree keeping what it
+    can key (`mem_cache.common.release_kv_cache`: `checkpoint=True` in 0.5.23, `is_insert`
+    before)."""
+    release = importlib.import_module("sglang.srt.mem_cache.common").release_kv_cache
+    keep = "checkpoint" if "checkpoint" in inspect.signature(release).parameters else "is_insert"
+    release(request, tree, **{keep: True})
+
+
 def _continues(edge: Any, key: array[int], start: int) -> bool:
     """Whether a node's key is `key`'s continuation at position `start`.
 
@@ -610,10 +627,7 @@ def scheduler_match(tree: Any, requests: Any, tokens: array[int]) -> int:
     requests.alloc([request])
     try:
         request.init_next_round_input(tree)
-        # 0.5.23 keeps the matched length; earlier releases keep the matched slots.
-        if hasattr(request, "prefix_len"):
-            return int(request.prefix_len)
-        return len(request.prefix_indices)
+        return matched_length(request)
     finally:
         requests.free(request)
 

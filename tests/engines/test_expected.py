@@ -194,6 +194,7 @@ def test_the_adapters_import_no_engine_until_used(tmp_path):
         "        return None\n"
         "sys.meta_path.insert(0, Recorder())\n"
         "import kvcert.conformance.vllm.adapter, kvcert.conformance.sglang.adapter\n"
+        "import kvcert.conformance.sglang.checks.bigram_cap\n"
         "print(tried)\n"
     )
     done = subprocess.run(

@@ -1,0 +1,1 @@
+"""Findings about SGLang, reproduced through its own request path (run in its venv)."""
