@@ -9,6 +9,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
+# reproduces ENGINE VERSION MODULE: a finding's repro must still reproduce (exit 1).
+reproduces() {
+  local repro
+  repro=$(".engines/$1-$2/bin/python" -m "$3" 2>&1)
+  if [ $? -eq 1 ]; then
+    echo "ok   $1 $2 repro: $(echo "$repro" | grep REPRODUCED)"
+  else
+    status=1
+    echo "FAIL $1 $2 repro:"
+    echo "$repro" | tail -20
+  fi
+}
 for dir in engines/*/*/; do
   engine=$(basename "$(dirname "$dir")")
   version=$(basename "$dir")
@@ -47,26 +59,12 @@ print(flag.get() if flag is not None else None)" 2>/dev/null | tail -1)
   if [ "$engine" = sglang ]; then
     # eagle-bigram-cap (docs/engines.md) must reproduce through SGLang's own finish and
     # prefill path on every pinned release (exit 1).
-    repro=$(".engines/sglang-$version/bin/python" -m kvcert.conformance.sglang.checks.bigram_cap 2>&1)
-    if [ $? -eq 1 ]; then
-      echo "ok   sglang $version repro: $(echo "$repro" | grep REPRODUCED)"
-    else
-      status=1
-      echo "FAIL sglang $version repro:"
-      echo "$repro" | tail -20
-    fi
+    reproduces sglang "$version" kvcert.conformance.sglang.checks.bigram_cap
   fi
   if [ "$engine" = vllm ]; then
     # The preempt-in-flight bug (docs/engines.md) must reproduce through vLLM's own
     # Scheduler on every pinned release (exit 1).
-    repro=$(".engines/vllm-$version/bin/python" -m kvcert.conformance.vllm.checks.preempt_in_flight 2>&1)
-    if [ $? -eq 1 ]; then
-      echo "ok   vllm $version repro: $(echo "$repro" | grep REPRODUCED)"
-    else
-      status=1
-      echo "FAIL vllm $version repro:"
-      echo "$repro" | tail -20
-    fi
+    reproduces vllm "$version" kvcert.conformance.vllm.checks.preempt_in_flight
     # The soundness campaign: 5,000 random workloads through the release's own Scheduler,
     # reported (a violation is a finding about the release, not a kvcert failure); a campaign
     # that cannot run on the release (exit 2 or a crash) fails the matrix.

@@ -212,12 +212,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
             speculative_num_draft_tokens=3 if shape.eagle else None,
         )
     else:
-        requests = sg.ReqToTokenPool(
-            size=STATE_SLOTS_PER_REQUEST,
-            max_context_len=capacity,
-            device="cpu",
-            enable_memory_saver=False,
-        )
+        requests = _request_pool(sg, capacity)
     if shape.exclusive_window is not None:
         pool = _on_cpu(
             sg.SWAKVPool,
@@ -255,17 +250,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
                 mamba_pool=requests.mamba_pool,
             )
         else:
-            pool = _on_cpu(
-                sg.MHATokenToKVPool,
-                size=capacity,
-                page_size=shape.page,
-                dtype=dtype,
-                head_num=1,
-                head_dim=1,
-                layer_num=1,
-                device="cpu",
-                enable_memory_saver=False,
-            )
+            pool = _attention_pool(sg, capacity, shape.page)
         allocator = sg.TokenToKVPoolAllocator(
             size=capacity, dtype=dtype, device="cpu", kvcache=pool, need_sort=False
         )
@@ -304,26 +289,13 @@ def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, 
         raise Inexpressible("this release has no tree for an all-SWA model (PureSWARadixCache)")
     _server_args(sg, page)
     capacity = tokens + page
-    dtype = sg.torch.float16
-    requests = sg.ReqToTokenPool(
-        size=STATE_SLOTS_PER_REQUEST,
-        max_context_len=capacity,
-        device="cpu",
-        enable_memory_saver=False,
-    )
-    pool = _on_cpu(
-        sg.MHATokenToKVPool,
-        size=capacity,
-        page_size=page,
-        dtype=dtype,
-        head_num=1,
-        head_dim=1,
-        layer_num=1,
-        device="cpu",
-        enable_memory_saver=False,
-    )
+    requests = _request_pool(sg, capacity)
     allocator = sg.TokenToKVPoolAllocator(
-        size=capacity, dtype=dtype, device="cpu", kvcache=pool, need_sort=False
+        size=capacity,
+        dtype=sg.torch.float16,
+        device="cpu",
+        kvcache=_attention_pool(sg, capacity, page),
+        need_sort=False,
     )
     params = sg.CacheInitParams(
         disable=False,
@@ -348,6 +320,31 @@ def populate_prefix(tree: Any, page: int, pages: int, tokens: array[int]) -> str
     if not held or held[-1][1] != span:
         return f"this release's tree cannot hold the cached prefix: it holds {held}"
     return None
+
+
+def _request_pool(sg: types.SimpleNamespace, capacity: int) -> Any:
+    """The requests' token tables, for a model without a Mamba state."""
+    return sg.ReqToTokenPool(
+        size=STATE_SLOTS_PER_REQUEST,
+        max_context_len=capacity,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+
+
+def _attention_pool(sg: types.SimpleNamespace, capacity: int, page: int) -> Any:
+    """One tiny attention layer's KV pool of `capacity` slots."""
+    return _on_cpu(
+        sg.MHATokenToKVPool,
+        size=capacity,
+        page_size=page,
+        dtype=sg.torch.float16,
+        head_num=1,
+        head_dim=1,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
 
 
 class Inexpressible(Exception):
