@@ -232,7 +232,10 @@ class SglangEngine:
         except unified.Inexpressible as why:
             return {"unsupported": str(why)}
         tokens = array("q", range(1, max(n, prefix * page) + 1))
-        differs = unified.populate_prefix(tree, page, prefix, tokens)
+        # PureSWARadixCache keeps a finished request's prefill portion as a plain prefix:
+        # inserted as such, with no SWA released and no state.
+        plain = unified.Shape(page=page, exclusive_window=None, state_grid=None)
+        differs = unified.populate(tree, requests, plain, unified.Wanted(prefix, (), ()), tokens)
         if differs is not None:
             return {"unsupported": differs}
         hit = unified.scheduler_match(tree, requests, tokens[:n])

@@ -251,9 +251,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
             )
         else:
             pool = _attention_pool(sg, capacity, shape.page)
-        allocator = sg.TokenToKVPoolAllocator(
-            size=capacity, dtype=dtype, device="cpu", kvcache=pool, need_sort=False
-        )
+        allocator = _token_allocator(sg, capacity, pool)
     fields = {
         "disable": False,
         "req_to_token_pool": requests,
@@ -290,13 +288,7 @@ def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, 
     _server_args(sg, page)
     capacity = tokens + page
     requests = _request_pool(sg, capacity)
-    allocator = sg.TokenToKVPoolAllocator(
-        size=capacity,
-        dtype=sg.torch.float16,
-        device="cpu",
-        kvcache=_attention_pool(sg, capacity, page),
-        need_sort=False,
-    )
+    allocator = _token_allocator(sg, capacity, _attention_pool(sg, capacity, page))
     params = sg.CacheInitParams(
         disable=False,
         req_to_token_pool=requests,
@@ -307,21 +299,6 @@ def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, 
     return sg.PureSWARadixCache(params), requests
 
 
-def populate_prefix(tree: Any, page: int, pages: int, tokens: array[int]) -> str | None:
-    """Insert a finished request's `pages`-page prefill portion; None, or why the tree
-    differs."""
-    if pages == 0:
-        return None
-    sg = api()
-    span = pages * page
-    slots = tree.token_to_kv_pool_allocator.alloc(span)
-    tree.insert(sg.InsertParams(key=sg.RadixKey(_as_request_holds(tokens[:span])), value=slots))
-    held = _per_model_runs(tree, tokens[:span])
-    if not held or held[-1][1] != span:
-        return f"this release's tree cannot hold the cached prefix: it holds {held}"
-    return None
-
-
 def _request_pool(sg: types.SimpleNamespace, capacity: int) -> Any:
     """The requests' token tables, for a model without a Mamba state."""
     return sg.ReqToTokenPool(
@@ -329,6 +306,13 @@ def _request_pool(sg: types.SimpleNamespace, capacity: int) -> Any:
         max_context_len=capacity,
         device="cpu",
         enable_memory_saver=False,
+    )
+
+
+def _token_allocator(sg: types.SimpleNamespace, capacity: int, pool: Any) -> Any:
+    """Token slots over `pool`, handed out in the order they were freed."""
+    return sg.TokenToKVPoolAllocator(
+        size=capacity, dtype=sg.torch.float16, device="cpu", kvcache=pool, need_sort=False
     )
 
 
@@ -429,7 +413,7 @@ def populate(
             extra["mamba_value"] = states.alloc(1)
         result = tree.insert(
             sg.InsertParams(
-                key=sg.RadixKey(_as_request_holds(tokens[: end * page + ahead])),
+                key=sg.RadixKey(as_request_holds(tokens[: end * page + ahead])),
                 value=slots[: end * page + ahead].clone(),
                 **extra,
             )
@@ -476,10 +460,10 @@ def _released_below(tokens: int) -> dict[str, Any]:
 
 def _match_params(key: array[int]) -> Any:
     sg = api()
-    return sg.MatchPrefixParams(key=sg.RadixKey(_as_request_holds(key)))
+    return sg.MatchPrefixParams(key=sg.RadixKey(as_request_holds(key)))
 
 
-def _as_request_holds(tokens: array[int]) -> Any:
+def as_request_holds(tokens: array[int]) -> Any:
     """Tokens in the container the release's requests hold them in, which its tree compares
     slices of: a list in 0.5.9, an array("q") since."""
     return list(tokens) if _requests_hold_lists() else tokens
@@ -611,16 +595,22 @@ def _continues(edge: Any, key: array[int], start: int) -> bool:
     return stored == list(key[start : start + len(stored)])
 
 
-def scheduler_match(tree: Any, requests: Any, tokens: array[int]) -> int:
-    """The prefix the scheduler's prefill step takes for a request of `tokens`."""
+def new_request(rid: str, tokens: array[int], max_new_tokens: int = 1) -> Any:
+    """A scheduler request for the prompt `tokens`, greedy, held as the release holds ids."""
     sg = api()
     request = sg.Req(
-        rid="kvcert",
+        rid=rid,
         origin_input_text="",
         origin_input_ids=tokens,
-        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=1),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=max_new_tokens),
     )
-    request.origin_input_ids = _as_request_holds(tokens)
+    request.origin_input_ids = as_request_holds(tokens)
+    return request
+
+
+def scheduler_match(tree: Any, requests: Any, tokens: array[int]) -> int:
+    """The prefix the scheduler's prefill step takes for a request of `tokens`."""
+    request = new_request("kvcert", tokens)
     requests.alloc([request])
     try:
         request.init_next_round_input(tree)

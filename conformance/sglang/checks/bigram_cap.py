@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 from array import array
-from typing import Any
 
 from kvcert.conformance.sglang import unified
 
@@ -30,13 +29,12 @@ OUTPUT = (16,)
 
 def resend_hit(eagle: bool) -> int:
     """The re-send's hit after one request with PROMPT and OUTPUT finished."""
-    sg = unified.api()
     shape = unified.Shape(page=PAGE, exclusive_window=None, state_grid=None, eagle=eagle)
     tree, requests = unified.build(shape, 64, 0)
-    first = _request(sg, "first")
+    first = unified.new_request("first", array("q", PROMPT), len(OUTPUT))
     requests.alloc([first])
     first.init_next_round_input(tree)
-    first.output_ids = unified._as_request_holds(array("q", OUTPUT))
+    first.output_ids = unified.as_request_holds(array("q", OUTPUT))
     total = len(PROMPT) + len(OUTPUT)
     slots = tree.token_to_kv_pool_allocator.alloc(total)
     kv = getattr(first, "kv", first)  # the request's KV record (on the request before 0.5.19)
@@ -45,19 +43,10 @@ def resend_hit(eagle: bool) -> int:
     kv.kv_allocated_len = total
     first.lock = None
     unified.finish(first, tree)
-    again = _request(sg, "again")
+    again = unified.new_request("again", array("q", PROMPT), len(OUTPUT))
     requests.alloc([again])
     again.init_next_round_input(tree)
     return unified.matched_length(again)
-
-
-def _request(sg: Any, rid: str) -> Any:
-    return sg.Req(
-        rid=rid,
-        origin_input_text="",
-        origin_input_ids=unified._as_request_holds(array("q", PROMPT)),
-        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=len(OUTPUT)),
-    )
 
 
 def main() -> int:
