@@ -107,7 +107,10 @@ def api() -> types.SimpleNamespace:
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.environ import envs
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator import (
+        PagedTokenToKVPoolAllocator,
+        TokenToKVPoolAllocator,
+    )
     from sglang.srt.mem_cache.base_prefix_cache import (
         EvictParams,
         InsertParams,
@@ -139,6 +142,7 @@ def api() -> types.SimpleNamespace:
         envs=envs,
         Req=Req,
         TokenToKVPoolAllocator=TokenToKVPoolAllocator,
+        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
         SWATokenToKVPoolAllocator=swa_allocator,
         EvictParams=EvictParams,
         InsertParams=InsertParams,
@@ -277,6 +281,39 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
         tree_class = sg.RadixCache
     params = sg.CacheInitParams(**fields)
     return tree_class(params), requests
+
+
+def build_serving(page: int, tokens: int, rows: int) -> tuple[Any, Any]:
+    """(tree, request pool) of a full-attention model as the server builds them for serving:
+    `rows` request rows, `tokens` KV slots besides the padding page, the allocator its
+    configurator picks (token slots at page 1, pages above) and the tree its registry picks
+    (the unified tree with a FULL component from 0.5.19, else RadixCache)."""
+    sg = api()
+    _server_args(sg, page)
+    capacity = tokens + page
+    requests = sg.ReqToTokenPool(
+        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+    )
+    pool = _attention_pool(sg, capacity, page)
+    if page == 1:
+        allocator = _token_allocator(sg, capacity, pool)
+    else:
+        allocator = sg.PagedTokenToKVPoolAllocator(
+            size=capacity, page_size=page, dtype=sg.torch.float16, device="cpu", kvcache=pool,
+            need_sort=False,
+        )  # fmt: skip
+    fields: dict[str, Any] = {
+        "disable": False,
+        "req_to_token_pool": requests,
+        "token_to_kv_pool_allocator": allocator,
+        "page_size": page,
+    }
+    if sg.unified_by_default:
+        fields["tree_components"] = (sg.ComponentType.FULL,)
+        tree_class = sg.UnifiedRadixCache
+    else:
+        tree_class = sg.RadixCache
+    return tree_class(sg.CacheInitParams(**fields)), requests
 
 
 def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, Any]:

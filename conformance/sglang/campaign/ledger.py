@@ -1,0 +1,92 @@
+"""The model runner of the SGLang campaign: a ledger of the KV each token slot holds, and the
+oracle of the hit each admission was owed.
+
+Soundness: a pass first checks that every slot its attention reads (positions 0..p-1 of its
+request's row) holds KV computed from the same token prefix, then records what it writes.
+Completeness: at each admission the spec's hit (HIT-FULL-1 via `hybrid_hit`, one full-
+attention group of SGLang's page) is taken over the pages the ledger says hold the request's
+prefix, written by a step that has ended (ALLOC-VIS-1, step-end visibility) and not since
+overwritten: the same definition of "held" as the vLLM campaign's oracle
+(`kvcert.conformance.vllm.campaign.owed`). A page SGLang freed but has not handed out again
+still holds its KV; serving less than that is a lost hit, whatever the reason, and the loop
+says which (the page sits in a running request's row, is free in the allocator, or is in
+the tree). Engine-free: tests drive it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvcert.conformance.vllm.campaign.ledger import extend_identities
+from kvcert.spec.hybrid import hybrid_hit
+from kvcert.spec.layout import FullAttention, Layout
+from kvcert.spec.view import CacheView, keyable_blocks
+
+
+def identities(tokens: Sequence[int]) -> list[bytes]:
+    """The identity of the KV at each position: a digest of the tokens up to it."""
+    return extend_identities([], list(tokens))
+
+
+@dataclass(frozen=True)
+class Owed:
+    """The hit an admission was owed, and the physical page holding each owed page."""
+
+    length: int
+    pages: tuple[int, ...]  # physical page index per owed page, in order
+
+
+@dataclass
+class Ledger:
+    """slot -> identity of the KV written there, with the step that wrote it."""
+
+    page: int
+    content: dict[int, bytes] = field(default_factory=dict)
+    written: dict[int, int] = field(default_factory=dict)
+    holders: dict[bytes, set[int]] = field(default_factory=dict)  # identity -> slots
+
+    def write(self, slots: Sequence[int], idents: Sequence[bytes], step: int) -> None:
+        """A pass wrote the KV `idents` into `slots` (pairwise)."""
+        for slot, ident in zip(slots, idents, strict=True):
+            old = self.content.get(slot)
+            if old is not None and old != ident:
+                self.holders[old].discard(slot)
+            self.content[slot] = ident
+            self.written[slot] = step
+            self.holders.setdefault(ident, set()).add(slot)
+
+    def unsound(self, slots: Sequence[int], idents: Sequence[bytes]) -> list[int]:
+        """The positions whose slot does not hold the KV the reader's prefix gives."""
+        return [
+            p
+            for p, (slot, ident) in enumerate(zip(slots, idents, strict=True))
+            if self.content.get(slot) != ident
+        ]
+
+    def owed(self, idents: Sequence[bytes], step: int) -> Owed:
+        """The spec's hit for a request of these identities, admitted in `step`, over the
+        pages held: every slot of a page-aligned run written by an earlier step."""
+        page, count = self.page, len(idents)
+        layout = Layout((FullAttention(page),))
+        held: dict[int, int] = {}
+        for j in range(keyable_blocks(layout, 0, count)):
+            physical = self._holder(idents[j * page : (j + 1) * page], step)
+            if physical is None:
+                break  # a hit is a prefix: nothing past a gap can be owed
+            held[j] = physical
+        hit = hybrid_hit(CacheView(layout, count, (frozenset(held),)))
+        return Owed(hit.length, tuple(held[j] for j in range(hit.length // page)))
+
+    def _holder(self, run: Sequence[bytes], step: int) -> int | None:
+        """A physical page whose slots hold `run` in order, each written before `step`."""
+        for first in sorted(self.holders.get(run[0], ())):
+            if first % self.page:
+                continue
+            slots = range(first, first + self.page)
+            if all(
+                self.content.get(s) == ident and self.written[s] < step
+                for s, ident in zip(slots, run, strict=True)
+            ):
+                return first // self.page
+        return None

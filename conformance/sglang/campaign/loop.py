@@ -1,0 +1,363 @@
+"""One workload through SGLang's own request steps, its scheduler's loop played around them.
+
+SGLang's `Scheduler` does not build on CPU (docs/engines.md), so this module plays its
+event loop, synchronous, FCFS, no mixed chunks, no speculative decoding, as 0.5.23 runs it
+(`Scheduler.get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch`,
+`BatchResultProcessor.process_batch_result_prefill` / `_decode`), and calls SGLang's own
+code for everything that touches the cache:
+
+    a waiting request's lookup            Req.init_next_round_input (the tree's match)
+    admission, chunking, token budget     PrefillAdder.add_one_req / add_chunked_req
+    a prefill's slots (evicting)          ScheduleBatch.init_new + prepare_for_extend
+    a chunk or prefill that ended         checkpoint_kv_cache (the tree's insert)
+    a finished request                    release_kv_cache(checkpoint=True)
+    a decode step's slots, retraction     check_decode_mem, retract_decode,
+                                          prepare_for_decode
+    the running batch                     filter_batch, merge_batch
+
+The forward pass is the ledger's: it checks what each request reads through its row of
+`req_to_token` and writes the KV identities of what it computes into the slots SGLang gave
+it; its sampled token is `workload.next_token`. Where SGLang raises, the run reports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from array import array
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
+from kvcert.conformance.sglang.campaign.workload import Workload, next_token
+
+# Where a lost page is (Run._where): SGLang publishes a request's decoded tokens to the tree
+# only when it finishes; it evicts whole tree nodes, more than an allocation needs.
+DECODED = "decoded tokens of a running request (SGLang publishes them when it finishes)"
+FREED = "free in the allocator (evicted or freed, not handed out again)"
+ROWS = 6  # request rows of the pool: the server's max running requests here
+# Steps a workload may take after its last arrival before the run calls it stuck.
+DRAIN_STEPS = 400
+
+
+@dataclass
+class Findings:
+    """What one run found: unsound reads, lost hits, SGLang raising; and its counts."""
+
+    unsound: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    lost_causes: dict[str, int] = field(default_factory=dict)
+    crashed: str | None = None
+    admissions: int = 0
+    owed_tokens: int = 0
+    served_tokens: int = 0
+    finished: int = 0
+    retracted: int = 0
+    steps: int = 0
+
+
+@cache
+def _sglang() -> types.SimpleNamespace:
+    unified.api()  # stands in for what cannot be imported on CPU, publishes nothing yet
+    batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+    policy = importlib.import_module("sglang.srt.managers.schedule_policy")
+    common = importlib.import_module("sglang.srt.mem_cache.common")
+    spec = importlib.import_module("sglang.srt.speculative.spec_info")
+    return types.SimpleNamespace(
+        ScheduleBatch=batch.ScheduleBatch,
+        PrefillAdder=policy.PrefillAdder,
+        AddReqResult=policy.AddReqResult,
+        checkpoint_kv_cache=common.checkpoint_kv_cache,
+        release_kv_cache=common.release_kv_cache,
+        NONE=spec.SpeculativeAlgorithm.NONE,
+    )
+
+
+class Mutant:
+    """A broken twin of SGLang the campaign must catch (`--mutant`)."""
+
+    NAMES = ("free-shared-prefix", "no-checkpoint")
+
+    def __init__(self, name: str) -> None:
+        if name not in self.NAMES:
+            raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(self.NAMES)}")
+        self.name = name
+
+
+class Run:
+    """One workload against a fresh tree and pools of the workload's size."""
+
+    def __init__(self, workload: Workload, mutant: str | None = None) -> None:
+        self.workload = workload
+        self.sg = _sglang()
+        self.tree, self.requests = unified.build_serving(workload.page, workload.pool_tokens, ROWS)
+        self.allocator = self.tree.token_to_kv_pool_allocator
+        self.model = types.SimpleNamespace(
+            vocab_size=1000,
+            is_encoder_decoder=False,
+            context_len=workload.pool_tokens,
+            hf_config=None,
+            is_multimodal=False,
+        )
+        self.ledger = Ledger(workload.page)
+        self.findings = Findings()
+        self.mutant = None if mutant is None else Mutant(mutant)
+        self.waiting: list[Any] = []
+        self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=False)
+        self.chunked: Any = None
+        self.last: Any = None
+        self.judged: set[int] = set()  # id() of requests judged at their current admission
+        self.step = 0
+
+    # --- the scheduler's loop -------------------------------------------------------------
+
+    def play(self) -> Findings:
+        arrivals = list(self.workload.arrivals)
+        last_arrival = max(a.step for a in arrivals)
+        while arrivals or self.waiting or self.chunked or self._running():
+            if self.step > last_arrival + DRAIN_STEPS:
+                self.findings.crashed = f"still running {DRAIN_STEPS} steps after the last arrival"
+                break
+            while arrivals and arrivals[0].step <= self.step:
+                a = arrivals.pop(0)
+                tokens = array("q", a.prompt)
+                request = unified.new_request(a.rid, tokens, a.max_tokens)
+                # what the tokenizer manager does to every request (no tokenizer: no stops)
+                request.sampling_params.normalize(None)
+                self.waiting.append(request)
+            try:
+                self._one_step()
+            except Exception as error:  # SGLang raising on a workload it accepted
+                self.findings.crashed = f"step {self.step}: {type(error).__name__}: {error}"
+                break
+            self.step += 1
+        self.findings.steps = self.step
+        return self.findings
+
+    def _running(self) -> bool:
+        """Whether a request still runs: in the running batch, or in the prefill batch just
+        run (merged into the running batch by the next step)."""
+        last = self.last
+        fresh = last is not None and last.forward_mode.is_extend() and not last.is_empty()
+        return fresh or not self.running.is_empty()
+
+    def _one_step(self) -> None:
+        """Scheduler.get_next_batch_to_run, then the pass and its result."""
+        exclude = []
+        if self.chunked is not None:
+            exclude.append(self.chunked)
+            if self.chunked.extend_end > self.chunked.prefix_len:  # stash_chunked_request
+                self._checkpoint(self.chunked)
+        last = self.last
+        if last is not None and last.forward_mode.is_extend():
+            if last.chunked_req is not None:
+                exclude.append(last.chunked_req)
+            size = last.batch_size()
+            last.filter_batch(reqs_to_exclude=exclude)
+            if last.batch_size() < size:
+                self.running.batch_is_full = False
+            if not last.is_empty() and last is not self.running:
+                if self.running.is_empty():
+                    self.running = last
+                else:
+                    self.running.merge_batch(last)
+        size = self.running.batch_size()
+        self.running.filter_batch()
+        if self.running.batch_size() < size:
+            self.running.batch_is_full = False
+        batch = self._new_prefill()
+        if batch is not None:
+            self._extend(batch)
+        elif not self.running.is_empty():
+            batch = self._update_running()
+            if batch is not None and not batch.is_empty():
+                self._decode(batch)
+        self.last = batch
+
+    def _new_prefill(self) -> Any:
+        """Scheduler._get_new_batch_prefill_raw, FCFS, without LoRA, grammar or storage."""
+        sg, running = self.sg, self.running
+        if running.is_empty():
+            running.batch_is_full = False
+        if (running.batch_is_full or not self.waiting) and self.chunked is None:
+            return None
+        if self.requests.available_size() <= 0 and self.chunked is None:
+            running.batch_is_full = True
+            return None
+        chunk = self.workload.chunk
+        adder = sg.PrefillAdder(
+            self.workload.page,
+            self.tree,
+            self.allocator,
+            running,
+            0.5,  # new_token_ratio: SGLang's default init ratio (0.7) decays; fixed here
+            self.workload.max_prefill_tokens,
+            chunk,
+            max_running_requests=ROWS,
+        )
+        if self.chunked is not None:
+            self.chunked.init_next_round_input()
+            self.chunked = adder.add_chunked_req(self.chunked)
+        for req in self.waiting:
+            if adder.budget_state() == sg.AddReqResult.OTHER:
+                break
+            if len(adder.can_run_list) >= self.requests.available_size():
+                running.batch_is_full = True
+            if running.batch_is_full:
+                break
+            req.init_next_round_input(self.tree)
+            owed = self._owed(req)
+            result = adder.add_one_req(req, has_chunked_req=self.chunked is not None,
+                                       truncation_align_size=None)  # fmt: skip
+            if adder.can_run_list and req is adder.can_run_list[-1]:
+                self._judge(req, owed)
+            if result != sg.AddReqResult.CONTINUE:
+                if result == sg.AddReqResult.NO_TOKEN:
+                    running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
+                break
+        admitted = adder.can_run_list
+        if not admitted:
+            return None
+        self.waiting = [r for r in self.waiting if r not in admitted]
+        if adder.new_chunked_req is not None:
+            self.chunked = adder.new_chunked_req
+        if self.chunked is not None:
+            self.chunked.inflight_middle_chunks += 1
+        batch = sg.ScheduleBatch.init_new(
+            admitted, self.requests, self.allocator, self.tree, self.model, False, sg.NONE,
+            chunked_req=self.chunked,
+        )  # fmt: skip
+        batch.prepare_for_extend()
+        batch.decoding_reqs = None
+        return batch
+
+    def _update_running(self) -> Any:
+        """Scheduler.update_running_batch: retract when the next decode does not fit."""
+        batch = self.running
+        if not batch.check_decode_mem():
+            retracted, _, aborted = batch.retract_decode()
+            if aborted:
+                raise RuntimeError(f"retract_decode aborted {[r.rid for r in aborted]}")
+            self.findings.retracted += len(retracted)
+            for req in retracted:
+                self.judged.discard(id(req))
+                self.waiting.append(req)
+            batch.batch_is_full = False
+        if batch.is_empty():
+            return None
+        batch.prepare_for_decode()
+        return batch
+
+    # --- the pass and its result ------------------------------------------------------------
+
+    def _row(self, req: Any, end: int) -> list[int]:
+        table = self.requests.req_to_token[req.kv.req_pool_idx]
+        return [int(s) for s in table[:end].tolist()]
+
+    def _read_and_write(self, req: Any, start: int, end: int) -> None:
+        """The pass of positions [start, end): reads 0..start-1, writes start..end-1."""
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        idents = identities(tokens[:end])
+        row = self._row(req, end)
+        for p in self.ledger.unsound(row[:start], idents[:start]):
+            self.findings.unsound.append(
+                f"step {self.step}: {req.rid} read position {p} from slot {row[p]}, which does "
+                f"not hold the KV of its prefix (tokens {start}..{end} computed)"
+            )
+            break
+        self.ledger.write(row[start:end], idents[start:end], self.step)
+
+    def _extend(self, batch: Any) -> None:
+        """A prefill pass, then BatchResultProcessor.process_batch_result_prefill."""
+        for req in batch.reqs:
+            self._read_and_write(req, req.prefix_len, req.extend_end)
+        for req in batch.reqs:
+            if req.finished() or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1
+                continue
+            tokens = list(req.origin_input_ids) + list(req.output_ids)
+            req.output_ids.append(next_token(tokens[: req.extend_end]))
+            req.update_finish_state()
+            if req.finished():
+                self._release(req)
+            else:
+                self._checkpoint(req)
+
+    def _decode(self, batch: Any) -> None:
+        """A decode pass, then BatchResultProcessor.process_batch_result_decode."""
+        for req in batch.reqs:
+            length = len(req.origin_input_ids) + len(req.output_ids)
+            self._read_and_write(req, length - 1, length)
+        for req in batch.reqs:
+            tokens = list(req.origin_input_ids) + list(req.output_ids)
+            req.output_ids.append(next_token(tokens))
+            req.update_finish_state()
+            if req.finished():
+                self._release(req)
+
+    def _checkpoint(self, req: Any) -> None:
+        if self.mutant is not None and self.mutant.name == "no-checkpoint":
+            req.prefix_len = req.extend_end  # what checkpoint_kv_cache does besides the insert
+            return
+        self.sg.checkpoint_kv_cache(req, self.tree)
+
+    def _release(self, req: Any) -> None:
+        self.findings.finished += 1
+        self.judged.discard(id(req))
+        shared = self._row(req, req.kv.cache_protected_len)
+        self.sg.release_kv_cache(req, self.tree, checkpoint=True)
+        if shared and self.mutant is not None and self.mutant.name == "free-shared-prefix":
+            # the broken twin: the slots of the prefix the tree lent it freed as well
+            torch = unified.api().torch
+            self.allocator.free(torch.tensor(shared, dtype=torch.int64))
+
+    # --- the oracle ---------------------------------------------------------------------------
+
+    def _owed(self, req: Any) -> Any:
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        return self.ledger.owed(identities(tokens), self.step)
+
+    def _judge(self, req: Any, owed: Any) -> None:
+        """Compare the match an admitted request was served with what it was owed."""
+        if id(req) in self.judged:
+            return
+        self.judged.add(id(req))
+        served = unified.matched_length(req)
+        count = len(req.origin_input_ids) + len(req.output_ids)
+        f = self.findings
+        f.admissions += 1
+        f.owed_tokens += owed.length
+        f.served_tokens += served
+        if served >= owed.length:
+            return
+        page = self.workload.page
+        lost_pages = owed.pages[served // page :]
+        cause = self._where(lost_pages[0])
+        f.lost_causes[cause] = f.lost_causes.get(cause, 0) + 1
+        f.lost.append(
+            f"step {self.step}: {req.rid} ({count} tokens) lost a hit: owed {owed.length} "
+            f"tokens, served {served}; page {served // page} is held as physical page "
+            f"{lost_pages[0]}, {cause}"
+        )
+
+    def _where(self, physical: int) -> str:
+        """Why SGLang's tree does not have a held page: who has its slots now."""
+        page = self.workload.page
+        first = physical * page
+        for req in self.running.reqs + ([self.chunked] if self.chunked is not None else []):
+            if req.kv.req_pool_idx is None:
+                continue
+            row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
+            if first in row:
+                if row.index(first) + page > len(req.origin_input_ids):
+                    return DECODED
+                return "the prompt of a running request, not published to the tree"
+        # the allocator's free pages (token slots at page 1), and those freed but not merged
+        free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
+        if physical in {int(x) for pages in free if pages is not None for x in pages.tolist()}:
+            return FREED
+        return "in the tree, not matched"

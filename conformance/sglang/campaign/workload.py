@@ -1,0 +1,105 @@
+"""Workloads of the SGLang campaign: what arrives when, drawn from a seed.
+
+Pure and engine-free (JSON round-trips). The outputs of the weightless model are a function
+of the tokens before them (`next_token`), so a workload can send, while a request still
+decodes, a follow-up that repeats the tokens it has produced so far: the case where a hit on
+a running request's decoded tokens is owed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Any
+
+VOCAB = 900
+PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
+
+
+def next_token(tokens: list[int] | tuple[int, ...]) -> int:
+    """What the weightless model samples after `tokens` (greedy: the same prefix, the same
+    token), in 1..VOCAB."""
+    digest = hashlib.sha256(b"".join(t.to_bytes(4, "little") for t in tokens)).digest()
+    return 1 + int.from_bytes(digest[:4], "little") % VOCAB
+
+
+def outputs(prompt: tuple[int, ...], count: int) -> tuple[int, ...]:
+    """The first `count` tokens the model answers `prompt` with."""
+    tokens = list(prompt)
+    for _ in range(count):
+        tokens.append(next_token(tokens))
+    return tuple(tokens[len(prompt) :])
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request joining the waiting queue before the `step`-th scheduling step."""
+
+    step: int
+    rid: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything one campaign run depends on."""
+
+    seed: int
+    page: int
+    pool_tokens: int  # KV slots of the pool (page multiple; slot 0 padding aside)
+    chunk: int  # chunked_prefill_size: tokens of one request's prefill per step
+    max_prefill_tokens: int  # the step's prefill token budget
+    arrivals: tuple[Arrival, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Workload:
+        arrivals = tuple(
+            Arrival(a["step"], a["rid"], tuple(a["prompt"]), a["max_tokens"])
+            for a in data["arrivals"]
+        )
+        fields = {k: data[k] for k in ("seed", "page", "pool_tokens", "chunk")}
+        return Workload(**fields, max_prefill_tokens=data["max_prefill_tokens"], arrivals=arrivals)
+
+
+def generate(seed: int) -> Workload:
+    """A random workload: requests sharing system prompts, exact repeats, and follow-ups of
+    earlier requests (their prompt, some of their answer, more), arriving over a few steps
+    into a pool small enough that the tree must evict and running requests retract."""
+    rng = random.Random(seed)
+    page = rng.choice(PAGES)
+    systems = [
+        tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 7) * page))
+        for _ in range(rng.randrange(1, 4))
+    ]
+    arrivals: list[Arrival] = []
+    for index in range(rng.randrange(3, 11)):
+        step = rng.randrange(0, 12)
+        kind = rng.random()
+        earlier = [a for a in arrivals if a.step <= step]
+        if earlier and kind < 0.2:
+            prompt = rng.choice(earlier).prompt
+        elif earlier and kind < 0.45:
+            before = rng.choice(earlier)
+            said = outputs(before.prompt, rng.randrange(0, before.max_tokens + 1))
+            more = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 6)))
+            prompt = before.prompt + said + more
+        else:
+            system = rng.choice(systems)
+            tail = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 3 * page + 8)))
+            prompt = system[: rng.randrange(0, len(system) + 1)] + tail
+        arrivals.append(Arrival(step, f"r{index}", prompt, rng.randrange(1, 9)))
+    arrivals.sort(key=lambda a: a.step)
+    longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
+    pool_tokens = _round_up(longest + rng.randrange(0, longest), page) + page
+    chunk = _round_up(rng.choice((4, 8, 16, 64)), page)
+    return Workload(seed, page, pool_tokens, chunk, chunk * rng.choice((1, 2, 4)), tuple(arrivals))
+
+
+def _round_up(value: int, page: int) -> int:
+    return -(-value // page) * page

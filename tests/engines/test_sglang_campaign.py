@@ -1,0 +1,70 @@
+"""The SGLang campaign's engine-free pieces: the slot ledger, its oracle and the workloads."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcert.conformance.sglang.campaign import command, loop
+from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
+from kvcert.conformance.sglang.campaign.workload import Workload, generate, next_token, outputs
+
+
+def test_a_page_written_by_an_ended_step_is_owed_up_to_the_last_whole_page():
+    ledger = Ledger(page=2)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    ledger.write([2, 3, 4, 5, 6, 7], identities(prompt[:6]), step=0)
+    assert ledger.owed(identities(prompt), step=0).length == 0  # ALLOC-VIS-1: step-end
+    owed = ledger.owed(identities(prompt), step=1)
+    assert (owed.length, owed.pages) == (6, (1, 2, 3))
+    # a request of exactly 6 tokens computes its last one: 4 are owed (the hit is below n)
+    assert ledger.owed(identities(prompt[:6]), step=1).length == 4
+
+
+def test_an_overwritten_or_misaligned_run_holds_nothing():
+    ledger = Ledger(page=2)
+    tokens = [1, 2, 3, 4, 5]
+    ledger.write([3, 4], identities(tokens[:2]), step=0)  # slots 3, 4 straddle two pages
+    assert ledger.owed(identities(tokens), step=1).length == 0
+    ledger.write([4, 5, 6, 7], identities(tokens[:4]), step=0)
+    assert ledger.owed(identities(tokens), step=1).length == 4
+    ledger.write([6], identities([9]), step=1)  # slot 6 now holds another prefix's KV
+    assert ledger.owed(identities(tokens), step=2).length == 2
+
+
+def test_a_read_of_a_slot_holding_another_prefix_is_unsound():
+    ledger = Ledger(page=1)
+    ledger.write([1, 2, 3], identities([4, 5, 6]), step=0)
+    assert ledger.unsound([1, 2, 3], identities([4, 5, 6])) == []
+    assert ledger.unsound([1, 2, 3], identities([4, 7, 6])) == [1, 2]
+    assert ledger.unsound([1, 9], identities([4, 5])) == [1]  # never written
+
+
+def test_workloads_are_data_drawn_from_their_seed():
+    first = generate(7)
+    assert generate(7) == first
+    assert Workload.from_json(first.to_json()) == first
+    for seed in range(50):
+        w = generate(seed)
+        assert w.pool_tokens % w.page == 0
+        assert w.chunk % w.page == 0
+        assert w.pool_tokens > max(len(a.prompt) + a.max_tokens for a in w.arrivals)
+        assert [a.step for a in w.arrivals] == sorted(a.step for a in w.arrivals)
+
+
+def test_the_model_answers_a_prefix_the_same_way_every_time():
+    said = outputs((3, 4, 5), 4)
+    assert said[:2] == outputs((3, 4, 5), 2)
+    assert said[1] == next_token((3, 4, 5, said[0]))
+    assert all(1 <= t <= 900 for t in said)
+
+
+def test_a_broken_twin_is_named_from_the_list():
+    assert loop.Mutant("no-checkpoint").name == "no-checkpoint"
+    with pytest.raises(ValueError, match="unknown mutant"):
+        loop.Mutant("no-checkpoints")
+
+
+def test_only_the_documented_causes_explain_a_lost_hit():
+    assert set(command.EXPLAINED) == {loop.DECODED, loop.FREED}
+    with pytest.raises(SystemExit):
+        command.main(["--runs", "0"])
