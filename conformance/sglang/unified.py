@@ -107,10 +107,8 @@ def api() -> types.SimpleNamespace:
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.environ import envs
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.mem_cache.allocator import (
-        PagedTokenToKVPoolAllocator,
-        TokenToKVPoolAllocator,
-    )
+    from sglang.srt.mem_cache import allocator
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import (
         EvictParams,
         InsertParams,
@@ -142,7 +140,8 @@ def api() -> types.SimpleNamespace:
         envs=envs,
         Req=Req,
         TokenToKVPoolAllocator=TokenToKVPoolAllocator,
-        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
+        # the campaign's allocator at pages > 1 (build_serving); None where a release lacks it
+        PagedTokenToKVPoolAllocator=getattr(allocator, "PagedTokenToKVPoolAllocator", None),
         SWATokenToKVPoolAllocator=swa_allocator,
         EvictParams=EvictParams,
         InsertParams=InsertParams,
