@@ -188,31 +188,13 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
     dtype = sg.torch.float16
     extra_buffer = shape.state_grid is not None and shape.page > NO_BUFFER_PAGE
     if shape.state_grid is not None:
-        with sg.envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
-            state = sg.Mamba2StateShape.create(
-                tp_world_size=1,
-                intermediate_size=16,
-                n_groups=1,
-                num_heads=1,
-                head_dim=16,
-                state_size=2,
-                conv_kernel=2,
-            )
-            cache_params = sg.Mamba2CacheParams(shape=state, layers=[0])
-        requests = _on_cpu(
-            sg.HybridReqToTokenPool,
-            size=STATE_SLOTS_PER_REQUEST,
-            mamba_size=states + STATE_SLOTS_PER_REQUEST * STATE_SLOTS_PER_REQUEST,
-            mamba_spec_state_size=STATE_SLOTS_PER_REQUEST,
-            max_context_len=capacity,
-            device="cpu",
-            enable_memory_saver=False,
-            cache_params=cache_params,
-            mamba_layer_ids=[0],
-            enable_mamba_extra_buffer=extra_buffer,
-            # EAGLE's verify pass keeps a state per draft token; without drafts, none (the
-            # server passes its --speculative-num-draft-tokens, unset without a drafter).
-            speculative_num_draft_tokens=3 if shape.eagle else None,
+        requests = _hybrid_request_pool(
+            sg,
+            rows=STATE_SLOTS_PER_REQUEST,
+            states=states + STATE_SLOTS_PER_REQUEST * STATE_SLOTS_PER_REQUEST,
+            capacity=capacity,
+            extra_buffer=extra_buffer,
+            eagle=shape.eagle,
         )
     else:
         requests = _request_pool(sg, capacity)
@@ -282,18 +264,84 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
     return tree_class(params), requests
 
 
-def build_serving(page: int, tokens: int, rows: int) -> tuple[Any, Any]:
-    """(tree, request pool) of a full-attention model as the server builds them for serving:
-    `rows` request rows, `tokens` KV slots besides the padding page, the allocator its
-    configurator picks (token slots at page 1, pages above) and the tree its registry picks
-    (the unified tree with a FULL component from 0.5.19, else RadixCache)."""
+def _hybrid_request_pool(
+    sg: types.SimpleNamespace,
+    *,
+    rows: int,
+    states: int,
+    capacity: int,
+    extra_buffer: bool,
+    eagle: bool = False,
+    ssm_dtype: str = "bfloat16",
+) -> Any:
+    """The requests' token tables and a pool of `states` Mamba states, one tiny Mamba2 layer.
+
+    `ssm_dtype` float32 holds integers exactly (the campaign writes identities into states).
+    """
+    with sg.envs.SGLANG_MAMBA_SSM_DTYPE.override(ssm_dtype):
+        state = sg.Mamba2StateShape.create(
+            tp_world_size=1,
+            intermediate_size=16,
+            n_groups=1,
+            num_heads=1,
+            head_dim=16,
+            state_size=2,
+            conv_kernel=2,
+        )
+        cache_params = sg.Mamba2CacheParams(shape=state, layers=[0])
+    return _on_cpu(
+        sg.HybridReqToTokenPool,
+        size=rows,
+        mamba_size=states,
+        mamba_spec_state_size=rows,
+        max_context_len=capacity,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=cache_params,
+        mamba_layer_ids=[0],
+        enable_mamba_extra_buffer=extra_buffer,
+        # EAGLE's verify pass keeps a state per draft token; without drafts, none (the
+        # server passes its --speculative-num-draft-tokens, unset without a drafter).
+        speculative_num_draft_tokens=3 if eagle else None,
+    )
+
+
+def build_serving(page: int, tokens: int, rows: int, states: int = 0) -> tuple[Any, Any]:
+    """(tree, request pool) as the server builds them for serving a full-attention model, or
+    with `states` > 0 a full-attention + Mamba hybrid (no buffer, so page 1): `rows` request
+    rows, `tokens` KV slots besides the padding page, the allocator its configurator picks
+    (token slots at page 1, pages above) and the tree its registry picks (the unified tree
+    with a FULL (+ MAMBA) component from 0.5.19, else RadixCache / MambaRadixCache). States
+    are float32, so a state's value can carry an exact integer."""
     sg = api()
     _server_args(sg, page)
     capacity = tokens + page
-    requests = sg.ReqToTokenPool(
-        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-    )
-    pool = _attention_pool(sg, capacity, page)
+    fields: dict[str, Any] = {"disable": False, "page_size": page}
+    if states:
+        if page != NO_BUFFER_PAGE:
+            raise Inexpressible("a Mamba hybrid without the extra buffer runs at page 1")
+        requests = _hybrid_request_pool(
+            sg, rows=rows, states=states, capacity=capacity, extra_buffer=False,
+            ssm_dtype="float32",
+        )  # fmt: skip
+        pool = _on_cpu(
+            sg.HybridLinearKVPool,
+            size=capacity,
+            dtype=sg.torch.float16,
+            page_size=page,
+            head_num=1,
+            head_dim=1,
+            full_attention_layer_ids=[1],
+            device="cpu",
+            enable_memory_saver=False,
+            mamba_pool=requests.mamba_pool,
+        )
+        fields["enable_mamba_extra_buffer"] = False
+    else:
+        requests = sg.ReqToTokenPool(
+            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+        )
+        pool = _attention_pool(sg, capacity, page)
     if page == 1:
         allocator = _token_allocator(sg, capacity, pool)
     else:
@@ -301,17 +349,14 @@ def build_serving(page: int, tokens: int, rows: int) -> tuple[Any, Any]:
             size=capacity, page_size=page, dtype=sg.torch.float16, device="cpu", kvcache=pool,
             need_sort=False,
         )  # fmt: skip
-    fields: dict[str, Any] = {
-        "disable": False,
-        "req_to_token_pool": requests,
-        "token_to_kv_pool_allocator": allocator,
-        "page_size": page,
-    }
+    fields["req_to_token_pool"] = requests
+    fields["token_to_kv_pool_allocator"] = allocator
     if sg.unified_by_default:
-        fields["tree_components"] = (sg.ComponentType.FULL,)
+        components = (sg.ComponentType.FULL,) + ((sg.ComponentType.MAMBA,) if states else ())
+        fields["tree_components"] = components
         tree_class = sg.UnifiedRadixCache
     else:
-        tree_class = sg.RadixCache
+        tree_class = sg.MambaRadixCache if states else sg.RadixCache
     return tree_class(sg.CacheInitParams(**fields)), requests
 
 

@@ -6,7 +6,13 @@ import pytest
 
 from kvcert.conformance.sglang.campaign import command, loop
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
-from kvcert.conformance.sglang.campaign.workload import Workload, generate, next_token, outputs
+from kvcert.conformance.sglang.campaign.workload import (
+    MODELS,
+    Workload,
+    generate,
+    next_token,
+    outputs,
+)
 
 
 def test_a_page_written_by_an_ended_step_is_owed_up_to_the_last_whole_page():
@@ -65,6 +71,38 @@ def test_a_broken_twin_is_named_from_the_list():
 
 
 def test_only_the_documented_causes_explain_a_lost_hit():
-    assert set(command.EXPLAINED) == {loop.DECODED, loop.FREED}
+    assert set(command.EXPLAINED) == {
+        loop.DECODED,
+        loop.FREED,
+        loop.RUNNING_STATE,
+        loop.FREED_STATE,
+    }
+    assert loop.MATCH not in command.EXPLAINED
+    assert loop.PROMPT not in command.EXPLAINED
     with pytest.raises(SystemExit):
         command.main(["--runs", "0"])
+
+
+def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
+    from pathlib import Path
+
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
+    line = next(x.strip() for x in ci.splitlines() if x.strip().startswith("for sglang_twin in"))
+    played = dict(t.split(":") for t in line.split(" in ", 1)[1].split(";")[0].split())
+    assert set(played) == set(loop.Mutant.NAMES)
+    assert set(played.values()) <= set(MODELS)
+    assert played["no-state-copy"] == "mamba"  # a full-attention model has no state to copy
+
+
+def test_a_hybrid_is_owed_a_hit_only_where_a_state_is_held():
+    """HIT-GROUP-1 over a Mamba group of block 1 (mode all): the hit ends at a held state."""
+    ledger = Ledger(page=1)
+    tokens = [3, 1, 4, 1, 5, 9]
+    idents = identities(tokens)
+    ledger.write(range(1, 6), idents[:5], step=0)
+    at = {ledger.state_id(idents[1]), ledger.state_id(idents[3])}  # states after 2 and 4
+    assert ledger.owed(idents, step=1, state_held=at.__contains__).length == 4
+    assert ledger.owed(idents, step=1, state_held=set().__contains__).length == 0
+    assert ledger.owed(idents, step=1).length == 5  # attention alone: up to n - 1
+    assert ledger.state_id(idents[1]) != ledger.state_id(idents[3])
+    assert ledger.state_id(idents[1]) > 0  # 0 is a cleared state

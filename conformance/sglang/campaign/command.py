@@ -14,19 +14,35 @@ import sys
 from collections import Counter
 from importlib.metadata import version
 
-from kvcert.conformance.sglang.campaign.loop import DECODED, FREED, Mutant, Run
-from kvcert.conformance.sglang.campaign.workload import generate
+from kvcert.conformance.sglang.campaign.loop import (
+    DECODED,
+    FREED,
+    FREED_STATE,
+    RUNNING_STATE,
+    Mutant,
+    Run,
+)
+from kvcert.conformance.sglang.campaign.workload import MODELS, generate
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
 # lost page can be (a prompt not published, a page in the tree it did not match) is a new
 # finding and fails the run.
-EXPLAINED = {DECODED: "sglang-decode-publish-at-finish", FREED: "sglang-node-eviction"}
+EXPLAINED = {
+    DECODED: "sglang-decode-publish-at-finish",
+    RUNNING_STATE: "sglang-decode-publish-at-finish",
+    FREED: "sglang-node-eviction",
+    FREED_STATE: "sglang-node-eviction",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcert.conformance.sglang.campaign")
     parser.add_argument("--runs", type=int, default=1000, help="workloads (default 1000)")
     parser.add_argument("--first", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument(
+        "--model", choices=MODELS, default="full",
+        help="full attention, or a full-attention + Mamba hybrid (page 1, no buffer)",
+    )  # fmt: skip
     parser.add_argument("--mutant", choices=Mutant.NAMES, help="play a broken twin of SGLang")
     parser.add_argument("--json", help="write the totals and every finding here")
     parser.add_argument("--show", type=int, default=3, help="findings printed per kind")
@@ -39,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     crashed: list[str] = []
     lost: list[str] = []
     for seed in range(args.first, args.first + args.runs):
-        workload = generate(seed)
+        workload = generate(seed, args.model)
         found = Run(workload, args.mutant).play()
         for name in ("admissions", "owed_tokens", "served_tokens", "finished", "retracted"):
             totals[name] += getattr(found, name)
@@ -53,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     unexplained = sum(n for cause, n in causes.items() if cause not in EXPLAINED)
     served = totals["served_tokens"] / max(1, totals["owed_tokens"])
     print(
-        f"sglang {version('sglang')}{' mutant ' + args.mutant if args.mutant else ''}: "
+        f"sglang {version('sglang')} {args.model}"
+        f"{' mutant ' + args.mutant if args.mutant else ''}: "
         f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
         f"admissions, {totals['retracted']} retractions; {len(unsound)} unsound reads, "
         f"{len(crashed)} crashed, {unfinished} unfinished; served {totals['served_tokens']} of "
@@ -67,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         report = {
             "sglang": version("sglang"),
+            "model": args.model,
             "mutant": args.mutant,
             "seeds": [args.first, args.first + args.runs],
             "totals": dict(totals),

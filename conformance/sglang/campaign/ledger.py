@@ -2,25 +2,29 @@
 oracle of the hit each admission was owed.
 
 Soundness: a pass first checks that every slot its attention reads (positions 0..p-1 of its
-request's row) holds KV computed from the same token prefix, then records what it writes.
-Completeness: at each admission the spec's hit (HIT-FULL-1 via `hybrid_hit`, one full-
-attention group of SGLang's page) is taken over the pages the ledger says hold the request's
-prefix, written by a step that has ended (ALLOC-VIS-1, step-end visibility) and not since
-overwritten: the same definition of "held" as the vLLM campaign's oracle
+request's row) holds KV computed from the same token prefix, and for a hybrid that the state
+it starts from is the state after its last computed token; then it records what it writes.
+A Mamba state carries its identity in its own values (SGLang copies states itself: a match's
+copy-on-write, the tree's checkpoints), as an integer `state_id`; 0 is a cleared state.
+
+Completeness: at each admission the spec's hit (`hybrid_hit` over one full-attention group
+of SGLang's page, and for a hybrid a Mamba group of block 1 in mode `all`: a state after any
+token can end a hit) is taken over the pages that hold the request's prefix, written by a
+step that has ended (ALLOC-VIS-1, step-end visibility) and not since overwritten, and the
+states some slot of the state pool carries: the vLLM campaign's definition of "held"
 (`kvcert.conformance.vllm.campaign.owed`). A page SGLang freed but has not handed out again
-still holds its KV; serving less than that is a lost hit, whatever the reason, and the loop
-says which (the page sits in a running request's row, is free in the allocator, or is in
-the tree). Engine-free: tests drive it directly.
+still holds its KV; serving less is a lost hit, whatever the reason, and the loop says where
+the lost page or state is. Engine-free: tests drive it directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvcert.conformance.vllm.campaign.ledger import extend_identities
 from kvcert.spec.hybrid import hybrid_hit
-from kvcert.spec.layout import FullAttention, Layout
+from kvcert.spec.layout import FullAttention, Layout, MambaMode, MambaState
 from kvcert.spec.view import CacheView, keyable_blocks
 
 
@@ -45,6 +49,11 @@ class Ledger:
     content: dict[int, bytes] = field(default_factory=dict)
     written: dict[int, int] = field(default_factory=dict)
     holders: dict[bytes, set[int]] = field(default_factory=dict)  # identity -> slots
+    state_ids: dict[bytes, int] = field(default_factory=dict)  # identity -> its state's id
+
+    def state_id(self, ident: bytes) -> int:
+        """The integer a state after the position of `ident` carries (1, 2, ...)."""
+        return self.state_ids.setdefault(ident, len(self.state_ids) + 1)
 
     def write(self, slots: Sequence[int], idents: Sequence[bytes], step: int) -> None:
         """A pass wrote the KV `idents` into `slots` (pairwise)."""
@@ -64,18 +73,28 @@ class Ledger:
             if self.content.get(slot) != ident
         ]
 
-    def owed(self, idents: Sequence[bytes], step: int) -> Owed:
+    def owed(
+        self, idents: Sequence[bytes], step: int, state_held: Callable[[int], bool] | None = None
+    ) -> Owed:
         """The spec's hit for a request of these identities, admitted in `step`, over the
-        pages held: every slot of a page-aligned run written by an earlier step."""
+        pages held (every slot of a page-aligned run written by an earlier step) and, for a
+        hybrid, the states `state_held` says some slot of the state pool carries."""
         page, count = self.page, len(idents)
-        layout = Layout((FullAttention(page),))
+        groups: tuple[FullAttention | MambaState, ...] = (FullAttention(page),)
+        if state_held is not None:
+            groups += (MambaState(1, MambaMode.ALL),)
+        layout = Layout(groups)
         held: dict[int, int] = {}
         for j in range(keyable_blocks(layout, 0, count)):
             physical = self._holder(idents[j * page : (j + 1) * page], step)
             if physical is None:
                 break  # a hit is a prefix: nothing past a gap can be owed
             held[j] = physical
-        hit = hybrid_hit(CacheView(layout, count, (frozenset(held),)))
+        cached = [frozenset(held)]
+        if state_held is not None:
+            ends = range(keyable_blocks(layout, 1, count))
+            cached.append(frozenset(j for j in ends if state_held(self.state_id(idents[j]))))
+        hit = hybrid_hit(CacheView(layout, count, tuple(cached)))
         return Owed(hit.length, tuple(held[j] for j in range(hit.length // page)))
 
     def _holder(self, run: Sequence[bytes], step: int) -> int | None:

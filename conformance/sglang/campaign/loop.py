@@ -37,7 +37,13 @@ from kvcert.conformance.sglang.campaign.workload import Workload, next_token
 # only when it finishes; it evicts whole tree nodes, more than an allocation needs.
 DECODED = "decoded tokens of a running request (SGLang publishes them when it finishes)"
 FREED = "free in the allocator (evicted or freed, not handed out again)"
+RUNNING_STATE = "the running state of a decoding request (SGLang saves it when it finishes)"
+FREED_STATE = "a state slot freed or evicted, not handed out again"
+MATCH = "in the tree, not matched"
+PROMPT = "the prompt of a running request, not published to the tree"
+STATE_MATCH = "a state in the tree, not matched"
 ROWS = 6  # request rows of the pool: the server's max running requests here
+STATES_PER_ROW = 3  # Mamba states of a hybrid's pool per request row (running + the tree's)
 # Steps a workload may take after its last arrival before the run calls it stuck.
 DRAIN_STEPS = 400
 
@@ -78,7 +84,7 @@ def _sglang() -> types.SimpleNamespace:
 class Mutant:
     """A broken twin of SGLang the campaign must catch (`--mutant`)."""
 
-    NAMES = ("free-shared-prefix", "no-checkpoint")
+    NAMES = ("free-shared-prefix", "no-checkpoint", "no-state-copy")
 
     def __init__(self, name: str) -> None:
         if name not in self.NAMES:
@@ -92,7 +98,11 @@ class Run:
     def __init__(self, workload: Workload, mutant: str | None = None) -> None:
         self.workload = workload
         self.sg = _sglang()
-        self.tree, self.requests = unified.build_serving(workload.page, workload.pool_tokens, ROWS)
+        states = STATES_PER_ROW * ROWS if workload.model == "mamba" else 0
+        self.tree, self.requests = unified.build_serving(
+            workload.page, workload.pool_tokens, ROWS, states
+        )
+        self.hybrid = states > 0
         self.allocator = self.tree.token_to_kv_pool_allocator
         self.model = types.SimpleNamespace(
             vocab_size=1000,
@@ -200,6 +210,12 @@ class Run:
         if self.chunked is not None:
             self.chunked.init_next_round_input()
             self.chunked = adder.add_chunked_req(self.chunked)
+        # Who holds what, as the round starts: the state allocator sets slots aside for the
+        # round's matches (alloc_group_begin), free until a match takes one.
+        holders = self._holders()
+        states = getattr(self.requests, "mamba_allocator", None)
+        if states is not None:
+            states.alloc_group_begin(len(self.waiting))
         for req in self.waiting:
             if adder.budget_state() == sg.AddReqResult.OTHER:
                 break
@@ -207,16 +223,25 @@ class Run:
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
+            owed = self._owed(req, holders)
             req.init_next_round_input(self.tree)
-            owed = self._owed(req)
             result = adder.add_one_req(req, has_chunked_req=self.chunked is not None,
                                        truncation_align_size=None)  # fmt: skip
-            if adder.can_run_list and req is adder.can_run_list[-1]:
-                self._judge(req, owed)
+            added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
+            if added:
+                self._judge(req, owed, holders)
             if result != sg.AddReqResult.CONTINUE:
                 if result == sg.AddReqResult.NO_TOKEN:
                     running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
+                if not added:  # the match's state copy and slot are given back
+                    req.kv.mamba_cow_src_index = None
+                    req.kv.mamba_needs_clear = False
+                    if req.kv.holds_mamba:
+                        self.requests.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+                        req.kv.mamba_pool_idx = None
                 break
+        if states is not None:
+            states.alloc_group_end()
         admitted = adder.can_run_list
         if not admitted:
             return None
@@ -257,7 +282,8 @@ class Run:
         return [int(s) for s in table[:end].tolist()]
 
     def _read_and_write(self, req: Any, start: int, end: int) -> None:
-        """The pass of positions [start, end): reads 0..start-1, writes start..end-1."""
+        """The pass of positions [start, end): reads 0..start-1 (and the state after start -
+        1), writes start..end-1 (and the state after end - 1)."""
         tokens = list(req.origin_input_ids) + list(req.output_ids)
         idents = identities(tokens[:end])
         row = self._row(req, end)
@@ -268,9 +294,51 @@ class Run:
             )
             break
         self.ledger.write(row[start:end], idents[start:end], self.step)
+        if self.hybrid:
+            slot = self._state_slot(req)
+            want = self.ledger.state_id(idents[start - 1]) if start else 0
+            have = int(self._states()[slot])
+            if have != want:
+                self.findings.unsound.append(
+                    f"step {self.step}: {req.rid} started from state {have} in slot {slot}, "
+                    f"not the state after its {start} computed tokens ({want})"
+                )
+            self._write_state(slot, self.ledger.state_id(idents[end - 1]))
+
+    # --- Mamba states: the values of the pool's temporal state, one per physical slot ------
+
+    def _state_slot(self, req: Any) -> int:
+        """The physical slot of the request's running state."""
+        logical = req.kv.mamba_pool_idx.reshape(1)
+        return int(self.requests.translate_mamba_indices(logical)[0])
+
+    def _states(self) -> Any:
+        """Per physical state slot, the identity its values carry (layer 0's first value)."""
+        temporal = self.requests.mamba_pool.mamba_cache.temporal[0]
+        return temporal.reshape(temporal.shape[0], -1)[:, 0].to(unified.api().torch.int64)
+
+    def _write_state(self, slot: int, ident: int) -> None:
+        self.requests.mamba_pool.mamba_cache.temporal[0, slot] = float(ident)
+
+    def _copy_and_clear(self, batch: Any) -> None:
+        """What the model runner does to states before an extend pass: clear a fresh
+        request's, copy a matched one's from the tree (ModelRunner's deferred Mamba ops)."""
+        pool = self.requests
+        clear = batch.mamba_clear_indices
+        if clear is not None and len(clear) > 0:
+            pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
+        source, target = batch.mamba_cow_src_indices, batch.mamba_cow_dst_indices
+        broken = self.mutant is not None and self.mutant.name == "no-state-copy"
+        if source is not None and len(source) > 0 and not broken:
+            pool.copy_mamba_state(
+                pool.translate_mamba_indices(source), pool.translate_mamba_indices(target)
+            )
+        batch.mamba_clear_indices = batch.mamba_cow_src_indices = None
 
     def _extend(self, batch: Any) -> None:
         """A prefill pass, then BatchResultProcessor.process_batch_result_prefill."""
+        if self.hybrid:
+            self._copy_and_clear(batch)
         for req in batch.reqs:
             self._read_and_write(req, req.prefix_len, req.extend_end)
         for req in batch.reqs:
@@ -317,11 +385,40 @@ class Run:
 
     # --- the oracle ---------------------------------------------------------------------------
 
-    def _owed(self, req: Any) -> Any:
+    def _owed(self, req: Any, holders: Holders) -> Any:
+        """What the request is owed before its lookup (which may take a state slot)."""
         tokens = list(req.origin_input_ids) + list(req.output_ids)
-        return self.ledger.owed(identities(tokens), self.step)
+        if not self.hybrid:
+            return self.ledger.owed(identities(tokens), self.step)
+        present = set(holders.states)
+        return self.ledger.owed(identities(tokens), self.step, present.__contains__)
 
-    def _judge(self, req: Any, owed: Any) -> None:
+    def _holders(self) -> Holders:
+        rows = []
+        running_states = set()
+        for req in self.running.reqs + ([self.chunked] if self.chunked is not None else []):
+            if req.kv.req_pool_idx is not None:
+                row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
+                rows.append((row, len(req.origin_input_ids)))
+            if self.hybrid and req.kv.mamba_pool_idx is not None:
+                running_states.add(self._state_slot(req))
+        # the allocator's free pages (token slots at page 1), and those freed but not merged
+        free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
+        free_pages = {int(x) for pages in free if pages is not None for x in pages.tolist()}
+        in_tree = {int(x) for x in self.tree.all_values_flatten().tolist()}
+        if not self.hybrid:
+            return Holders(in_tree, rows, free_pages)
+        free_states = self.requests.mamba_allocator.free_slots
+        return Holders(
+            in_tree,
+            rows,
+            free_pages,
+            self._states().tolist(),
+            running_states,
+            set(self.requests.translate_mamba_indices(free_states).tolist()),
+        )
+
+    def _judge(self, req: Any, owed: Any, holders: Holders) -> None:
         """Compare the match an admitted request was served with what it was owed."""
         if id(req) in self.judged:
             return
@@ -336,28 +433,40 @@ class Run:
             return
         page = self.workload.page
         lost_pages = owed.pages[served // page :]
-        cause = self._where(lost_pages[0])
+        cause = holders.page(lost_pages[0], page) if lost_pages else MATCH
+        if self.hybrid and cause == MATCH:
+            tokens = list(req.origin_input_ids) + list(req.output_ids)
+            cause = holders.state(self.ledger.state_id(identities(tokens[: owed.length])[-1]))
         f.lost_causes[cause] = f.lost_causes.get(cause, 0) + 1
         f.lost.append(
             f"step {self.step}: {req.rid} ({count} tokens) lost a hit: owed {owed.length} "
             f"tokens, served {served}; page {served // page} is held as physical page "
-            f"{lost_pages[0]}, {cause}"
+            f"{lost_pages[0] if lost_pages else '-'}, {cause}"
         )
 
-    def _where(self, physical: int) -> str:
-        """Why SGLang's tree does not have a held page: who has its slots now."""
-        page = self.workload.page
-        first = physical * page
-        for req in self.running.reqs + ([self.chunked] if self.chunked is not None else []):
-            if req.kv.req_pool_idx is None:
-                continue
-            row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
+
+@dataclass
+class Holders:
+    """Who held which slots before a lookup: why SGLang's tree lacks what the ledger holds."""
+
+    in_tree: set[int]  # the token slots the tree holds
+    rows: list[tuple[list[int], int]]  # running requests' rows, with their prompt lengths
+    free_pages: set[int]
+    states: list[int] = field(default_factory=list)  # per physical state slot, its identity
+    running_states: set[int] = field(default_factory=set)  # running requests' state slots
+    free_states: set[int] = field(default_factory=set)
+
+    def page(self, physical: int, size: int) -> str:
+        first = physical * size
+        if first in self.in_tree:
+            return MATCH
+        for row, prompt in self.rows:
             if first in row:
-                if row.index(first) + page > len(req.origin_input_ids):
-                    return DECODED
-                return "the prompt of a running request, not published to the tree"
-        # the allocator's free pages (token slots at page 1), and those freed but not merged
-        free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
-        if physical in {int(x) for pages in free if pages is not None for x in pages.tolist()}:
-            return FREED
-        return "in the tree, not matched"
+                return DECODED if row.index(first) + size > prompt else PROMPT
+        return FREED if physical in self.free_pages else MATCH
+
+    def state(self, state: int) -> str:
+        slots = {i for i, value in enumerate(self.states) if value == state}
+        if slots & self.running_states:
+            return RUNNING_STATE
+        return FREED_STATE if slots & self.free_states else STATE_MATCH

@@ -16,6 +16,9 @@ from typing import Any
 
 VOCAB = 900
 PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
+# The served model: full attention only, or a full-attention + Mamba (GDN) hybrid, which
+# SGLang runs at page 1 without the extra buffer (its no-buffer strategy).
+MODELS = ("full", "mamba")
 
 
 def next_token(tokens: list[int] | tuple[int, ...]) -> int:
@@ -53,6 +56,7 @@ class Workload:
     chunk: int  # chunked_prefill_size: tokens of one request's prefill per step
     max_prefill_tokens: int  # the step's prefill token budget
     arrivals: tuple[Arrival, ...]
+    model: str = "full"  # one of MODELS
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -63,16 +67,21 @@ class Workload:
             Arrival(a["step"], a["rid"], tuple(a["prompt"]), a["max_tokens"])
             for a in data["arrivals"]
         )
-        fields = {k: data[k] for k in ("seed", "page", "pool_tokens", "chunk")}
-        return Workload(**fields, max_prefill_tokens=data["max_prefill_tokens"], arrivals=arrivals)
+        sizes = ("seed", "page", "pool_tokens", "chunk", "max_prefill_tokens")
+        fields = {k: data[k] for k in sizes}
+        return Workload(**fields, arrivals=arrivals, model=data.get("model", "full"))
 
 
-def generate(seed: int) -> Workload:
+def generate(seed: int, model: str = "full") -> Workload:
     """A random workload: requests sharing system prompts, exact repeats, and follow-ups of
     earlier requests (their prompt, some of their answer, more), arriving over a few steps
     into a pool small enough that the tree must evict and running requests retract."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     rng = random.Random(seed)
     page = rng.choice(PAGES)
+    if model == "mamba":
+        page = 1
     systems = [
         tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 7) * page))
         for _ in range(rng.randrange(1, 4))
@@ -98,7 +107,8 @@ def generate(seed: int) -> Workload:
     longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
     pool_tokens = _round_up(longest + rng.randrange(0, longest), page) + page
     chunk = _round_up(rng.choice((4, 8, 16, 64)), page)
-    return Workload(seed, page, pool_tokens, chunk, chunk * rng.choice((1, 2, 4)), tuple(arrivals))
+    budget = chunk * rng.choice((1, 2, 4))
+    return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
 
 
 def _round_up(value: int, page: int) -> int:
