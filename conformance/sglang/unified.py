@@ -162,15 +162,16 @@ def api() -> types.SimpleNamespace:
     )
 
 
-def _server_args(sg: types.SimpleNamespace, page: int) -> None:
-    """Publish the scheduler's server arguments: SGLang's defaults but the page size.
+def _server_args(sg: types.SimpleNamespace, page: int, **chosen: Any) -> None:
+    """Publish the scheduler's server arguments: SGLang's defaults but the page size (and
+    what `chosen` sets, the way a command-line flag does).
 
     The Mamba chunk size comes from the model's config in a real server; 64 (FLA's chunk) is
     what SGLang's own fixtures preset. It moves only where a branching state would be saved,
     never what a lookup matches.
     """
     # "dummy" is SGLang's own no-model path: nothing is looked up on the Hub.
-    args = sg.ServerArgs(model_path="dummy", page_size=page)
+    args = sg.ServerArgs(model_path="dummy", page_size=page, **chosen)
     args._mamba_cache_chunk_size = max(64, page)
     sg.set_global_server_args_for_scheduler(args)
 
@@ -306,22 +307,26 @@ def _hybrid_request_pool(
     )
 
 
-def build_serving(page: int, tokens: int, rows: int, states: int = 0) -> tuple[Any, Any]:
+def build_serving(
+    page: int, tokens: int, rows: int, states: int = 0, extra_buffer: bool = False
+) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
-    with `states` > 0 a full-attention + Mamba hybrid (no buffer, so page 1): `rows` request
-    rows, `tokens` KV slots besides the padding page, the allocator its configurator picks
-    (token slots at page 1, pages above) and the tree its registry picks (the unified tree
-    with a FULL (+ MAMBA) component from 0.5.19, else RadixCache / MambaRadixCache). States
-    are float32, so a state's value can carry an exact integer."""
+    with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
+    resolves to without overlap scheduling (no buffer at page 1, the extra buffer above):
+    `rows` request rows, `tokens` KV slots besides the padding page, the allocator its
+    configurator picks (token slots at page 1, pages above) and the tree its registry picks
+    (the unified tree with a FULL (+ MAMBA) component from 0.5.19, else RadixCache /
+    MambaRadixCache). States are float32, so a state's value can carry an exact integer."""
     sg = api()
-    _server_args(sg, page)
+    if states and extra_buffer != (page > NO_BUFFER_PAGE):
+        raise Inexpressible("SGLang runs a Mamba hybrid without the extra buffer only at page 1")
+    strategy = {"mamba_radix_cache_strategy": "extra_buffer" if extra_buffer else "no_buffer"}
+    _server_args(sg, page, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
     if states:
-        if page != NO_BUFFER_PAGE:
-            raise Inexpressible("a Mamba hybrid without the extra buffer runs at page 1")
         requests = _hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=False,
+            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
             ssm_dtype="float32",
         )  # fmt: skip
         pool = _on_cpu(
@@ -336,7 +341,7 @@ def build_serving(page: int, tokens: int, rows: int, states: int = 0) -> tuple[A
             enable_memory_saver=False,
             mamba_pool=requests.mamba_pool,
         )
-        fields["enable_mamba_extra_buffer"] = False
+        fields["enable_mamba_extra_buffer"] = extra_buffer
     else:
         requests = sg.ReqToTokenPool(
             size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False

@@ -57,6 +57,17 @@ def test_workloads_are_data_drawn_from_their_seed():
         assert [a.step for a in w.arrivals] == sorted(a.step for a in w.arrivals)
 
 
+def test_a_model_fixes_the_page_and_the_extra_buffer_draws_long_prompts():
+    for seed in range(30):
+        assert generate(seed, "mamba").page == 1  # no buffer: page 1 only
+        paged = generate(seed, "mamba-paged")
+        assert paged.page in (2, 4)
+        assert max(len(a.prompt) for a in paged.arrivals) >= 64  # past the state grid
+    assert generate(3, "full") == generate(3)
+    with pytest.raises(ValueError, match="unknown model"):
+        generate(0, "mamba2")
+
+
 def test_the_model_answers_a_prefix_the_same_way_every_time():
     said = outputs((3, 4, 5), 4)
     assert said[:2] == outputs((3, 4, 5), 2)
@@ -87,11 +98,15 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     from pathlib import Path
 
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
-    line = next(x.strip() for x in ci.splitlines() if x.strip().startswith("for sglang_twin in"))
+    lines = [" ".join(x.split()) for x in ci.replace("\\\n", " ").splitlines()]
+    line = next(x for x in lines if x.startswith("for sglang_twin in"))
     played = dict(t.split(":") for t in line.split(" in ", 1)[1].split(";")[0].split())
     assert set(played) == set(loop.Mutant.NAMES)
     assert set(played.values()) <= set(MODELS)
-    assert played["no-state-copy"] == "mamba"  # a full-attention model has no state to copy
+    assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
+    assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
+    models = next(x for x in lines if x.startswith("for model in"))
+    assert set(models.split(" in ", 1)[1].split(";")[0].split()) == set(MODELS)
 
 
 def test_a_hybrid_is_owed_a_hit_only_where_a_state_is_held():

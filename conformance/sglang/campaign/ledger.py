@@ -78,7 +78,8 @@ class Ledger:
     ) -> Owed:
         """The spec's hit for a request of these identities, admitted in `step`, over the
         pages held (every slot of a page-aligned run written by an earlier step) and, for a
-        hybrid, the states `state_held` says some slot of the state pool carries."""
+        hybrid, the states `state_held` says are held (a Mamba group of block 1, mode `all`:
+        the checkpointing strategy decides which states exist, the loop which count)."""
         page, count = self.page, len(idents)
         groups: tuple[FullAttention | MambaState, ...] = (FullAttention(page),)
         if state_held is not None:

@@ -22,9 +22,12 @@ it; its sampled token is `workload.next_token`. Where SGLang raises, the run rep
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import types
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -43,7 +46,7 @@ MATCH = "in the tree, not matched"
 PROMPT = "the prompt of a running request, not published to the tree"
 STATE_MATCH = "a state in the tree, not matched"
 ROWS = 6  # request rows of the pool: the server's max running requests here
-STATES_PER_ROW = 3  # Mamba states of a hybrid's pool per request row (running + the tree's)
+MAMBA_CHUNK = 64  # the GDN kernel's chunk (FLA's CHUNK_SIZE; the server's mamba chunk size)
 # Steps a workload may take after its last arrival before the run calls it stuck.
 DRAIN_STEPS = 400
 
@@ -71,7 +74,11 @@ def _sglang() -> types.SimpleNamespace:
     policy = importlib.import_module("sglang.srt.managers.schedule_policy")
     common = importlib.import_module("sglang.srt.mem_cache.common")
     spec = importlib.import_module("sglang.srt.speculative.spec_info")
+    results = importlib.import_module(
+        "sglang.srt.managers.scheduler_components.batch_result_processor"
+    )
     return types.SimpleNamespace(
+        SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
         ScheduleBatch=batch.ScheduleBatch,
         PrefillAdder=policy.PrefillAdder,
         AddReqResult=policy.AddReqResult,
@@ -81,10 +88,66 @@ def _sglang() -> types.SimpleNamespace:
     )
 
 
+def _states_per_row(extra_buffer: bool) -> int:
+    """The Mamba states the server sizes its pool with per running request (its
+    configurator caps max_running_requests at the pool size over this ratio): a base for
+    the running state and the tree's, plus the extra buffer's track slots (one without
+    overlap scheduling)."""
+    configurator = importlib.import_module("sglang.srt.mem_cache.kv_cache_configurator")
+    sizing = importlib.import_module("sglang.srt.mem_cache.allocation_sizing")
+    tracking = sizing.get_mamba_tracking_slots(extra_buffer=extra_buffer, overlap=False)
+    return int(configurator.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO) + int(tracking)
+
+
+@contextlib.contextmanager
+def _host_memory_unpinned() -> Iterator[None]:
+    """Tensor.pin_memory as the identity: the extra buffer's decode step pins its track mask
+    unconditionally, which raises without an accelerator; pinning only speeds up a copy to
+    one, so on CPU the tensor itself is the answer."""
+    tensor = unified.api().torch.Tensor
+    pin = tensor.pin_memory
+    tensor.pin_memory = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        tensor.pin_memory = pin
+
+
+def _result_steps(sg: types.SimpleNamespace, tree: Any) -> Any:
+    """The scheduler as BatchResultProcessor's per-request step sees it: SGLang's own methods
+    for the Mamba bookkeeping and the release, on a scheduler without disaggregation,
+    speculative decoding, MoE routing capture or multimodal inputs."""
+    processor = sg.SchedulerBatchResultProcessor
+    borrowed = {
+        name: inspect.getattr_static(processor, name)
+        for name in (
+            "_handle_finish_state_updated_req",
+            "_mamba_prefix_cache_update",
+            "_mamba_can_cache_finished_req",
+            "_mamba_check_track_boundary",
+            "_mamba_assert_committed_len_lookahead",
+            "mamba_lazy_post_decode_at_boundary",
+            "_prepare_kv_cache_release",
+        )
+    }
+    nothing = staticmethod(lambda *args: None)
+    quiet = dict.fromkeys(
+        ("_maybe_collect_routed_experts", "_maybe_collect_indexer_topk",
+         "_maybe_collect_customized_info"),
+        nothing,
+    )  # fmt: skip
+    steps = type("ResultSteps", (), {**borrowed, **quiet})()
+    steps.tree_cache = tree
+    steps.draft_worker = None
+    steps.model_worker = None
+    steps.decode_offload_manager = None
+    return steps
+
+
 class Mutant:
     """A broken twin of SGLang the campaign must catch (`--mutant`)."""
 
-    NAMES = ("free-shared-prefix", "no-checkpoint", "no-state-copy")
+    NAMES = ("free-shared-prefix", "no-checkpoint", "no-state-copy", "track-final-state")
 
     def __init__(self, name: str) -> None:
         if name not in self.NAMES:
@@ -98,17 +161,24 @@ class Run:
     def __init__(self, workload: Workload, mutant: str | None = None) -> None:
         self.workload = workload
         self.sg = _sglang()
-        states = STATES_PER_ROW * ROWS if workload.model == "mamba" else 0
+        self.extra_buffer = workload.model == "mamba-paged"
+        states = 0 if workload.model == "full" else _states_per_row(self.extra_buffer) * ROWS
         self.tree, self.requests = unified.build_serving(
-            workload.page, workload.pool_tokens, ROWS, states
+            workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer
         )
         self.hybrid = states > 0
+        self.results = _result_steps(self.sg, self.tree)
+        # per request row, its extra buffer's track slots (logical)
+        self._track_buffer: Any = getattr(
+            self.requests, "req_index_to_mamba_ping_pong_track_buffer_mapping", None
+        )
         self.allocator = self.tree.token_to_kv_pool_allocator
         self.model = types.SimpleNamespace(
             vocab_size=1000,
             is_encoder_decoder=False,
             context_len=workload.pool_tokens,
             hf_config=None,
+            hf_text_config=types.SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK),
             is_multimodal=False,
         )
         self.ledger = Ledger(workload.page)
@@ -119,6 +189,7 @@ class Run:
         self.chunked: Any = None
         self.last: Any = None
         self.judged: set[int] = set()  # id() of requests judged at their current admission
+        self.checkpointed: set[int] = set()  # states the extra buffer has tracked
         self.step = 0
 
     # --- the scheduler's loop -------------------------------------------------------------
@@ -212,7 +283,7 @@ class Run:
             self.chunked = adder.add_chunked_req(self.chunked)
         # Who holds what, as the round starts: the state allocator sets slots aside for the
         # round's matches (alloc_group_begin), free until a match takes one.
-        holders = self._holders()
+        holders = self._holders(adder.can_run_list)
         states = getattr(self.requests, "mamba_allocator", None)
         if states is not None:
             states.alloc_group_begin(len(self.waiting))
@@ -272,7 +343,8 @@ class Run:
             batch.batch_is_full = False
         if batch.is_empty():
             return None
-        batch.prepare_for_decode()
+        with _host_memory_unpinned():
+            batch.prepare_for_decode()
         return batch
 
     # --- the pass and its result ------------------------------------------------------------
@@ -305,6 +377,10 @@ class Run:
                 )
             self._write_state(slot, self.ledger.state_id(idents[end - 1]))
 
+    def _broken(self, name: str) -> bool:
+        """Whether the run plays the broken twin `name`."""
+        return self.mutant is not None and self.mutant.name == name
+
     # --- Mamba states: the values of the pool's temporal state, one per physical slot ------
 
     def _state_slot(self, req: Any) -> int:
@@ -328,8 +404,7 @@ class Run:
         if clear is not None and len(clear) > 0:
             pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
         source, target = batch.mamba_cow_src_indices, batch.mamba_cow_dst_indices
-        broken = self.mutant is not None and self.mutant.name == "no-state-copy"
-        if source is not None and len(source) > 0 and not broken:
+        if source is not None and len(source) > 0 and not self._broken("no-state-copy"):
             pool.copy_mamba_state(
                 pool.translate_mamba_indices(source), pool.translate_mamba_indices(target)
             )
@@ -341,6 +416,8 @@ class Run:
             self._copy_and_clear(batch)
         for req in batch.reqs:
             self._read_and_write(req, req.prefix_len, req.extend_end)
+        if self.extra_buffer:
+            self._track_prefill(batch)
         for req in batch.reqs:
             if req.finished() or req.is_retracted:
                 continue
@@ -356,29 +433,72 @@ class Run:
                 self._checkpoint(req)
 
     def _decode(self, batch: Any) -> None:
-        """A decode pass, then BatchResultProcessor.process_batch_result_decode."""
+        """A decode pass, then BatchResultProcessor.process_batch_result_decode's step for
+        each request (SGLang's own `_handle_finish_state_updated_req`: the extra buffer's
+        checkpoint bookkeeping, and the release of a finished request)."""
         for req in batch.reqs:
             length = len(req.origin_input_ids) + len(req.output_ids)
             self._read_and_write(req, length - 1, length)
-        for req in batch.reqs:
+        if self.extra_buffer:
+            self._track_decode(batch)
+        outcome = types.SimpleNamespace(
+            num_correct_drafts_per_req_cpu=None, grammar_retained_tokens=None
+        )
+        for i, req in enumerate(batch.reqs):
             tokens = list(req.origin_input_ids) + list(req.output_ids)
             req.output_ids.append(next_token(tokens))
-            req.update_finish_state()
+            req.update_finish_state(1)
+            shared = self._row(req, req.kv.cache_protected_len) if req.finished() else []
+            self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
             if req.finished():
-                self._release(req)
+                self._released(req, shared)
+
+    def _track_prefill(self, batch: Any) -> None:
+        """The extra buffer's prefill checkpoints, as the GDN kernel writes them
+        (`_init_track_ssm_indices`): a tracked length on the kernel's chunk grid takes the
+        state after the whole chunk (its last state), any other the chunk-grid state
+        before it (`h`); the destination is the batch's `mamba_track_indices`."""
+        chunk = MAMBA_CHUNK
+        for i, req in enumerate(batch.reqs):
+            if not batch.mamba_track_mask[i]:
+                continue
+            tracked = int(batch.mamba_track_seqlens[i]) - req.prefix_len
+            end = req.prefix_len + tracked // chunk * chunk
+            if tracked % chunk == 0 or self._broken("track-final-state"):
+                end = req.extend_end  # the last state (the twin takes it in place of `h`)
+            self._track(req, end, batch.mamba_track_indices[i])
+
+    def _track_decode(self, batch: Any) -> None:
+        """The extra buffer's decode checkpoints: where `mamba_track_mask` is set the kernel
+        copies the state after the decoded token into the batch's `mamba_track_indices`."""
+        for i, req in enumerate(batch.reqs):
+            if batch.mamba_track_mask_cpu[i]:
+                self._track(req, int(batch.seq_lens_cpu[i]), batch.mamba_track_indices[i])
+
+    def _track(self, req: Any, end: int, logical: Any) -> None:
+        """Write the state after `end` tokens of the request into a track slot."""
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        state = self.ledger.state_id(identities(tokens[:end])[-1])
+        physical = int(self.requests.translate_mamba_indices(logical.reshape(1))[0])
+        self._write_state(physical, state)
+        self.checkpointed.add(state)
 
     def _checkpoint(self, req: Any) -> None:
-        if self.mutant is not None and self.mutant.name == "no-checkpoint":
+        if self._broken("no-checkpoint"):
             req.prefix_len = req.extend_end  # what checkpoint_kv_cache does besides the insert
             return
         self.sg.checkpoint_kv_cache(req, self.tree)
 
     def _release(self, req: Any) -> None:
-        self.findings.finished += 1
-        self.judged.discard(id(req))
+        """release_kv_cache for a request that finished in a prefill pass."""
         shared = self._row(req, req.kv.cache_protected_len)
         self.sg.release_kv_cache(req, self.tree, checkpoint=True)
-        if shared and self.mutant is not None and self.mutant.name == "free-shared-prefix":
+        self._released(req, shared)
+
+    def _released(self, req: Any, shared: list[int]) -> None:
+        self.findings.finished += 1
+        self.judged.discard(id(req))
+        if shared and self._broken("free-shared-prefix"):
             # the broken twin: the slots of the prefix the tree lent it freed as well
             torch = unified.api().torch
             self.allocator.free(torch.tensor(shared, dtype=torch.int64))
@@ -391,15 +511,27 @@ class Run:
         if not self.hybrid:
             return self.ledger.owed(identities(tokens), self.step)
         present = set(holders.states)
+        if self.extra_buffer:
+            # the extra buffer's profile: only the states it checkpoints (into its track
+            # slots) are cached; a request's running state is not one, running or freed
+            handed = holders.running_states | holders.track_slots
+            kept = {v for i, v in enumerate(holders.states) if i not in handed}
+            present = kept & self.checkpointed
         return self.ledger.owed(identities(tokens), self.step, present.__contains__)
 
-    def _holders(self) -> Holders:
+    def _holders(self, scheduled: list[Any]) -> Holders:
+        """Who holds which slots: the running requests, the chunked one and those already
+        `scheduled` this round (a chunked request whose last chunk was just added)."""
         rows = []
-        running_states = set()
-        for req in self.running.reqs + ([self.chunked] if self.chunked is not None else []):
+        running_states: set[int] = set()
+        track_slots: set[int] = set()
+        chunked = [self.chunked] if self.chunked is not None else []
+        for req in {id(r): r for r in self.running.reqs + chunked + scheduled}.values():
             if req.kv.req_pool_idx is not None:
                 row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
                 rows.append((row, len(req.origin_input_ids)))
+                if self.extra_buffer:
+                    track_slots |= self._physical(self._track_buffer[req.kv.req_pool_idx])
             if self.hybrid and req.kv.mamba_pool_idx is not None:
                 running_states.add(self._state_slot(req))
         # the allocator's free pages (token slots at page 1), and those freed but not merged
@@ -408,15 +540,22 @@ class Run:
         in_tree = {int(x) for x in self.tree.all_values_flatten().tolist()}
         if not self.hybrid:
             return Holders(in_tree, rows, free_pages)
-        free_states = self.requests.mamba_allocator.free_slots
+        # a running request's track slots the tree has not adopted await its checkpoints:
+        # handed out, whatever they held before
+        track_slots -= self._physical(self.tree.all_mamba_values_flatten())
         return Holders(
             in_tree,
             rows,
             free_pages,
             self._states().tolist(),
             running_states,
-            set(self.requests.translate_mamba_indices(free_states).tolist()),
+            self._physical(self.requests.mamba_allocator.free_slots),
+            track_slots,
         )
+
+    def _physical(self, logical: Any) -> set[int]:
+        """The physical state slots of logical state indices."""
+        return set(self.requests.translate_mamba_indices(logical.reshape(-1)).tolist())
 
     def _judge(self, req: Any, owed: Any, holders: Holders) -> None:
         """Compare the match an admitted request was served with what it was owed."""
@@ -433,10 +572,12 @@ class Run:
             return
         page = self.workload.page
         lost_pages = owed.pages[served // page :]
-        cause = holders.page(lost_pages[0], page) if lost_pages else MATCH
-        if self.hybrid and cause == MATCH:
+        cause = STATE_MATCH
+        if self.hybrid:  # the hit ends at its state: where that state is comes first
             tokens = list(req.origin_input_ids) + list(req.output_ids)
             cause = holders.state(self.ledger.state_id(identities(tokens[: owed.length])[-1]))
+        if cause == STATE_MATCH:
+            cause = holders.page(lost_pages[0], page) if lost_pages else cause
         f.lost_causes[cause] = f.lost_causes.get(cause, 0) + 1
         f.lost.append(
             f"step {self.step}: {req.rid} ({count} tokens) lost a hit: owed {owed.length} "
@@ -455,6 +596,7 @@ class Holders:
     states: list[int] = field(default_factory=list)  # per physical state slot, its identity
     running_states: set[int] = field(default_factory=set)  # running requests' state slots
     free_states: set[int] = field(default_factory=set)
+    track_slots: set[int] = field(default_factory=set)  # handed to running requests' tracks
 
     def page(self, physical: int, size: int) -> str:
         first = physical * size

@@ -16,9 +16,12 @@ from typing import Any
 
 VOCAB = 900
 PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
-# The served model: full attention only, or a full-attention + Mamba (GDN) hybrid, which
-# SGLang runs at page 1 without the extra buffer (its no-buffer strategy).
-MODELS = ("full", "mamba")
+# The served model: full attention only, or a full-attention + Mamba (GDN) hybrid at page 1,
+# which SGLang's `auto` strategy runs without a buffer when it schedules synchronously, or at
+# pages 2 and 4 with the extra buffer ("mamba-paged"). The extra buffer saves states only on
+# the 64-token kernel chunk grid, so that model's workloads are drawn in units of 16 tokens.
+MODELS = ("full", "mamba", "mamba-paged")
+UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16}
 
 
 def next_token(tokens: list[int] | tuple[int, ...]) -> int:
@@ -82,8 +85,11 @@ def generate(seed: int, model: str = "full") -> Workload:
     page = rng.choice(PAGES)
     if model == "mamba":
         page = 1
+    elif model == "mamba-paged":
+        page = 2 if page < 4 else 4
+    unit = UNIT[model]
     systems = [
-        tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 7) * page))
+        tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 7) * page * unit))
         for _ in range(rng.randrange(1, 4))
     ]
     arrivals: list[Arrival] = []
@@ -96,17 +102,20 @@ def generate(seed: int, model: str = "full") -> Workload:
         elif earlier and kind < 0.45:
             before = rng.choice(earlier)
             said = outputs(before.prompt, rng.randrange(0, before.max_tokens + 1))
-            more = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 6)))
+            more = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(0, 6) * unit))
             prompt = before.prompt + said + more
         else:
             system = rng.choice(systems)
-            tail = tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 3 * page + 8)))
+            tail_length = rng.randrange(1, 3 * page + 8) * unit
+            if unit > 1:  # any length, so decoding can cross a state checkpoint
+                tail_length += rng.randrange(unit)
+            tail = tuple(rng.randrange(1, VOCAB) for _ in range(tail_length))
             prompt = system[: rng.randrange(0, len(system) + 1)] + tail
         arrivals.append(Arrival(step, f"r{index}", prompt, rng.randrange(1, 9)))
     arrivals.sort(key=lambda a: a.step)
     longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
     pool_tokens = _round_up(longest + rng.randrange(0, longest), page) + page
-    chunk = _round_up(rng.choice((4, 8, 16, 64)), page)
+    chunk = _round_up(rng.choice((4, 8, 16, 64)) * unit, page)
     budget = chunk * rng.choice((1, 2, 4))
     return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
 
