@@ -3,21 +3,27 @@
 SGLang's `Scheduler` does not build on CPU (docs/engines.md), so this module plays its
 event loop, synchronous, FCFS, no mixed chunks, no speculative decoding, as 0.5.23 runs it
 (`Scheduler.get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch`,
-`BatchResultProcessor.process_batch_result_prefill` / `_decode`), and calls SGLang's own
-code for everything that touches the cache:
+`process_batch_result_prefill`), and calls SGLang's own code for everything that touches
+the cache:
 
     a waiting request's lookup            Req.init_next_round_input (the tree's match)
     admission, chunking, token budget     PrefillAdder.add_one_req / add_chunked_req
+    state slots set aside for a round     alloc_group_begin / alloc_group_end
     a prefill's slots (evicting)          ScheduleBatch.init_new + prepare_for_extend
     a chunk or prefill that ended         checkpoint_kv_cache (the tree's insert)
-    a finished request                    release_kv_cache(checkpoint=True)
+    a request finished by its prefill     release_kv_cache(checkpoint=True)
     a decode step's slots, retraction     check_decode_mem, retract_decode,
                                           prepare_for_decode
+    a decoded token's result              _handle_finish_state_updated_req (the extra
+                                          buffer's bookkeeping, the release at finish)
     the running batch                     filter_batch, merge_batch
 
-The forward pass is the ledger's: it checks what each request reads through its row of
-`req_to_token` and writes the KV identities of what it computes into the slots SGLang gave
-it; its sampled token is `workload.next_token`. Where SGLang raises, the run reports it.
+The forward pass is the ledger's: it runs the model runner's deferred state copies
+(`copy_mamba_state`, `clear_slots`), checks what each request reads through its row of
+`req_to_token` and the state it starts from, and writes the KV identities of what it
+computes into the slots SGLang gave it, its state into the request's state slot and, under
+the extra buffer, the checkpoints the GDN kernel would write into the track slots; its
+sampled token is `workload.next_token`. Where SGLang raises, the run reports it.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from kvcert.conformance.sglang import unified
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
 from kvcert.conformance.sglang.campaign.workload import Workload, next_token
 
-# Where a lost page is (Run._where): SGLang publishes a request's decoded tokens to the tree
-# only when it finishes; it evicts whole tree nodes, more than an allocation needs.
+# Where a lost page or state was before the lookup (Holders): SGLang publishes a request's
+# decoded tokens (and under no buffer its state) only when it finishes; it evicts whole tree
+# nodes, more than an allocation needs.
 DECODED = "decoded tokens of a running request (SGLang publishes them when it finishes)"
 FREED = "free in the allocator (evicted or freed, not handed out again)"
 RUNNING_STATE = "the running state of a decoding request (SGLang saves it when it finishes)"
@@ -290,7 +297,9 @@ class Run:
         for req in self.waiting:
             if adder.budget_state() == sg.AddReqResult.OTHER:
                 break
-            if len(adder.can_run_list) >= self.requests.available_size():
+            # get_num_allocatable_reqs: the free rows and those the round's requests hold
+            held = sum(bool(r.kv.holds_kv) for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self.requests.available_size() + held:
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
@@ -304,12 +313,8 @@ class Run:
             if result != sg.AddReqResult.CONTINUE:
                 if result == sg.AddReqResult.NO_TOKEN:
                     running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
-                if not added:  # the match's state copy and slot are given back
-                    req.kv.mamba_cow_src_index = None
-                    req.kv.mamba_needs_clear = False
-                    if req.kv.holds_mamba:
-                        self.requests.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
-                        req.kv.mamba_pool_idx = None
+                if not added:
+                    self._give_back_state(req)
                 break
         if states is not None:
             states.alloc_group_end()
@@ -328,6 +333,15 @@ class Run:
         batch.prepare_for_extend()
         batch.decoding_reqs = None
         return batch
+
+    def _give_back_state(self, req: Any) -> None:
+        """A request the round did not admit gives back the state slot and copy its match
+        staged (the scheduler's revert after add_one_req)."""
+        req.kv.mamba_cow_src_index = None
+        req.kv.mamba_needs_clear = False
+        if req.kv.holds_mamba:
+            self.requests.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+            req.kv.mamba_pool_idx = None
 
     def _update_running(self) -> Any:
         """Scheduler.update_running_batch: retract when the next decode does not fit."""
