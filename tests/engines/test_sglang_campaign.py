@@ -121,3 +121,12 @@ def test_a_hybrid_is_owed_a_hit_only_where_a_state_is_held():
     assert ledger.owed(idents, step=1).length == 5  # attention alone: up to n - 1
     assert ledger.state_id(idents[1]) != ledger.state_id(idents[3])
     assert ledger.state_id(idents[1]) > 0  # 0 is a cleared state
+
+
+def test_the_command_says_where_sglang_is_missing(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here")
+    assert command.main(["--runs", "1"]) == 2
+    assert "engine-venv.sh sglang 0.5.23" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`python -m kvcert.conformance.sglang.campaign`: seeds through SGLang's request steps.
 
 Exit 0 when no read was unsound, SGLang never raised, every request finished, and every
-lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on bad arguments. The lost hits are
+lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release whose
+request steps the loop does not play (it plays 0.5.23's). The lost hits are
 printed with their causes either way: they are failures of SGLang against the spec, each
 with its cause (docs/engines.md), not a pass.
 """
@@ -9,11 +10,13 @@ with its cause (docs/engines.md), not a pass.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections import Counter
 from importlib.metadata import version
 
+from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang.campaign.loop import (
     DECODED,
     FREED,
@@ -49,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
+    if importlib.util.find_spec("sglang") is None:
+        print(
+            "kvcert: SGLang is not installed in this Python; create its venv with "
+            "`scripts/engine-venv.sh sglang 0.5.23` and run that venv's python",
+            file=sys.stderr,
+        )
+        return 2
     totals: Counter[str] = Counter()
     causes: Counter[str] = Counter()
     unsound: list[str] = []
@@ -56,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     lost: list[str] = []
     for seed in range(args.first, args.first + args.runs):
         workload = generate(seed, args.model)
-        found = Run(workload, args.mutant).play()
+        try:
+            found = Run(workload, args.mutant).play()
+        except EngineError as error:
+            print(f"kvcert: {error}", file=sys.stderr)
+            return 2
         for name in ("admissions", "owed_tokens", "served_tokens", "finished", "retracted"):
             totals[name] += getattr(found, name)
         totals["requests"] += len(workload.arrivals)

@@ -36,8 +36,10 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
+from importlib.metadata import version
 from typing import Any
 
+from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
 from kvcert.conformance.sglang.campaign.workload import Workload, next_token
@@ -80,6 +82,12 @@ def _sglang() -> types.SimpleNamespace:
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
     policy = importlib.import_module("sglang.srt.managers.schedule_policy")
     common = importlib.import_module("sglang.srt.mem_cache.common")
+    if not hasattr(common, "checkpoint_kv_cache"):
+        raise EngineError(
+            f"the campaign plays SGLang 0.5.23's request steps; {version('sglang')} has "
+            "others (cache_unfinished_req, no checkpoint_kv_cache): run it in the 0.5.23 venv "
+            "(scripts/engine-venv.sh sglang 0.5.23)"
+        )
     spec = importlib.import_module("sglang.srt.speculative.spec_info")
     results = importlib.import_module(
         "sglang.srt.managers.scheduler_components.batch_result_processor"
