@@ -223,18 +223,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
         )
     else:
         if shape.state_grid is not None:
-            pool = _on_cpu(
-                sg.HybridLinearKVPool,
-                size=capacity,
-                dtype=dtype,
-                page_size=shape.page,
-                head_num=1,
-                head_dim=1,
-                full_attention_layer_ids=[1],
-                device="cpu",
-                enable_memory_saver=False,
-                mamba_pool=requests.mamba_pool,
-            )
+            pool = _hybrid_attention_pool(sg, capacity, shape.page, requests)
         else:
             pool = _attention_pool(sg, capacity, shape.page)
         allocator = _token_allocator(sg, capacity, pool)
@@ -329,18 +318,7 @@ def build_serving(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
             ssm_dtype="float32",
         )  # fmt: skip
-        pool = _on_cpu(
-            sg.HybridLinearKVPool,
-            size=capacity,
-            dtype=sg.torch.float16,
-            page_size=page,
-            head_num=1,
-            head_dim=1,
-            full_attention_layer_ids=[1],
-            device="cpu",
-            enable_memory_saver=False,
-            mamba_pool=requests.mamba_pool,
-        )
+        pool = _hybrid_attention_pool(sg, capacity, page, requests)
         fields["enable_mamba_extra_buffer"] = extra_buffer
     else:
         requests = sg.ReqToTokenPool(
@@ -399,6 +377,24 @@ def _token_allocator(sg: types.SimpleNamespace, capacity: int, pool: Any) -> Any
     """Token slots over `pool`, handed out in the order they were freed."""
     return sg.TokenToKVPoolAllocator(
         size=capacity, dtype=sg.torch.float16, device="cpu", kvcache=pool, need_sort=False
+    )
+
+
+def _hybrid_attention_pool(
+    sg: types.SimpleNamespace, capacity: int, page: int, requests: Any
+) -> Any:
+    """The full-attention KV pool of a Mamba hybrid: one tiny layer beside the state pool."""
+    return _on_cpu(
+        sg.HybridLinearKVPool,
+        size=capacity,
+        dtype=sg.torch.float16,
+        page_size=page,
+        head_num=1,
+        head_dim=1,
+        full_attention_layer_ids=[1],
+        device="cpu",
+        enable_memory_saver=False,
+        mamba_pool=requests.mamba_pool,
     )
 
 
