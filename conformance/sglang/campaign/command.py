@@ -28,8 +28,8 @@ from kvcert.conformance.sglang.campaign.loop import (
 from kvcert.conformance.sglang.campaign.workload import MODELS, generate
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
-# lost page can be (a prompt not published, a page in the tree it did not match) is a new
-# finding and fails the run.
+# lost page or state can be (a prompt not published, a page or state in the tree it did not
+# match) is a new finding and fails the run.
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="first seed (default 0)")
     parser.add_argument(
         "--model", choices=MODELS, default="full",
-        help="full attention, or a full-attention + Mamba hybrid (page 1, no buffer)",
+        help="full attention (default); a full-attention + Mamba hybrid at page 1 (no "
+        "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=Mutant.NAMES, help="play a broken twin of SGLang")
     parser.add_argument("--json", help="write the totals and every finding here")
