@@ -311,7 +311,7 @@ class Run:
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
-            owed = self._owed(req, holders)
+            owed = self._owed(req, holders, self._state_slots(adder.can_run_list))
             req.init_next_round_input(self.tree)
             result = adder.add_one_req(req, has_chunked_req=self.chunked is not None,
                                        truncation_align_size=None)  # fmt: skip
@@ -527,19 +527,28 @@ class Run:
 
     # --- the oracle ---------------------------------------------------------------------------
 
-    def _owed(self, req: Any, holders: Holders) -> Any:
-        """What the request is owed before its lookup (which may take a state slot)."""
+    def _owed(self, req: Any, holders: Holders, taken: set[int]) -> Any:
+        """What the request is owed before its lookup (which may take a state slot). The
+        state slots the round's earlier matches `taken` were handed out for other content:
+        what they held is evicted, whatever the round-start view says."""
         tokens = list(req.origin_input_ids) + list(req.output_ids)
         if not self.hybrid:
             return self.ledger.owed(identities(tokens), self.step)
-        present = set(holders.states)
+        handed = set(taken)
         if self.extra_buffer:
             # the extra buffer's profile: only the states it checkpoints (into its track
             # slots) are cached; a request's running state is not one, running or freed
-            handed = holders.running_states | holders.track_slots
-            kept = {v for i, v in enumerate(holders.states) if i not in handed}
-            present = kept & self.checkpointed
+            handed |= holders.running_states | holders.track_slots
+        present = {v for i, v in enumerate(holders.states) if i not in handed}
+        if self.extra_buffer:
+            present &= self.checkpointed
         return self.ledger.owed(identities(tokens), self.step, present.__contains__)
+
+    def _state_slots(self, requests: list[Any]) -> set[int]:
+        """The physical state slots these requests hold (none without a state pool)."""
+        if not self.hybrid:
+            return set()
+        return {self._state_slot(r) for r in requests if r.kv.mamba_pool_idx is not None}
 
     def _holders(self, scheduled: list[Any]) -> Holders:
         """Who holds which slots: the running requests, the chunked one and those already
