@@ -1,20 +1,19 @@
 """Workloads of the SGLang campaign: what arrives when, drawn from a seed.
 
-Pure and engine-free (JSON round-trips). The outputs of the weightless model are a function
-of the tokens before them (`next_token`), so a workload can send, while a request still
-decodes, a follow-up that repeats the tokens it has produced so far: the case where a hit on
-a running request's decoded tokens is owed.
+Pure and engine-free: a workload is data drawn from its seed. The outputs of the weightless
+model are a function of the tokens before them (`next_token`), so a workload can send, while
+a request still decodes, a follow-up that repeats the tokens it has produced so far: the case
+where a hit on a running request's decoded tokens is owed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Any
 
-VOCAB = 900
+from kvcert.conformance.campaign.workload import VOCAB  # the campaigns' shared vocabulary
+
 PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
 # The served model: full attention only, or a full-attention + Mamba (GDN) hybrid at page 1,
 # which SGLang's `auto` strategy runs without a buffer when it schedules synchronously, or at
@@ -60,19 +59,6 @@ class Workload:
     max_prefill_tokens: int  # the step's prefill token budget
     arrivals: tuple[Arrival, ...]
     model: str = "full"  # one of MODELS
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> Workload:
-        arrivals = tuple(
-            Arrival(a["step"], a["rid"], tuple(a["prompt"]), a["max_tokens"])
-            for a in data["arrivals"]
-        )
-        sizes = ("seed", "page", "pool_tokens", "chunk", "max_prefill_tokens")
-        fields = {k: data[k] for k in sizes}
-        return Workload(**fields, arrivals=arrivals, model=data.get("model", "full"))
 
 
 def generate(seed: int, model: str = "full") -> Workload:
