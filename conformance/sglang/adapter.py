@@ -12,6 +12,8 @@ as per-group block tables, so only part of the suite maps (docs/engines.md has t
                                                       Mamba's extra buffer where B > 1
     full groups (target and draft) cached alike       the one full component (one pool)
     draft groups under the exact profile, reach 1     is_eagle: bigram keys
+    hits at multiples of U (`unit U`, block B)        page U, each block B / U pages, the
+                                                      units held looked up (units.py)
     the cached blocks                                 inserts as finished requests leave them
                                                       (unified.py), read back before lookup
     a lookup of n tokens                              Req.init_next_round_input: the
@@ -39,7 +41,7 @@ from typing import Any
 
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
-from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang import unified, units
 
 REFUSED: JSON = {"refused": True}
 # The layout's speculative profiles (absent: no draft layers).
@@ -176,7 +178,8 @@ class SglangEngine:
                 "kind.mamba.all",
                 "speculative.exact",
             ],
-            "profiles": [],
+            # hits at multiples of its page: `unit U` is a model run with page U (units.py)
+            "profiles": ["hit.unit"],
         }
 
     def run(self, case: JSON) -> JSON:
@@ -190,6 +193,17 @@ class SglangEngine:
             or not all(isinstance(g, dict) for g in groups)
         ):
             return REFUSED
+        given = [_positive(g.get("block_size")) for g in groups]
+        sizes = [size for size in given if size is not None]
+        n = _positive(case.get("num_tokens"))
+        if n is None or len(sizes) != len(groups) or len(case["cached"]) != len(groups):
+            return REFUSED
+        limit = layout.get("max_model_len")
+        if limit is not None and (_positive(limit) is None or n > limit):
+            return REFUSED
+        unit = units.unit_of(layout)
+        if isinstance(unit, str) or units.partial_problem(case, groups, sizes, unit):
+            return REFUSED
         drafts = [g.get("draft", False) for g in groups]
         problem = _speculation_problem(layout, drafts)
         if problem is not None:
@@ -197,20 +211,29 @@ class SglangEngine:
         roles: dict[str, list[int]] = {}
         for index, group in enumerate(groups):
             roles.setdefault(str(group.get("kind")), []).append(index)
-        sizes = [_positive(g.get("block_size")) for g in groups]
-        n = _positive(case.get("num_tokens"))
-        if n is None or None in sizes or len(case["cached"]) != len(groups):
-            return REFUSED
-        limit = layout.get("max_model_len")
-        if limit is not None and (_positive(limit) is None or n > limit):
-            return REFUSED
         cached = [_ranges(c) for c in case["cached"]]
+        if unit is None:
+            return self._lookup(case, groups, roles, cached, any(drafts))
+        # `unit U`: the same lookup over pages of U, its answer read back per block
+        partial = case.get("partial") or [[] for _ in groups]
+        unit_groups, unit_cached = units.in_units(groups, cached, partial, unit)
+        answer = self._lookup(case, unit_groups, roles, unit_cached, any(drafts))
+        return units.to_blocks(answer, sizes, unit)
+
+    def _lookup(
+        self,
+        case: JSON,
+        groups: list[JSON],
+        roles: dict[str, list[int]],
+        cached: list[set[int]],
+        eagle: bool,
+    ) -> JSON:
         why = _inexpressible(groups, roles, cached)
         if why is not None:
             return {"unsupported": why}
         if "full" not in roles:
             return self._all_swa(case, groups, cached)
-        return self._unified(case, groups, roles, cached, any(drafts))
+        return self._unified(case, groups, roles, cached, eagle)
 
     def _all_swa(self, case: JSON, groups: list[JSON], cached: list[set[int]]) -> JSON:
         """An all-SWA model: PureSWARadixCache holds its finished requests' prefill portion,
