@@ -297,15 +297,24 @@ def _hybrid_request_pool(
 
 
 def build_serving(
-    page: int, tokens: int, rows: int, states: int = 0, extra_buffer: bool = False
+    page: int,
+    tokens: int,
+    rows: int,
+    states: int = 0,
+    extra_buffer: bool = False,
+    *,
+    exclusive_window: int | None = None,
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
-    resolves to without overlap scheduling (no buffer at page 1, the extra buffer above):
-    `rows` request rows, `tokens` KV slots besides the padding page, the allocator its
-    configurator picks (token slots at page 1, pages above) and the tree its registry picks
-    (the unified tree with a FULL (+ MAMBA) component from 0.5.19, else RadixCache /
-    MambaRadixCache). States are float32, so a state's value can carry an exact integer."""
+    resolves to without overlap scheduling (no buffer at page 1, the extra buffer above),
+    or with `exclusive_window` a full-attention + sliding-window hybrid (SGLang's
+    `sliding_window_size`, W - 1): `rows` request rows, `tokens` KV slots besides the
+    padding page, the allocator its configurator picks (token slots at page 1, pages above;
+    for SWA its two-pool allocator, the SWA pool `swa_full_tokens_ratio` of the full one)
+    and the tree its registry picks (the unified tree with a FULL (+ MAMBA or SWA) component
+    from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache). States are float32, so
+    a state's value can carry an exact integer."""
     sg = api()
     if states and extra_buffer != (page > NO_BUFFER_PAGE):
         raise Inexpressible("SGLang runs a Mamba hybrid without the extra buffer only at page 1")
@@ -313,6 +322,8 @@ def build_serving(
     _server_args(sg, page, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
+    if exclusive_window is not None:
+        return _swa_serving(sg, fields, capacity, rows, exclusive_window)
     if states:
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
@@ -341,6 +352,55 @@ def build_serving(
     else:
         tree_class = sg.MambaRadixCache if states else sg.RadixCache
     return tree_class(sg.CacheInitParams(**fields)), requests
+
+
+def _swa_serving(
+    sg: types.SimpleNamespace, fields: dict[str, Any], capacity: int, rows: int, window: int
+) -> tuple[Any, Any]:
+    """A full-attention + sliding-window hybrid: the full pool of `capacity` slots, the SWA
+    pool the configurator sizes (`swa_full_tokens_ratio` of it, whole pages), which it
+    refuses below the prefill admission floor (window + page)."""
+    page = fields["page_size"]
+    ratio = _swa_full_tokens_ratio(sg)
+    swa = int(capacity * ratio) // page * page
+    if window + page >= swa:
+        raise Inexpressible(f"an SWA pool of {swa} slots admits no request (window {window})")
+    pool = _on_cpu(
+        sg.SWAKVPool,
+        size=capacity,
+        size_swa=swa,
+        page_size=page,
+        dtype=sg.torch.float16,
+        head_num=1,
+        head_dim=1,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device="cpu",
+    )
+    fields["token_to_kv_pool_allocator"] = sg.SWATokenToKVPoolAllocator(
+        size=capacity, size_swa=swa, page_size=page, dtype=sg.torch.float16, device="cpu",
+        kvcache=pool, need_sort=False,
+    )  # fmt: skip
+    requests = sg.ReqToTokenPool(
+        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+    )
+    fields["req_to_token_pool"] = requests
+    fields["sliding_window_size"] = window
+    if sg.unified_by_default:
+        fields["tree_components"] = (sg.ComponentType.FULL, sg.ComponentType.SWA)
+        return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
+    return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
+
+
+def _swa_full_tokens_ratio(sg: types.SimpleNamespace) -> float:
+    """The published server arguments' SWA / full pool ratio, as the configurator reads it
+    (0.5.23's runtime context resolves the unset default; earlier releases hold it)."""
+    try:
+        context = importlib.import_module("sglang.srt.runtime_context")
+        return float(context.get_schedule().swa_full_tokens_ratio)
+    except (ModuleNotFoundError, AttributeError):
+        pass
+    return float(sg.ServerArgs(model_path="dummy").swa_full_tokens_ratio)
 
 
 def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, Any]:

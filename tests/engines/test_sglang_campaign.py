@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcert.conformance.sglang.campaign import command, loop
+from kvcert.conformance.sglang.campaign import command, loop, places
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
 from kvcert.conformance.sglang.campaign.workload import (
     MODELS,
@@ -81,13 +81,17 @@ def test_a_broken_twin_is_named_from_the_list():
 
 def test_only_the_documented_causes_explain_a_lost_hit():
     assert set(command.EXPLAINED) == {
-        loop.DECODED,
-        loop.FREED,
-        loop.RUNNING_STATE,
-        loop.FREED_STATE,
+        places.DECODED,
+        places.FREED,
+        places.RUNNING_STATE,
+        places.FREED_STATE,
+        places.SWA_DECODED,
+        places.SWA_FREED,
+        places.BRANCHED,
     }
-    assert loop.MATCH not in command.EXPLAINED
-    assert loop.PROMPT not in command.EXPLAINED
+    for unexplained in (places.MATCH, places.PROMPT, places.STATE_MATCH, places.SWA_MATCH,
+                        places.SWA_PROMPT):  # fmt: skip
+        assert unexplained not in command.EXPLAINED
     with pytest.raises(SystemExit):
         command.main(["--runs", "0"])
 
@@ -103,6 +107,7 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     assert set(played.values()) <= set(MODELS)
     assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
     assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
+    assert played["swa-window-short"] == "swa"  # only a sliding window releases a window
     models = next(x for x in lines if x.startswith("for model in"))
     assert set(models.split(" in ", 1)[1].split(";")[0].split()) == set(MODELS)
 
@@ -128,3 +133,37 @@ def test_the_command_says_where_sglang_is_missing(capsys):
         pytest.skip("SGLang is installed here")
     assert command.main(["--runs", "1"]) == 2
     assert "engine-venv.sh sglang 0.5.23" in capsys.readouterr().err
+
+
+def test_a_sliding_window_is_owed_only_where_its_window_is_held():
+    """HIT-SW-1 over the SWA ledger: the hit needs the W - 1 positions before it held."""
+    full, swa = Ledger(page=1), Ledger(page=1)
+    tokens = [2, 7, 1, 8, 2, 8]
+    idents = identities(tokens)
+    full.write(range(1, 6), idents[:5], step=0)
+    window = loop.Window(3, swa)  # W = 3: a hit at L reads positions L - 2, L - 1
+    assert full.owed(idents, step=1, window=window).length == 0  # no SWA held
+    swa.write([11, 12], idents[2:4], step=0)  # positions 2, 3
+    owed = full.owed(idents, step=1, window=window)
+    assert (owed.length, owed.window_pages) == (4, {2: 11, 3: 12})
+    swa.write([13], idents[4:5], step=0)  # position 4 too: a hit at 5 reads 3, 4
+    assert full.owed(idents, step=1, window=window).length == 5
+
+
+def test_swa_workloads_draw_a_window_and_an_interval_the_pool_holds():
+    for seed in range(30):
+        w = generate(seed, "swa")
+        assert w.window in (1, 2, 3, 4, 7, 8)
+        assert w.swa_interval in (1, 4, 16)
+        assert w.pool_tokens >= 2 * (w.window + w.swa_interval + 2 * w.page)
+        assert generate(seed, "full").window is None
+    full = generate(5, "full")
+    assert (full.arrivals, full.page) == (generate(5, "swa").arrivals, generate(5, "swa").page)
+
+
+def test_a_row_names_where_its_page_lies():
+    row = places.Row(slots=[4, 5, 6, 7], prompt=3, branched=False, protected=1)
+    assert row.holding(2, places.DECODED, places.PROMPT) == places.PROMPT
+    assert row.holding(4, places.DECODED, places.PROMPT) == places.DECODED
+    branched = places.Row(slots=[4, 5, 6, 7], prompt=3, branched=True, protected=1)
+    assert branched.holding(2, places.DECODED, places.PROMPT) == places.BRANCHED

@@ -17,24 +17,32 @@ from collections import Counter
 from importlib.metadata import version
 
 from kvcert.conformance.contract.protocol import EngineError
-from kvcert.conformance.sglang.campaign.loop import (
+from kvcert.conformance.sglang.campaign.loop import Mutant, Run
+from kvcert.conformance.sglang.campaign.places import (
+    BRANCHED,
     DECODED,
     FREED,
     FREED_STATE,
     RUNNING_STATE,
-    Mutant,
-    Run,
+    SWA_DECODED,
+    SWA_FREED,
 )
 from kvcert.conformance.sglang.campaign.workload import MODELS, generate
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
 # lost page or state can be (a prompt not published, a page or state in the tree it did not
 # match) is a new finding and fails the run.
+# An SGLang bug found here, reproduced by kvcert.conformance.sglang.checks.swa_livelock: an
+# idle scheduler that never admits the head of its queue (docs/engines.md).
+LIVELOCK = "sglang-swa-admission-livelock"
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
+    SWA_DECODED: "sglang-decode-publish-at-finish",
     FREED: "sglang-node-eviction",
     FREED_STATE: "sglang-node-eviction",
+    SWA_FREED: "sglang-swa-tombstone",
+    BRANCHED: "sglang-swa-branch-insert",
 }
 
 
@@ -45,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", choices=MODELS, default="full",
         help="full attention (default); a full-attention + Mamba hybrid at page 1 (no "
-        "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged)",
+        "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged); a full-attention "
+        "+ sliding-window hybrid (swa)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=Mutant.NAMES, help="play a broken twin of SGLang")
     parser.add_argument("--json", help="write the totals and every finding here")
@@ -64,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     causes: Counter[str] = Counter()
     unsound: list[str] = []
     crashed: list[str] = []
+    stalled: list[str] = []
     lost: list[str] = []
     for seed in range(args.first, args.first + args.runs):
         workload = generate(seed, args.model)
@@ -72,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         except EngineError as error:
             print(f"kvcert: {error}", file=sys.stderr)
             return 2
-        for name in ("admissions", "owed_tokens", "served_tokens", "finished", "retracted"):
+        for name in (
+            "admissions", "owed_tokens", "served_tokens", "finished", "retracted", "aborted"
+        ):  # fmt: skip
             totals[name] += getattr(found, name)
         totals["requests"] += len(workload.arrivals)
         causes.update(found.lost_causes)
@@ -80,20 +92,30 @@ def main(argv: list[str] | None = None) -> int:
         lost += [f"seed {seed}: {text}" for text in found.lost]
         if found.crashed:
             crashed.append(f"seed {seed}: {found.crashed}")
-    unfinished = totals["requests"] - totals["finished"]
+        if found.stalled:  # the requests it left waiting are the livelock's
+            stalled.append(f"seed {seed}: {found.stalled}")
+            totals["stalled_requests"] += len(workload.arrivals) - found.finished
+    unfinished = (
+        totals["requests"] - totals["finished"] - totals["aborted"] - totals["stalled_requests"]
+    )
     unexplained = sum(n for cause, n in causes.items() if cause not in EXPLAINED)
     served = totals["served_tokens"] / max(1, totals["owed_tokens"])
     print(
         f"sglang {version('sglang')} {args.model}"
         f"{' mutant ' + args.mutant if args.mutant else ''}: "
         f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
-        f"admissions, {totals['retracted']} retractions; {len(unsound)} unsound reads, "
+        f"admissions, {totals['retracted']} retractions, {totals['aborted']} aborted out "
+        f"of memory; {len(unsound)} unsound reads, "
         f"{len(crashed)} crashed, {unfinished} unfinished; served {totals['served_tokens']} of "
         f"{totals['owed_tokens']} owed tokens ({served:.1%}), {len(lost)} lost hits"
     )
     for cause, count in causes.most_common():
         print(f"  lost hits, {EXPLAINED.get(cause, 'UNEXPLAINED')}: {count} ({cause})")
-    for kind, texts in (("unsound", unsound), ("crashed", crashed), ("lost", lost)):
+    if stalled:
+        print(f"  stalled, {LIVELOCK}: {len(stalled)} workloads, {totals['stalled_requests']} "
+              "requests never admitted")  # fmt: skip
+    kinds = (("unsound", unsound), ("crashed", crashed), ("stalled", stalled), ("lost", lost))
+    for kind, texts in kinds:
         for text in texts[: args.show]:
             print(f"  {kind}: {text}")
     if args.json:
@@ -106,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "lost_causes": dict(causes),
             "unsound": unsound,
             "crashed": crashed,
+            "stalled": stalled,
             "lost": lost,
         }
         with open(args.json, "w") as out:

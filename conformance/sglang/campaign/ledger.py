@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kvcert.conformance.vllm.campaign.ledger import extend_identities
 from kvcert.spec.hybrid import hybrid_hit
-from kvcert.spec.layout import FullAttention, Layout, MambaMode, MambaState
+from kvcert.spec.layout import FullAttention, Layout, MambaMode, MambaState, SlidingWindow
 from kvcert.spec.view import CacheView, keyable_blocks
 
 
@@ -39,6 +39,17 @@ class Owed:
 
     length: int
     pages: tuple[int, ...]  # physical page index per owed page, in order
+    # a sliding-window group: per page the hit reads, the SWA page holding it
+    window_pages: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding-window group: its window W (SGLang's sliding_window_size + 1) and the ledger
+    of its own slots (SGLang's SWA pool)."""
+
+    size: int
+    ledger: Ledger
 
 
 @dataclass
@@ -74,16 +85,23 @@ class Ledger:
         ]
 
     def owed(
-        self, idents: Sequence[bytes], step: int, state_held: Callable[[int], bool] | None = None
+        self,
+        idents: Sequence[bytes],
+        step: int,
+        state_held: Callable[[int], bool] | None = None,
+        window: Window | None = None,
     ) -> Owed:
         """The spec's hit for a request of these identities, admitted in `step`, over the
         pages held (every slot of a page-aligned run written by an earlier step) and, for a
         hybrid, the states `state_held` says are held (a Mamba group of block 1, mode `all`:
-        the checkpointing strategy decides which states exist, the loop which count)."""
+        the checkpointing strategy decides which states exist, the loop which count) or the
+        sliding window's pages its own ledger holds (HIT-SW-1)."""
         page, count = self.page, len(idents)
-        groups: tuple[FullAttention | MambaState, ...] = (FullAttention(page),)
+        groups: tuple[FullAttention | MambaState | SlidingWindow, ...] = (FullAttention(page),)
         if state_held is not None:
             groups += (MambaState(1, MambaMode.ALL),)
+        if window is not None:
+            groups += (SlidingWindow(page, window.size),)
         layout = Layout(groups)
         held: dict[int, int] = {}
         for j in range(keyable_blocks(layout, 0, count)):
@@ -95,8 +113,20 @@ class Ledger:
         if state_held is not None:
             ends = range(keyable_blocks(layout, 1, count))
             cached.append(frozenset(j for j in ends if state_held(self.state_id(idents[j]))))
+        live: dict[int, int] = {}
+        if window is not None:
+            for j in range(keyable_blocks(layout, len(groups) - 1, count)):
+                physical = window.ledger._holder(idents[j * page : (j + 1) * page], step)
+                if physical is not None:
+                    live[j] = physical
+            cached.append(frozenset(live))
         hit = hybrid_hit(CacheView(layout, count, tuple(cached)))
-        return Owed(hit.length, tuple(held[j] for j in range(hit.length // page)))
+        read = hit.blocks[-1] if window is not None else ()
+        return Owed(
+            hit.length,
+            tuple(held[j] for j in range(hit.length // page)),
+            {j: live[j] for j in read if j is not None},
+        )
 
     def _holder(self, run: Sequence[bytes], step: int) -> int | None:
         """A physical page whose slots hold `run` in order, each written before `step`."""

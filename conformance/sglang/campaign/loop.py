@@ -29,6 +29,7 @@ sampled token is `workload.next_token`. Where SGLang raises, the run reports it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import types
@@ -41,19 +42,15 @@ from typing import Any
 
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
-from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
+from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
+from kvcert.conformance.sglang.campaign.places import (
+    MATCH,
+    STATE_MATCH,
+    Holders,
+    Row,
+)
 from kvcert.conformance.sglang.campaign.workload import Workload, next_token
 
-# Where a lost page or state was before the lookup (Holders): SGLang publishes a request's
-# decoded tokens (and under no buffer its state) only when it finishes; it evicts whole tree
-# nodes, more than an allocation needs.
-DECODED = "decoded tokens of a running request (SGLang publishes them when it finishes)"
-FREED = "free in the allocator (evicted or freed, not handed out again)"
-RUNNING_STATE = "the running state of a decoding request (SGLang saves it when it finishes)"
-FREED_STATE = "a state slot freed or evicted, not handed out again"
-MATCH = "in the tree, not matched"
-PROMPT = "the prompt of a running request, not published to the tree"
-STATE_MATCH = "a state in the tree, not matched"
 ROWS = 6  # request rows of the pool: the server's max running requests here
 MAMBA_CHUNK = 64  # the GDN kernel's chunk (FLA's CHUNK_SIZE; the server's mamba chunk size)
 # Steps a workload may take after its last arrival before the run calls it stuck.
@@ -68,11 +65,13 @@ class Findings:
     lost: list[str] = field(default_factory=list)
     lost_causes: dict[str, int] = field(default_factory=dict)
     crashed: str | None = None
+    stalled: str | None = None  # SGLang's SWA admission livelock: the queue never moves
     admissions: int = 0
     owed_tokens: int = 0
     served_tokens: int = 0
     finished: int = 0
     retracted: int = 0
+    aborted: int = 0  # requests SGLang aborted out of memory (retract_decode's last resort)
     steps: int = 0
 
 
@@ -92,11 +91,15 @@ def _sglang() -> types.SimpleNamespace:
     results = importlib.import_module(
         "sglang.srt.managers.scheduler_components.batch_result_processor"
     )
+    ratio = importlib.import_module(
+        "sglang.srt.managers.scheduler_components.new_token_ratio_tracker"
+    )
     return types.SimpleNamespace(
         SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
         ScheduleBatch=batch.ScheduleBatch,
         PrefillAdder=policy.PrefillAdder,
         AddReqResult=policy.AddReqResult,
+        NewTokenRatioTracker=ratio.NewTokenRatioTracker,
         checkpoint_kv_cache=common.checkpoint_kv_cache,
         release_kv_cache=common.release_kv_cache,
         NONE=spec.SpeculativeAlgorithm.NONE,
@@ -162,7 +165,13 @@ def _result_steps(sg: types.SimpleNamespace, tree: Any) -> Any:
 class Mutant:
     """A broken twin of SGLang the campaign must catch (`--mutant`)."""
 
-    NAMES = ("free-shared-prefix", "no-checkpoint", "no-state-copy", "track-final-state")
+    NAMES = (
+        "free-shared-prefix",
+        "no-checkpoint",
+        "no-state-copy",
+        "track-final-state",
+        "swa-window-short",
+    )
 
     def __init__(self, name: str) -> None:
         if name not in self.NAMES:
@@ -177,11 +186,16 @@ class Run:
         self.workload = workload
         self.sg = _sglang()
         self.extra_buffer = workload.model == "mamba-paged"
-        states = 0 if workload.model == "full" else _states_per_row(self.extra_buffer) * ROWS
+        mamba = workload.model in ("mamba", "mamba-paged")
+        states = _states_per_row(self.extra_buffer) * ROWS if mamba else 0
         self.tree, self.requests = unified.build_serving(
-            workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer
-        )
+            workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer,
+            exclusive_window=workload.window,
+        )  # fmt: skip
         self.hybrid = states > 0
+        # the scheduler's admission ratio: from the published server arguments, decayed
+        # each decode step, raised by a retraction, reset when the scheduler idles
+        self.ratio = self.sg.NewTokenRatioTracker.from_config()
         self.results = _result_steps(self.sg, self.tree)
         # per request row, its extra buffer's track slots (logical)
         self._track_buffer: Any = getattr(
@@ -197,8 +211,15 @@ class Run:
             is_multimodal=False,
         )
         self.ledger = Ledger(workload.page)
+        # a sliding-window model: what its SWA slots hold, and the window (W - 1 + 1 = W)
+        self.window = None
+        self.branched: set[int] = set()  # id() of requests admitted at an SWA branch point
+        if workload.window is not None:
+            self.window = Window(workload.window + 1, Ledger(workload.page))
         self.findings = Findings()
         self.mutant = None if mutant is None else Mutant(mutant)
+        if self._broken("swa-window-short"):
+            self._shorten_windows()
         self.waiting: list[Any] = []
         self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked: Any = None
@@ -210,11 +231,24 @@ class Run:
     # --- the scheduler's loop -------------------------------------------------------------
 
     def play(self) -> Findings:
+        if self.window is None:
+            return self._play()
+        interval = unified.api().envs.SGLANG_SWA_EVICTION_INTERVAL
+        with interval.override(self.workload.swa_interval):
+            return self._play()
+
+    def _play(self) -> Findings:
         arrivals = list(self.workload.arrivals)
         last_arrival = max(a.step for a in arrivals)
         while arrivals or self.waiting or self.chunked or self._running():
             if self.step > last_arrival + DRAIN_STEPS:
-                self.findings.crashed = f"still running {DRAIN_STEPS} steps after the last arrival"
+                livelock = self._swa_livelock()
+                if livelock is not None:
+                    self.findings.stalled = livelock
+                else:
+                    self.findings.crashed = (
+                        f"still running {DRAIN_STEPS} steps after the last arrival"
+                    )
                 break
             while arrivals and arrivals[0].step <= self.step:
                 a = arrivals.pop(0)
@@ -231,6 +265,37 @@ class Run:
             self.step += 1
         self.findings.steps = self.step
         return self.findings
+
+    def _swa_livelock(self) -> str | None:
+        """Why an idle scheduler never admits the head of its queue, when it is SGLang's
+        SWA admission livelock (sglang-swa-admission-livelock), else None.
+
+        Nothing runs and nothing is chunked, so the pools no longer change. The head's SWA
+        reservation B (SWAPrefillBudget.swa_tokens) is below the SWA pool C, so SGLang
+        counts the shortfall as transient pressure and waits (no chunk-cap escape), but it
+        is at least what admission can ever find free, R: the SWA its own matched prefix
+        pins, locked during admission, is never evictable then.
+        """
+        if self.window is None or not self.waiting or self.chunked or self._running():
+            return None
+        head = self.waiting[0]
+        adder = self._adder()
+        head.init_next_round_input(self.tree)
+        budget = adder.memory_budget
+        extend = budget.ceil_paged_tokens(len(head.full_untruncated_fill_ids) - head.prefix_len)
+        wanted = budget.swa_tokens(
+            extend, adder._swa_new_tokens(head), chunk_limit=adder.rem_chunk_tokens
+        )
+        pool = self.allocator.size_swa
+        with adder._lock_node(head.last_node):
+            free = int(budget.remaining_swa)
+        if not free <= wanted < pool:
+            return None
+        return (
+            f"{head.rid} waits for {wanted} SWA slots, below the pool's {pool} (so SGLang "
+            f"waits: no chunk cap), while at most {free} are ever free to it: its matched "
+            f"prefix ({head.prefix_len} tokens) pins {pool - free}"
+        )
 
     def _running(self) -> bool:
         """Whether a request still runs: in the running batch, or in the prefill batch just
@@ -270,6 +335,8 @@ class Run:
             batch = self._update_running()
             if batch is not None and not batch.is_empty():
                 self._decode(batch)
+        if batch is None:
+            self.ratio.reset()  # Scheduler.on_idle
         self.last = batch
 
     def _new_prefill(self) -> Any:
@@ -282,17 +349,7 @@ class Run:
         if self.requests.available_size() <= 0 and self.chunked is None:
             running.batch_is_full = True
             return None
-        chunk = self.workload.chunk
-        adder = sg.PrefillAdder(
-            self.workload.page,
-            self.tree,
-            self.allocator,
-            running,
-            0.5,  # new_token_ratio: SGLang's default init ratio (0.7) decays; fixed here
-            self.workload.max_prefill_tokens,
-            chunk,
-            max_running_requests=ROWS,
-        )
+        adder = self._adder()
         if self.chunked is not None:
             self.chunked.init_next_round_input()
             self.chunked = adder.add_chunked_req(self.chunked)
@@ -313,6 +370,7 @@ class Run:
                 break
             owed = self._owed(req, holders, self._state_slots(adder.can_run_list))
             req.init_next_round_input(self.tree)
+            self._note_branch(req)
             result = adder.add_one_req(req, has_chunked_req=self.chunked is not None,
                                        truncation_align_size=None)  # fmt: skip
             added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
@@ -342,6 +400,29 @@ class Run:
         batch.decoding_reqs = None
         return batch
 
+    def _adder(self) -> Any:
+        """The scheduler's PrefillAdder for this round (FCFS, no LoRA, grammar or storage)."""
+        return self.sg.PrefillAdder(
+            self.workload.page,
+            self.tree,
+            self.allocator,
+            self.running,
+            self.ratio.current,
+            self.workload.max_prefill_tokens,
+            self.workload.chunk,
+            max_running_requests=ROWS,
+        )
+
+    def _note_branch(self, req: Any) -> None:
+        """Whether the request's lookup found full KV past its live window: SGLang's SWA
+        tree then sets a branch point (`swa_branching_seqlen`), and the insert after its
+        prefill stops there (the SWA component's prepare_for_caching_req)."""
+        branch = getattr(req, "swa_branching_seqlen", None)
+        if branch is not None and branch > req.kv.cache_protected_len:
+            self.branched.add(id(req))
+        else:
+            self.branched.discard(id(req))
+
     def _give_back_state(self, req: Any) -> None:
         """A request the round did not admit gives back the state slot and copy its match
         staged (the scheduler's revert after add_one_req)."""
@@ -355,14 +436,16 @@ class Run:
         """Scheduler.update_running_batch: retract when the next decode does not fit."""
         batch = self.running
         if not batch.check_decode_mem():
-            retracted, _, aborted = batch.retract_decode()
-            if aborted:
-                raise RuntimeError(f"retract_decode aborted {[r.rid for r in aborted]}")
+            retracted, self.ratio.current, aborted = batch.retract_decode()
+            # SGLang answers an aborted request with an error (its KV freed by the retract)
+            self.findings.aborted += len(aborted)
             self.findings.retracted += len(retracted)
             for req in retracted:
                 self.judged.discard(id(req))
                 self.waiting.append(req)
             batch.batch_is_full = False
+        else:
+            self.ratio.decay_step()
         if batch.is_empty():
             return None
         with _host_memory_unpinned():
@@ -388,6 +471,8 @@ class Run:
             )
             break
         self.ledger.write(row[start:end], idents[start:end], self.step)
+        if self.window is not None:
+            self._read_and_write_window(req, row, idents, start, end)
         if self.hybrid:
             slot = self._state_slot(req)
             want = self.ledger.state_id(idents[start - 1]) if start else 0
@@ -398,6 +483,40 @@ class Run:
                     f"not the state after its {start} computed tokens ({want})"
                 )
             self._write_state(slot, self.ledger.state_id(idents[end - 1]))
+
+    def _swa_slots(self, row: list[int]) -> list[int]:
+        """The SWA slots SGLang maps the full-attention slots of `row` to (0: released)."""
+        mapping = self.allocator.full_to_swa_index_mapping
+        return [int(mapping[slot]) for slot in row]
+
+    def _read_and_write_window(
+        self, req: Any, row: list[int], idents: list[bytes], start: int, end: int
+    ) -> None:
+        """The sliding-window layers of the pass: the first query (position `start`) reads
+        the W - 1 positions before it through SGLang's full-to-SWA slot map; the pass writes
+        its positions' SWA slots."""
+        assert self.window is not None
+        first = max(0, start - (self.window.size - 1))
+        swa = self._swa_slots(row[first:end])
+        for p in self.window.ledger.unsound(swa[: start - first], idents[first:start]):
+            self.findings.unsound.append(
+                f"step {self.step}: {req.rid} read position {first + p} from SWA slot "
+                f"{swa[p]}, which does not hold the KV of its prefix (window "
+                f"{self.window.size}, tokens {start}..{end} computed)"
+            )
+            break
+        self.window.ledger.write(swa[start - first :], idents[start:end], self.step)
+
+    def _shorten_windows(self) -> None:
+        """The broken twin swa-window-short: a running request's window release frees one
+        page too many, so the next pass's window reaches a page already given back."""
+        release = self.tree.evict_sliding_windows
+        page = self.workload.page
+
+        def short(req: Any, pre_len: int, **options: Any) -> Any:
+            return release(req, pre_len + page, **options)
+
+        self.tree.evict_sliding_windows = short
 
     def _broken(self, name: str) -> bool:
         """Whether the run plays the broken twin `name`."""
@@ -533,7 +652,7 @@ class Run:
         what they held is evicted, whatever the round-start view says."""
         tokens = list(req.origin_input_ids) + list(req.output_ids)
         if not self.hybrid:
-            return self.ledger.owed(identities(tokens), self.step)
+            return self.ledger.owed(identities(tokens), self.step, window=self.window)
         handed = set(taken)
         if self.extra_buffer:
             # the extra buffer's profile: only the states it checkpoints (into its track
@@ -560,7 +679,10 @@ class Run:
         for req in {id(r): r for r in self.running.reqs + chunked + scheduled}.values():
             if req.kv.req_pool_idx is not None:
                 row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
-                rows.append((row, len(req.origin_input_ids)))
+                branched = id(req) in self.branched
+                rows.append(
+                    Row(row, len(req.origin_input_ids), branched, req.kv.cache_protected_len)
+                )
                 if self.extra_buffer:
                     track_slots |= self._physical(self._track_buffer[req.kv.req_pool_idx])
             if self.hybrid and req.kv.mamba_pool_idx is not None:
@@ -569,6 +691,15 @@ class Run:
         free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
         free_pages = {int(x) for pages in free if pages is not None for x in pages.tolist()}
         in_tree = {int(x) for x in self.tree.all_values_flatten().tolist()}
+        if self.window is not None:
+            swa = self.allocator.swa_attn_allocator
+            free = [swa.free_pages, getattr(swa, "release_pages", None)]
+            return Holders(
+                in_tree, rows, free_pages,
+                window_rows=[dataclasses.replace(r, slots=self._swa_slots(r.slots)) for r in rows],
+                window_free={int(x) for pages in free if pages is not None
+                             for x in pages.tolist()},
+            )  # fmt: skip
         if not self.hybrid:
             return Holders(in_tree, rows, free_pages)
         # a running request's track slots the tree has not adopted await its checkpoints:
@@ -609,37 +740,12 @@ class Run:
             cause = holders.state(self.ledger.state_id(identities(tokens[: owed.length])[-1]))
         if cause == STATE_MATCH:
             cause = holders.page(lost_pages[0], page) if lost_pages else cause
+        if cause in (MATCH, STATE_MATCH) and self.window is not None:
+            # the full prefix is in the tree: the window the owed hit reads is where it lacks
+            cause = holders.window(owed.window_pages.values(), page)
         f.lost_causes[cause] = f.lost_causes.get(cause, 0) + 1
         f.lost.append(
             f"step {self.step}: {req.rid} ({count} tokens) lost a hit: owed {owed.length} "
             f"tokens, served {served}; page {served // page} is held as physical page "
             f"{lost_pages[0] if lost_pages else '-'}, {cause}"
         )
-
-
-@dataclass
-class Holders:
-    """Who held which slots before a lookup: why SGLang's tree lacks what the ledger holds."""
-
-    in_tree: set[int]  # the token slots the tree holds
-    rows: list[tuple[list[int], int]]  # running requests' rows, with their prompt lengths
-    free_pages: set[int]
-    states: list[int] = field(default_factory=list)  # per physical state slot, its identity
-    running_states: set[int] = field(default_factory=set)  # running requests' state slots
-    free_states: set[int] = field(default_factory=set)
-    track_slots: set[int] = field(default_factory=set)  # handed to running requests' tracks
-
-    def page(self, physical: int, size: int) -> str:
-        first = physical * size
-        if first in self.in_tree:
-            return MATCH
-        for row, prompt in self.rows:
-            if first in row:
-                return DECODED if row.index(first) + size > prompt else PROMPT
-        return FREED if physical in self.free_pages else MATCH
-
-    def state(self, state: int) -> str:
-        slots = {i for i, value in enumerate(self.states) if value == state}
-        if slots & self.running_states:
-            return RUNNING_STATE
-        return FREED_STATE if slots & self.free_states else STATE_MATCH

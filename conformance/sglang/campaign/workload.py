@@ -19,8 +19,16 @@ PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
 # which SGLang's `auto` strategy runs without a buffer when it schedules synchronously, or at
 # pages 2 and 4 with the extra buffer ("mamba-paged"). The extra buffer saves states only on
 # the 64-token kernel chunk grid, so that model's workloads are drawn in units of 16 tokens.
-MODELS = ("full", "mamba", "mamba-paged")
-UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16}
+# Or a full-attention + sliding-window hybrid ("swa", GPT-OSS- or Gemma-like), whose window
+# is drawn too: short ones, some below the page, so windows slide out within a workload.
+MODELS = ("full", "mamba", "mamba-paged", "swa")
+UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16, "swa": 1}
+# SGLang's sliding_window_size: the tokens before the query a layer reads (W - 1)
+WINDOWS = (1, 2, 3, 4, 7, 8)
+# SGLANG_SWA_EVICTION_INTERVAL: tokens that slide out of a running request's window before
+# its SWA slots are freed, in one go (128 by default, for pools of 10^5 tokens and more;
+# the campaign's pools are tens of tokens, so the interval is scaled down with them)
+SWA_INTERVALS = (1, 4, 16)
 
 
 def next_token(tokens: list[int] | tuple[int, ...]) -> int:
@@ -59,6 +67,8 @@ class Workload:
     max_prefill_tokens: int  # the step's prefill token budget
     arrivals: tuple[Arrival, ...]
     model: str = "full"  # one of MODELS
+    window: int | None = None  # "swa": SGLang's sliding_window_size (W - 1)
+    swa_interval: int = 0  # "swa": SGLANG_SWA_EVICTION_INTERVAL
 
 
 def generate(seed: int, model: str = "full") -> Workload:
@@ -103,7 +113,16 @@ def generate(seed: int, model: str = "full") -> Workload:
     pool_tokens = _round_up(longest + rng.randrange(0, longest), page) + page
     chunk = _round_up(rng.choice((4, 8, 16, 64)) * unit, page)
     budget = chunk * rng.choice((1, 2, 4))
-    return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
+    if model != "swa":
+        return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
+    window = rng.choice(WINDOWS)
+    interval = rng.choice(SWA_INTERVALS)
+    # the SWA pool, a share of the full one, must hold what a running request keeps (its
+    # window, the interval, a page) beside the prefill admission floor
+    pool_tokens = max(pool_tokens, _round_up(2 * (window + interval + 2 * page), page))
+    return Workload(
+        seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, window, interval
+    )
 
 
 def _round_up(value: int, page: int) -> int:
