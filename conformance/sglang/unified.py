@@ -186,7 +186,6 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
         )
     _server_args(sg, shape.page)
     capacity = tokens + shape.page
-    dtype = sg.torch.float16
     extra_buffer = shape.state_grid is not None and shape.page > NO_BUFFER_PAGE
     if shape.state_grid is not None:
         requests = _hybrid_request_pool(
@@ -200,27 +199,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
     else:
         requests = _request_pool(sg, capacity)
     if shape.exclusive_window is not None:
-        pool = _on_cpu(
-            sg.SWAKVPool,
-            size=capacity,
-            size_swa=capacity,
-            page_size=shape.page,
-            dtype=dtype,
-            head_num=1,
-            head_dim=1,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[1],
-            device="cpu",
-        )
-        allocator = sg.SWATokenToKVPoolAllocator(
-            size=capacity,
-            size_swa=capacity,
-            page_size=shape.page,
-            dtype=dtype,
-            device="cpu",
-            kvcache=pool,
-            need_sort=False,
-        )
+        allocator = _swa_allocator(sg, capacity, capacity, shape.page)
     else:
         if shape.state_grid is not None:
             pool = _hybrid_attention_pool(sg, capacity, shape.page, requests)
@@ -365,6 +344,21 @@ def _swa_serving(
     swa = int(capacity * ratio) // page * page
     if window + page >= swa:
         raise Inexpressible(f"an SWA pool of {swa} slots admits no request (window {window})")
+    fields["token_to_kv_pool_allocator"] = _swa_allocator(sg, capacity, swa, page)
+    requests = sg.ReqToTokenPool(
+        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+    )
+    fields["req_to_token_pool"] = requests
+    fields["sliding_window_size"] = window
+    if sg.unified_by_default:
+        fields["tree_components"] = (sg.ComponentType.FULL, sg.ComponentType.SWA)
+        return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
+    return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
+
+
+def _swa_allocator(sg: types.SimpleNamespace, capacity: int, swa: int, page: int) -> Any:
+    """The two-pool allocator over one tiny SWA layer and one full-attention layer:
+    `capacity` full-attention slots, `swa` SWA slots."""
     pool = _on_cpu(
         sg.SWAKVPool,
         size=capacity,
@@ -377,19 +371,10 @@ def _swa_serving(
         full_attention_layer_ids=[1],
         device="cpu",
     )
-    fields["token_to_kv_pool_allocator"] = sg.SWATokenToKVPoolAllocator(
+    return sg.SWATokenToKVPoolAllocator(
         size=capacity, size_swa=swa, page_size=page, dtype=sg.torch.float16, device="cpu",
         kvcache=pool, need_sort=False,
     )  # fmt: skip
-    requests = sg.ReqToTokenPool(
-        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-    )
-    fields["req_to_token_pool"] = requests
-    fields["sliding_window_size"] = window
-    if sg.unified_by_default:
-        fields["tree_components"] = (sg.ComponentType.FULL, sg.ComponentType.SWA)
-        return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
-    return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
 
 
 def _swa_full_tokens_ratio(sg: types.SimpleNamespace) -> float:

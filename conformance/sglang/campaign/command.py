@@ -1,10 +1,11 @@
 """`python -m kvcert.conformance.sglang.campaign`: seeds through SGLang's request steps.
 
-Exit 0 when no read was unsound, SGLang never raised, every request finished, and every
-lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release whose
-request steps the loop does not play (it plays 0.5.23's). The lost hits are
-printed with their causes either way: they are failures of SGLang against the spec, each
-with its cause (docs/engines.md), not a pass.
+Exit 0 when no read was unsound, SGLang never raised, every request finished (or was
+aborted out of memory by SGLang, or left waiting by its SWA admission livelock, both
+counted and printed), and every lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on
+bad arguments or a release whose request steps the loop does not play (it plays 0.5.23's).
+The lost hits are printed with their causes either way: they are failures of SGLang against
+the spec, each with its cause (docs/engines.md), not a pass.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     unsound: list[str] = []
     crashed: list[str] = []
     stalled: list[str] = []
+    aborted: list[str] = []
     lost: list[str] = []
     for seed in range(args.first, args.first + args.runs):
         workload = generate(seed, args.model)
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         lost += [f"seed {seed}: {text}" for text in found.lost]
         if found.crashed:
             crashed.append(f"seed {seed}: {found.crashed}")
+        if found.aborted:
+            aborted.append(f"seed {seed}: {found.aborted} aborted out of memory")
         if found.stalled:  # the requests it left waiting are the livelock's
             stalled.append(f"seed {seed}: {found.stalled}")
             totals["stalled_requests"] += len(workload.arrivals) - found.finished
@@ -114,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if stalled:
         print(f"  stalled, {LIVELOCK}: {len(stalled)} workloads, {totals['stalled_requests']} "
               "requests never admitted")  # fmt: skip
-    kinds = (("unsound", unsound), ("crashed", crashed), ("stalled", stalled), ("lost", lost))
+    kinds = (
+        ("unsound", unsound), ("crashed", crashed), ("stalled", stalled), ("aborted", aborted),
+        ("lost", lost),
+    )  # fmt: skip
     for kind, texts in kinds:
         for text in texts[: args.show]:
             print(f"  {kind}: {text}")
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             "unsound": unsound,
             "crashed": crashed,
             "stalled": stalled,
+            "aborted": aborted,
             "lost": lost,
         }
         with open(args.json, "w") as out:
