@@ -302,7 +302,7 @@ def build_serving(
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
     if exclusive_window is not None:
-        return _swa_serving(sg, fields, capacity, rows, exclusive_window)
+        return _swa_serving(sg, fields, capacity, rows, exclusive_window, states=states)
     if states:
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
@@ -334,24 +334,41 @@ def build_serving(
 
 
 def _swa_serving(
-    sg: types.SimpleNamespace, fields: dict[str, Any], capacity: int, rows: int, window: int
+    sg: types.SimpleNamespace,
+    fields: dict[str, Any],
+    capacity: int,
+    rows: int,
+    window: int,
+    *,
+    states: int,
 ) -> tuple[Any, Any]:
-    """A full-attention + sliding-window hybrid: the full pool of `capacity` slots, the SWA
-    pool the configurator sizes (`swa_full_tokens_ratio` of it, whole pages), which it
-    refuses below the prefill admission floor (window + page)."""
+    """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, no
+    buffer: page 1): the full pool of `capacity` slots, the SWA pool the configurator sizes
+    (`swa_full_tokens_ratio` of it, whole pages), which it refuses below the prefill
+    admission floor (window + page)."""
     page = fields["page_size"]
     ratio = _swa_full_tokens_ratio(sg)
     swa = int(capacity * ratio) // page * page
     if window + page >= swa:
         raise Inexpressible(f"an SWA pool of {swa} slots admits no request (window {window})")
     fields["token_to_kv_pool_allocator"] = _swa_allocator(sg, capacity, swa, page)
-    requests = sg.ReqToTokenPool(
-        size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-    )
+    if states:
+        if not sg.unified_by_default:
+            raise Inexpressible("this release's server builds SWARadixCache: no state")
+        requests = _hybrid_request_pool(
+            sg, rows=rows, states=states, capacity=capacity, extra_buffer=False,
+            ssm_dtype="float32",
+        )  # fmt: skip
+        fields["enable_mamba_extra_buffer"] = False
+    else:
+        requests = sg.ReqToTokenPool(
+            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+        )
     fields["req_to_token_pool"] = requests
     fields["sliding_window_size"] = window
     if sg.unified_by_default:
-        fields["tree_components"] = (sg.ComponentType.FULL, sg.ComponentType.SWA)
+        components = (sg.ComponentType.FULL, sg.ComponentType.SWA)
+        fields["tree_components"] = components + ((sg.ComponentType.MAMBA,) if states else ())
         return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
     return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
 

@@ -58,6 +58,7 @@ def test_workloads_are_data_drawn_from_their_seed():
 def test_a_model_fixes_the_page_and_the_extra_buffer_draws_long_prompts():
     for seed in range(30):
         assert generate(seed, "mamba").page == 1  # no buffer: page 1 only
+        assert generate(seed, "swa-mamba").page == 1
         paged = generate(seed, "mamba-paged")
         assert paged.page in (2, 4)
         assert max(len(a.prompt) for a in paged.arrivals) >= 64  # past the state grid
@@ -108,6 +109,7 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
     assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
     assert played["swa-window-short"] == "swa"  # only a sliding window releases a window
+    assert played["swa-branch-ignores-state"] == "swa-mamba"  # a branch point and a state
     models = next(x for x in lines if x.startswith("for model in"))
     assert set(models.split(" in ", 1)[1].split(";")[0].split()) == set(MODELS)
 
@@ -151,8 +153,8 @@ def test_a_sliding_window_is_owed_only_where_its_window_is_held():
 
 
 def test_swa_workloads_draw_a_window_and_an_interval_the_pool_holds():
-    for seed in range(30):
-        w = generate(seed, "swa")
+    for seed, model in zip(range(30), ("swa", "swa-mamba") * 15, strict=True):
+        w = generate(seed, model)
         assert w.window in (1, 2, 3, 4, 7, 8)
         assert w.swa_interval in (1, 4, 16)
         assert w.pool_tokens >= 2 * (w.window + w.swa_interval + 2 * w.page)

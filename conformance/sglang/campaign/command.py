@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", choices=MODELS, default="full",
         help="full attention (default); a full-attention + Mamba hybrid at page 1 (no "
         "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged); a full-attention "
-        "+ sliding-window hybrid (swa)",
+        "+ sliding-window hybrid (swa), and one with a Mamba state too, page 1 (swa-mamba)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=Mutant.NAMES, help="play a broken twin of SGLang")
     parser.add_argument("--json", help="write the totals and every finding here")

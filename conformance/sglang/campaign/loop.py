@@ -171,6 +171,7 @@ class Mutant:
         "no-state-copy",
         "track-final-state",
         "swa-window-short",
+        "swa-branch-ignores-state",
     )
 
     def __init__(self, name: str) -> None:
@@ -186,7 +187,7 @@ class Run:
         self.workload = workload
         self.sg = _sglang()
         self.extra_buffer = workload.model == "mamba-paged"
-        mamba = workload.model in ("mamba", "mamba-paged")
+        mamba = workload.model in ("mamba", "mamba-paged", "swa-mamba")
         states = _states_per_row(self.extra_buffer) * ROWS if mamba else 0
         self.tree, self.requests = unified.build_serving(
             workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer,
@@ -220,6 +221,8 @@ class Run:
         self.mutant = None if mutant is None else Mutant(mutant)
         if self._broken("swa-window-short"):
             self._shorten_windows()
+        if self._broken("swa-branch-ignores-state"):
+            self._branch_without_state()
         self.waiting: list[Any] = []
         self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked: Any = None
@@ -518,6 +521,26 @@ class Run:
 
         self.tree.evict_sliding_windows = short
 
+    def _branch_without_state(self) -> None:
+        """The broken twin swa-branch-ignores-state (sglang#38815, before sglang#37584): the
+        SWA component picks the insert length at its branch point even beside a Mamba
+        state, so the state a prefill ends at is attached to the shorter branch key."""
+        swa = next(
+            c
+            for c in self.tree._components_tuple
+            if c.component_type == unified.api().ComponentType.SWA
+        )
+        prepare = swa.prepare_for_caching_req
+
+        def ignoring_state(*args: Any, **kwargs: Any) -> Any:
+            self.tree.is_mamba_enabled = False
+            try:
+                return prepare(*args, **kwargs)
+            finally:
+                self.tree.is_mamba_enabled = True
+
+        swa.prepare_for_caching_req = ignoring_state
+
     def _broken(self, name: str) -> bool:
         """Whether the run plays the broken twin `name`."""
         return self.mutant is not None and self.mutant.name == name
@@ -661,7 +684,9 @@ class Run:
         present = {v for i, v in enumerate(holders.states) if i not in handed}
         if self.extra_buffer:
             present &= self.checkpointed
-        return self.ledger.owed(identities(tokens), self.step, present.__contains__)
+        return self.ledger.owed(
+            identities(tokens), self.step, present.__contains__, window=self.window
+        )
 
     def _state_slots(self, requests: list[Any]) -> set[int]:
         """The physical state slots these requests hold (none without a state pool)."""
@@ -690,30 +715,26 @@ class Run:
         # the allocator's free pages (token slots at page 1), and those freed but not merged
         free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
         free_pages = {int(x) for pages in free if pages is not None for x in pages.tolist()}
-        in_tree = {int(x) for x in self.tree.all_values_flatten().tolist()}
+        holders = Holders(
+            {int(x) for x in self.tree.all_values_flatten().tolist()}, rows, free_pages
+        )
         if self.window is not None:
             swa = self.allocator.swa_attn_allocator
             free = [swa.free_pages, getattr(swa, "release_pages", None)]
-            return Holders(
-                in_tree, rows, free_pages,
-                window_rows=[dataclasses.replace(r, slots=self._swa_slots(r.slots)) for r in rows],
-                window_free={int(x) for pages in free if pages is not None
-                             for x in pages.tolist()},
-            )  # fmt: skip
-        if not self.hybrid:
-            return Holders(in_tree, rows, free_pages)
-        # a running request's track slots the tree has not adopted await its checkpoints:
-        # handed out, whatever they held before
-        track_slots -= self._physical(self.tree.all_mamba_values_flatten())
-        return Holders(
-            in_tree,
-            rows,
-            free_pages,
-            self._states().tolist(),
-            running_states,
-            self._physical(self.requests.mamba_allocator.free_slots),
-            track_slots,
-        )
+            holders.window_rows = [
+                dataclasses.replace(r, slots=self._swa_slots(r.slots)) for r in rows
+            ]
+            holders.window_free = {
+                int(x) for pages in free if pages is not None for x in pages.tolist()
+            }
+        if self.hybrid:
+            holders.states = self._states().tolist()
+            holders.running_states = running_states
+            holders.free_states = self._physical(self.requests.mamba_allocator.free_slots)
+            # a running request's track slots the tree has not adopted await its
+            # checkpoints: handed out, whatever they held before
+            holders.track_slots = track_slots - self._physical(self.tree.all_mamba_values_flatten())
+        return holders
 
     def _physical(self, logical: Any) -> set[int]:
         """The physical state slots of logical state indices."""

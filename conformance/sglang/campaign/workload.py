@@ -21,8 +21,9 @@ PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
 # the 64-token kernel chunk grid, so that model's workloads are drawn in units of 16 tokens.
 # Or a full-attention + sliding-window hybrid ("swa", GPT-OSS- or Gemma-like), whose window
 # is drawn too: short ones, some below the page, so windows slide out within a workload.
-MODELS = ("full", "mamba", "mamba-paged", "swa")
-UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16, "swa": 1}
+# A sliding window beside a Mamba state ("swa-mamba") runs at page 1, without a buffer.
+MODELS = ("full", "mamba", "mamba-paged", "swa", "swa-mamba")
+UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16, "swa": 1, "swa-mamba": 1}
 # SGLang's sliding_window_size: the tokens before the query a layer reads (W - 1)
 WINDOWS = (1, 2, 3, 4, 7, 8)
 # SGLANG_SWA_EVICTION_INTERVAL: tokens that slide out of a running request's window before
@@ -79,7 +80,7 @@ def generate(seed: int, model: str = "full") -> Workload:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     rng = random.Random(seed)
     page = rng.choice(PAGES)
-    if model == "mamba":
+    if model in ("mamba", "swa-mamba"):
         page = 1
     elif model == "mamba-paged":
         page = 2 if page < 4 else 4
@@ -113,7 +114,7 @@ def generate(seed: int, model: str = "full") -> Workload:
     pool_tokens = _round_up(longest + rng.randrange(0, longest), page) + page
     chunk = _round_up(rng.choice((4, 8, 16, 64)) * unit, page)
     budget = chunk * rng.choice((1, 2, 4))
-    if model != "swa":
+    if model not in ("swa", "swa-mamba"):
         return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
     window = rng.choice(WINDOWS)
     interval = rng.choice(SWA_INTERVALS)
