@@ -9,9 +9,10 @@ copy-on-write, the tree's checkpoints), as an integer `state_id`; 0 is a cleared
 
 Completeness: at each admission the spec's hit (`hybrid_hit` over one full-attention group
 of SGLang's page, and for a hybrid a Mamba group of block 1 in mode `all`: a state after any
-token can end a hit) is taken over the pages that hold the request's prefix, written by a
-step that has ended (ALLOC-VIS-1, step-end visibility) and not since overwritten, and the
-states some slot of the state pool carries: the vLLM campaign's definition of "held"
+token can end a hit; for a sliding-window model a sliding-window group over the SWA slots'
+own ledger) is taken over the pages that hold the request's prefix, written by a step that
+has ended (ALLOC-VIS-1, step-end visibility) and not since overwritten, and the states some
+slot of the state pool carries: the vLLM campaign's definition of "held"
 (`kvcert.conformance.vllm.campaign.owed`). A page SGLang freed but has not handed out again
 still holds its KV; serving less is a lost hit, whatever the reason, and the loop says where
 the lost page or state is. Engine-free: tests drive it directly.

@@ -13,7 +13,9 @@ the cache:
     a chunk or prefill that ended         checkpoint_kv_cache (the tree's insert)
     a request finished by its prefill     release_kv_cache(checkpoint=True)
     a decode step's slots, retraction     check_decode_mem, retract_decode,
-                                          prepare_for_decode
+                                          prepare_for_decode (under SWA also each
+                                          running request's window release)
+    the admission ratio                   NewTokenRatioTracker (decay, retract, reset)
     a decoded token's result              _handle_finish_state_updated_req (the extra
                                           buffer's bookkeeping, the release at finish)
     the running batch                     filter_batch, merge_batch
@@ -22,8 +24,10 @@ The forward pass is the ledger's: it runs the model runner's deferred state copi
 (`copy_mamba_state`, `clear_slots`), checks what each request reads through its row of
 `req_to_token` and the state it starts from, and writes the KV identities of what it
 computes into the slots SGLang gave it, its state into the request's state slot and, under
-the extra buffer, the checkpoints the GDN kernel would write into the track slots; its
-sampled token is `workload.next_token`. Where SGLang raises, the run reports it.
+the extra buffer, the checkpoints the GDN kernel would write into the track slots; under
+SWA it reads the window before its first token through SGLang's full-to-SWA slot map and
+writes its own SWA slots; its sampled token is `workload.next_token`. Where SGLang
+raises, the run reports it.
 """
 
 from __future__ import annotations
@@ -277,7 +281,8 @@ class Run:
         reservation B (SWAPrefillBudget.swa_tokens) is below the SWA pool C, so SGLang
         counts the shortfall as transient pressure and waits (no chunk-cap escape), but it
         is at least what admission can ever find free, R: the SWA its own matched prefix
-        pins, locked during admission, is never evictable then.
+        pins, locked during admission, is never evictable then. Only when the idle pool is
+        whole (free or evictable): SWA held by nobody would be a leak, not this livelock.
         """
         if self.window is None or not self.waiting or self.chunked or self._running():
             return None
@@ -290,9 +295,10 @@ class Run:
             extend, adder._swa_new_tokens(head), chunk_limit=adder.rem_chunk_tokens
         )
         pool = self.allocator.size_swa
+        idle = int(budget.remaining_swa)  # all of the pool, unless SGLang leaked slots
         with adder._lock_node(head.last_node):
             free = int(budget.remaining_swa)
-        if not free <= wanted < pool:
+        if idle != pool or not free <= wanted < pool:
             return None
         return (
             f"{head.rid} waits for {wanted} SWA slots, below the pool's {pool} (so SGLang "
@@ -475,7 +481,7 @@ class Run:
             break
         self.ledger.write(row[start:end], idents[start:end], self.step)
         if self.window is not None:
-            self._read_and_write_window(req, row, idents, start, end)
+            self._read_and_write_window(self.window, req, row, idents, range(start, end))
         if self.hybrid:
             slot = self._state_slot(req)
             want = self.ledger.state_id(idents[start - 1]) if start else 0
@@ -493,22 +499,22 @@ class Run:
         return [int(mapping[slot]) for slot in row]
 
     def _read_and_write_window(
-        self, req: Any, row: list[int], idents: list[bytes], start: int, end: int
+        self, window: Window, req: Any, row: list[int], idents: list[bytes], span: range
     ) -> None:
-        """The sliding-window layers of the pass: the first query (position `start`) reads
-        the W - 1 positions before it through SGLang's full-to-SWA slot map; the pass writes
-        its positions' SWA slots."""
-        assert self.window is not None
-        first = max(0, start - (self.window.size - 1))
+        """The sliding-window layers of the pass over `span`: its first query reads the
+        W - 1 positions before it through SGLang's full-to-SWA slot map; the pass writes its
+        positions' SWA slots."""
+        start, end = span.start, span.stop
+        first = max(0, start - (window.size - 1))
         swa = self._swa_slots(row[first:end])
-        for p in self.window.ledger.unsound(swa[: start - first], idents[first:start]):
+        for p in window.ledger.unsound(swa[: start - first], idents[first:start]):
             self.findings.unsound.append(
                 f"step {self.step}: {req.rid} read position {first + p} from SWA slot "
                 f"{swa[p]}, which does not hold the KV of its prefix (window "
-                f"{self.window.size}, tokens {start}..{end} computed)"
+                f"{window.size}, tokens {start}..{end} computed)"
             )
             break
-        self.window.ledger.write(swa[start - first :], idents[start:end], self.step)
+        window.ledger.write(swa[start - first :], idents[start:end], self.step)
 
     def _shorten_windows(self) -> None:
         """The broken twin swa-window-short: a running request's window release frees one

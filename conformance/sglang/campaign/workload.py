@@ -68,8 +68,8 @@ class Workload:
     max_prefill_tokens: int  # the step's prefill token budget
     arrivals: tuple[Arrival, ...]
     model: str = "full"  # one of MODELS
-    window: int | None = None  # "swa": SGLang's sliding_window_size (W - 1)
-    swa_interval: int = 0  # "swa": SGLANG_SWA_EVICTION_INTERVAL
+    window: int | None = None  # the SWA models: SGLang's sliding_window_size (W - 1)
+    swa_interval: int = 0  # the SWA models: SGLANG_SWA_EVICTION_INTERVAL
 
 
 def generate(seed: int, model: str = "full") -> Workload:
