@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             aborted.append(f"seed {seed}: {found.aborted} aborted out of memory")
         if found.stalled:  # the requests it left waiting are the livelock's
             stalled.append(f"seed {seed}: {found.stalled}")
-            totals["stalled_requests"] += len(workload.arrivals) - found.finished
+            waiting = len(workload.arrivals) - found.finished - found.aborted
+            totals["stalled_requests"] += waiting
     unfinished = (
         totals["requests"] - totals["finished"] - totals["aborted"] - totals["stalled_requests"]
     )
