@@ -212,28 +212,18 @@ class SglangEngine:
         for index, group in enumerate(groups):
             roles.setdefault(str(group.get("kind")), []).append(index)
         cached = [_ranges(c) for c in case["cached"]]
-        if unit is None:
-            return self._lookup(case, groups, roles, cached, any(drafts))
-        # `unit U`: the same lookup over pages of U, its answer read back per block
-        partial = case.get("partial") or [[] for _ in groups]
-        unit_groups, unit_cached = units.in_units(groups, cached, partial, unit)
-        answer = self._lookup(case, unit_groups, roles, unit_cached, any(drafts))
-        return units.to_blocks(answer, sizes, unit)
-
-    def _lookup(
-        self,
-        case: JSON,
-        groups: list[JSON],
-        roles: dict[str, list[int]],
-        cached: list[set[int]],
-        eagle: bool,
-    ) -> JSON:
+        if unit is not None:
+            # `unit U`: the same lookup over pages of U, its answer read back per block
+            partial = case.get("partial") or [[] for _ in groups]
+            groups, cached = units.in_units(groups, cached, partial, unit)
         why = _inexpressible(groups, roles, cached)
         if why is not None:
             return {"unsupported": why}
         if "full" not in roles:
-            return self._all_swa(case, groups, cached)
-        return self._unified(case, groups, roles, cached, eagle)
+            answer = self._all_swa(case, groups, cached)
+        else:
+            answer = self._unified(case, groups, roles, cached, any(drafts))
+        return answer if unit is None else units.to_blocks(answer, sizes, unit)
 
     def _all_swa(self, case: JSON, groups: list[JSON], cached: list[set[int]]) -> JSON:
         """An all-SWA model: PureSWARadixCache holds its finished requests' prefill portion,

@@ -15,7 +15,9 @@ the group reads at the hit, the null block elsewhere, cdiv(L, B) entries.
 
 The input is checked as the spec checks it (a unit dividing every block, partial keys only
 under a unit, on its grid, inside a block, on a group that keeps keys, within the tokens the
-key covers), so malformed vectors are refused, not answered.
+key covers), so malformed vectors are refused, not answered. The checks are written here,
+not taken from kvcert.spec.view: the spec's own check would answer the refusal vectors for
+SGLang, and they would hold by construction.
 """
 
 from __future__ import annotations

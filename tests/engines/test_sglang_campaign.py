@@ -157,7 +157,9 @@ def test_swa_workloads_draw_a_window_and_an_interval_the_pool_holds():
         w = generate(seed, model)
         assert w.window in (1, 2, 3, 4, 7, 8)
         assert w.swa_interval in (1, 4, 16)
-        assert w.pool_tokens >= 2 * (w.window + w.swa_interval + 2 * w.page)
+        # SGLang's SWA pool is a share (0.8 by default) of the full one: above half of it,
+        # what a lone running request keeps (window, interval, a page) and a page to admit
+        assert w.pool_tokens // 2 > w.window + w.swa_interval + w.page
         assert generate(seed, "full").window is None
     full = generate(5, "full")
     assert (full.arrivals, full.page) == (generate(5, "swa").arrivals, generate(5, "swa").page)
