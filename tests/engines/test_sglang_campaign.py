@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcert.conformance.sglang.campaign import command, loop, places
+from kvcert.conformance.sglang.campaign import command, loop, places, variants
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
 from kvcert.conformance.sglang.campaign.workload import (
     MODELS,
@@ -74,10 +74,13 @@ def test_the_model_answers_a_prefix_the_same_way_every_time():
     assert all(1 <= t <= 900 for t in said)
 
 
-def test_a_broken_twin_is_named_from_the_list():
-    assert loop.Mutant("no-checkpoint").name == "no-checkpoint"
-    with pytest.raises(ValueError, match="unknown mutant"):
-        loop.Mutant("no-checkpoints")
+def test_a_broken_twin_or_a_fix_is_named_from_its_list():
+    assert variants.chosen("mutant", "no-checkpoint", variants.MUTANTS) == "no-checkpoint"
+    assert variants.chosen("fix", None, variants.FIXES) is None
+    with pytest.raises(ValueError, match="unknown mutant 'no-checkpoints'; choose one of"):
+        variants.chosen("mutant", "no-checkpoints", variants.MUTANTS)
+    with pytest.raises(ValueError, match="unknown fix"):
+        variants.chosen("fix", "swa-headroom", variants.FIXES)
 
 
 def test_only_the_documented_causes_explain_a_lost_hit():
@@ -104,7 +107,7 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     lines = [" ".join(x.split()) for x in ci.replace("\\\n", " ").splitlines()]
     line = next(x for x in lines if x.startswith("for sglang_twin in"))
     played = dict(t.split(":") for t in line.split(" in ", 1)[1].split(";")[0].split())
-    assert set(played) == set(loop.Mutant.NAMES)
+    assert set(played) == set(variants.MUTANTS)
     assert set(played.values()) <= set(MODELS)
     assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
     assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
@@ -171,3 +174,29 @@ def test_a_row_names_where_its_page_lies():
     assert row.holding(4, places.DECODED, places.PROMPT) == places.DECODED
     branched = places.Row(slots=[4, 5, 6, 7], prompt=3, branched=True, protected=1)
     assert branched.holding(2, places.DECODED, places.PROMPT) == places.BRANCHED
+
+
+def test_the_headroom_fix_charges_each_running_request_its_decode_reservation():
+    """variants.keep_decode_headroom adds SGLang's own estimate per running request."""
+    from types import SimpleNamespace
+
+    budget = SimpleNamespace(swa_offset=3, swa_tokens=lambda extend, new: extend + min(new, 8) + 2)
+    remaining = {"a": 5, "b": 20}
+    adder = SimpleNamespace(memory_budget=budget, _swa_new_tokens=lambda r: remaining[r])
+    variants.keep_decode_headroom(adder, SimpleNamespace(reqs=["a", "b"]))
+    assert budget.swa_offset == 3 + (5 + 2) + (8 + 2)
+    variants.keep_decode_headroom(adder, SimpleNamespace(reqs=[]))
+    assert budget.swa_offset == 20
+
+
+def test_an_abort_is_explained_only_by_a_replay_of_a_window_model_without_a_fix():
+    """Where no replay can explain an abort the cause is None (the run fails on it)."""
+    from argparse import Namespace
+
+    aborted, none = loop.Findings(aborted=1), loop.Findings()
+    swa, full = generate(1011, "swa"), generate(1011)
+    plain = Namespace(fix=None, mutant=None)
+    fixed = Namespace(fix="swa-decode-headroom", mutant=None)
+    assert command._abort_cause(swa, none, plain) is None  # nothing to explain
+    assert command._abort_cause(full, aborted, plain) is None  # no SWA budget to fix
+    assert command._abort_cause(swa, aborted, fixed) is None  # the fix played and aborted

@@ -1,9 +1,10 @@
 """`python -m kvcert.conformance.sglang.campaign`: seeds through SGLang's request steps.
 
-Exit 0 when no read was unsound, SGLang never raised, every request finished (or was
-aborted out of memory by SGLang, or left waiting by its SWA admission livelock, both
-counted and printed), and every lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on
-bad arguments or a release whose request steps the loop does not play (it plays 0.5.23's).
+Exit 0 when no read was unsound, SGLang never raised, every request finished (or was left
+waiting by its SWA admission livelock, or aborted out of memory where the fix
+`swa-decode-headroom` prevents it: both SGLang bugs found here, counted and printed), and
+every lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release
+whose request steps the loop does not play (it plays 0.5.23's).
 The lost hits are printed with their causes either way: they are failures of SGLang against
 the spec, each with its cause (docs/engines.md), not a pass.
 """
@@ -11,14 +12,17 @@ the spec, each with its cause (docs/engines.md), not a pass.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from kvcert.conformance.contract.protocol import EngineError
-from kvcert.conformance.sglang.campaign.loop import Mutant, Run
+from kvcert.conformance.sglang.campaign.loop import Findings, Run
 from kvcert.conformance.sglang.campaign.places import (
     BRANCHED,
     DECODED,
@@ -28,7 +32,8 @@ from kvcert.conformance.sglang.campaign.places import (
     SWA_DECODED,
     SWA_FREED,
 )
-from kvcert.conformance.sglang.campaign.workload import MODELS, generate
+from kvcert.conformance.sglang.campaign.variants import FIXES, MUTANTS
+from kvcert.conformance.sglang.campaign.workload import MODELS, Workload, generate
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
 # lost page or state can be (a prompt not published, a page or state in the tree it did not
@@ -36,6 +41,10 @@ from kvcert.conformance.sglang.campaign.workload import MODELS, generate
 # An SGLang bug found here, reproduced by kvcert.conformance.sglang.checks.swa_livelock: an
 # idle scheduler that never admits the head of its queue (docs/engines.md).
 LIVELOCK = "sglang-swa-admission-livelock"
+# The other, reproduced by checks.swa_decode_abort: a decoding request aborted out of memory
+# because a prefill admitted beside it took its SWA slots; an abort is this one only when
+# the workload replayed with the fix swa-decode-headroom aborts nothing.
+HEADROOM = "sglang-swa-decode-headroom"
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
@@ -48,6 +57,31 @@ EXPLAINED = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if importlib.util.find_spec("sglang") is None:
+        print(
+            "kvcert: SGLang is not installed in this Python; create its venv with "
+            "`scripts/engine-venv.sh sglang 0.5.23` and run that venv's python",
+            file=sys.stderr,
+        )
+        return 2
+    tally = Tally()
+    for seed in range(args.first, args.first + args.runs):
+        workload = generate(seed, args.model)
+        try:
+            found = Run(workload, args.mutant, args.fix).play()
+            tally.add(seed, workload, found, _abort_cause(workload, found, args))
+        except EngineError as error:
+            print(f"kvcert: {error}", file=sys.stderr)
+            return 2
+    tally.print(args)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(tally.report(args), out, indent=1)
+    return 1 if tally.failed() else 0
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kvcert.conformance.sglang.campaign")
     parser.add_argument("--runs", type=int, default=1000, help="workloads (default 1000)")
     parser.add_argument("--first", type=int, default=0, help="first seed (default 0)")
@@ -57,92 +91,117 @@ def main(argv: list[str] | None = None) -> int:
         "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged); a full-attention "
         "+ sliding-window hybrid (swa), and one with a Mamba state too, page 1 (swa-mamba)",
     )  # fmt: skip
-    parser.add_argument("--mutant", choices=Mutant.NAMES, help="play a broken twin of SGLang")
+    parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
+    parser.add_argument(
+        "--fix", choices=FIXES, help="play the fix an SGLang bug found here proposes"
+    )
     parser.add_argument("--json", help="write the totals and every finding here")
     parser.add_argument("--show", type=int, default=3, help="findings printed per kind")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
-    if importlib.util.find_spec("sglang") is None:
-        print(
-            "kvcert: SGLang is not installed in this Python; create its venv with "
-            "`scripts/engine-venv.sh sglang 0.5.23` and run that venv's python",
-            file=sys.stderr,
-        )
-        return 2
-    totals: Counter[str] = Counter()
-    causes: Counter[str] = Counter()
-    unsound: list[str] = []
-    crashed: list[str] = []
-    stalled: list[str] = []
-    aborted: list[str] = []
-    lost: list[str] = []
-    for seed in range(args.first, args.first + args.runs):
-        workload = generate(seed, args.model)
-        try:
-            found = Run(workload, args.mutant).play()
-        except EngineError as error:
-            print(f"kvcert: {error}", file=sys.stderr)
-            return 2
+    return args
+
+
+def _abort_cause(workload: Workload, found: Findings, args: argparse.Namespace) -> str | None:
+    """HEADROOM when the workload's aborts vanish with the fix swa-decode-headroom replayed
+    (and nothing raises), else None: an abort nothing found here explains."""
+    if not found.aborted or args.fix is not None or workload.window is None:
+        return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        replay = Run(workload, args.mutant, "swa-decode-headroom").play()
+    return HEADROOM if not replay.aborted and not replay.crashed else None
+
+
+@dataclass
+class Tally:
+    """What the runs found, summed over the workloads."""
+
+    totals: Counter[str] = field(default_factory=Counter)
+    causes: Counter[str] = field(default_factory=Counter)  # lost hits by place
+    unsound: list[str] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)
+    stalled: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+    def add(self, seed: int, workload: Workload, found: Findings, abort: str | None) -> None:
+        """One run's findings; `abort` is what explains its aborts (None: nothing)."""
+        totals = self.totals
         for name in (
             "admissions", "owed_tokens", "served_tokens", "finished", "retracted", "aborted"
         ):  # fmt: skip
             totals[name] += getattr(found, name)
         totals["requests"] += len(workload.arrivals)
-        causes.update(found.lost_causes)
-        unsound += [f"seed {seed}: {text}" for text in found.unsound]
-        lost += [f"seed {seed}: {text}" for text in found.lost]
+        self.causes.update(found.lost_causes)
+        self.unsound += [f"seed {seed}: {text}" for text in found.unsound]
+        self.lost += [f"seed {seed}: {text}" for text in found.lost]
         if found.crashed:
-            crashed.append(f"seed {seed}: {found.crashed}")
+            self.crashed.append(f"seed {seed}: {found.crashed}")
         if found.aborted:
-            aborted.append(f"seed {seed}: {found.aborted} aborted out of memory")
+            totals["unexplained_aborts"] += found.aborted if abort is None else 0
+            self.aborted.append(
+                f"seed {seed}: {found.aborted} aborted out of memory, {abort or 'UNEXPLAINED'}"
+            )
         if found.stalled:  # the requests it left waiting are the livelock's
-            stalled.append(f"seed {seed}: {found.stalled}")
-            waiting = len(workload.arrivals) - found.finished - found.aborted
-            totals["stalled_requests"] += waiting
-    unfinished = (
-        totals["requests"] - totals["finished"] - totals["aborted"] - totals["stalled_requests"]
-    )
-    unexplained = sum(n for cause, n in causes.items() if cause not in EXPLAINED)
-    served = totals["served_tokens"] / max(1, totals["owed_tokens"])
-    print(
-        f"sglang {version('sglang')} {args.model}"
-        f"{' mutant ' + args.mutant if args.mutant else ''}: "
-        f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
-        f"admissions, {totals['retracted']} retractions, {totals['aborted']} aborted out "
-        f"of memory; {len(unsound)} unsound reads, "
-        f"{len(crashed)} crashed, {unfinished} unfinished; served {totals['served_tokens']} of "
-        f"{totals['owed_tokens']} owed tokens ({served:.1%}), {len(lost)} lost hits"
-    )
-    for cause, count in causes.most_common():
-        print(f"  lost hits, {EXPLAINED.get(cause, 'UNEXPLAINED')}: {count} ({cause})")
-    if stalled:
-        print(f"  stalled, {LIVELOCK}: {len(stalled)} workloads, {totals['stalled_requests']} "
-              "requests never admitted")  # fmt: skip
-    kinds = (
-        ("unsound", unsound), ("crashed", crashed), ("stalled", stalled), ("aborted", aborted),
-        ("lost", lost),
-    )  # fmt: skip
-    for kind, texts in kinds:
-        for text in texts[: args.show]:
-            print(f"  {kind}: {text}")
-    if args.json:
-        report = {
+            self.stalled.append(f"seed {seed}: {found.stalled}")
+            totals["stalled_requests"] += len(workload.arrivals) - found.finished - found.aborted
+
+    def unfinished(self) -> int:
+        t = self.totals
+        return t["requests"] - t["finished"] - t["aborted"] - t["stalled_requests"]
+
+    def failed(self) -> bool:
+        unexplained = sum(n for cause, n in self.causes.items() if cause not in EXPLAINED)
+        return bool(
+            self.unsound or self.crashed or self.unfinished() or unexplained
+            or self.totals["unexplained_aborts"]
+        )  # fmt: skip
+
+    def print(self, args: argparse.Namespace) -> None:
+        totals = self.totals
+        served = totals["served_tokens"] / max(1, totals["owed_tokens"])
+        played = "".join(f" {k} {v}" for k, v in (("mutant", args.mutant), ("fix", args.fix)) if v)
+        print(
+            f"sglang {version('sglang')} {args.model}{played}: "
+            f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
+            f"admissions, {totals['retracted']} retractions, {totals['aborted']} aborted out "
+            f"of memory; {len(self.unsound)} unsound reads, {len(self.crashed)} crashed, "
+            f"{self.unfinished()} unfinished; served {totals['served_tokens']} of "
+            f"{totals['owed_tokens']} owed tokens ({served:.1%}), {len(self.lost)} lost hits"
+        )
+        for cause, count in self.causes.most_common():
+            print(f"  lost hits, {EXPLAINED.get(cause, 'UNEXPLAINED')}: {count} ({cause})")
+        if totals["aborted"]:
+            explained = totals["aborted"] - totals["unexplained_aborts"]
+            print(f"  aborted out of memory, {HEADROOM}: {explained} requests; UNEXPLAINED: "
+                  f"{totals['unexplained_aborts']}")  # fmt: skip
+        if self.stalled:
+            print(f"  stalled, {LIVELOCK}: {len(self.stalled)} workloads, "
+                  f"{totals['stalled_requests']} requests never admitted")  # fmt: skip
+        kinds = (
+            ("unsound", self.unsound), ("crashed", self.crashed), ("stalled", self.stalled),
+            ("aborted", self.aborted), ("lost", self.lost),
+        )  # fmt: skip
+        for kind, texts in kinds:
+            for text in texts[: args.show]:
+                print(f"  {kind}: {text}")
+
+    def report(self, args: argparse.Namespace) -> dict[str, object]:
+        return {
             "sglang": version("sglang"),
             "model": args.model,
             "mutant": args.mutant,
+            "fix": args.fix,
             "seeds": [args.first, args.first + args.runs],
-            "totals": dict(totals),
-            "lost_causes": dict(causes),
-            "unsound": unsound,
-            "crashed": crashed,
-            "stalled": stalled,
-            "aborted": aborted,
-            "lost": lost,
+            "totals": dict(self.totals),
+            "lost_causes": dict(self.causes),
+            "unsound": self.unsound,
+            "crashed": self.crashed,
+            "stalled": self.stalled,
+            "aborted": self.aborted,
+            "lost": self.lost,
         }
-        with open(args.json, "w") as out:
-            json.dump(report, out, indent=1)
-    return 1 if unsound or crashed or unfinished or unexplained else 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from typing import Any
 
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang.campaign import variants
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
 from kvcert.conformance.sglang.campaign.places import (
     MATCH,
@@ -166,29 +167,15 @@ def _result_steps(sg: types.SimpleNamespace, tree: Any) -> Any:
     return steps
 
 
-class Mutant:
-    """A broken twin of SGLang the campaign must catch (`--mutant`)."""
-
-    NAMES = (
-        "free-shared-prefix",
-        "no-checkpoint",
-        "no-state-copy",
-        "track-final-state",
-        "swa-window-short",
-        "swa-branch-ignores-state",
-    )
-
-    def __init__(self, name: str) -> None:
-        if name not in self.NAMES:
-            raise ValueError(f"unknown mutant {name!r}; choose one of {', '.join(self.NAMES)}")
-        self.name = name
-
-
 class Run:
     """One workload against a fresh tree and pools of the workload's size."""
 
-    def __init__(self, workload: Workload, mutant: str | None = None) -> None:
+    def __init__(
+        self, workload: Workload, mutant: str | None = None, fix: str | None = None
+    ) -> None:
         self.workload = workload
+        self.mutant = variants.chosen("mutant", mutant, variants.MUTANTS)
+        self.fix = variants.chosen("fix", fix, variants.FIXES)
         self.sg = _sglang()
         self.extra_buffer = workload.model == "mamba-paged"
         mamba = workload.model in ("mamba", "mamba-paged", "swa-mamba")
@@ -222,11 +209,12 @@ class Run:
         if workload.window is not None:
             self.window = Window(workload.window + 1, Ledger(workload.page))
         self.findings = Findings()
-        self.mutant = None if mutant is None else Mutant(mutant)
         if self._broken("swa-window-short"):
-            self._shorten_windows()
+            variants.shorten_windows(self.tree, workload.page)
         if self._broken("swa-branch-ignores-state"):
-            self._branch_without_state()
+            swa = unified.api().ComponentType.SWA
+            component = next(c for c in self.tree._components_tuple if c.component_type == swa)
+            variants.branch_without_state(self.tree, component)
         self.waiting: list[Any] = []
         self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked: Any = None
@@ -411,7 +399,7 @@ class Run:
 
     def _adder(self) -> Any:
         """The scheduler's PrefillAdder for this round (FCFS, no LoRA, grammar or storage)."""
-        return self.sg.PrefillAdder(
+        adder = self.sg.PrefillAdder(
             self.workload.page,
             self.tree,
             self.allocator,
@@ -421,6 +409,9 @@ class Run:
             self.workload.chunk,
             max_running_requests=ROWS,
         )
+        if self.fix == "swa-decode-headroom":
+            variants.keep_decode_headroom(adder, self.running)
+        return adder
 
     def _note_branch(self, req: Any) -> None:
         """Whether the request's lookup found full KV past its live window: SGLang's SWA
@@ -516,40 +507,9 @@ class Run:
             break
         window.ledger.write(swa[start - first :], idents[start:end], self.step)
 
-    def _shorten_windows(self) -> None:
-        """The broken twin swa-window-short: a running request's window release frees one
-        page too many, so the next pass's window reaches a page already given back."""
-        release = self.tree.evict_sliding_windows
-        page = self.workload.page
-
-        def short(req: Any, pre_len: int, **options: Any) -> Any:
-            return release(req, pre_len + page, **options)
-
-        self.tree.evict_sliding_windows = short
-
-    def _branch_without_state(self) -> None:
-        """The broken twin swa-branch-ignores-state (sglang#38815, before sglang#37584): the
-        SWA component picks the insert length at its branch point even beside a Mamba
-        state, so the state a prefill ends at is attached to the shorter branch key."""
-        swa = next(
-            c
-            for c in self.tree._components_tuple
-            if c.component_type == unified.api().ComponentType.SWA
-        )
-        prepare = swa.prepare_for_caching_req
-
-        def ignoring_state(*args: Any, **kwargs: Any) -> Any:
-            self.tree.is_mamba_enabled = False
-            try:
-                return prepare(*args, **kwargs)
-            finally:
-                self.tree.is_mamba_enabled = True
-
-        swa.prepare_for_caching_req = ignoring_state
-
     def _broken(self, name: str) -> bool:
         """Whether the run plays the broken twin `name`."""
-        return self.mutant is not None and self.mutant.name == name
+        return self.mutant == name
 
     # --- Mamba states: the values of the pool's temporal state, one per physical slot ------
 

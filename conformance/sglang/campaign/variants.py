@@ -1,0 +1,69 @@
+"""What the campaign may play instead of SGLang as it ships: broken twins it must catch
+(`--mutant`) and candidate fixes of the SGLang bugs it found (`--fix`).
+
+A twin shows the campaign can fail: each puts back a bug, and CI requires every twin to be
+caught. A fix is the change a finding proposes upstream, played through the same loop: the
+finding stands only if the fix removes what it explains, and the campaign uses that replay
+to tell an abort the finding explains from any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MUTANTS = (
+    "free-shared-prefix",
+    "no-checkpoint",
+    "no-state-copy",
+    "track-final-state",
+    "swa-window-short",
+    "swa-branch-ignores-state",
+)
+# sglang-swa-decode-headroom (checks.swa_decode_abort): the SWA prefill budget keeps each
+# running request's decode headroom, as the full-attention budget does
+FIXES = ("swa-decode-headroom",)
+
+
+def chosen(kind: str, name: str | None, names: tuple[str, ...]) -> str | None:
+    """`name` when it is one of `names` (or None), else a ValueError saying which are."""
+    if name is not None and name not in names:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {', '.join(names)}")
+    return name
+
+
+def shorten_windows(tree: Any, page: int) -> None:
+    """The twin swa-window-short: a running request's window release frees one page too
+    many, so the next pass's window reaches a page already given back."""
+    release = tree.evict_sliding_windows
+
+    def short(req: Any, pre_len: int, **options: Any) -> Any:
+        return release(req, pre_len + page, **options)
+
+    tree.evict_sliding_windows = short
+
+
+def branch_without_state(tree: Any, swa_component: Any) -> None:
+    """The twin swa-branch-ignores-state (sglang#38815, before sglang#37584): the SWA
+    component picks the insert length at its branch point even beside a Mamba state, so the
+    state a prefill ends at is attached to the shorter branch key."""
+    prepare = swa_component.prepare_for_caching_req
+
+    def ignoring_state(*args: Any, **kwargs: Any) -> Any:
+        tree.is_mamba_enabled = False
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            tree.is_mamba_enabled = True
+
+    swa_component.prepare_for_caching_req = ignoring_state
+
+
+def keep_decode_headroom(adder: Any, running: Any) -> None:
+    """The fix swa-decode-headroom: charge the round's SWA budget with what SGLang reserves
+    for a request's remaining decode when it admits one (`swa_tokens(0, remaining)`, the
+    headroom `_chunk_cap` uses too) for every running request. SGLang charges the
+    full-attention budget with its running requests (`total_offset`) but starts the SWA
+    offset at 0, so a prefill may take the slots their next decode steps need."""
+    budget = adder.memory_budget
+    for req in running.reqs:
+        budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req))
