@@ -242,11 +242,15 @@ def _hybrid_request_pool(
     extra_buffer: bool,
     eagle: bool = False,
     ssm_dtype: str = "bfloat16",
+    overlap: bool | None = None,
 ) -> Any:
     """The requests' token tables and a pool of `states` Mamba states, one tiny Mamba2 layer.
 
     `ssm_dtype` float32 holds integers exactly (the campaign writes identities into states).
+    `overlap` is the server's scheduling (it sizes the extra buffer's track slots: two under
+    overlap, one without); None leaves the release's default.
     """
+    scheduling = {} if overlap is None else {"enable_overlap_schedule": overlap}
     with sg.envs.SGLANG_MAMBA_SSM_DTYPE.override(ssm_dtype):
         state = sg.Mamba2StateShape.create(
             tp_world_size=1,
@@ -272,6 +276,7 @@ def _hybrid_request_pool(
         # EAGLE's verify pass keeps a state per draft token; without drafts, none (the
         # server passes its --speculative-num-draft-tokens, unset without a drafter).
         speculative_num_draft_tokens=3 if eagle else None,
+        **scheduling,
     )
 
 
@@ -283,10 +288,12 @@ def build_serving(
     extra_buffer: bool = False,
     *,
     exclusive_window: int | None = None,
+    overlap: bool = False,
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
-    resolves to without overlap scheduling (no buffer at page 1, the extra buffer above),
+    resolves to (synchronously: no buffer at page 1, the extra buffer above; under
+    `overlap` scheduling, the extra buffer),
     or with `exclusive_window` a full-attention + sliding-window hybrid (SGLang's
     `sliding_window_size`, W - 1): `rows` request rows, `tokens` KV slots besides the
     padding page, the allocator its configurator picks (token slots at page 1, pages above;
@@ -295,10 +302,13 @@ def build_serving(
     from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache). States are float32, so
     a state's value can carry an exact integer."""
     sg = api()
-    if states and extra_buffer != (page > NO_BUFFER_PAGE):
-        raise Inexpressible("SGLang runs a Mamba hybrid without the extra buffer only at page 1")
+    if states and extra_buffer != (overlap or page > NO_BUFFER_PAGE):
+        raise Inexpressible(
+            "SGLang's `auto` strategy runs a Mamba hybrid without the extra buffer only at "
+            "page 1 and without overlap scheduling"
+        )
     strategy = {"mamba_radix_cache_strategy": "extra_buffer" if extra_buffer else "no_buffer"}
-    _server_args(sg, page, **(strategy if states else {}))
+    _server_args(sg, page, disable_overlap_schedule=not overlap, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
     if exclusive_window is not None:
@@ -306,7 +316,7 @@ def build_serving(
     if states:
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32",
+            ssm_dtype="float32", overlap=overlap,
         )  # fmt: skip
         pool = _hybrid_attention_pool(sg, capacity, page, requests)
         fields["enable_mamba_extra_buffer"] = extra_buffer
@@ -357,7 +367,7 @@ def _swa_serving(
             raise Inexpressible("this release's server builds SWARadixCache: no state")
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=False,
-            ssm_dtype="float32",
+            ssm_dtype="float32", overlap=False,
         )  # fmt: skip
         fields["enable_mamba_extra_buffer"] = False
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvcert.conformance.sglang.campaign import command, loop, places, variants
@@ -200,3 +202,23 @@ def test_an_abort_is_explained_only_by_a_replay_of_a_window_model_without_a_fix(
     assert command._abort_cause(swa, none, plain) is None  # nothing to explain
     assert command._abort_cause(full, aborted, plain) is None  # no SWA budget to fix
     assert command._abort_cause(swa, aborted, fixed) is None  # the fix played and aborted
+
+
+def test_overlap_draws_mamba_workloads_on_the_extra_buffers_units():
+    """Under overlap SGLang's `auto` strategy runs Mamba with the extra buffer (page 1
+    too), so `mamba` draws long prompts as `mamba-paged` does; other models are unchanged."""
+    for seed in range(20):
+        sync, overlapped = generate(seed, "mamba"), generate(seed, "mamba", overlap=True)
+        assert overlapped.overlap
+        assert not sync.overlap
+        assert overlapped.page == sync.page == 1
+        assert max(len(a.prompt) for a in overlapped.arrivals) >= 64  # past the state grid
+        full = generate(seed, "full", overlap=True)
+        assert dataclasses.replace(full, overlap=False) == generate(seed, "full")
+
+
+def test_overlap_is_refused_where_the_loop_does_not_build_sglangs_strategy(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        command.main(["--runs", "1", "--model", "swa-mamba", "--overlap"])
+    assert exit_.value.code == 2
+    assert "not driven yet" in capsys.readouterr().err

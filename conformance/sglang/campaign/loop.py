@@ -1,10 +1,12 @@
 """One workload through SGLang's own request steps, its scheduler's loop played around them.
 
 SGLang's `Scheduler` does not build on CPU (docs/engines.md), so this module plays its
-event loop, synchronous, FCFS, no mixed chunks, no speculative decoding, as 0.5.23 runs it
-(`Scheduler.get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch`,
-`process_batch_result_prefill`), and calls SGLang's own code for everything that touches
-the cache:
+event loop, FCFS, no mixed chunks, no speculative decoding, as 0.5.23 runs it, either
+synchronously (`event_loop_normal`) or overlapped, the server's default
+(`event_loop_overlap`: a batch's result is processed after the next batch is scheduled and
+launched; a decode skips the requests its queued result finishes), through
+`get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch` and the batch
+result processor, and calls SGLang's own code for everything that touches the cache:
 
     a waiting request's lookup            Req.init_next_round_input (the tree's match)
     admission, chunking, token budget     PrefillAdder.add_one_req / add_chunked_req
@@ -20,33 +22,27 @@ the cache:
                                           buffer's bookkeeping, the release at finish)
     the running batch                     filter_batch, merge_batch
 
-The forward pass is the ledger's: it runs the model runner's deferred state copies
-(`copy_mamba_state`, `clear_slots`), checks what each request reads through its row of
-`req_to_token` and the state it starts from, and writes the KV identities of what it
-computes into the slots SGLang gave it, its state into the request's state slot and, under
-the extra buffer, the checkpoints the GDN kernel would write into the track slots; under
-SWA it reads the window before its first token through SGLang's full-to-SWA slot map and
-writes its own SWA slots; its sampled token is `workload.next_token`. Where SGLang
-raises, the run reports it.
+The forward pass is the ledger's, run when a batch is launched: it runs the model runner's
+deferred state copies (`copy_mamba_state`, `clear_slots`), checks what each request reads
+through its row of `req_to_token` and the state it starts from, and writes the KV identities
+of what it computes into the slots SGLang gave it, its state into the request's state slot
+and, under the extra buffer, the checkpoints the GDN kernel would write into the track
+slots; under SWA it reads the window before its first token through SGLang's full-to-SWA
+slot map and writes its own SWA slots. Its sampled token is `workload.next_token`, committed
+to the request when the batch's result is processed. Where SGLang raises, the run reports
+it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import inspect
 import types
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
-from importlib.metadata import version
 from typing import Any
 
-from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
-from kvcert.conformance.sglang.campaign import variants
+from kvcert.conformance.sglang.campaign import steps, variants
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
 from kvcert.conformance.sglang.campaign.places import (
     MATCH,
@@ -73,122 +69,49 @@ class Findings:
     stalled: str | None = None  # SGLang's SWA admission livelock: the queue never moves
     admissions: int = 0
     owed_tokens: int = 0
-    served_tokens: int = 0
+    served_tokens: int = 0  # of the owed ones
+    served_early: int = 0  # served beyond what was owed
     finished: int = 0
     retracted: int = 0
     aborted: int = 0  # requests SGLang aborted out of memory (retract_decode's last resort)
     steps: int = 0
-
-
-@cache
-def _sglang() -> types.SimpleNamespace:
-    unified.api()  # stands in for what cannot be imported on CPU, publishes nothing yet
-    batch = importlib.import_module("sglang.srt.managers.schedule_batch")
-    policy = importlib.import_module("sglang.srt.managers.schedule_policy")
-    common = importlib.import_module("sglang.srt.mem_cache.common")
-    if not hasattr(common, "checkpoint_kv_cache"):
-        raise EngineError(
-            f"the campaign plays SGLang 0.5.23's request steps; {version('sglang')} has "
-            "others (cache_unfinished_req, no checkpoint_kv_cache): run it in the 0.5.23 venv "
-            "(scripts/engine-venv.sh sglang 0.5.23)"
-        )
-    spec = importlib.import_module("sglang.srt.speculative.spec_info")
-    results = importlib.import_module(
-        "sglang.srt.managers.scheduler_components.batch_result_processor"
-    )
-    ratio = importlib.import_module(
-        "sglang.srt.managers.scheduler_components.new_token_ratio_tracker"
-    )
-    return types.SimpleNamespace(
-        SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
-        ScheduleBatch=batch.ScheduleBatch,
-        PrefillAdder=policy.PrefillAdder,
-        AddReqResult=policy.AddReqResult,
-        NewTokenRatioTracker=ratio.NewTokenRatioTracker,
-        checkpoint_kv_cache=common.checkpoint_kv_cache,
-        release_kv_cache=common.release_kv_cache,
-        NONE=spec.SpeculativeAlgorithm.NONE,
-    )
-
-
-def _states_per_row(extra_buffer: bool) -> int:
-    """The Mamba states the server sizes its pool with per running request (its
-    configurator caps max_running_requests at the pool size over this ratio): a base for
-    the running state and the tree's, plus the extra buffer's track slots (one without
-    overlap scheduling)."""
-    configurator = importlib.import_module("sglang.srt.mem_cache.kv_cache_configurator")
-    sizing = importlib.import_module("sglang.srt.mem_cache.allocation_sizing")
-    tracking = sizing.get_mamba_tracking_slots(extra_buffer=extra_buffer, overlap=False)
-    return int(configurator.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO) + int(tracking)
-
-
-@contextlib.contextmanager
-def _host_memory_unpinned() -> Iterator[None]:
-    """Tensor.pin_memory as the identity: the extra buffer's decode step pins its track mask
-    unconditionally, which raises without an accelerator; pinning only speeds up a copy to
-    one, so on CPU the tensor itself is the answer."""
-    tensor = unified.api().torch.Tensor
-    pin = tensor.pin_memory
-    tensor.pin_memory = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        tensor.pin_memory = pin
-
-
-def _result_steps(sg: types.SimpleNamespace, tree: Any) -> Any:
-    """The scheduler as BatchResultProcessor's per-request step sees it: SGLang's own methods
-    for the Mamba bookkeeping and the release, on a scheduler without disaggregation,
-    speculative decoding, MoE routing capture or multimodal inputs."""
-    processor = sg.SchedulerBatchResultProcessor
-    borrowed = {
-        name: inspect.getattr_static(processor, name)
-        for name in (
-            "_handle_finish_state_updated_req",
-            "_mamba_prefix_cache_update",
-            "_mamba_can_cache_finished_req",
-            "_mamba_check_track_boundary",
-            "_mamba_assert_committed_len_lookahead",
-            "mamba_lazy_post_decode_at_boundary",
-            "_prepare_kv_cache_release",
-        )
-    }
-    nothing = staticmethod(lambda *args: None)
-    quiet = dict.fromkeys(
-        ("_maybe_collect_routed_experts", "_maybe_collect_indexer_topk",
-         "_maybe_collect_customized_info"),
-        nothing,
-    )  # fmt: skip
-    steps = type("ResultSteps", (), {**borrowed, **quiet})()
-    steps.tree_cache = tree
-    steps.draft_worker = None
-    steps.model_worker = None
-    steps.decode_offload_manager = None
-    return steps
+    finishing_inflight: int = 0  # overlap: decodes skipped, the queued result finishing them
 
 
 class Run:
     """One workload against a fresh tree and pools of the workload's size."""
 
     def __init__(
-        self, workload: Workload, mutant: str | None = None, fix: str | None = None
+        self,
+        workload: Workload,
+        mutant: str | None = None,
+        fix: str | None = None,
     ) -> None:
         self.workload = workload
+        self.overlap = overlap = workload.overlap
         self.mutant = variants.chosen("mutant", mutant, variants.MUTANTS)
         self.fix = variants.chosen("fix", fix, variants.FIXES)
-        self.sg = _sglang()
-        self.extra_buffer = workload.model == "mamba-paged"
+        self.sg = steps.sglang()
         mamba = workload.model in ("mamba", "mamba-paged", "swa-mamba")
-        states = _states_per_row(self.extra_buffer) * ROWS if mamba else 0
+        if overlap and workload.model == "swa-mamba":
+            raise ValueError(
+                "--overlap with --model swa-mamba: not driven yet (under overlap SGLang's "
+                "`auto` strategy runs the extra buffer, which the loop does not build beside "
+                "a sliding window); use --model full, mamba, mamba-paged or swa"
+            )
+        # SGLang's `auto` strategy: the extra buffer above page 1 or under overlap
+        # scheduling (without a buffer SGLang refuses overlap: validate_mamba_no_buffer)
+        self.extra_buffer = mamba and (overlap or workload.page > 1)
+        states = steps.states_per_row(self.extra_buffer, overlap) * ROWS if mamba else 0
         self.tree, self.requests = unified.build_serving(
             workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer,
-            exclusive_window=workload.window,
+            exclusive_window=workload.window, overlap=overlap,
         )  # fmt: skip
         self.hybrid = states > 0
         # the scheduler's admission ratio: from the published server arguments, decayed
         # each decode step, raised by a retraction, reset when the scheduler idles
         self.ratio = self.sg.NewTokenRatioTracker.from_config()
-        self.results = _result_steps(self.sg, self.tree)
+        self.results = steps.result_steps(self.sg, self.tree)
         # per request row, its extra buffer's track slots (logical)
         self._track_buffer: Any = getattr(
             self.requests, "req_index_to_mamba_ping_pong_track_buffer_mapping", None
@@ -219,6 +142,11 @@ class Run:
         self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked: Any = None
         self.last: Any = None
+        # overlap: the launched batch whose result is not processed yet (a copy, as
+        # SGLang's result queue holds it), and per request the tokens its launched passes
+        # sampled, appended when their results are processed
+        self.queued: list[Any] = []
+        self.sampled: dict[int, list[int]] = {}
         self.judged: set[int] = set()  # id() of requests judged at their current admission
         self.checkpointed: set[int] = set()  # states the extra buffer has tracked
         self.step = 0
@@ -299,10 +227,44 @@ class Run:
         run (merged into the running batch by the next step)."""
         last = self.last
         fresh = last is not None and last.forward_mode.is_extend() and not last.is_empty()
-        return fresh or not self.running.is_empty()
+        return fresh or bool(self.queued) or not self.running.is_empty()
 
     def _one_step(self) -> None:
-        """Scheduler.get_next_batch_to_run, then the pass and its result."""
+        """One turn of the scheduler's event loop. Synchronous (`event_loop_normal`): the
+        next batch, its pass, its result. Overlapped (`event_loop_overlap`, the server's
+        default): the next batch is scheduled and launched before the last one's result is
+        processed (at once only for two prefills in a row, and only when
+        SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP asks)."""
+        batch = self._next_batch()
+        if not self.overlap:
+            if batch is None:
+                self.ratio.reset()  # Scheduler.on_idle
+            else:
+                self._launch(batch)
+                self._process(batch)
+            self.last = batch
+            return
+        extends = (
+            batch is not None
+            and self.last is not None
+            and all(b.forward_mode.is_extend() for b in (batch, self.last))
+        )
+        serial = extends and unified.api().envs.SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.get()
+        if serial:
+            self._process(self.queued.pop(0))
+        if batch is not None:
+            self._launch(batch)
+            self.queued.append(batch.copy())
+        if self.last is not None:
+            if not serial:
+                self._process(self.queued.pop(0))
+        elif batch is None:
+            self.ratio.reset()
+        self.last = batch
+
+    def _next_batch(self) -> Any:
+        """Scheduler.get_next_batch_to_run: the last prefill merged into the running batch,
+        then a new prefill, else the running batch's decode step (None: nothing to run)."""
         exclude = []
         if self.chunked is not None:
             exclude.append(self.chunked)
@@ -326,15 +288,9 @@ class Run:
         if self.running.batch_size() < size:
             self.running.batch_is_full = False
         batch = self._new_prefill()
-        if batch is not None:
-            self._extend(batch)
-        elif not self.running.is_empty():
+        if batch is None and not self.running.is_empty():
             batch = self._update_running()
-            if batch is not None and not batch.is_empty():
-                self._decode(batch)
-        if batch is None:
-            self.ratio.reset()  # Scheduler.on_idle
-        self.last = batch
+        return None if batch is None or batch.is_empty() else batch
 
     def _new_prefill(self) -> Any:
         """Scheduler._get_new_batch_prefill_raw, FCFS, without LoRA, grammar or storage."""
@@ -390,8 +346,8 @@ class Run:
         if self.chunked is not None:
             self.chunked.inflight_middle_chunks += 1
         batch = sg.ScheduleBatch.init_new(
-            admitted, self.requests, self.allocator, self.tree, self.model, False, sg.NONE,
-            chunked_req=self.chunked,
+            admitted, self.requests, self.allocator, self.tree, self.model, self.overlap,
+            sg.NONE, chunked_req=self.chunked,
         )  # fmt: skip
         batch.prepare_for_extend()
         batch.decoding_reqs = None
@@ -433,9 +389,25 @@ class Run:
             req.kv.mamba_pool_idx = None
 
     def _update_running(self) -> Any:
-        """Scheduler.update_running_batch: retract when the next decode does not fit."""
+        """Scheduler.update_running_batch: retract when the next decode does not fit. Under
+        overlap a request whose queued result reaches its max_new_tokens is dropped from the
+        batch first (`_reqs_finishing_inflight`), and if the rest does not fit the step
+        waits for that result to free its KV."""
         batch = self.running
-        if not batch.check_decode_mem():
+        queued = {id(r) for b in self.queued for r in b.reqs}
+        finishing = [
+            r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()
+        ]
+        batch.filter_batch(reqs_to_exclude=finishing)
+        self.findings.finishing_inflight += len(finishing)
+        if batch.is_empty():
+            batch.batch_is_full = False
+            return None
+        fits = batch.check_decode_mem()
+        if not fits and finishing:
+            batch.batch_is_full = False
+            return None
+        if not fits:
             retracted, self.ratio.current, aborted = batch.retract_decode()
             # SGLang answers an aborted request with an error (its KV freed by the retract)
             self.findings.aborted += len(aborted)
@@ -448,7 +420,7 @@ class Run:
             self.ratio.decay_step()
         if batch.is_empty():
             return None
-        with _host_memory_unpinned():
+        with steps.host_memory_unpinned():
             batch.prepare_for_decode()
         return batch
 
@@ -458,10 +430,11 @@ class Run:
         table = self.requests.req_to_token[req.kv.req_pool_idx]
         return [int(s) for s in table[:end].tolist()]
 
-    def _read_and_write(self, req: Any, start: int, end: int) -> None:
-        """The pass of positions [start, end): reads 0..start-1 (and the state after start -
-        1), writes start..end-1 (and the state after end - 1)."""
-        tokens = list(req.origin_input_ids) + list(req.output_ids)
+    def _read_and_write(self, req: Any, start: int, end: int, tokens: list[int]) -> None:
+        """The pass of positions [start, end) of `tokens`: reads 0..start-1 (and the state
+        after start - 1), writes start..end-1 (and the state after end - 1). Its KV serves
+        a hit once its step has ended: at once synchronously, after the next step's
+        scheduling under overlap (its result is processed then)."""
         idents = identities(tokens[:end])
         row = self._row(req, end)
         for p in self.ledger.unsound(row[:start], idents[:start]):
@@ -470,7 +443,7 @@ class Run:
                 f"not hold the KV of its prefix (tokens {start}..{end} computed)"
             )
             break
-        self.ledger.write(row[start:end], idents[start:end], self.step)
+        self.ledger.write(row[start:end], idents[start:end], self._ends())
         if self.window is not None:
             self._read_and_write_window(self.window, req, row, idents, range(start, end))
         if self.hybrid:
@@ -483,6 +456,10 @@ class Run:
                     f"not the state after its {start} computed tokens ({want})"
                 )
             self._write_state(slot, self.ledger.state_id(idents[end - 1]))
+
+    def _ends(self) -> int:
+        """The step whose end the pass launched now ends with (the ledger's write step)."""
+        return self.step + 1 if self.overlap else self.step
 
     def _swa_slots(self, row: list[int]) -> list[int]:
         """The SWA slots SGLang maps the full-attention slots of `row` to (0: released)."""
@@ -505,7 +482,7 @@ class Run:
                 f"{window.size}, tokens {start}..{end} computed)"
             )
             break
-        window.ledger.write(swa[start - first :], idents[start:end], self.step)
+        window.ledger.write(swa[start - first :], idents[start:end], self._ends())
 
     def _broken(self, name: str) -> bool:
         """Whether the run plays the broken twin `name`."""
@@ -540,43 +517,82 @@ class Run:
             )
         batch.mamba_clear_indices = batch.mamba_cow_src_indices = None
 
-    def _extend(self, batch: Any) -> None:
-        """A prefill pass, then BatchResultProcessor.process_batch_result_prefill."""
-        if self.hybrid:
-            self._copy_and_clear(batch)
-        for req in batch.reqs:
-            self._read_and_write(req, req.prefix_len, req.extend_end)
+    def _launch(self, batch: Any) -> None:
+        """The batch's forward pass: what it reads, what it writes, what it samples."""
+        if batch.forward_mode.is_extend():
+            if self.hybrid:
+                self._copy_and_clear(batch)
+            for req in batch.reqs:
+                tokens = self._tokens(req)
+                self._read_and_write(req, req.prefix_len, req.extend_end, tokens)
+                if req is not self.chunked:  # a middle chunk samples nothing
+                    self._sample(req, tokens[: req.extend_end])
+            if self.extra_buffer:
+                self._track_prefill(batch)
+            return
+        for i, req in enumerate(batch.reqs):
+            tokens = self._tokens(req)
+            if len(tokens) != int(batch.seq_lens_cpu[i]):
+                raise RuntimeError(
+                    f"the loop lost track of {req.rid}: {len(tokens)} tokens, SGLang's "
+                    f"sequence length {int(batch.seq_lens_cpu[i])}"
+                )
+            self._read_and_write(req, len(tokens) - 1, len(tokens), tokens)
+            self._sample(req, tokens)
         if self.extra_buffer:
-            self._track_prefill(batch)
+            self._track_decode(batch)
+
+    def _tokens(self, req: Any) -> list[int]:
+        """The request's tokens, with those its launched passes sampled (not yet processed)."""
+        return [*req.origin_input_ids, *req.output_ids, *self.sampled.get(id(req), ())]
+
+    def _sample(self, req: Any, tokens: list[int]) -> None:
+        self.sampled.setdefault(id(req), []).append(next_token(tokens))
+
+    def _sampled(self, req: Any) -> int | None:
+        """The oldest token a launched pass sampled for the request, taken off its queue."""
+        queue = self.sampled.get(id(req))
+        token = queue.pop(0) if queue else None
+        if not queue:
+            self.sampled.pop(id(req), None)
+        return token
+
+    def _process(self, batch: Any) -> None:
+        """BatchResultProcessor's result step for a batch whose pass was launched."""
+        if batch.forward_mode.is_extend():
+            self._process_prefill(batch)
+        else:
+            self._process_decode(batch)
+
+    def _process_prefill(self, batch: Any) -> None:
+        """process_batch_result_prefill: the sampled token, then a release or a checkpoint."""
         for req in batch.reqs:
             if req.finished() or req.is_retracted:
+                self._sampled(req)  # dropped: nothing commits it
                 continue
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 continue
-            tokens = list(req.origin_input_ids) + list(req.output_ids)
-            req.output_ids.append(next_token(tokens[: req.extend_end]))
+            req.output_ids.append(self._sampled(req))
             req.update_finish_state()
             if req.finished():
                 self._release(req)
             else:
                 self._checkpoint(req)
 
-    def _decode(self, batch: Any) -> None:
-        """A decode pass, then BatchResultProcessor.process_batch_result_decode's step for
-        each request (SGLang's own `_handle_finish_state_updated_req`: the extra buffer's
-        checkpoint bookkeeping, and the release of a finished request)."""
-        for req in batch.reqs:
-            length = len(req.origin_input_ids) + len(req.output_ids)
-            self._read_and_write(req, length - 1, length)
-        if self.extra_buffer:
-            self._track_decode(batch)
+    def _process_decode(self, batch: Any) -> None:
+        """process_batch_result_decode's step for each request (SGLang's own
+        `_handle_finish_state_updated_req`: the extra buffer's checkpoint bookkeeping, and
+        the release of a finished request). Under overlap a request finished or retracted
+        since the launch commits nothing."""
         outcome = types.SimpleNamespace(
             num_correct_drafts_per_req_cpu=None, grammar_retained_tokens=None
         )
         for i, req in enumerate(batch.reqs):
-            tokens = list(req.origin_input_ids) + list(req.output_ids)
-            req.output_ids.append(next_token(tokens))
+            token = self._sampled(req)
+            if self.overlap and (req.finished() or req.is_retracted):
+                continue
+            req.output_ids.append(token)
             req.update_finish_state(1)
             shared = self._row(req, req.kv.cache_protected_len) if req.finished() else []
             self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
@@ -607,8 +623,7 @@ class Run:
 
     def _track(self, req: Any, end: int, logical: Any) -> None:
         """Write the state after `end` tokens of the request into a track slot."""
-        tokens = list(req.origin_input_ids) + list(req.output_ids)
-        state = self.ledger.state_id(identities(tokens[:end])[-1])
+        state = self.ledger.state_id(identities(self._tokens(req)[:end])[-1])
         physical = int(self.requests.translate_mamba_indices(logical.reshape(1))[0])
         self._write_state(physical, state)
         self.checkpointed.add(state)
@@ -716,7 +731,10 @@ class Run:
         f = self.findings
         f.admissions += 1
         f.owed_tokens += owed.length
-        f.served_tokens += served
+        f.served_tokens += min(served, owed.length)
+        # under overlap SGLang publishes a middle chunk at the next scheduling, before its
+        # step's result is processed: sound (the stream runs passes in order), not owed
+        f.served_early += max(0, served - owed.length)
         if served >= owed.length:
             return
         page = self.workload.page

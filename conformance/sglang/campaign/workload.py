@@ -24,6 +24,9 @@ PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
 # A sliding window beside a Mamba state ("swa-mamba") runs at page 1, without a buffer.
 MODELS = ("full", "mamba", "mamba-paged", "swa", "swa-mamba")
 UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16, "swa": 1, "swa-mamba": 1}
+# Under overlap scheduling SGLang runs every Mamba model with the extra buffer, so its
+# workloads are drawn on the extra buffer's units too.
+OVERLAP_UNIT = {**UNIT, "mamba": UNIT["mamba-paged"]}
 # SGLang's sliding_window_size: the tokens before the query a layer reads (W - 1)
 WINDOWS = (1, 2, 3, 4, 7, 8)
 # SGLANG_SWA_EVICTION_INTERVAL: tokens that slide out of a running request's window before
@@ -70,9 +73,10 @@ class Workload:
     model: str = "full"  # one of MODELS
     window: int | None = None  # the SWA models: SGLang's sliding_window_size (W - 1)
     swa_interval: int = 0  # the SWA models: SGLANG_SWA_EVICTION_INTERVAL
+    overlap: bool = False  # scheduled as event_loop_overlap (the server's default), or not
 
 
-def generate(seed: int, model: str = "full") -> Workload:
+def generate(seed: int, model: str = "full", *, overlap: bool = False) -> Workload:
     """A random workload: requests sharing system prompts, exact repeats, and follow-ups of
     earlier requests (their prompt, some of their answer, more), arriving over a few steps
     into a pool small enough that the tree must evict and running requests retract."""
@@ -84,7 +88,7 @@ def generate(seed: int, model: str = "full") -> Workload:
         page = 1
     elif model == "mamba-paged":
         page = 2 if page < 4 else 4
-    unit = UNIT[model]
+    unit = (OVERLAP_UNIT if overlap else UNIT)[model]
     systems = [
         tuple(rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 7) * page * unit))
         for _ in range(rng.randrange(1, 4))
@@ -115,15 +119,18 @@ def generate(seed: int, model: str = "full") -> Workload:
     chunk = _round_up(rng.choice((4, 8, 16, 64)) * unit, page)
     budget = chunk * rng.choice((1, 2, 4))
     if model not in ("swa", "swa-mamba"):
-        return Workload(seed, page, pool_tokens, chunk, budget, tuple(arrivals), model)
+        return Workload(
+            seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, overlap=overlap
+        )
     window = rng.choice(WINDOWS)
     interval = rng.choice(SWA_INTERVALS)
     # the SWA pool, a share of the full one, must hold what a running request keeps (its
     # window, the interval, a page) beside the prefill admission floor
     pool_tokens = max(pool_tokens, _round_up(2 * (window + interval + 2 * page), page))
     return Workload(
-        seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, window, interval
-    )
+        seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, window, interval,
+        overlap,
+    )  # fmt: skip
 
 
 def _round_up(value: int, page: int) -> int:

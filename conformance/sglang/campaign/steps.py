@@ -1,0 +1,104 @@
+"""SGLang 0.5.23's pieces the campaign's loop plays, imported once, and the stand-ins that
+let them run on CPU. SGLang is imported only when they are called, so the campaign's
+engine-free parts import without it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import types
+from collections.abc import Iterator
+from functools import cache
+from importlib.metadata import version
+from typing import Any
+
+from kvcert.conformance.contract.protocol import EngineError
+from kvcert.conformance.sglang import unified
+
+
+@cache
+def sglang() -> types.SimpleNamespace:
+    unified.api()  # stands in for what cannot be imported on CPU, publishes nothing yet
+    batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+    policy = importlib.import_module("sglang.srt.managers.schedule_policy")
+    common = importlib.import_module("sglang.srt.mem_cache.common")
+    if not hasattr(common, "checkpoint_kv_cache"):
+        raise EngineError(
+            f"the campaign plays SGLang 0.5.23's request steps; {version('sglang')} has "
+            "others (cache_unfinished_req, no checkpoint_kv_cache): run it in the 0.5.23 venv "
+            "(scripts/engine-venv.sh sglang 0.5.23)"
+        )
+    spec = importlib.import_module("sglang.srt.speculative.spec_info")
+    results = importlib.import_module(
+        "sglang.srt.managers.scheduler_components.batch_result_processor"
+    )
+    ratio = importlib.import_module(
+        "sglang.srt.managers.scheduler_components.new_token_ratio_tracker"
+    )
+    return types.SimpleNamespace(
+        SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
+        ScheduleBatch=batch.ScheduleBatch,
+        PrefillAdder=policy.PrefillAdder,
+        AddReqResult=policy.AddReqResult,
+        NewTokenRatioTracker=ratio.NewTokenRatioTracker,
+        checkpoint_kv_cache=common.checkpoint_kv_cache,
+        release_kv_cache=common.release_kv_cache,
+        NONE=spec.SpeculativeAlgorithm.NONE,
+    )
+
+
+def states_per_row(extra_buffer: bool, overlap: bool) -> int:
+    """The Mamba states the server sizes its pool with per running request (its
+    configurator caps max_running_requests at the pool size over this ratio): a base for
+    the running state and the tree's, plus the extra buffer's track slots (one
+    synchronously, two under overlap scheduling)."""
+    configurator = importlib.import_module("sglang.srt.mem_cache.kv_cache_configurator")
+    sizing = importlib.import_module("sglang.srt.mem_cache.allocation_sizing")
+    tracking = sizing.get_mamba_tracking_slots(extra_buffer=extra_buffer, overlap=overlap)
+    return int(configurator.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO) + int(tracking)
+
+
+@contextlib.contextmanager
+def host_memory_unpinned() -> Iterator[None]:
+    """Tensor.pin_memory as the identity: the extra buffer's decode step pins its track mask
+    unconditionally, which raises without an accelerator; pinning only speeds up a copy to
+    one, so on CPU the tensor itself is the answer."""
+    tensor = unified.api().torch.Tensor
+    pin = tensor.pin_memory
+    tensor.pin_memory = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        tensor.pin_memory = pin
+
+
+def result_steps(sg: types.SimpleNamespace, tree: Any) -> Any:
+    """The scheduler as BatchResultProcessor's per-request step sees it: SGLang's own methods
+    for the Mamba bookkeeping and the release, on a scheduler without disaggregation,
+    speculative decoding, MoE routing capture or multimodal inputs."""
+    processor = sg.SchedulerBatchResultProcessor
+    borrowed = {
+        name: inspect.getattr_static(processor, name)
+        for name in (
+            "_handle_finish_state_updated_req",
+            "_mamba_prefix_cache_update",
+            "_mamba_can_cache_finished_req",
+            "_mamba_check_track_boundary",
+            "_mamba_assert_committed_len_lookahead",
+            "mamba_lazy_post_decode_at_boundary",
+            "_prepare_kv_cache_release",
+        )
+    }
+    nothing = staticmethod(lambda *args: None)
+    quiet = dict.fromkeys(
+        ("_maybe_collect_routed_experts", "_maybe_collect_indexer_topk",
+         "_maybe_collect_customized_info"),
+        nothing,
+    )  # fmt: skip
+    steps = type("ResultSteps", (), {**borrowed, **quiet})()
+    steps.tree_cache = tree
+    steps.draft_worker = None
+    steps.model_worker = None
+    steps.decode_offload_manager = None
+    return steps
