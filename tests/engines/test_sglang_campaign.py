@@ -94,9 +94,12 @@ def test_only_the_documented_causes_explain_a_lost_hit():
         places.SWA_DECODED,
         places.SWA_FREED,
         places.BRANCHED,
+        places.RETRACTED,
+        places.RETRACTED_STATE,
     }
     for unexplained in (places.MATCH, places.PROMPT, places.STATE_MATCH, places.SWA_MATCH,
-                        places.SWA_PROMPT):  # fmt: skip
+                        places.SWA_PROMPT, places.DROPPED, places.DROPPED_STATE,
+                        places.PROMPT_STATE):  # fmt: skip
         assert unexplained not in command.EXPLAINED
     with pytest.raises(SystemExit):
         command.main(["--runs", "0"])
@@ -176,6 +179,35 @@ def test_a_row_names_where_its_page_lies():
     assert row.holding(4, places.DECODED, places.PROMPT) == places.DECODED
     branched = places.Row(slots=[4, 5, 6, 7], prompt=3, branched=True, protected=1)
     assert branched.holding(2, places.DECODED, places.PROMPT) == places.BRANCHED
+
+
+def test_a_free_page_is_blamed_on_eviction_only_if_the_tree_held_its_kv():
+    """FREED (node eviction) only for KV the tree once held; KV a retraction freed
+    unpublished is RETRACTED; anything else free was never published: DROPPED."""
+    holders = places.Holders(in_tree=set(), rows=[], free_pages={3, 4, 5})
+    holders.content = {6: b"evicted", 8: b"retracted", 10: b"never"}
+    holders.adopted_kv = {b"evicted"}
+    holders.retracted_kv = {b"retracted"}
+    assert holders.page(3, 2) == places.FREED
+    assert holders.page(4, 2) == places.RETRACTED
+    assert holders.page(5, 2) == places.DROPPED
+    assert holders.page(7, 2) == places.MATCH  # neither free nor in a row
+
+
+def test_a_state_is_placed_by_who_held_it():
+    """A state in a running slot is decode-publish only past its request's prompt; a freed
+    state is eviction only if the tree held it, else a retraction's, else DROPPED."""
+    holders = places.Holders(in_tree=set(), rows=[], free_pages=set())
+    holders.states = [0, 11, 12, 13, 14, 15]
+    holders.running_states, holders.prompt_states = {1, 2}, {12}
+    holders.free_states = {3, 4, 5}
+    holders.adopted, holders.retracted_states = {13}, {14}
+    assert holders.state(11) == places.RUNNING_STATE
+    assert holders.state(12) == places.PROMPT_STATE
+    assert holders.state(13) == places.FREED_STATE
+    assert holders.state(14) == places.RETRACTED_STATE
+    assert holders.state(15) == places.DROPPED_STATE
+    assert holders.state(99) == places.STATE_MATCH
 
 
 def test_the_headroom_fix_charges_each_running_request_its_decode_reservation():

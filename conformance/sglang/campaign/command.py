@@ -28,6 +28,8 @@ from kvcert.conformance.sglang.campaign.places import (
     DECODED,
     FREED,
     FREED_STATE,
+    RETRACTED,
+    RETRACTED_STATE,
     RUNNING_STATE,
     SWA_DECODED,
     SWA_FREED,
@@ -53,6 +55,8 @@ EXPLAINED = {
     FREED_STATE: "sglang-node-eviction",
     SWA_FREED: "sglang-swa-tombstone",
     BRANCHED: "sglang-swa-branch-insert",
+    RETRACTED: "sglang-retract-discards",
+    RETRACTED_STATE: "sglang-retract-discards",
 }
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.conformance.sglang import unified
-from kvcert.conformance.sglang.campaign import steps, variants
+from kvcert.conformance.sglang.campaign import diagnosis, steps, variants
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
 from kvcert.conformance.sglang.campaign.places import (
     MATCH,
@@ -149,6 +149,12 @@ class Run:
         self.sampled: dict[int, list[int]] = {}
         self.judged: set[int] = set()  # id() of requests judged at their current admission
         self.checkpointed: set[int] = set()  # states the extra buffer has tracked
+        # what the tree has held (read after every insert) and what retractions freed
+        # unpublished: KV identities and state identities (places.Holders)
+        self.adopted_kv: set[bytes] = set()
+        self.adopted: set[int] = set()
+        self.retracted_kv: set[bytes] = set()
+        self.retracted_states: set[int] = set()
         self.step = 0
 
     # --- the scheduler's loop -------------------------------------------------------------
@@ -163,9 +169,9 @@ class Run:
     def _play(self) -> Findings:
         arrivals = list(self.workload.arrivals)
         last_arrival = max(a.step for a in arrivals)
-        while arrivals or self.waiting or self.chunked or self._running():
+        while arrivals or self.waiting or self.chunked or self.running_now():
             if self.step > last_arrival + DRAIN_STEPS:
-                livelock = self._swa_livelock()
+                livelock = diagnosis.swa_livelock(self)
                 if livelock is not None:
                     self.findings.stalled = livelock
                 else:
@@ -189,40 +195,7 @@ class Run:
         self.findings.steps = self.step
         return self.findings
 
-    def _swa_livelock(self) -> str | None:
-        """Why an idle scheduler never admits the head of its queue, when it is SGLang's
-        SWA admission livelock (sglang-swa-admission-livelock), else None.
-
-        Nothing runs and nothing is chunked, so the pools no longer change. The head's SWA
-        reservation B (SWAPrefillBudget.swa_tokens) is below the SWA pool C, so SGLang
-        counts the shortfall as transient pressure and waits (no chunk-cap escape), but it
-        is at least what admission can ever find free, R: the SWA its own matched prefix
-        pins, locked during admission, is never evictable then. Only when the idle pool is
-        whole (free or evictable): SWA held by nobody would be a leak, not this livelock.
-        """
-        if self.window is None or not self.waiting or self.chunked or self._running():
-            return None
-        head = self.waiting[0]
-        adder = self._adder()
-        head.init_next_round_input(self.tree)
-        budget = adder.memory_budget
-        extend = budget.ceil_paged_tokens(len(head.full_untruncated_fill_ids) - head.prefix_len)
-        wanted = budget.swa_tokens(
-            extend, adder._swa_new_tokens(head), chunk_limit=adder.rem_chunk_tokens
-        )
-        pool = self.allocator.size_swa
-        idle = int(budget.remaining_swa)  # all of the pool, unless SGLang leaked slots
-        with adder._lock_node(head.last_node):
-            free = int(budget.remaining_swa)
-        if idle != pool or not free <= wanted < pool:
-            return None
-        return (
-            f"{head.rid} waits for {wanted} SWA slots, below the pool's {pool} (so SGLang "
-            f"waits: no chunk cap), while at most {free} are ever free to it: its matched "
-            f"prefix ({head.prefix_len} tokens) pins {pool - free}"
-        )
-
-    def _running(self) -> bool:
+    def running_now(self) -> bool:
         """Whether a request still runs: in the running batch, or in the prefill batch just
         run (merged into the running batch by the next step)."""
         last = self.last
@@ -302,7 +275,7 @@ class Run:
         if self.requests.available_size() <= 0 and self.chunked is None:
             running.batch_is_full = True
             return None
-        adder = self._adder()
+        adder = self.prefill_adder()
         if self.chunked is not None:
             self.chunked.init_next_round_input()
             self.chunked = adder.add_chunked_req(self.chunked)
@@ -353,7 +326,7 @@ class Run:
         batch.decoding_reqs = None
         return batch
 
-    def _adder(self) -> Any:
+    def prefill_adder(self) -> Any:
         """The scheduler's PrefillAdder for this round (FCFS, no LoRA, grammar or storage)."""
         adder = self.sg.PrefillAdder(
             self.workload.page,
@@ -408,7 +381,12 @@ class Run:
             batch.batch_is_full = False
             return None
         if not fits:
+            unpublished = {id(r): self._unpublished(r) for r in batch.reqs}
             retracted, self.ratio.current, aborted = batch.retract_decode()
+            for req in retracted + aborted:  # freed without an insert (release_req)
+                kv, state = unpublished[id(req)]
+                self.retracted_kv |= kv
+                self.retracted_states |= state
             # SGLang answers an aborted request with an error (its KV freed by the retract)
             self.findings.aborted += len(aborted)
             self.findings.retracted += len(retracted)
@@ -423,6 +401,14 @@ class Run:
         with steps.host_memory_unpinned():
             batch.prepare_for_decode()
         return batch
+
+    def _unpublished(self, req: Any) -> tuple[set[bytes], set[int]]:
+        """The KV identities past the prefix the tree owns, and the state, of a request."""
+        length = len(self._tokens(req))
+        row = self._row(req, length)[req.kv.cache_protected_len :]
+        kv = {self.ledger.content[s] for s in row if s in self.ledger.content}
+        state = {int(self._states()[self._state_slot(req)])} if self.hybrid else set()
+        return kv, state
 
     # --- the pass and its result ------------------------------------------------------------
 
@@ -596,6 +582,7 @@ class Run:
             req.update_finish_state(1)
             shared = self._row(req, req.kv.cache_protected_len) if req.finished() else []
             self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
+            self._note_adopted()
             if req.finished():
                 self._released(req, shared)
 
@@ -633,12 +620,26 @@ class Run:
             req.prefix_len = req.extend_end  # what checkpoint_kv_cache does besides the insert
             return
         self.sg.checkpoint_kv_cache(req, self.tree)
+        self._note_adopted()
 
     def _release(self, req: Any) -> None:
         """release_kv_cache for a request that finished in a prefill pass."""
         shared = self._row(req, req.kv.cache_protected_len)
         self.sg.release_kv_cache(req, self.tree, checkpoint=True)
+        self._note_adopted()
         self._released(req, shared)
+
+    def _note_adopted(self) -> None:
+        """Remember the KV and states the tree holds now. Called after every step that can
+        insert (only an insert gives the tree KV or a state), so what is freed later was
+        either evicted from the tree or never reached it: places.Holders tells them apart."""
+        content = self.ledger.content
+        slots = self.tree.all_values_flatten().tolist()
+        self.adopted_kv.update(content[s] for s in map(int, slots) if s in content)
+        if self.hybrid:
+            held = self._physical(self.tree.all_mamba_values_flatten())
+            states = self._states().tolist()
+            self.adopted.update(states[slot] for slot in held)
 
     def _released(self, req: Any, shared: list[int]) -> None:
         self.findings.finished += 1
@@ -680,7 +681,9 @@ class Run:
         `scheduled` this round (a chunked request whose last chunk was just added)."""
         rows = []
         running_states: set[int] = set()
+        prompt_states: set[int] = set()
         track_slots: set[int] = set()
+        states = self._states().tolist() if self.hybrid else []
         chunked = [self.chunked] if self.chunked is not None else []
         for req in {id(r): r for r in self.running.reqs + chunked + scheduled}.values():
             if req.kv.req_pool_idx is not None:
@@ -692,13 +695,20 @@ class Run:
                 if self.extra_buffer:
                     track_slots |= self._physical(self._track_buffer[req.kv.req_pool_idx])
             if self.hybrid and req.kv.mamba_pool_idx is not None:
-                running_states.add(self._state_slot(req))
+                slot = self._state_slot(req)
+                running_states.add(slot)
+                prompt = identities(list(req.origin_input_ids))
+                if states[slot] in {self.ledger.state_id(i) for i in prompt}:
+                    prompt_states.add(states[slot])
         # the allocator's free pages (token slots at page 1), and those freed but not merged
         free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
         free_pages = {int(x) for pages in free if pages is not None for x in pages.tolist()}
         holders = Holders(
             {int(x) for x in self.tree.all_values_flatten().tolist()}, rows, free_pages
         )
+        holders.content = self.ledger.content
+        holders.adopted_kv = self.adopted_kv
+        holders.retracted_kv = self.retracted_kv
         if self.window is not None:
             swa = self.allocator.swa_attn_allocator
             free = [swa.free_pages, getattr(swa, "release_pages", None)]
@@ -709,9 +719,12 @@ class Run:
                 int(x) for pages in free if pages is not None for x in pages.tolist()
             }
         if self.hybrid:
-            holders.states = self._states().tolist()
+            holders.states = states
             holders.running_states = running_states
+            holders.prompt_states = prompt_states
             holders.free_states = self._physical(self.requests.mamba_allocator.free_slots)
+            holders.adopted = self.adopted
+            holders.retracted_states = self.retracted_states
             # a running request's track slots the tree has not adopted await its
             # checkpoints: handed out, whatever they held before
             holders.track_slots = track_slots - self._physical(self.tree.all_mamba_values_flatten())

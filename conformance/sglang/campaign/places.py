@@ -2,7 +2,8 @@
 
 A lost hit is explained only by where the ledger's copy of what was owed sat when the
 request looked it up (kvcert.conformance.sglang.campaign.command names the explained ones):
-in a running request's row and not yet published, free in an allocator, or in the tree.
+in a running request's row and not yet published, free in an allocator (evicted from the
+tree, freed unpublished by a retraction, or never published), or in the tree.
 Engine-free: built from plain slot lists, so tests drive it directly.
 """
 
@@ -15,9 +16,15 @@ from dataclasses import dataclass, field
 # decoded tokens (and under no buffer its state) only when it finishes; it evicts whole tree
 # nodes, more than an allocation needs.
 DECODED = "decoded tokens of a running request (SGLang publishes them when it finishes)"
-FREED = "free in the allocator (evicted or freed, not handed out again)"
+FREED = "free in the allocator, evicted from the tree, not handed out again"
+DROPPED = "free in the allocator, the tree never holding it"
 RUNNING_STATE = "the running state of a decoding request (SGLang saves it when it finishes)"
-FREED_STATE = "a state slot freed or evicted, not handed out again"
+PROMPT_STATE = "the running state of a request inside its prompt, not published to the tree"
+FREED_STATE = "a state slot evicted from the tree, not handed out again"
+DROPPED_STATE = "a state slot freed without the tree ever holding its state"
+# SGLang's retraction frees what a request had not published, without an insert
+RETRACTED = "decoded tokens a retraction freed without publishing them"
+RETRACTED_STATE = "the state of a request a retraction freed without publishing it"
 MATCH = "in the tree, not matched"
 PROMPT = "the prompt of a running request, not published to the tree"
 STATE_MATCH = "a state in the tree, not matched"
@@ -57,8 +64,16 @@ class Holders:
     free_pages: set[int]
     states: list[int] = field(default_factory=list)  # per physical state slot, its identity
     running_states: set[int] = field(default_factory=set)  # running requests' state slots
+    prompt_states: set[int] = field(default_factory=set)  # of those, states inside a prompt
     free_states: set[int] = field(default_factory=set)
     track_slots: set[int] = field(default_factory=set)  # handed to running requests' tracks
+    # what the tree has held, and what retractions freed unpublished: KV identities
+    # (`content` maps a token slot to the identity it holds) and state identities
+    content: dict[int, bytes] = field(default_factory=dict)
+    adopted_kv: set[bytes] = field(default_factory=set)
+    retracted_kv: set[bytes] = field(default_factory=set)
+    adopted: set[int] = field(default_factory=set)
+    retracted_states: set[int] = field(default_factory=set)
     window_rows: list[Row] = field(default_factory=list)  # the same rows' SWA slots
     window_free: set[int] = field(default_factory=set)  # the SWA allocator's free pages
 
@@ -69,7 +84,12 @@ class Holders:
         for row in self.rows:
             if first in row.slots:
                 return row.holding(row.slots.index(first) + size, DECODED, PROMPT)
-        return FREED if physical in self.free_pages else MATCH
+        if physical not in self.free_pages:
+            return MATCH
+        ident = self.content.get(first)
+        if ident in self.adopted_kv:
+            return FREED
+        return RETRACTED if ident in self.retracted_kv else DROPPED
 
     def window(self, physicals: Iterable[int], size: int) -> str:
         """Where the first SWA page of the owed hit's window that is not live in the tree
@@ -86,5 +106,9 @@ class Holders:
     def state(self, state: int) -> str:
         slots = {i for i, value in enumerate(self.states) if value == state}
         if slots & self.running_states:
-            return RUNNING_STATE
-        return FREED_STATE if slots & self.free_states else STATE_MATCH
+            return PROMPT_STATE if state in self.prompt_states else RUNNING_STATE
+        if slots & self.free_states:
+            if state in self.adopted:
+                return FREED_STATE
+            return RETRACTED_STATE if state in self.retracted_states else DROPPED_STATE
+        return STATE_MATCH
