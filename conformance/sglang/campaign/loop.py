@@ -196,8 +196,9 @@ class Run:
         return self.findings
 
     def running_now(self) -> bool:
-        """Whether a request still runs: in the running batch, or in the prefill batch just
-        run (merged into the running batch by the next step)."""
+        """Whether a request still runs: in the running batch, in the prefill batch just
+        run (merged into the running batch by the next step), or in a launched batch whose
+        result is still queued (overlap)."""
         last = self.last
         fresh = last is not None and last.forward_mode.is_extend() and not last.is_empty()
         return fresh or bool(self.queued) or not self.running.is_empty()
@@ -543,6 +544,13 @@ class Run:
             self.sampled.pop(id(req), None)
         return token
 
+    def _committed(self, req: Any) -> int:
+        """The token a launched pass sampled for the request, which its result commits."""
+        token = self._sampled(req)
+        if token is None:
+            raise RuntimeError(f"the loop lost track of {req.rid}: no sampled token to commit")
+        return token
+
     def _process(self, batch: Any) -> None:
         """BatchResultProcessor's result step for a batch whose pass was launched."""
         if batch.forward_mode.is_extend():
@@ -559,7 +567,7 @@ class Run:
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
                 continue
-            req.output_ids.append(self._sampled(req))
+            req.output_ids.append(self._committed(req))
             req.update_finish_state()
             if req.finished():
                 self._release(req)
@@ -575,10 +583,10 @@ class Run:
             num_correct_drafts_per_req_cpu=None, grammar_retained_tokens=None
         )
         for i, req in enumerate(batch.reqs):
-            token = self._sampled(req)
             if self.overlap and (req.finished() or req.is_retracted):
+                self._sampled(req)  # dropped: nothing commits it
                 continue
-            req.output_ids.append(token)
+            req.output_ids.append(self._committed(req))
             req.update_finish_state(1)
             shared = self._row(req, req.kv.cache_protected_len) if req.finished() else []
             self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
