@@ -144,7 +144,7 @@ class Tally:
         totals = self.totals
         for name in (
             "admissions", "owed_tokens", "served_tokens", "served_early", "finished",
-            "retracted", "aborted", "finishing_inflight",
+            "retracted", "aborted", "finishing_inflight", "dropped",
         ):  # fmt: skip
             totals[name] += getattr(found, name)
         totals["requests"] += len(workload.arrivals)
@@ -188,7 +188,8 @@ class Tally:
         )
         if args.overlap:
             print(f"  overlap: {totals['finishing_inflight']} decode steps skipped for requests "
-                  "their queued result finishes")  # fmt: skip
+                  f"their queued result finishes; {totals['dropped']} sampled tokens dropped "
+                  "(finished or retracted since the pass was launched)")  # fmt: skip
         if totals["served_early"]:
             print(f"  served before their step's result was processed (sound, not owed): "
                   f"{totals['served_early']} tokens")  # fmt: skip

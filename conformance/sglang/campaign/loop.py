@@ -76,6 +76,7 @@ class Findings:
     aborted: int = 0  # requests SGLang aborted out of memory (retract_decode's last resort)
     steps: int = 0
     finishing_inflight: int = 0  # overlap: decodes skipped, the queued result finishing them
+    dropped: int = 0  # sampled tokens no result committed (finished or retracted since launch)
 
 
 class Run:
@@ -544,6 +545,12 @@ class Run:
             self.sampled.pop(id(req), None)
         return token
 
+    def _drop(self, req: Any) -> None:
+        """A result that commits nothing: its request finished or was retracted since the
+        pass was launched (under overlap), so the token the pass sampled is dropped."""
+        if self._sampled(req) is not None:
+            self.findings.dropped += 1
+
     def _committed(self, req: Any) -> int:
         """The token a launched pass sampled for the request, which its result commits."""
         token = self._sampled(req)
@@ -562,7 +569,7 @@ class Run:
         """process_batch_result_prefill: the sampled token, then a release or a checkpoint."""
         for req in batch.reqs:
             if req.finished() or req.is_retracted:
-                self._sampled(req)  # dropped: nothing commits it
+                self._drop(req)
                 continue
             if req.inflight_middle_chunks > 0:
                 req.inflight_middle_chunks -= 1
@@ -584,7 +591,7 @@ class Run:
         )
         for i, req in enumerate(batch.reqs):
             if self.overlap and (req.finished() or req.is_retracted):
-                self._sampled(req)  # dropped: nothing commits it
+                self._drop(req)
                 continue
             req.output_ids.append(self._committed(req))
             req.update_finish_state(1)
