@@ -249,8 +249,16 @@ def test_overlap_draws_mamba_workloads_on_the_extra_buffers_units():
         assert dataclasses.replace(full, overlap=False) == generate(seed, "full")
 
 
-def test_overlap_is_refused_where_the_loop_does_not_build_sglangs_strategy(capsys):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "swa-mamba", "--overlap"],
+        ["--model", "mamba", "--mixed-chunk"],
+        ["--model", "mamba-paged", "--mixed-chunk", "--overlap"],
+    ],
+)
+def test_a_scheduling_the_loop_does_not_drive_is_refused(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
-        command.main(["--runs", "1", "--model", "swa-mamba", "--overlap"])
+        command.main(["--runs", "1", *argv])
     assert exit_.value.code == 2
     assert "not driven yet" in capsys.readouterr().err

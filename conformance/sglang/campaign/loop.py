@@ -76,6 +76,7 @@ class Findings:
     aborted: int = 0  # requests SGLang aborted out of memory (retract_decode's last resort)
     steps: int = 0
     finishing_inflight: int = 0  # overlap: decodes skipped, the queued result finishing them
+    mixed_decodes: int = 0  # mixed chunks: decode rows carried by prefill batches
     dropped: int = 0  # sampled tokens no result committed (finished or retracted since launch)
 
 
@@ -94,6 +95,12 @@ class Run:
         self.fix = variants.chosen("fix", fix, variants.FIXES)
         self.sg = steps.sglang()
         mamba = workload.model in ("mamba", "mamba-paged", "swa-mamba")
+        if workload.mixed and mamba:
+            raise ValueError(
+                f"--mixed-chunk with --model {workload.model}: not driven yet (a mixed batch's "
+                "decode rows skip the extra buffer's and the running state's decode "
+                "bookkeeping the loop plays); use --model full or swa"
+            )
         if overlap and workload.model == "swa-mamba":
             raise ValueError(
                 "--overlap with --model swa-mamba: not driven yet (under overlap SGLang's "
@@ -326,7 +333,34 @@ class Run:
         )  # fmt: skip
         batch.prepare_for_extend()
         batch.decoding_reqs = None
+        if self.workload.mixed and not running.is_empty():
+            self._mix(batch)
         return batch
+
+    def _mix(self, batch: Any) -> None:
+        """Mixed chunked prefill (get_new_batch_prefill under --enable-mixed-chunk): the
+        running requests' decode step rides in the prefill batch, when it fits (else they
+        sit this step out, not retracted); the running batch is then empty until the mixed
+        batch is merged back."""
+        running = self.running
+        finishing = self._finishing_inflight(running)
+        running.filter_batch(reqs_to_exclude=finishing)
+        if finishing:
+            running.batch_is_full = False
+        if running.is_empty() or not running.check_decode_mem():
+            return
+        with steps.host_memory_unpinned():
+            running.prepare_for_decode()
+        batch.mix_with_running(running)
+        batch.decoding_reqs = running.reqs
+        self.findings.mixed_decodes += len(running.reqs)
+        self.running = self.sg.ScheduleBatch(reqs=[], batch_is_full=running.batch_is_full)
+
+    def _finishing_inflight(self, batch: Any) -> list[Any]:
+        """Scheduler._reqs_finishing_inflight: under overlap, the requests of `batch` whose
+        queued result reaches their max_new_tokens (none synchronously)."""
+        queued = {id(r) for b in self.queued for r in b.reqs}
+        return [r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()]
 
     def prefill_adder(self) -> Any:
         """The scheduler's PrefillAdder for this round (FCFS, no LoRA, grammar or storage)."""
@@ -338,6 +372,8 @@ class Run:
             self.ratio.current,
             self.workload.max_prefill_tokens,
             self.workload.chunk,
+            # mixed chunks: the running requests' decode tokens share the step's budget
+            self.running.batch_size() if self.workload.mixed else 0,
             max_running_requests=ROWS,
         )
         if self.fix == "swa-decode-headroom":
@@ -369,10 +405,7 @@ class Run:
         batch first (`_reqs_finishing_inflight`), and if the rest does not fit the step
         waits for that result to free its KV."""
         batch = self.running
-        queued = {id(r) for b in self.queued for r in b.reqs}
-        finishing = [
-            r for r in batch.reqs if id(r) in queued and r.next_output_finishes_by_length()
-        ]
+        finishing = self._finishing_inflight(batch)
         batch.filter_batch(reqs_to_exclude=finishing)
         self.findings.finishing_inflight += len(finishing)
         if batch.is_empty():
@@ -510,9 +543,12 @@ class Run:
         if batch.forward_mode.is_extend():
             if self.hybrid:
                 self._copy_and_clear(batch)
+            decoding = {id(r) for r in batch.decoding_reqs or ()}
             for req in batch.reqs:
                 tokens = self._tokens(req)
-                self._read_and_write(req, req.prefix_len, req.extend_end, tokens)
+                # a mixed batch's decode row computes its last token (mix_with_running)
+                start = req.extend_end - 1 if id(req) in decoding else req.prefix_len
+                self._read_and_write(req, start, req.extend_end, tokens)
                 if req is not self.chunked:  # a middle chunk samples nothing
                     self._sample(req, tokens[: req.extend_end])
             if self.extra_buffer:
@@ -567,6 +603,7 @@ class Run:
 
     def _process_prefill(self, batch: Any) -> None:
         """process_batch_result_prefill: the sampled token, then a release or a checkpoint."""
+        decoding = {id(r) for r in batch.decoding_reqs or ()}
         for req in batch.reqs:
             if req.finished() or req.is_retracted:
                 self._drop(req)
@@ -578,7 +615,7 @@ class Run:
             req.update_finish_state()
             if req.finished():
                 self._release(req)
-            else:
+            elif id(req) not in decoding:  # a mixed batch's decode row is not re-inserted
                 self._checkpoint(req)
 
     def _process_decode(self, batch: Any) -> None:

@@ -74,6 +74,7 @@ class Workload:
     window: int | None = None  # the SWA models: SGLang's sliding_window_size (W - 1)
     swa_interval: int = 0  # the SWA models: SGLANG_SWA_EVICTION_INTERVAL
     overlap: bool = False  # scheduled as event_loop_overlap (the server's default), or not
+    mixed: bool = False  # --enable-mixed-chunk: a prefill batch carries the decode steps too
 
 
 def generate(seed: int, model: str = "full", *, overlap: bool = False) -> Workload:
