@@ -50,6 +50,7 @@ from kvcert.conformance.sglang.campaign.places import (
     Holders,
     Row,
 )
+from kvcert.conformance.sglang.campaign.states import States
 from kvcert.conformance.sglang.campaign.workload import Workload, next_token
 
 ROWS = 6  # request rows of the pool: the server's max running requests here
@@ -116,6 +117,7 @@ class Run:
             exclusive_window=workload.window, overlap=overlap,
         )  # fmt: skip
         self.hybrid = states > 0
+        self.states = States(self.requests)  # read only when self.hybrid
         # the scheduler's admission ratio: from the published server arguments, decayed
         # each decode step, raised by a retraction, reset when the scheduler idles
         self.ratio = self.sg.NewTokenRatioTracker.from_config()
@@ -291,9 +293,9 @@ class Run:
         # Who holds what, as the round starts: the state allocator sets slots aside for the
         # round's matches (alloc_group_begin), free until a match takes one.
         holders = self._holders(adder.can_run_list)
-        states = getattr(self.requests, "mamba_allocator", None)
-        if states is not None:
-            states.alloc_group_begin(len(self.waiting))
+        state_allocator = getattr(self.requests, "mamba_allocator", None)
+        if state_allocator is not None:
+            state_allocator.alloc_group_begin(len(self.waiting))
         for req in self.waiting:
             if adder.budget_state() == sg.AddReqResult.OTHER:
                 break
@@ -317,8 +319,8 @@ class Run:
                 if not added:
                     self._give_back_state(req)
                 break
-        if states is not None:
-            states.alloc_group_end()
+        if state_allocator is not None:
+            state_allocator.alloc_group_end()
         admitted = adder.can_run_list
         if not admitted:
             return None
@@ -442,7 +444,7 @@ class Run:
         length = len(self._tokens(req))
         row = self._row(req, length)[req.kv.cache_protected_len :]
         kv = {self.ledger.content[s] for s in row if s in self.ledger.content}
-        state = {int(self._states()[self._state_slot(req)])} if self.hybrid else set()
+        state = {int(self.states.values()[self.states.slot(req)])} if self.hybrid else set()
         return kv, state
 
     # --- the pass and its result ------------------------------------------------------------
@@ -468,15 +470,15 @@ class Run:
         if self.window is not None:
             self._read_and_write_window(self.window, req, row, idents, range(start, end))
         if self.hybrid:
-            slot = self._state_slot(req)
+            slot = self.states.slot(req)
             want = self.ledger.state_id(idents[start - 1]) if start else 0
-            have = int(self._states()[slot])
+            have = int(self.states.values()[slot])
             if have != want:
                 self.findings.unsound.append(
                     f"step {self.step}: {req.rid} started from state {have} in slot {slot}, "
                     f"not the state after its {start} computed tokens ({want})"
                 )
-            self._write_state(slot, self.ledger.state_id(idents[end - 1]))
+            self.states.write(slot, self.ledger.state_id(idents[end - 1]))
 
     def _ends(self) -> int:
         """The step whose end the pass launched now ends with (the ledger's write step)."""
@@ -509,40 +511,11 @@ class Run:
         """Whether the run plays the broken twin `name`."""
         return self.mutant == name
 
-    # --- Mamba states: the values of the pool's temporal state, one per physical slot ------
-
-    def _state_slot(self, req: Any) -> int:
-        """The physical slot of the request's running state."""
-        logical = req.kv.mamba_pool_idx.reshape(1)
-        return int(self.requests.translate_mamba_indices(logical)[0])
-
-    def _states(self) -> Any:
-        """Per physical state slot, the identity its values carry (layer 0's first value)."""
-        temporal = self.requests.mamba_pool.mamba_cache.temporal[0]
-        return temporal.reshape(temporal.shape[0], -1)[:, 0].to(unified.api().torch.int64)
-
-    def _write_state(self, slot: int, ident: int) -> None:
-        self.requests.mamba_pool.mamba_cache.temporal[0, slot] = float(ident)
-
-    def _copy_and_clear(self, batch: Any) -> None:
-        """What the model runner does to states before an extend pass: clear a fresh
-        request's, copy a matched one's from the tree (ModelRunner's deferred Mamba ops)."""
-        pool = self.requests
-        clear = batch.mamba_clear_indices
-        if clear is not None and len(clear) > 0:
-            pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
-        source, target = batch.mamba_cow_src_indices, batch.mamba_cow_dst_indices
-        if source is not None and len(source) > 0 and not self._broken("no-state-copy"):
-            pool.copy_mamba_state(
-                pool.translate_mamba_indices(source), pool.translate_mamba_indices(target)
-            )
-        batch.mamba_clear_indices = batch.mamba_cow_src_indices = None
-
     def _launch(self, batch: Any) -> None:
         """The batch's forward pass: what it reads, what it writes, what it samples."""
         if batch.forward_mode.is_extend():
             if self.hybrid:
-                self._copy_and_clear(batch)
+                self.states.copy_and_clear(batch, copy=not self._broken("no-state-copy"))
             decoding = {id(r) for r in batch.decoding_reqs or ()}
             for req in batch.reqs:
                 tokens = self._tokens(req)
@@ -664,7 +637,7 @@ class Run:
         """Write the state after `end` tokens of the request into a track slot."""
         state = self.ledger.state_id(identities(self._tokens(req)[:end])[-1])
         physical = int(self.requests.translate_mamba_indices(logical.reshape(1))[0])
-        self._write_state(physical, state)
+        self.states.write(physical, state)
         self.checkpointed.add(state)
 
     def _checkpoint(self, req: Any) -> None:
@@ -689,8 +662,8 @@ class Run:
         slots = self.tree.all_values_flatten().tolist()
         self.adopted_kv.update(content[s] for s in map(int, slots) if s in content)
         if self.hybrid:
-            held = self._physical(self.tree.all_mamba_values_flatten())
-            states = self._states().tolist()
+            held = self.states.physical(self.tree.all_mamba_values_flatten())
+            states = self.states.values().tolist()
             self.adopted.update(states[slot] for slot in held)
 
     def _released(self, req: Any, shared: list[int]) -> None:
@@ -726,7 +699,7 @@ class Run:
         """The physical state slots these requests hold (none without a state pool)."""
         if not self.hybrid:
             return set()
-        return {self._state_slot(r) for r in requests if r.kv.mamba_pool_idx is not None}
+        return {self.states.slot(r) for r in requests if r.kv.mamba_pool_idx is not None}
 
     def _holders(self, scheduled: list[Any]) -> Holders:
         """Who holds which slots: the running requests, the chunked one and those already
@@ -735,7 +708,7 @@ class Run:
         running_states: set[int] = set()
         prompt_states: set[int] = set()
         track_slots: set[int] = set()
-        states = self._states().tolist() if self.hybrid else []
+        states = self.states.values().tolist() if self.hybrid else []
         chunked = [self.chunked] if self.chunked is not None else []
         for req in {id(r): r for r in self.running.reqs + chunked + scheduled}.values():
             if req.kv.req_pool_idx is not None:
@@ -745,9 +718,9 @@ class Run:
                     Row(row, len(req.origin_input_ids), branched, req.kv.cache_protected_len)
                 )
                 if self.extra_buffer:
-                    track_slots |= self._physical(self._track_buffer[req.kv.req_pool_idx])
+                    track_slots |= self.states.physical(self._track_buffer[req.kv.req_pool_idx])
             if self.hybrid and req.kv.mamba_pool_idx is not None:
-                slot = self._state_slot(req)
+                slot = self.states.slot(req)
                 running_states.add(slot)
                 prompt = identities(list(req.origin_input_ids))
                 if states[slot] in {self.ledger.state_id(i) for i in prompt}:
@@ -774,17 +747,15 @@ class Run:
             holders.states = states
             holders.running_states = running_states
             holders.prompt_states = prompt_states
-            holders.free_states = self._physical(self.requests.mamba_allocator.free_slots)
+            holders.free_states = self.states.physical(self.requests.mamba_allocator.free_slots)
             holders.adopted = self.adopted
             holders.retracted_states = self.retracted_states
             # a running request's track slots the tree has not adopted await its
             # checkpoints: handed out, whatever they held before
-            holders.track_slots = track_slots - self._physical(self.tree.all_mamba_values_flatten())
+            holders.track_slots = track_slots - self.states.physical(
+                self.tree.all_mamba_values_flatten()
+            )
         return holders
-
-    def _physical(self, logical: Any) -> set[int]:
-        """The physical state slots of logical state indices."""
-        return set(self.requests.translate_mamba_indices(logical.reshape(-1)).tolist())
 
     def _judge(self, req: Any, owed: Any, holders: Holders) -> None:
         """Compare the match an admitted request was served with what it was owed."""
