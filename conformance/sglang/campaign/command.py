@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import importlib.util
 import io
 import json
@@ -72,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tally = Tally()
     for seed in range(args.first, args.first + args.runs):
-        workload = generate(seed, args.model, overlap=args.overlap)
-        workload = dataclasses.replace(workload, mixed=args.mixed_chunk)
+        workload = generate(seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk)
         try:
             found = Run(workload, args.mutant, args.fix).play()
             tally.add(seed, workload, found, _abort_cause(workload, found, args))
@@ -94,7 +92,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model", choices=MODELS, default="full",
         help="full attention (default); a full-attention + Mamba hybrid at page 1 (no "
-        "buffer: mamba) or at pages 2 and 4 (extra buffer: mamba-paged); a full-attention "
+        "buffer, the extra buffer under --overlap: mamba) or at pages 2 and 4 (extra "
+        "buffer: mamba-paged); a full-attention "
         "+ sliding-window hybrid (swa), and one with a Mamba state too, page 1 (swa-mamba)",
     )  # fmt: skip
     parser.add_argument(

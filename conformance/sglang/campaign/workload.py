@@ -77,7 +77,9 @@ class Workload:
     mixed: bool = False  # --enable-mixed-chunk: a prefill batch carries the decode steps too
 
 
-def generate(seed: int, model: str = "full", *, overlap: bool = False) -> Workload:
+def generate(
+    seed: int, model: str = "full", *, overlap: bool = False, mixed: bool = False
+) -> Workload:
     """A random workload: requests sharing system prompts, exact repeats, and follow-ups of
     earlier requests (their prompt, some of their answer, more), arriving over a few steps
     into a pool small enough that the tree must evict and running requests retract."""
@@ -121,8 +123,9 @@ def generate(seed: int, model: str = "full", *, overlap: bool = False) -> Worklo
     budget = chunk * rng.choice((1, 2, 4))
     if model not in ("swa", "swa-mamba"):
         return Workload(
-            seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, overlap=overlap
-        )
+            seed, page, pool_tokens, chunk, budget, tuple(arrivals), model,
+            overlap=overlap, mixed=mixed,
+        )  # fmt: skip
     window = rng.choice(WINDOWS)
     interval = rng.choice(SWA_INTERVALS)
     # the SWA pool, a share of the full one, must hold what a running request keeps (its
@@ -130,7 +133,7 @@ def generate(seed: int, model: str = "full", *, overlap: bool = False) -> Worklo
     pool_tokens = max(pool_tokens, _round_up(2 * (window + interval + 2 * page), page))
     return Workload(
         seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, window, interval,
-        overlap,
+        overlap, mixed,
     )  # fmt: skip
 
 
