@@ -35,7 +35,12 @@ from kvcert.conformance.sglang.campaign.places import (
     SWA_FREED,
 )
 from kvcert.conformance.sglang.campaign.variants import FIXES, MUTANTS
-from kvcert.conformance.sglang.campaign.workload import MODELS, Workload, generate
+from kvcert.conformance.sglang.campaign.workload import (
+    MODELS,
+    Workload,
+    generate,
+    not_driven,
+)
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
 # lost page or state can be (a prompt not published, a page or state in the tree it did not
@@ -115,16 +120,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
-    if args.mixed_chunk and args.model not in ("full", "swa"):
-        parser.error(
-            f"--mixed-chunk with --model {args.model} is not driven yet: a mixed batch's "
-            "decode rows skip the Mamba decode bookkeeping the loop plays; use full or swa"
-        )
-    if args.overlap and args.model == "swa-mamba":
-        parser.error(
-            "--overlap with --model swa-mamba is not driven yet: under overlap SGLang runs the "
-            "extra buffer, which the loop does not build beside a sliding window"
-        )
+    refusal = not_driven(args.model, overlap=args.overlap, mixed=args.mixed_chunk)
+    if refusal is not None:
+        parser.error(refusal)
     return args
 
 

@@ -51,7 +51,12 @@ from kvcert.conformance.sglang.campaign.places import (
     Row,
 )
 from kvcert.conformance.sglang.campaign.states import States
-from kvcert.conformance.sglang.campaign.workload import Workload, next_token
+from kvcert.conformance.sglang.campaign.workload import (
+    MAMBA_MODELS,
+    Workload,
+    next_token,
+    not_driven,
+)
 
 ROWS = 6  # request rows of the pool: the server's max running requests here
 MAMBA_CHUNK = 64  # the GDN kernel's chunk (FLA's CHUNK_SIZE; the server's mamba chunk size)
@@ -95,19 +100,10 @@ class Run:
         self.mutant = variants.chosen("mutant", mutant, variants.MUTANTS)
         self.fix = variants.chosen("fix", fix, variants.FIXES)
         self.sg = steps.sglang()
-        mamba = workload.model in ("mamba", "mamba-paged", "swa-mamba")
-        if workload.mixed and mamba:
-            raise ValueError(
-                f"--mixed-chunk with --model {workload.model}: not driven yet (a mixed batch's "
-                "decode rows skip the extra buffer's and the running state's decode "
-                "bookkeeping the loop plays); use --model full or swa"
-            )
-        if overlap and workload.model == "swa-mamba":
-            raise ValueError(
-                "--overlap with --model swa-mamba: not driven yet (under overlap SGLang's "
-                "`auto` strategy runs the extra buffer, which the loop does not build beside "
-                "a sliding window); use --model full, mamba, mamba-paged or swa"
-            )
+        refusal = not_driven(workload.model, overlap=overlap, mixed=workload.mixed)
+        if refusal is not None:
+            raise ValueError(refusal)
+        mamba = workload.model in MAMBA_MODELS
         # SGLang's `auto` strategy: the extra buffer above page 1 or under overlap
         # scheduling (without a buffer SGLang refuses overlap: validate_mamba_no_buffer)
         self.extra_buffer = mamba and (overlap or workload.page > 1)
