@@ -186,8 +186,7 @@ def test_a_free_page_is_blamed_on_eviction_only_if_the_tree_held_its_kv():
     unpublished is RETRACTED; anything else free was never published: DROPPED."""
     holders = places.Holders(in_tree=set(), rows=[], free_pages={3, 4, 5})
     holders.content = {6: b"evicted", 8: b"retracted", 10: b"never"}
-    holders.adopted_kv = {b"evicted"}
-    holders.retracted_kv = {b"retracted"}
+    holders.published = places.Published(kv={b"evicted"}, retracted_kv={b"retracted"})
     assert holders.page(3, 2) == places.FREED
     assert holders.page(4, 2) == places.RETRACTED
     assert holders.page(5, 2) == places.DROPPED
@@ -201,7 +200,7 @@ def test_a_state_is_placed_by_who_held_it():
     holders.states = [0, 11, 12, 13, 14, 15]
     holders.running_states, holders.prompt_states = {1, 2}, {12}
     holders.free_states = {3, 4, 5}
-    holders.adopted, holders.retracted_states = {13}, {14}
+    holders.published = places.Published(states={13}, retracted_states={14})
     assert holders.state(11) == places.RUNNING_STATE
     assert holders.state(12) == places.PROMPT_STATE
     assert holders.state(13) == places.FREED_STATE

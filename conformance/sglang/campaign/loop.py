@@ -48,6 +48,7 @@ from kvcert.conformance.sglang.campaign.places import (
     MATCH,
     STATE_MATCH,
     Holders,
+    Published,
     Row,
 )
 from kvcert.conformance.sglang.campaign.states import States
@@ -155,12 +156,7 @@ class Run:
         self.sampled: dict[int, list[int]] = {}
         self.judged: set[int] = set()  # id() of requests judged at their current admission
         self.checkpointed: set[int] = set()  # states the extra buffer has tracked
-        # what the tree has held (read after every insert) and what retractions freed
-        # unpublished: KV identities and state identities (places.Holders)
-        self.adopted_kv: set[bytes] = set()
-        self.adopted: set[int] = set()
-        self.retracted_kv: set[bytes] = set()
-        self.retracted_states: set[int] = set()
+        self.published = Published()  # what the tree held, what retractions freed
         self.step = 0
 
     # --- the scheduler's loop -------------------------------------------------------------
@@ -418,8 +414,8 @@ class Run:
             retracted, self.ratio.current, aborted = batch.retract_decode()
             for req in retracted + aborted:  # freed without an insert (release_req)
                 kv, state = unpublished[id(req)]
-                self.retracted_kv |= kv
-                self.retracted_states |= state
+                self.published.retracted_kv |= kv
+                self.published.retracted_states |= state
             # SGLang answers an aborted request with an error (its KV freed by the retract)
             self.findings.aborted += len(aborted)
             self.findings.retracted += len(retracted)
@@ -656,11 +652,11 @@ class Run:
         either evicted from the tree or never reached it: places.Holders tells them apart."""
         content = self.ledger.content
         slots = self.tree.all_values_flatten().tolist()
-        self.adopted_kv.update(content[s] for s in map(int, slots) if s in content)
+        self.published.kv.update(content[s] for s in map(int, slots) if s in content)
         if self.hybrid:
             held = self.states.physical(self.tree.all_mamba_values_flatten())
             states = self.states.values().tolist()
-            self.adopted.update(states[slot] for slot in held)
+            self.published.states.update(states[slot] for slot in held)
 
     def _released(self, req: Any, shared: list[int]) -> None:
         self.findings.finished += 1
@@ -728,8 +724,7 @@ class Run:
             {int(x) for x in self.tree.all_values_flatten().tolist()}, rows, free_pages
         )
         holders.content = self.ledger.content
-        holders.adopted_kv = self.adopted_kv
-        holders.retracted_kv = self.retracted_kv
+        holders.published = self.published
         if self.window is not None:
             swa = self.allocator.swa_attn_allocator
             free = [swa.free_pages, getattr(swa, "release_pages", None)]
@@ -744,8 +739,6 @@ class Run:
             holders.running_states = running_states
             holders.prompt_states = prompt_states
             holders.free_states = self.states.physical(self.requests.mamba_allocator.free_slots)
-            holders.adopted = self.adopted
-            holders.retracted_states = self.retracted_states
             # a running request's track slots the tree has not adopted await its
             # checkpoints: handed out, whatever they held before
             holders.track_slots = track_slots - self.states.physical(

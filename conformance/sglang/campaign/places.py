@@ -56,6 +56,18 @@ class Row:
 
 
 @dataclass
+class Published:
+    """What the tree has held (read after every insert) and what retractions freed without
+    publishing: KV identities and state identities. A freed page or state is an eviction
+    only if the tree once held it."""
+
+    kv: set[bytes] = field(default_factory=set)
+    states: set[int] = field(default_factory=set)
+    retracted_kv: set[bytes] = field(default_factory=set)
+    retracted_states: set[int] = field(default_factory=set)
+
+
+@dataclass
 class Holders:
     """Who held which slots before a lookup: why SGLang's tree lacks what the ledger holds."""
 
@@ -67,13 +79,8 @@ class Holders:
     prompt_states: set[int] = field(default_factory=set)  # of those, states inside a prompt
     free_states: set[int] = field(default_factory=set)
     track_slots: set[int] = field(default_factory=set)  # handed to running requests' tracks
-    # what the tree has held, and what retractions freed unpublished: KV identities
-    # (`content` maps a token slot to the identity it holds) and state identities
-    content: dict[int, bytes] = field(default_factory=dict)
-    adopted_kv: set[bytes] = field(default_factory=set)
-    retracted_kv: set[bytes] = field(default_factory=set)
-    adopted: set[int] = field(default_factory=set)
-    retracted_states: set[int] = field(default_factory=set)
+    content: dict[int, bytes] = field(default_factory=dict)  # token slot -> KV identity
+    published: Published = field(default_factory=Published)
     window_rows: list[Row] = field(default_factory=list)  # the same rows' SWA slots
     window_free: set[int] = field(default_factory=set)  # the SWA allocator's free pages
 
@@ -87,9 +94,9 @@ class Holders:
         if physical not in self.free_pages:
             return MATCH
         ident = self.content.get(first)
-        if ident in self.adopted_kv:
+        if ident in self.published.kv:
             return FREED
-        return RETRACTED if ident in self.retracted_kv else DROPPED
+        return RETRACTED if ident in self.published.retracted_kv else DROPPED
 
     def window(self, physicals: Iterable[int], size: int) -> str:
         """Where the first SWA page of the owed hit's window that is not live in the tree
@@ -108,7 +115,8 @@ class Holders:
         if slots & self.running_states:
             return PROMPT_STATE if state in self.prompt_states else RUNNING_STATE
         if slots & self.free_states:
-            if state in self.adopted:
+            if state in self.published.states:
                 return FREED_STATE
-            return RETRACTED_STATE if state in self.retracted_states else DROPPED_STATE
+            retracted = state in self.published.retracted_states
+            return RETRACTED_STATE if retracted else DROPPED_STATE
         return STATE_MATCH
