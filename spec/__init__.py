@@ -17,6 +17,7 @@ is their generated index. Sections:
     §10 page       where each element and scale lives           kvcert.spec.page_layout
     §11 eviction   which cached blocks matter; the hybrid profile kvcert.spec.eviction
     §12 checkpoints where state checkpoints go (placement)      kvcert.spec.checkpoints
+    §13 radix      the radix profile: a tree of page runs        kvcert.spec.radix
 """
 
 from kvcert.spec.acceptance import NULL, group_accepts, group_blocks, needed_blocks
@@ -46,7 +47,7 @@ from kvcert.spec.layout import (
 )
 from kvcert.spec.view import CacheView
 
-SPEC_VERSION = "0.12.0"
+SPEC_VERSION = "0.13.0"
 
 __all__ = [
     "NULL",

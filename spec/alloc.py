@@ -32,9 +32,10 @@ unknown request, a second admission, work while a chunk is in flight) raises `In
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeGuard
+from typing import Protocol, TypeGuard
 
 from kvcert.spec.acceptance import NULL
 from kvcert.spec.errors import InvalidOp, as_choice, refuse
@@ -86,6 +87,10 @@ class Eviction(StrEnum):
     LRU = "lru"  # the head of the free queue first; released blocks join its tail
     HYBRID = "hybrid"  # dead blocks first, requests freed tail first (§11, EVICT-HYB-1)
     LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, released unkeyed blocks reused first
+    RADIX = "radix"  # a tree of page runs, whole leaves least recently used first (§13)
+
+
+BLOCK_POOL_EVICTIONS = (Eviction.LRU, Eviction.HYBRID, Eviction.LRU_UNKEYED_FIRST)  # §6's own
 
 
 class Visibility(StrEnum):
@@ -347,9 +352,14 @@ def initial_state(config: PoolConfig) -> State:
 
         num_blocks=5:   null=0   free queue: 1 2 3 4
 
-    pre: config.num_blocks >= 2
+    pre: config.num_blocks >= 2 and config.eviction is not Eviction.RADIX
     post: __return__.free == tuple(range(1, config.num_blocks))
     """
+    _require(
+        config.eviction is not Eviction.RADIX,
+        "the radix profile is its own state machine (§13): build its state with "
+        "kvcert.spec.radix.initial_state, or choose a block-pool eviction profile",
+    )
     return State(
         config, tuple(Block() for _ in range(config.num_blocks)), tuple(range(1, config.num_blocks))
     )
@@ -814,15 +824,15 @@ def _require_budget(budget: object, lookahead: object) -> None:
     )
 
 
-def _admit(state: State, op: Admit) -> tuple[State, Observation]:
-    layout = state.config.layout
+def check_admission(layout: Layout, running: Collection[str], op: Admit) -> None:
+    """Refuse a malformed admission (InvalidOp) before anything is looked up."""
     _require(
         isinstance(op.rid, str) and op.rid != "",
         f"a request id is a non-empty string, got {op.rid!r}",
     )
     _require_token_ids(op.tokens, "a prompt's tokens")
     _require(
-        op.rid not in state.requests,
+        op.rid not in running,
         f"request {op.rid!r} is already running; "
         "Extend it, or Finish/Preempt it before admitting it again",
     )
@@ -838,6 +848,49 @@ def _admit(state: State, op: Admit) -> tuple[State, Observation]:
         "a positioned extra (multimodal item, prompt embeddings) lies beyond the prompt; "
         "its span must be within the request's tokens",
     )
+
+
+class Progress(Protocol):
+    """How far a running request is, as both allocators (§6, §13) record it."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def computed(self) -> int: ...
+
+    @property
+    def scheduled(self) -> int: ...
+
+
+def check_extension(layout: Layout, op: Extend, request: Progress | None) -> tuple[int, ...]:
+    """Refuse a malformed extension (InvalidOp); otherwise the request's tokens after it.
+    `request` is the running request `op.rid` names, None when it is not running."""
+    if request is None:
+        refuse(InvalidOp, f"unknown request {op.rid!r}; Admit it first")
+    _require_token_ids(op.appended, "appended tokens")
+    _require(request.scheduled == 0, f"request {op.rid!r} has a chunk in flight; EndStep first")
+    _require_budget(op.budget, op.lookahead)
+    _require(
+        not op.appended or request.computed == len(request.tokens),
+        f"request {op.rid!r} still has prompt tokens to compute; append only after them",
+    )
+    tokens = request.tokens + op.appended
+    limit = layout.max_model_len
+    _require(
+        limit is None or len(tokens) <= limit,
+        f"{len(tokens)} tokens exceed max_model_len={limit}; Finish the request",
+    )
+    _require(
+        request.computed < len(tokens),
+        f"request {op.rid!r} has no token left to compute; append the sampled token",
+    )
+    return tokens
+
+
+def _admit(state: State, op: Admit) -> tuple[State, Observation]:
+    layout = state.config.layout
+    check_admission(layout, state.requests, op)
     hit, hit_tables = lookup(state, op.tokens, op.extras)
     junction_at = 0
     if state.config.retention is Retention.SPARSE:  # a case cites the rules it reaches
@@ -927,25 +980,8 @@ def copies(request: Request) -> tuple[Copy, ...]:
 
 
 def _extend(state: State, op: Extend) -> tuple[State, Observation]:
-    _require(op.rid in state.requests, f"unknown request {op.rid!r}; Admit it first")
-    _require_token_ids(op.appended, "appended tokens")
+    tokens = check_extension(state.config.layout, op, state.requests.get(op.rid))
     request = state.requests[op.rid]
-    _require(request.scheduled == 0, f"request {op.rid!r} has a chunk in flight; EndStep first")
-    _require_budget(op.budget, op.lookahead)
-    _require(
-        not op.appended or request.computed == len(request.tokens),
-        f"request {op.rid!r} still has prompt tokens to compute; append only after them",
-    )
-    tokens = request.tokens + op.appended
-    limit = state.config.layout.max_model_len
-    _require(
-        limit is None or len(tokens) <= limit,
-        f"{len(tokens)} tokens exceed max_model_len={limit}; Finish the request",
-    )
-    _require(
-        request.computed < len(tokens),
-        f"request {op.rid!r} has no token left to compute; append the sampled token",
-    )
     scheduled = min(op.budget, len(tokens) - request.computed)
     decoding = request.decoding or bool(op.appended)
     _require_checkpoint(

@@ -26,6 +26,7 @@ from kvcert.spec import (
     layout,
     page_layout,
     plan,
+    radix,
     retention,
 )
 
@@ -42,6 +43,7 @@ RULE_MODULES: tuple[ModuleType, ...] = (
     layers,
     plan,
     page_layout,
+    radix,
     errors,
 )
 TAG = re.compile(r"^(?P<tag>[A-Z]+(?:-[A-Z]+)*-\d+): (?P<rest>.+)$")

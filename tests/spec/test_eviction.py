@@ -141,7 +141,7 @@ def test_hybrid_keeps_the_resent_prefix_where_lru_loses_it():
     a, b = tuple(range(1, 11)), tuple(range(100, 110))
     ops = serve("a", a) + serve("a2", a) + serve("b", b) + serve("a3", a)
     hits = {}
-    for profile in spec.Eviction:
+    for profile in spec.BLOCK_POOL_EVICTIONS:
         _, observations = run(layout, 10, ops, profile)
         hits[profile] = [o.hit for o in observations if isinstance(o, spec.Admitted)]
     assert hits[spec.Eviction.HYBRID] == [0, 8, 0, 8]

@@ -36,6 +36,7 @@ from kvcert.spec import (
     layout,
     page_layout,
     plan,
+    radix,
     retention,
     view,
 )
@@ -47,6 +48,18 @@ from tests.spec.contracts import ContractViolation, conditions, contracts_enforc
 
 RULES = all_rules()
 EXPECTED_TAGS = {
+    "RADIX-SCOPE-1",
+    "RADIX-HIT-1",
+    "RADIX-LRU-1",
+    "RADIX-SPLIT-1",
+    "RADIX-PUB-1",
+    "RADIX-PUB-2",
+    "RADIX-DEDUP-1",
+    "RADIX-EVICT-1",
+    "RADIX-ID-1",
+    "RADIX-FREE-1",
+    "RADIX-RESET-1",
+    "RADIX-INV-1",
     "HIT-FULL-1",
     "HIT-SW-1",
     "HIT-CHUNK-1",
@@ -257,6 +270,7 @@ def test_every_contract_holds_on_every_small_case():
         layers,
         plan,
         page_layout,
+        radix,
         errors,
     )
     with contracts_enforced(modules, rule_functions, seen):
@@ -279,6 +293,7 @@ def test_every_contract_holds_on_every_small_case():
         exercise_allocator(Layout((FullAttention(2), MambaState(2, MambaMode.ALIGN))))
         exercise_allocator(Layout((MambaState(2, MambaMode.ALIGN, speculative_blocks=2),)))
         exercise_pages()
+        exercise_radix()
         for placement, computed, budget in itertools.product(
             checkpoints.Placement, range(10), (1, 3, 8)
         ):
@@ -287,6 +302,35 @@ def test_every_contract_holds_on_every_small_case():
             FullAttention(0)
     assert cases > 5_000
     assert seen == {r.function for r in RULES}, "every rule's contract was exercised"
+
+
+def exercise_radix() -> None:
+    """A scripted trace through every rule of the radix profile (§13), at pages of 1 and 4:
+    hits, a split, duplicates, decode, evictions of whole leaves, a refused and a done reset."""
+    prompt, other = tuple(range(1, 18)), tuple(range(40, 57))
+    ops = [
+        alloc.Admit("a", prompt, 64),
+        alloc.Admit("b", prompt, 64),
+        alloc.ResetCache(),
+        alloc.EndStep(),
+        alloc.Extend("a", 1, appended=(5,)),
+        alloc.EndStep(),
+        alloc.Finish("a"),
+        alloc.Preempt("b"),
+        alloc.Admit("c", prompt[:9], 2),
+        alloc.EndStep(),
+        alloc.Finish("c"),
+        alloc.Admit("d", other, 64),
+        alloc.EndStep(),
+        alloc.Finish("d"),
+        alloc.ResetCache(),
+    ]
+    for size, blocks in ((1, 40), (4, 11)):  # at page 4 d evicts a's whole leaf
+        config = alloc.PoolConfig(Layout((FullAttention(size),)), blocks, alloc.Eviction.RADIX)
+        state = radix.initial_state(config)
+        for op in ops:
+            state, _ = radix.step(state, op)
+            assert radix.violated(state) == []
 
 
 def exercise_pages() -> None:
@@ -356,7 +400,7 @@ def exercise_allocator(chosen: Layout) -> None:
         alloc.Admit("d", tuple(range(20, 29)), 9),
         alloc.Finish("c"),
     ]
-    for profile in alloc.Eviction:
+    for profile in alloc.BLOCK_POOL_EVICTIONS:
         run_script(alloc.initial_state(alloc.PoolConfig(chosen, 12, profile)), ops)
     # RET-*: the same trace keeping only retained blocks, with and without an interval
     step = hit_alignment(chosen)
