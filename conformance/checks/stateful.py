@@ -188,14 +188,16 @@ def machine_for(
     described: JSON = engine_factory().describe() if engine_factory is not None else {}
     claimed = frozenset(described.get("features", FEATURES))
     allowed = claimed if features is None else claimed & features
-    offered = frozenset(described.get("profiles", [f"eviction.{e.value}" for e in spec.Eviction]))
+    pool = spec.BLOCK_POOL_EVICTIONS
+    offered = frozenset(described.get("profiles", [f"eviction.{e.value}" for e in pool]))
     chosen = offered if profiles is None else offered & profiles
-    evictions = [e for e in spec.Eviction if f"eviction.{e.value}" in chosen]
+    evictions = [e for e in pool if f"eviction.{e.value}" in chosen]
     if not evictions:
         raise ValueError(
             f"the machine compares block identities, which is normative only under an eviction "
             f"profile; the engine claims {sorted(offered) or 'none'}: claim eviction.lru, "
-            "eviction.hybrid or eviction.lru-unkeyed-first"
+            "eviction.hybrid or eviction.lru-unkeyed-first (the machine drives §6's block "
+            "pool; the radix profile's traces are the vectors of alloc/radix.json)"
         )
     # an engine that names no visibility profile is held to step-end, the only one before
     # spec 0.4.0 (so older descriptions keep their meaning)

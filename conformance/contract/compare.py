@@ -4,6 +4,11 @@ Which physical block an allocator hands out is implementation-defined; that the 
 handed out again (sharing, reuse) is not. Block tables are therefore compared up to a
 renaming: a bijection between the vector's ids and the engine's, fixed for a whole trace,
 with the null block (0) mapped to itself. Everything else must be equal.
+
+An engine under the radix profile (§13, RADIX-ID-1) is compared up to a renaming of
+lifetimes instead: the vector never names a page twice, and an engine id may stand for a new
+vector id once the id it stood for appears in no later observation (its page was freed or
+evicted, and nothing can tell which free page the engine reuses).
 """
 
 from __future__ import annotations
@@ -56,10 +61,47 @@ def compare_hit(expect: dict[str, Any], answer: object) -> str | None:
 LATER_HITS = "; hits differ later too:"  # what compare_alloc appends after a first difference
 
 
-def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
-    """None when every observation matches (tables up to one renaming), else the first diff,
-    followed, when it is not itself a hit, by every later admission whose hit differs: a
-    difference in registrations or tables never hides a hit the engine did not serve."""
+class LifetimeRenaming(Renaming):
+    """A renaming of page lifetimes (RADIX-ID-1): `last[v]` is the last observation that
+    names vector id v; an engine id is rebound to a new vector id once the one it stood for
+    is past its last observation."""
+
+    def __init__(self, last: dict[int, int]) -> None:
+        super().__init__()
+        self.last = last
+        self.now = 0
+
+    def match(self, expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> bool:
+        if len(expected) != len(actual):
+            return False
+        for want_table, got_table in zip(expected, actual, strict=True):
+            if len(want_table) != len(got_table):
+                return False
+            for want, got in zip(want_table, got_table, strict=True):
+                if self.forward.setdefault(want, got) != got:
+                    return False
+                held = self.backward.get(got, want)
+                if held != want and (held == 0 or self.last.get(held, 0) >= self.now):
+                    return False
+                self.backward[got] = want
+        return True
+
+
+def _last_mentions(observations: Sequence[Any]) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for index, observation in enumerate(observations):
+        body: Any = next(iter(observation.values()), {}) if isinstance(observation, dict) else {}
+        for table in body.get("tables", []) if isinstance(body, dict) else []:
+            for block in table:
+                last[block] = index
+    return last
+
+
+def compare_alloc(expect: dict[str, Any], answer: object, *, lifetimes: bool = False) -> str | None:
+    """None when every observation matches (tables up to one renaming, of lifetimes when
+    `lifetimes`), else the first diff, followed, when it is not itself a hit, by every later
+    admission whose hit differs: a difference in registrations or tables never hides a hit
+    the engine did not serve."""
     if refusal := _refusal(expect, answer):
         return None if refusal == "ok" else refusal
     if not isinstance(answer, dict) or not isinstance(answer.get("observations"), list):
@@ -67,8 +109,10 @@ def compare_alloc(expect: dict[str, Any], answer: object) -> str | None:
     wanted, got = expect["observations"], answer["observations"]
     if len(got) != len(wanted):
         return f"{len(got)} observations != expected {len(wanted)}"
-    renaming = Renaming()
+    renaming = LifetimeRenaming(_last_mentions(wanted)) if lifetimes else Renaming()
     for step, (want, have) in enumerate(zip(wanted, got, strict=True)):
+        if isinstance(renaming, LifetimeRenaming):
+            renaming.now = step
         difference = compare_observation(renaming, want, have)
         if difference is not None:
             later = [

@@ -63,6 +63,7 @@ PROFILES = (
     "eviction.lru",
     "eviction.hybrid",
     "eviction.lru-unkeyed-first",
+    "eviction.radix",  # SGLang's tree (spec §13); page ids compared as lifetimes (RADIX-ID-1)
     "visibility.step-end",
     "visibility.same-pass",
     "retention.dense",

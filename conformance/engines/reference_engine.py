@@ -70,6 +70,11 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
 
 
 PROFILE_FIELDS = ("eviction", "visibility", "retention", "retention_interval")
+RADIX = "eviction.radix"
+RADIX_ELSEWHERE = (
+    "kvcert.reference implements the block-pool profiles; the radix profile (SGLang's tree, "
+    "spec §13) is the spec's only"
+)
 
 
 def config_from_json(
@@ -297,7 +302,8 @@ class ReferenceEngine:
     """kvcert.reference: hits through its coordinator, traces through KVCacheManager."""
 
     def describe(self) -> JSON:
-        return claims_everything("kvcert.reference")
+        claims = claims_everything("kvcert.reference")
+        return {**claims, "profiles": [p for p in claims["profiles"] if p != RADIX]}
 
     def open(self, case: JSON) -> Session:
         """A session for an alloc case (its layout, pool and profile), an op at a time."""
@@ -309,6 +315,8 @@ class ReferenceEngine:
         try:
             if case["suite"] == "hit":
                 return self._hit(case)
+            if case.get("eviction") == "radix":
+                return {"unsupported": RADIX_ELSEWHERE}
             session = self.open(case)
         except (KVCacheError, InputError):
             return REFUSED

@@ -6,6 +6,10 @@ invariants (§7) after every operation: a violation is a kvcert bug, raised as a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from kvcert.conformance.contract.codec import (
     JSON,
     REFUSED,
@@ -22,7 +26,7 @@ from kvcert.conformance.contract.codec import (
 )
 from kvcert.conformance.contract.plans import plan_input_from_json, spec_plan_to_json
 from kvcert.conformance.contract.protocol import EngineError, claims_everything
-from kvcert.spec import CacheView, SpecError, hybrid_hit
+from kvcert.spec import CacheView, SpecError, hybrid_hit, radix
 from kvcert.spec import alloc as spec
 from kvcert.spec.invariants import violated
 from kvcert.spec.plan import plan
@@ -60,20 +64,36 @@ class SpecEngine:
                 retention_from_json(case.get("retention")),
                 retention_interval_from_json(case.get("retention_interval")),
             )
-            state = spec.initial_state(config)
+            machine = Machine.of(config)
+            state = machine.initial_state(config)
         except (SpecError, InputError) as error:
             return refused(error)
         observations = []
         for op in case["ops"]:
             try:
-                state, observation = spec.step(state, op_from_json(op))
+                state, observation = machine.step(state, op_from_json(op))
             except (SpecError, InputError) as error:
                 observations.append(refused(error))
                 continue
-            if broken := violated(state):  # pragma: no cover - the spec keeps its invariants
+            if broken := machine.violated(state):  # pragma: no cover - the spec keeps them
                 raise EngineError(f"the spec broke its own invariants {broken} after {op}")
             observations.append(observation_to_json(observation))
         return {"observations": observations}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The spec's allocator for a configuration: §6's block pool, or §13's radix tree."""
+
+    initial_state: Callable[[spec.PoolConfig], Any]
+    step: Callable[[Any, spec.Op], tuple[Any, spec.Observation]]
+    violated: Callable[[Any], list[str]]
+
+    @staticmethod
+    def of(config: spec.PoolConfig) -> Machine:
+        if config.eviction is spec.Eviction.RADIX:
+            return Machine(radix.initial_state, radix.step, radix.violated)
+        return Machine(spec.initial_state, spec.step, violated)
 
 
 def make_spec() -> SpecEngine:

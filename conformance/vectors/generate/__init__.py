@@ -38,6 +38,7 @@ from kvcert.conformance.vectors.generate.hit import (
     three_group_layouts,
 )
 from kvcert.conformance.vectors.generate.page import page_refusals, page_scenarios, random_plans
+from kvcert.conformance.vectors.generate.radix import radix_scenarios, radix_traces, radix_twins
 from kvcert.conformance.vectors.generate.refusals import refusals
 from kvcert.conformance.vectors.generate.retention import (
     interval_traces,
@@ -115,6 +116,11 @@ def step_end_suites() -> dict[str, list[JSON]]:
         "alloc/scenarios-lru-unkeyed-first.json": list(unkeyed_first_twins(alloc_scenarios())),
         "alloc/regressions.json": list(regression_cases()),
         "alloc/owed.json": owed_cases(),
+        "alloc/radix.json": [
+            *radix_scenarios(),
+            *radix_twins(alloc_scenarios()),
+            *radix_traces(60, 9000),
+        ],
         "page/scenarios.json": list(page_scenarios()),
         "page/refusals.json": list(page_refusals()),
         "page/random.json": list(random_plans(60)),

@@ -286,8 +286,10 @@ def alloc_case(
     expect, rules = spec_answer(case_input)
     # a freed block handed out again, or (where the profiles above free blocks unkeyed in
     # the op that allocates) any answer another free order gives otherwise
-    reuse = reuses_freed_blocks(layout, num_blocks, ops, eviction) or profile_matters(
-        case_input, expect, "eviction"
+    # (under radix no id is handed out twice, RADIX-ID-1: only the answers can tell)
+    physical = eviction is not spec.Eviction.RADIX
+    reuse = (physical and reuses_freed_blocks(layout, num_blocks, ops, eviction)) or (
+        profile_matters(case_input, expect, "eviction")
     )
     needs = requires(layout, ops, reuse, eviction)
     for name, profile in (("visibility", visibility), ("retention", retention)):
@@ -312,7 +314,9 @@ def under_unit(case: JSON) -> bool:
 
 def profile_matters(case_input: JSON, expect: JSON, name: str) -> bool:
     """Whether another profile of the family `name` (eviction, visibility, retention) than the one
-    `case_input` names answers the case otherwise."""
+    `case_input` names answers the case otherwise. A profile the spec refuses for the case's
+    configuration (the radix profile beside a sliding window, same-pass under radix) is no
+    alternative: no engine can claim it for that case."""
     default = PROFILE_DEFAULTS[name]
     chosen = case_input.get(name, default.value)
     for other in type(default):
@@ -321,7 +325,8 @@ def profile_matters(case_input: JSON, expect: JSON, name: str) -> bool:
         changed = {k: v for k, v in case_input.items() if k != name}
         if other is not default:
             changed[name] = other.value
-        if spec_answer(changed)[0] != expect:
+        answer = spec_answer(changed)[0]
+        if answer not in (expect, REFUSED):
             return True
     return False
 
