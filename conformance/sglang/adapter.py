@@ -1,4 +1,4 @@
-"""SGLang as a conformance engine: the hit suite through SGLang's own radix trees.
+"""SGLang as a conformance engine: the hit and alloc suites through SGLang's own radix trees.
 
 Runs inside a venv holding SGLang (`scripts/engine-venv.sh sglang VERSION`; 0.5.9, 0.5.15,
 0.5.19 and 0.5.23 are pinned). SGLang keeps the KV cache as a radix tree of token runs, not
@@ -18,8 +18,10 @@ as per-group block tables, so only part of the suite maps (docs/engines.md has t
                                                       (unified.py), read back before lookup
     a lookup of n tokens                              Req.init_next_round_input: the
                                                       scheduler's prefill match (cap n - 1)
+    an alloc trace, one full-attention group          the scheduler's request steps in
+    (the radix profile, spec §13)                     0.5.23 (alloc.py)
     anything else (other kinds, layouts the tree      {"unsupported": why}: accounted for as
-    cannot hold, the alloc and page suites)           skipped, never as passed
+    cannot hold, other alloc layouts, page plans)     skipped, never as passed
 
 Importing `sglang.srt.mem_cache` pulls in modules that need what cannot be installed beside
 CPU torch 2.13.0: vision-model configs that import torchvision, torchvision itself (up to
@@ -41,7 +43,7 @@ from typing import Any
 
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
-from kvcert.conformance.sglang import unified, units
+from kvcert.conformance.sglang import alloc, unified, units
 
 REFUSED: JSON = {"refused": True}
 # The layout's speculative profiles (absent: no draft layers).
@@ -177,14 +179,21 @@ class SglangEngine:
                 "kind.mamba.align",
                 "kind.mamba.all",
                 "speculative.exact",
+                "alloc.preempt",
+                "alloc.reset_cache",
             ],
-            # hits at multiples of its page: `unit U` is a model run with page U (units.py)
-            "profiles": ["hit.unit"],
+            # hits at multiples of its page: `unit U` is a model run with page U (units.py);
+            # its tree is the spec's radix profile (§13), driven as alloc.py says, which
+            # publishes a prefill chunk when its step ends (a case whose answer depends on
+            # visibility and not on eviction answers alike under radix: it needs step-end)
+            "profiles": ["hit.unit", "eviction.radix", "visibility.step-end"],
         }
 
     def run(self, case: JSON) -> JSON:
+        if case.get("suite") == "alloc":
+            return alloc.run(case)
         if case.get("suite") != "hit":
-            return {"unsupported": "SGLang keeps token runs in a tree, not block tables"}
+            return {"unsupported": "SGLang plans no pages of several layer kinds"}
         layout = case["layout"]
         groups = layout.get("groups")
         if (

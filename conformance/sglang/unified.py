@@ -289,6 +289,7 @@ def build_serving(
     *,
     exclusive_window: int | None = None,
     overlap: bool = False,
+    eviction_policy: str = "lru",
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
@@ -311,6 +312,8 @@ def build_serving(
     _server_args(sg, page, disable_overlap_schedule=not overlap, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
+    if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru
+        fields["eviction_policy"] = eviction_policy
     if exclusive_window is not None:
         return _swa_serving(sg, fields, capacity, rows, exclusive_window, states=states)
     if states:

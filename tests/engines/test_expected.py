@@ -273,7 +273,15 @@ def test_sglang_adapter_refuses_bad_json_and_other_suites():
     bad = {"groups": [{"kind": "full", "block_size": 0}]}
     case = {"suite": "hit", "layout": bad, "num_tokens": 9, "cached": [[]]}
     assert engine.run(case) == {"refused": True}
-    assert "tree" in engine.run({"suite": "alloc", "layout": bad})["unsupported"]
+    assert engine.run({"suite": "alloc", "layout": bad, "num_blocks": 8, "ops": []}) == {
+        "refused": True
+    }
+    swa = {"groups": [FULL4, {"kind": "sliding_window", "block_size": 4, "window": 8}]}
+    alloc_case = {"suite": "alloc", "layout": swa, "num_blocks": 8, "ops": []}
+    assert "full-attention tree only" in engine.run(alloc_case)["unsupported"]
+    same_pass = {"suite": "alloc", "layout": {"groups": [FULL4]}, "visibility": "same-pass"}
+    assert "RADIX-SCOPE-1" in engine.run({**same_pass, "num_blocks": 8, "ops": []})["unsupported"]
+    assert "plans no pages" in engine.run({"suite": "page", "plan": {}})["unsupported"]
 
 
 @pytest.mark.parametrize("mode", ["", "-planned", "-planned-unmarked"])

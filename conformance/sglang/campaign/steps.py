@@ -17,18 +17,28 @@ from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
 
 
+def other_steps() -> str | None:
+    """Why this release's request steps are not the ones kvcert plays (0.5.23's), or None."""
+    unified.api()  # stands in for what cannot be imported on CPU, publishes nothing yet
+    common = importlib.import_module("sglang.srt.mem_cache.common")
+    if hasattr(common, "checkpoint_kv_cache"):
+        return None
+    return (
+        f"kvcert plays SGLang 0.5.23's request steps; {version('sglang')} has others "
+        "(cache_unfinished_req, no checkpoint_kv_cache)"
+    )
+
+
 @cache
 def sglang() -> types.SimpleNamespace:
-    unified.api()  # stands in for what cannot be imported on CPU, publishes nothing yet
+    problem = other_steps()
+    if problem is not None:
+        raise EngineError(
+            f"{problem}: run it in the 0.5.23 venv (scripts/engine-venv.sh sglang 0.5.23)"
+        )
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
     policy = importlib.import_module("sglang.srt.managers.schedule_policy")
     common = importlib.import_module("sglang.srt.mem_cache.common")
-    if not hasattr(common, "checkpoint_kv_cache"):
-        raise EngineError(
-            f"the campaign plays SGLang 0.5.23's request steps; {version('sglang')} has "
-            "others (cache_unfinished_req, no checkpoint_kv_cache): run it in the 0.5.23 venv "
-            "(scripts/engine-venv.sh sglang 0.5.23)"
-        )
     spec = importlib.import_module("sglang.srt.speculative.spec_info")
     results = importlib.import_module(
         "sglang.srt.managers.scheduler_components.batch_result_processor"
