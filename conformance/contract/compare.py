@@ -34,11 +34,15 @@ class Renaming:
             if len(want_table) != len(got_table):
                 return False
             for want, got in zip(want_table, got_table, strict=True):
-                if self.forward.setdefault(want, got) != got:
-                    return False
-                if self.backward.setdefault(got, want) != want:
+                if not self.bind(want, got):
                     return False
         return True
+
+    def bind(self, want: int, got: int) -> bool:
+        """Whether vector id `want` may be engine id `got`, recording it."""
+        if self.forward.setdefault(want, got) != got:
+            return False
+        return self.backward.setdefault(got, want) == want
 
 
 def compare_hit(expect: dict[str, Any], answer: object) -> str | None:
@@ -71,19 +75,13 @@ class LifetimeRenaming(Renaming):
         self.last = last
         self.now = 0
 
-    def match(self, expected: Sequence[Sequence[int]], actual: Sequence[Sequence[int]]) -> bool:
-        if len(expected) != len(actual):
+    def bind(self, want: int, got: int) -> bool:
+        if self.forward.setdefault(want, got) != got:
             return False
-        for want_table, got_table in zip(expected, actual, strict=True):
-            if len(want_table) != len(got_table):
-                return False
-            for want, got in zip(want_table, got_table, strict=True):
-                if self.forward.setdefault(want, got) != got:
-                    return False
-                held = self.backward.get(got, want)
-                if held != want and (held == 0 or self.last.get(held, 0) >= self.now):
-                    return False
-                self.backward[got] = want
+        held = self.backward.get(got, want)
+        if held != want and (held == 0 or self.last.get(held, 0) >= self.now):
+            return False
+        self.backward[got] = want
         return True
 
 

@@ -77,6 +77,11 @@ def _case(
                       eviction=RADIX)  # fmt: skip
 
 
+def _served(rid: str, tokens: tuple[int, ...]) -> list[spec.Op]:
+    """A request prefilled in one step, then finished: its prompt's pages stay cached."""
+    return [spec.Admit(rid, tokens, 64), spec.EndStep(), spec.Finish(rid)]
+
+
 def _decode(rid: str, tokens: tuple[int, ...]) -> list[spec.Op]:
     """One decode step per token, each ending its step."""
     return [op for t in tokens for op in (spec.Extend(rid, 1, (t,)), spec.EndStep())]
@@ -154,15 +159,9 @@ def radix_scenarios() -> Iterator[JSON]:
         4,
         9,
         [
-            spec.Admit("a", PROMPT[:9], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
-            spec.Admit("b", OTHER[:9], 64),
-            spec.EndStep(),
-            spec.Finish("b"),
-            spec.Admit("c", PROMPT[:9], 64),
-            spec.EndStep(),
-            spec.Finish("c"),
+            *_served("a", PROMPT[:9]),
+            *_served("b", OTHER[:9]),
+            *_served("c", PROMPT[:9]),
             spec.Admit("d", tuple(range(900, 913)), 64),
             spec.Admit("e", PROMPT[:9], 64),
             spec.Admit("f", OTHER[:9], 64),
@@ -177,9 +176,7 @@ def radix_scenarios() -> Iterator[JSON]:
         4,
         9,
         [
-            spec.Admit("a", PROMPT[:17], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
+            *_served("a", PROMPT[:17]),
             spec.Admit("b", tuple(range(900, 913)), 64),
             spec.Admit("c", PROMPT[:5], 64),
         ],
@@ -192,9 +189,7 @@ def radix_scenarios() -> Iterator[JSON]:
         4,
         9,
         [
-            spec.Admit("a", PROMPT[:17], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
+            *_served("a", PROMPT[:17]),
             spec.Admit("c", PROMPT[:9], 1),
             spec.EndStep(),
             spec.Finish("c"),
@@ -211,9 +206,7 @@ def radix_scenarios() -> Iterator[JSON]:
         4,
         6,
         [
-            spec.Admit("a", PROMPT[:9], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
+            *_served("a", PROMPT[:9]),
             spec.Admit("b", OTHER[:9], 64),
             spec.Admit("c", PROMPT[:9], 64),
         ],
@@ -244,12 +237,8 @@ def radix_scenarios() -> Iterator[JSON]:
         4,
         9,
         [
-            spec.Admit("a", PROMPT[:9], 64),
-            spec.EndStep(),
-            spec.Finish("a"),
-            spec.Admit("b", OTHER[:9], 64),
-            spec.EndStep(),
-            spec.Finish("b"),
+            *_served("a", PROMPT[:9]),
+            *_served("b", OTHER[:9]),
             spec.Admit("x", tuple(range(900, 905)), 64),
             spec.Admit("c", (*PROMPT[:8], *range(300, 330)), 64),
             spec.Admit("d", tuple(range(700, 709)), 64),
