@@ -21,8 +21,10 @@ size B; the operations and observations are §6's, misuse is refused alike (INPU
                    the allocation's target is free
     RADIX-ID-1     a page id names one allocation: no id is handed out twice
     RADIX-FREE-1   a release frees the request's pages outside the tree, unlocks its path
+    RADIX-RESET-1  a reset empties the tree, refused while a request runs
+    RADIX-INV-1    what every reachable state keeps
 
-Why a profile and not a bug: every rule is a choice SGLang made and documents in its code;
+Why a profile and not a bug: every rule is a choice SGLang's code makes (0.5.23's);
 an engine claiming `eviction.radix` is held to each exactly, as §6's engines are to theirs.
 A page's id names its lifetime (RADIX-ID-1): which physical page a fresh allocation reuses
 is SGLang's allocator's business, so tables are compared up to a renaming of lifetimes.

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeGuard
 
 from kvcert.conformance.contract.codec import JSON
+from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
 from kvcert.conformance.sglang.campaign import steps
 
@@ -53,10 +54,9 @@ def scope_problem(case: JSON) -> str | None:
     if case.get("retention", "dense") != "dense" or case.get("retention_interval"):
         return "SGLang's tree keeps every page it publishes (RADIX-SCOPE-1)"
     layout = case.get("layout")
-    groups = layout.get("groups") if isinstance(layout, dict) else None
-    if not isinstance(layout, dict) or not isinstance(groups, list):
-        return "the alloc suite drives SGLang's full-attention tree only (RADIX-SCOPE-1)"
-    if len(groups) != 1 or groups[0].get("kind") != "full":
+    groups: list[Any] = layout.get("groups", []) if isinstance(layout, dict) else []
+    one_full = isinstance(groups, list) and len(groups) == 1 and groups[0].get("kind") == "full"
+    if not isinstance(layout, dict) or not one_full:
         return "the alloc suite drives SGLang's full-attention tree only (RADIX-SCOPE-1)"
     if groups[0].get("draft") or set(layout) - {"groups", "max_model_len"}:
         return "the alloc suite drives SGLang without EAGLE and at page granularity"
@@ -95,7 +95,9 @@ class Session:
         )
         self.allocator = self.tree.token_to_kv_pool_allocator
         if self.allocator.available_size() != (self.num_blocks - 1) * self.page:
-            raise RuntimeError("SGLang's pool does not hold num_blocks - 1 pages")
+            raise EngineError(
+                f"the adapter built a pool that does not hold {self.num_blocks - 1} pages"
+            )
         self.model = _model_config(tokens)
 
     # --- what SGLang reports ------------------------------------------------------------------
