@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import types
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeGuard
@@ -98,7 +97,7 @@ class Session:
             raise EngineError(
                 f"the adapter built a pool that does not hold {self.num_blocks - 1} pages"
             )
-        self.model = _model_config(tokens)
+        self.model = steps.model_config(tokens, vocab_size=1 << 62)  # any token id
 
     # --- what SGLang reports ------------------------------------------------------------------
 
@@ -251,17 +250,6 @@ class Session:
     def _scheduled(self, rid: str) -> None:
         if rid not in self.in_step:
             self.in_step.append(rid)
-
-
-def _model_config(tokens: int) -> Any:
-    return types.SimpleNamespace(
-        vocab_size=1 << 62,
-        is_encoder_decoder=False,
-        context_len=tokens,
-        hf_config=None,
-        hf_text_config=types.SimpleNamespace(mamba_chunk_size=64),
-        is_multimodal=False,
-    )
 
 
 def _count(value: object, least: int) -> TypeGuard[int]:

@@ -60,7 +60,6 @@ from kvcert.conformance.sglang.campaign.workload import (
 )
 
 ROWS = 6  # request rows of the pool: the server's max running requests here
-MAMBA_CHUNK = 64  # the GDN kernel's chunk (FLA's CHUNK_SIZE; the server's mamba chunk size)
 # Steps a workload may take after its last arrival before the run calls it stuck.
 DRAIN_STEPS = 400
 
@@ -124,14 +123,7 @@ class Run:
             self.requests, "req_index_to_mamba_ping_pong_track_buffer_mapping", None
         )
         self.allocator = self.tree.token_to_kv_pool_allocator
-        self.model = types.SimpleNamespace(
-            vocab_size=1000,
-            is_encoder_decoder=False,
-            context_len=workload.pool_tokens,
-            hf_config=None,
-            hf_text_config=types.SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK),
-            is_multimodal=False,
-        )
+        self.model = steps.model_config(workload.pool_tokens)
         self.ledger = Ledger(workload.page)
         # a sliding-window model: what its SWA slots hold, and the window (W - 1 + 1 = W)
         self.window = None
@@ -608,7 +600,7 @@ class Run:
         (`_init_track_ssm_indices`): a tracked length on the kernel's chunk grid takes the
         state after the whole chunk (its last state), any other the chunk-grid state
         before it (`h`); the destination is the batch's `mamba_track_indices`."""
-        chunk = MAMBA_CHUNK
+        chunk = steps.MAMBA_CHUNK
         for i, req in enumerate(batch.reqs):
             if not batch.mamba_track_mask[i]:
                 continue

@@ -58,6 +58,22 @@ def sglang() -> types.SimpleNamespace:
     )
 
 
+MAMBA_CHUNK = 64  # the GDN kernel's chunk (FLA's CHUNK_SIZE; the server's mamba chunk size)
+
+
+def model_config(context_len: int, vocab_size: int = 1000) -> types.SimpleNamespace:
+    """The model config ScheduleBatch reads: a decoder-only text model of `context_len`
+    tokens whose Mamba layers (if any) run the GDN kernel's chunk."""
+    return types.SimpleNamespace(
+        vocab_size=vocab_size,
+        is_encoder_decoder=False,
+        context_len=context_len,
+        hf_config=None,
+        hf_text_config=types.SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK),
+        is_multimodal=False,
+    )
+
+
 def states_per_row(extra_buffer: bool, overlap: bool) -> int:
     """The Mamba states the server sizes its pool with per running request (its
     configurator caps max_running_requests at the pool size over this ratio): a base for
