@@ -18,8 +18,9 @@ as per-group block tables, so only part of the suite maps (docs/engines.md has t
                                                       (unified.py), read back before lookup
     a lookup of n tokens                              Req.init_next_round_input: the
                                                       scheduler's prefill match (cap n - 1)
-    an alloc trace, one full-attention group          the scheduler's request steps in
-    (the radix profile, spec §13)                     0.5.23 (alloc.py)
+    an alloc trace, one full-attention group          the scheduler's request steps
+    (the radix profile, spec §13)                     (alloc.py), as each release names
+                                                      them (request_steps.py)
     anything else (other kinds, layouts the tree      {"unsupported": why}: accounted for as
     cannot hold, other alloc layouts, page plans)     skipped, never as passed
 
@@ -35,6 +36,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from array import array
@@ -127,6 +129,10 @@ def prepare_import() -> None:
     """
     if any(isinstance(f, _StandIns) for f in sys.meta_path):
         return
+    # Before 0.5.23 the paged allocator runs its Triton kernel on every device (0.5.23 asks
+    # `use_triton_kernels`); without an accelerator only Triton's interpreter runs it. It
+    # must be chosen before triton is first imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     finder = _StandIns()
     if finder.vision_missing:
         importlib.import_module("transformers.utils.import_utils").is_torchvision_available()

@@ -8,10 +8,12 @@ one tree and pools as the server builds them for a full-attention model
                  tree.lock), ScheduleBatch.init_new + prepare_for_extend (evicting)
     extend       a chunk: init_next_round_input + a new batch's prepare_for_extend
                  a decode token: output_ids.append + the request's batch's prepare_for_decode
-    end_step     the result step: checkpoint_kv_cache for each request whose chunk ran
-                 (a decode step publishes nothing)
-    finish       release_kv_cache(checkpoint=True) of a request finished by length
-    preempt      release_kv_cache(checkpoint=False), as a retraction releases a request
+    end_step     the result step: checkpoint_kv_cache (before 0.5.23 cache_unfinished_req)
+                 for each request whose chunk ran (a decode step publishes nothing)
+    finish       release_kv_cache(checkpoint=True) (is_insert=True) of a request finished
+                 by length
+    preempt      release_kv_cache(checkpoint=False) (is_insert=False), as a retraction
+                 releases a request
     reset_cache  the flush: tree.reset, request and token pools cleared, when idle
 
 Each admission or chunk is a batch of its own; the server batches the requests of a step
@@ -35,6 +37,7 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
 from kvcert.conformance.sglang.campaign import steps
+from kvcert.conformance.sglang.request_steps import committed, pool_row, request_steps
 
 REFUSED: JSON = {"refused": True}
 ROWS = 64  # request rows: more than any case runs at once
@@ -81,9 +84,14 @@ class Session:
     eviction_policy: ClassVar[str] = "lru"  # the server's default `--radix-eviction-policy`
 
     def __post_init__(self) -> None:
-        self.sg = steps.sglang()
+        unified.api()  # SGLang imported with its stand-ins
+        self.steps = request_steps()
         batches = importlib.import_module("sglang.srt.managers.schedule_batch")
+        self.batch_class = batches.ScheduleBatch
         self.finished = batches.FINISH_LENGTH
+        self.no_speculation = importlib.import_module(
+            "sglang.srt.speculative.spec_info"
+        ).SpeculativeAlgorithm.NONE
         self.page = int(self.layout["groups"][0]["block_size"])
         self.limit = self.layout.get("max_model_len")
         # build_serving adds a page to the slots it is given: the pool then hands out
@@ -112,7 +120,7 @@ class Session:
         return self._pages(self.tree.evictable_size() + self.tree.protected_size())
 
     def _table(self, req: Any, end: int) -> list[int]:
-        row = self.requests.req_to_token[req.kv.req_pool_idx]
+        row = self.requests.req_to_token[pool_row(req)]
         return [int(row[j * self.page]) // self.page for j in range(math.ceil(end / self.page))]
 
     # --- operations ---------------------------------------------------------------------------
@@ -145,14 +153,14 @@ class Session:
         req.init_next_round_input(self.tree)  # the lookup: stamps and splits even if it waits
         hit = unified.matched_length(req)
         chunk = min(budget, len(tokens) - hit)
-        lock = self.tree.lock(req.last_node)
+        lock = self.steps.lock(self.tree, req)
         needed = math.ceil((hit + chunk) / self.page) - hit // self.page
         available = self._reclaimable()
         if needed > available:
-            self.tree.unlock(lock)
+            self.steps.unlock(self.tree, lock)
             return {"waiting": {"needed": needed, "free": available}}
-        req.lock = lock
-        req.extend_end = hit + chunk
+        self.steps.keep_lock(req, lock)
+        self.steps.set_range(req, hit, hit + chunk)
         batch = self._new_batch(req)
         batch.prepare_for_extend()
         self.running[rid] = _Running(req, batch, scheduled=True)
@@ -170,7 +178,7 @@ class Session:
         if op.get("lookahead", 0) or op.get("checkpoint", 0):
             raise Unsupported("lookahead and inner checkpoints are not driven")
         req = entry.req
-        computed = int(req.kv.kv_committed_len)  # SGLang commits at allocation
+        computed = committed(req)
         total = len(req.origin_input_ids) + len(req.output_ids) + len(appended)
         if appended and computed != total - len(appended):
             return REFUSED
@@ -189,7 +197,7 @@ class Session:
             entry.batch.prepare_for_decode()
         else:
             req.init_next_round_input()
-            req.extend_end = req.prefix_len + chunk
+            self.steps.set_range(req, computed, computed + chunk)
             entry.batch = self._new_batch(req)
             entry.batch.prepare_for_extend()
         entry.scheduled = True
@@ -204,7 +212,9 @@ class Session:
                 continue
             entry.scheduled = False
             if entry.prefilling:
-                self.sg.checkpoint_kv_cache(entry.req, self.tree)
+                req = entry.req
+                done = committed(req) >= len(req.origin_input_ids)
+                self.steps.publish_prefill(req, self.tree, prompt_done=done)
         self.in_step = []
         return {"step_ended": {"registered": self._cached() - before}}
 
@@ -213,7 +223,7 @@ class Session:
 
     def _preempt(self, op: JSON) -> JSON:
         entry = self.running.get(str(op.get("rid")))
-        if entry is not None and entry.req.kv.kv_committed_len < len(entry.req.origin_input_ids):
+        if entry is not None and committed(entry.req) < len(entry.req.origin_input_ids):
             raise Unsupported("SGLang retracts only requests whose prompt is computed")
         return self._release(op, checkpoint=False)
 
@@ -228,7 +238,7 @@ class Session:
         req = entry.req
         if checkpoint:
             req.finished_reason = self.finished(length=len(req.output_ids))
-        self.sg.release_kv_cache(req, self.tree, checkpoint=checkpoint)
+        self.steps.release(req, self.tree, insert=checkpoint)
         del self.running[rid]
         return {"released": {"blocks": self._reclaimable() - before}}
 
@@ -243,9 +253,10 @@ class Session:
     # --- the scheduler's pieces ----------------------------------------------------------------
 
     def _new_batch(self, req: Any) -> Any:
-        return self.sg.ScheduleBatch.init_new(
-            [req], self.requests, self.allocator, self.tree, self.model, False, self.sg.NONE
-        )
+        return self.batch_class.init_new(
+            [req], self.requests, self.allocator, self.tree, self.model, False,
+            self.no_speculation,
+        )  # fmt: skip
 
     def _scheduled(self, rid: str) -> None:
         if rid not in self.in_step:
@@ -273,9 +284,6 @@ def run(case: JSON) -> JSON:
         return REFUSED
     if limit is not None and not _count(limit, 1):
         return REFUSED
-    other = steps.other_steps()
-    if other is not None:
-        return {"unsupported": other}
     try:
         session = Session(case["layout"], case["num_blocks"])
         return {"observations": [session.apply(op) for op in case["ops"]]}

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from kvcert.conformance.sglang.request_steps import request_steps
+
 # SGLang's extra-buffer strategy is the only one that runs Mamba over pages > 1.
 NO_BUFFER_PAGE = 1
 # Request slots in the pools (the lookup's request and room to spare); each also gets this
@@ -732,11 +734,8 @@ def matched_length(request: Any) -> int:
 
 def finish(request: Any, tree: Any) -> None:
     """Give a finished request's KV back through SGLang's own path, the tree keeping what it
-    can key (`mem_cache.common.release_kv_cache`: `checkpoint=True` in 0.5.23, `is_insert`
-    before)."""
-    release = importlib.import_module("sglang.srt.mem_cache.common").release_kv_cache
-    keep = "checkpoint" if "checkpoint" in inspect.signature(release).parameters else "is_insert"
-    release(request, tree, **{keep: True})
+    can key."""
+    request_steps().release(request, tree, insert=True)
 
 
 def _continues(edge: Any, key: array[int], start: int) -> bool:

@@ -15,6 +15,12 @@ CAUSES = {
     "(the spec's HIT-LEN-1 limit, whose last position's bigram ends at the request's own last "
     "token) is served one page short whenever n - 1 is a page multiple; related: "
     "sglang#40681 (open) names the same one-page-lower bigram boundary on the insert side",
+    "whole-ask-eviction": "SGLang up to 0.5.15 evicts an allocation's whole token count (the "
+    "chunk plus a page) from the tree whenever any of it is missing, not the shortfall "
+    "(RADIX-EVICT-1), so cached prefixes that could have stayed are lost and a later request "
+    "misses them; fixed upstream by sglang#32016 (merged 2026-07-22, first in 0.5.19); the "
+    "spec's twin that evicts the whole ask agrees with 0.5.9 and 0.5.15 on every radix vector "
+    "(kvcert.conformance.sglang.checks.shortfall_eviction)",
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
     "layers own that check, and the adapter drives the manager only",
     "chunk-alignment": "vLLM requires block_size to divide the attention chunk (its attention "

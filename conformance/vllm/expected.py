@@ -27,6 +27,7 @@ from typing import Any
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.contract.compare import LATER_HITS, REFUSED_VALID, hits_match
+from kvcert.conformance.sglang.whole_ask import follows_whole_ask
 from kvcert.conformance.vllm import checkout, unit_model
 from kvcert.conformance.vllm.causes import CAUSES
 
@@ -307,6 +308,8 @@ def _cause(
         return name
     if case_id in VALIDATION:
         return "validation"
+    if case_id.startswith("alloc.radix.") and case is not None and follows_whole_ask(case):
+        return "whole-ask-eviction"
     if case_id.endswith("isolation.salt-and-lora-do-not-collide"):
         return "salt-lora"
     if case_id.endswith("mamba-align.checkpoint-at-step-end"):

@@ -8,12 +8,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.sglang import adapter as sglang
+from kvcert.conformance.sglang import whole_ask
 from kvcert.conformance.vllm import adapter, expected
+from kvcert.spec import radix
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE_DIRS = sorted(p.parent for p in ROOT.glob("engines/*/*/expected.json"))
@@ -527,3 +530,34 @@ def test_the_bigram_cap_is_named_only_for_a_draft_hit_owed_at_the_limit():
     assert expected.cause(short, below_limit) != "eagle-bigram-cap"
     no_draft = {"input": {"layout": {"groups": [FULL4]}, "num_tokens": 9}}
     assert expected.cause(short, no_draft) != "eagle-bigram-cap"
+
+
+def _radix_case(case_id: str) -> dict[str, Any]:
+    return next(c for _, c, _ in iter_cases() if c is not None and c["id"] == case_id)
+
+
+def test_the_whole_ask_twin_evicts_more_and_leaves_the_spec_as_it_was():
+    """whole-ask-eviction's twin loses the hit the spec keeps, and only while it is open."""
+    case = _radix_case("alloc.radix.least-recent-leaf")
+    re_sent = 10  # e's admission: the recently used prompt, sent again
+    assert case["expect"]["observations"][re_sent]["admitted"]["hit"] == 8
+    twin = whole_ask.twin_answer(case["input"])
+    assert twin["observations"][re_sent]["admitted"]["hit"] == 0
+    shortfall = radix.evict
+
+    def interrupted() -> None:
+        with whole_ask.whole_ask_eviction():
+            assert radix.evict is not shortfall
+            raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        interrupted()
+    assert radix.evict is shortfall
+
+
+def test_a_radix_failure_is_whole_ask_eviction_only_where_the_twin_answers_otherwise():
+    lost = {"id": "alloc.radix.least-recent-leaf", "detail": "step 10: hit 0 != expected 8"}
+    assert expected.cause(lost, _radix_case(lost["id"])) == "whole-ask-eviction"
+    untouched = {"id": "alloc.radix.hit-whole-pages", "detail": "step 3: hit 0 != expected 4"}
+    assert whole_ask.follows_whole_ask(_radix_case(untouched["id"])) is False
+    assert expected.cause(untouched, _radix_case(untouched["id"])) == "uninvestigated"

@@ -71,6 +71,7 @@ def model_config(context_len: int, vocab_size: int = 1000) -> types.SimpleNamesp
         hf_config=None,
         hf_text_config=types.SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK),
         is_multimodal=False,
+        is_matryoshka=False,  # 0.5.9 asks: not an embedding model
     )
 
 
