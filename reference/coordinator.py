@@ -176,10 +176,13 @@ def _refuser(
             at = length
             while at > 0:
                 stop = at // size
+                first = first_needed(group, at)
+                if first >= stop:
+                    break  # it needs no block at this length, keyed or not
                 if stop > probe.count:
                     at = probe.count * size
                     continue
-                missing = probe.last_missing(first_needed(group, at), stop)
+                missing = probe.last_missing(first, stop)
                 if missing is None:
                     break
                 # where every run holds its last block, the jumps through a stretch of

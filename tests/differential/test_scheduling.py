@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from kvcert.conformance.contract.codec import layout_to_json, op_to_json
 from kvcert.conformance.engines.reference_engine import ReferenceSession
 from kvcert.reference import scheduling as ref
+from kvcert.spec import Layout, SlidingWindow, checkpoints
 from kvcert.spec import alloc as spec
-from kvcert.spec import checkpoints
 from tests.strategies import layouts
 from tests.tiers import tiered
 
@@ -63,3 +63,24 @@ def test_branch_point_equals_the_spec(layout, served, probe):
     hit, _ = spec.lookup(state, tokens, ())
     if layout.speculative is None:  # the drop profile can put the hit below, never above
         assert expected >= hit
+
+
+def test_a_group_that_needs_no_block_accepts_lengths_past_its_keys():
+    """A draft window of 1 token under exact keys of reach 2 holds no key for a 2-token
+    prompt, and needs none: the hit and the branch point are 1, as the spec says (the
+    reference once refused every length past a group's keys)."""
+    layout = Layout(
+        groups=(
+            SlidingWindow(1, 1, name="a"),
+            SlidingWindow(1, 1, name="b"),
+            SlidingWindow(1, 1, draft=True, name="d"),
+        ),
+        speculative="exact",
+        draft_reach=2,
+    )
+    state = spec.initial_state(spec.PoolConfig(layout, 400))
+    manager = ReferenceSession(layout_to_json(layout), 400).manager
+    for tokens in ((1, 2), (1, 2, 3)):
+        assert spec.lookup(state, tokens, ())[0] == len(tokens) - 1
+        assert manager.lookup(tokens)[0] == len(tokens) - 1
+        assert manager.branch_point(tokens) == checkpoints.branch_point(state, tokens, ())
