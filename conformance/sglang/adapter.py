@@ -11,6 +11,8 @@ as per-group block tables, so only part of the suite maps (docs/engines.md has t
                                                       page B, sliding_window_size W - 1,
                                                       Mamba's extra buffer where B > 1
     full groups (target and draft) cached alike       the one full component (one pool)
+    full + one chunked-local group of chunk C         Llama 4 as the server runs it: the SWA
+                                                      component, window C (chunked.py)
     draft groups under the exact profile, reach 1     is_eagle: bigram keys
     hits at multiples of U (`unit U`, block B)        page U, each block B / U pages, the
                                                       units held looked up (units.py)
@@ -46,6 +48,7 @@ from typing import Any
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import alloc, unified, units
+from kvcert.conformance.sglang.chunked import CHUNKED, as_window, chunked_problem
 
 REFUSED: JSON = {"refused": True}
 # The layout's speculative profiles (absent: no draft layers).
@@ -182,11 +185,15 @@ class SglangEngine:
             "features": [
                 "kind.full",
                 "kind.sliding_window",
+                "kind.chunked_local",  # Llama 4's, cached as the model's window (chunked.py)
                 "kind.mamba.align",
                 "kind.mamba.all",
                 "speculative.exact",
                 "alloc.preempt",
                 "alloc.reset_cache",
+                # a request's cache salt and LoRA adapter key its tree path (RequestKeys)
+                "extras.cache_salt",
+                "extras.lora",
             ],
             # hits at multiples of its page: `unit U` is a model run with page U (units.py);
             # its tree is the spec's radix profile (§13), driven as alloc.py says, which
@@ -223,6 +230,14 @@ class SglangEngine:
         problem = _speculation_problem(layout, drafts)
         if problem is not None:
             return problem
+        chunks = {i: g.get("chunk") for i, g in enumerate(groups) if g.get("kind") == CHUNKED}
+        if chunks:
+            if not all(_positive(c) for c in chunks.values()):
+                return REFUSED
+            why = chunked_problem(groups)
+            if why is not None:
+                return {"unsupported": why}
+            groups = [as_window(g) for g in groups]  # as the server caches Llama 4's
         roles: dict[str, list[int]] = {}
         for index, group in enumerate(groups):
             roles.setdefault(str(group.get("kind")), []).append(index)
@@ -237,7 +252,7 @@ class SglangEngine:
         if "full" not in roles:
             answer = self._all_swa(case, groups, cached)
         else:
-            answer = self._unified(case, groups, roles, cached, any(drafts))
+            answer = self._unified(case, groups, roles, cached, any(drafts), chunks=chunks)
         return answer if unit is None else units.to_blocks(answer, sizes, unit)
 
     def _all_swa(self, case: JSON, groups: list[JSON], cached: list[set[int]]) -> JSON:
@@ -278,8 +293,11 @@ class SglangEngine:
         roles: dict[str, list[int]],
         cached: list[set[int]],
         eagle: bool,
+        *,
+        chunks: dict[int, Any],
     ) -> JSON:
-        """The case as a unified tree's state, looked up by the scheduler's prefill step."""
+        """The case as a unified tree's state, looked up by the scheduler's prefill step;
+        `chunks` names the chunked-local group cached as the window (its chunk C)."""
         n = case["num_tokens"]
         sizes = [g["block_size"] for g in groups]
         full = roles["full"][0]
@@ -326,6 +344,8 @@ class SglangEngine:
             # the hit, where the tree holds their SWA KV.
             held = {j for a, b in live for j in range(a, b)}
             first = max(0, hit - (window - 1)) // page
+            if sliding in chunks:  # Llama 4's local attention reads the hit's chunk only
+                first = hit // chunks[sliding] * chunks[sliding] // page
             blocks[sliding] = [j if first <= j and j in held else None for j in range(hit // page)]
         if state is not None:
             size = sizes[state]

@@ -37,7 +37,12 @@ from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang import unified
 from kvcert.conformance.sglang.campaign import steps
-from kvcert.conformance.sglang.request_steps import committed, pool_row, request_steps
+from kvcert.conformance.sglang.request_steps import (
+    RequestKeys,
+    committed,
+    pool_row,
+    request_steps,
+)
 
 REFUSED: JSON = {"refused": True}
 ROWS = 64  # request rows: more than any case runs at once
@@ -86,6 +91,7 @@ class Session:
     def __post_init__(self) -> None:
         unified.api()  # SGLang imported with its stand-ins
         self.steps = request_steps()
+        self.keys = RequestKeys()
         batches = importlib.import_module("sglang.srt.managers.schedule_batch")
         self.batch_class = batches.ScheduleBatch
         self.finished = batches.FINISH_LENGTH
@@ -145,11 +151,13 @@ class Session:
             return REFUSED
         if not _token_ids(tokens) or not tokens or not _count(budget, 1):
             return REFUSED
-        if op.get("lookahead", 0) or op.get("checkpoint", 0) or op.get("extras"):
-            raise Unsupported("lookahead, inner checkpoints and extra keys are not driven")
-        if self.limit is not None and len(tokens) > self.limit:
+        if op.get("lookahead", 0) or op.get("checkpoint", 0):
+            raise Unsupported("lookahead and inner checkpoints are not driven")
+        extras = _request_extras(op.get("extras", []), len(tokens))
+        if extras is None or (self.limit is not None and len(tokens) > self.limit):
             return REFUSED
-        req = unified.new_request(rid, array("q", tokens), BIG)
+        keys = self.keys.for_request(extras.get("cache_salt"), extras.get("lora"))
+        req = unified.new_request(rid, array("q", tokens), BIG, keys)
         req.init_next_round_input(self.tree)  # the lookup: stamps and splits even if it waits
         hit = unified.matched_length(req)
         chunk = min(budget, len(tokens) - hit)
@@ -261,6 +269,39 @@ class Session:
     def _scheduled(self, rid: str) -> None:
         if rid not in self.in_step:
             self.in_step.append(rid)
+
+
+def _request_extras(extras: object, length: int) -> dict[str, str] | None:
+    """A request's salt and LoRA adapter by kind, or None for extras the spec refuses (a
+    value that is not a string, a request-wide key given a span, a span past the prompt, a
+    kind it does not know)."""
+    if not isinstance(extras, list):
+        return None
+    found: dict[str, str] = {}
+    for extra in extras:
+        if not isinstance(extra, dict) or not isinstance(extra.get("value"), str):
+            return None
+        kind = extra.get("kind")
+        if kind == "multimodal":
+            if not _span(extra, length):
+                return None
+            raise Unsupported(
+                "multimodal items are not driven: SGLang keys them by pad values its model's "
+                "processor writes into the prompt"
+            )
+        if kind not in ("cache_salt", "lora") or set(extra) - {"kind", "value", "start"}:
+            return None
+        if extra.get("start", 0) != 0:
+            return None
+        if kind in found:
+            raise Unsupported(f"SGLang keys a request by one {kind}")
+        found[str(kind)] = extra["value"]
+    return found
+
+
+def _span(extra: dict[str, Any], length: int) -> bool:
+    start, end = extra.get("start", 0), extra.get("end")
+    return _count(start, 0) and _count(end, 1) and start < end <= length
 
 
 def _count(value: object, least: int) -> TypeGuard[int]:

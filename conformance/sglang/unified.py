@@ -751,14 +751,18 @@ def _continues(edge: Any, key: array[int], start: int) -> bool:
     return stored == list(key[start : start + len(stored)])
 
 
-def new_request(rid: str, tokens: array[int], max_new_tokens: int = 1) -> Any:
-    """A scheduler request for the prompt `tokens`, greedy, held as the release holds ids."""
+def new_request(
+    rid: str, tokens: array[int], max_new_tokens: int = 1, keys: dict[str, Any] | None = None
+) -> Any:
+    """A scheduler request for the prompt `tokens`, greedy, held as the release holds ids;
+    `keys` are its cache keys (`request_steps.RequestKeys`)."""
     sg = api()
     request = sg.Req(
         rid=rid,
         origin_input_text="",
         origin_input_ids=tokens,
         sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=max_new_tokens),
+        **(keys or {}),
     )
     request.origin_input_ids = as_request_holds(tokens)
     return request

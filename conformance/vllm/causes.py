@@ -21,6 +21,13 @@ CAUSES = {
     "misses them; fixed upstream by sglang#32016 (merged 2026-07-22, first in 0.5.19); the "
     "spec's twin that evicts the whole ask agrees with 0.5.9 and 0.5.15 on every radix vector "
     "(kvcert.conformance.sglang.checks.shortfall_eviction)",
+    "chunked-as-window": "SGLang serves Llama 4, its one chunked-local model, as a hybrid "
+    "SWA model whose window is the chunk size (resolve_sliding_window_size), so its tree "
+    "demands the chunk size's tokens before a hit where the chunked layer reads only those "
+    "of the hit's own chunk (HIT-CHUNK-1): a prefix whose earlier chunk is no longer cached "
+    "is served shorter, exactly the spec's hit with the chunked layers as that window; lost "
+    "hits found here, in every release since the hybrid KV cache for Llama 4 (sglang#6563), "
+    "and no upstream report of them",
     "validation": "vLLM's KVCacheManager does not validate this input; vLLM's config and model "
     "layers own that check, and the adapter drives the manager only",
     "chunk-alignment": "vLLM requires block_size to divide the attention chunk (its attention "

@@ -233,7 +233,20 @@ DRAFT4 = {"kind": "full", "block_size": 4, "draft": True}
         ),
         ({"groups": [FULL4, {"kind": "full", "block_size": 8}]}, "one page size"),
         ({"groups": [FULL4, {"kind": "mamba", "block_size": 4, "mode": "none"}]}, "always"),
-        ({"groups": [FULL4, {"kind": "chunked_local", "block_size": 4}]}, "chunked_local"),
+        (
+            {
+                "groups": [
+                    FULL4,
+                    {"kind": "chunked_local", "block_size": 4, "chunk": 8},
+                    {"kind": "sliding_window", "block_size": 4, "window": 4},
+                ]
+            },
+            "one sliding window (Llama 4)",
+        ),
+        (
+            {"groups": [{"kind": "chunked_local", "block_size": 4, "chunk": 8}]},
+            "Llama 4 only",
+        ),
         ({"groups": [DRAFT4]}, "speculative profile"),
         ({"groups": [DRAFT4], "speculative": "exact"}, "the target has none"),
         ({"groups": [FULL4, DRAFT4], "speculative": "drop"}, "never the drop"),

@@ -11,10 +11,15 @@ must fail at least one vector, while SGLang as shipped fails none:
                         as a retraction is                                  RADIX-PUB-2
     prefill-unpublished a prefill chunk is never checkpointed: the tree
                         learns a prompt only when its request finishes      RADIX-PUB-1
+    keys-dropped        a request's cache salt and LoRA adapter are not
+                        passed to SGLang (its tree keys tokens only)        HASH-EXTRA-1
+
+The last is held to the alloc vectors that key requests by extras (their isolation), which
+run beside the radix vectors.
 
     .engines/sglang-0.5.23/bin/python -W ignore -m kvcert.conformance.sglang.checks.radix_twins
 
-Exit 0 when SGLang passes every radix vector and every twin fails one, 1 otherwise.
+Exit 0 when SGLang passes every one of these vectors and every twin fails one, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.compare import compare_alloc
 from kvcert.conformance.sglang import alloc
+from kvcert.conformance.sglang.request_steps import RequestKeys
 
 
 class LruInverted(alloc.Session):
@@ -50,17 +56,46 @@ class PrefillUnpublished(alloc.Session):
         return {"step_ended": {"registered": 0}}
 
 
+class KeysDropped(alloc.Session):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.keys = Unkeyed()
+
+
+class Unkeyed(RequestKeys):
+    def for_request(self, cache_salt: str | None, lora: str | None) -> dict[str, Any]:
+        return {}
+
+
 TWINS: dict[str, type[alloc.Session]] = {
     "lru-inverted": LruInverted,
     "finish-discards": FinishDiscards,
     "prefill-unpublished": PrefillUnpublished,
+    "keys-dropped": KeysDropped,
 }
 
 
-def radix_cases() -> list[JSON]:
-    source = resources.files("kvcert.conformance.vectors") / "alloc" / "radix.json"
+def _cases(name: str) -> list[JSON]:
+    source = resources.files("kvcert.conformance.vectors") / "alloc" / name
     cases: list[JSON] = json.loads(source.read_text(encoding="utf-8"))["cases"]
     return cases
+
+
+def radix_cases() -> list[JSON]:
+    return _cases("radix.json")
+
+
+def keyed_cases() -> list[JSON]:
+    """The alloc scenarios whose requests carry a salt or a LoRA adapter, and nothing else
+    SGLang lacks (one full group)."""
+    return [
+        case
+        for case in _cases("scenarios.json")
+        if any(op.get("extras") for op in case["input"]["ops"])
+        and alloc.scope_problem(case["input"]) is None
+        and not any(e.get("kind") == "multimodal" for op in case["input"]["ops"]
+                    for e in op.get("extras", []))
+    ]  # fmt: skip
 
 
 def failures(session: Callable[[JSON, int], Any], cases: list[JSON]) -> list[str]:
@@ -83,10 +118,10 @@ def failures(session: Callable[[JSON, int], Any], cases: list[JSON]) -> list[str
 
 
 def main() -> int:
-    cases = radix_cases()
+    cases = radix_cases() + keyed_cases()
     ok = True
     stock = failures(alloc.Session, cases)
-    print(f"SGLang as shipped: {len(cases) - len(stock)} of {len(cases)} radix vectors pass")
+    print(f"SGLang as shipped: {len(cases) - len(stock)} of {len(cases)} vectors pass")
     if stock:
         print(f"  FAILED: {stock}")
         ok = False
