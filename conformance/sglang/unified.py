@@ -317,7 +317,10 @@ def build_serving(
     if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru
         fields["eviction_policy"] = eviction_policy
     if exclusive_window is not None:
-        return _swa_serving(sg, fields, capacity, rows, exclusive_window, states=states)
+        return _swa_serving(
+            sg, fields, capacity, rows, exclusive_window, states=states,
+            extra_buffer=extra_buffer, overlap=overlap,
+        )  # fmt: skip
     if states:
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
@@ -356,11 +359,13 @@ def _swa_serving(
     window: int,
     *,
     states: int,
+    extra_buffer: bool = False,
+    overlap: bool = False,
 ) -> tuple[Any, Any]:
-    """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, no
-    buffer: page 1): the full pool of `capacity` slots, the SWA pool the configurator sizes
-    (`swa_full_tokens_ratio` of it, whole pages), which it refuses below the prefill
-    admission floor (window + page)."""
+    """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, under
+    the strategy build_serving resolved): the full pool of `capacity` slots, the SWA pool
+    the configurator sizes (`swa_full_tokens_ratio` of it, whole pages), which it refuses
+    below the prefill admission floor (window + page)."""
     page = fields["page_size"]
     ratio = _swa_full_tokens_ratio(sg)
     swa = int(capacity * ratio) // page * page
@@ -371,10 +376,10 @@ def _swa_serving(
         if not sg.unified_by_default:
             raise Inexpressible("this release's server builds SWARadixCache: no state")
         requests = _hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=False,
-            ssm_dtype="float32", overlap=False,
+            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
+            ssm_dtype="float32", overlap=overlap,
         )  # fmt: skip
-        fields["enable_mamba_extra_buffer"] = False
+        fields["enable_mamba_extra_buffer"] = extra_buffer
     else:
         requests = sg.ReqToTokenPool(
             size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False

@@ -1,10 +1,12 @@
 """`python -m kvcert.conformance.sglang.campaign`: seeds through SGLang's request steps.
 
-Exit 0 when no read was unsound, SGLang never raised, every request finished (or was left
-waiting by its SWA admission livelock, or aborted out of memory where the fix
-`swa-decode-headroom` prevents it: both SGLang bugs found here, counted and printed), and
-every lost hit has a known cause (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release
-whose request steps the loop does not play (it plays 0.5.23's).
+Exit 0 when no read was unsound (but those the fix `mixed-chunk-page-align` prevents: a
+Mamba state keyed off its page under mixed chunks), SGLang never raised, every request
+finished (or was left waiting by its SWA admission livelock, or aborted out of memory where
+the fix `swa-decode-headroom` prevents it), and every lost hit has a known cause
+(`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release whose request steps the loop
+does not play (it plays 0.5.23's). The three SGLang bugs found here are counted and printed
+either way.
 The lost hits are printed with their causes either way: they are failures of SGLang against
 the spec, each with its cause (docs/engines.md), not a pass.
 """
@@ -39,7 +41,6 @@ from kvcert.conformance.sglang.campaign.workload import (
     MODELS,
     Workload,
     generate,
-    not_driven,
 )
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
@@ -52,6 +53,7 @@ LIVELOCK = "sglang-swa-admission-livelock"
 # because a prefill admitted beside it took its SWA slots; an abort is this one only when
 # the workload replayed with the fix swa-decode-headroom aborts nothing.
 HEADROOM = "sglang-swa-decode-headroom"
+OFFPAGE = "sglang-mixed-chunk-offpage-state"
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         workload = generate(seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk)
         try:
             found = Run(workload, args.mutant, args.fix).play()
-            tally.add(seed, workload, found, _abort_cause(workload, found, args))
+            causes = _abort_cause(workload, found, args), _unsound_cause(workload, found, args)
+            tally.add(seed, workload, found, *causes)
         except EngineError as error:
             print(f"kvcert: {error}", file=sys.stderr)
             return 2
@@ -99,7 +102,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="full attention (default); a full-attention + Mamba hybrid at page 1 (no "
         "buffer, the extra buffer under --overlap: mamba) or at pages 2 and 4 (extra "
         "buffer: mamba-paged); a full-attention "
-        "+ sliding-window hybrid (swa), and one with a Mamba state too, page 1 (swa-mamba)",
+        "+ sliding-window hybrid (swa), and one with a Mamba state too, page 1 (no buffer, "
+        "the extra buffer under --overlap: swa-mamba)",
     )  # fmt: skip
     parser.add_argument(
         "--overlap", action="store_true",
@@ -120,9 +124,6 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
-    refusal = not_driven(args.model, overlap=args.overlap, mixed=args.mixed_chunk)
-    if refusal is not None:
-        parser.error(refusal)
     return args
 
 
@@ -136,6 +137,16 @@ def _abort_cause(workload: Workload, found: Findings, args: argparse.Namespace) 
     return HEADROOM if not replay.aborted and not replay.crashed else None
 
 
+def _unsound_cause(workload: Workload, found: Findings, args: argparse.Namespace) -> str | None:
+    """OFFPAGE when the workload's unsound reads vanish with the fix mixed-chunk-page-align
+    replayed (and nothing raises), else None: an unsound read nothing found here explains."""
+    if not found.unsound or args.fix is not None or not workload.mixed:
+        return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        replay = Run(workload, args.mutant, "mixed-chunk-page-align").play()
+    return OFFPAGE if not replay.unsound and not replay.crashed else None
+
+
 @dataclass
 class Tally:
     """What the runs found, summed over the workloads."""
@@ -143,22 +154,36 @@ class Tally:
     totals: Counter[str] = field(default_factory=Counter)
     causes: Counter[str] = field(default_factory=Counter)  # lost hits by place
     unsound: list[str] = field(default_factory=list)
+    offpage: list[str] = field(default_factory=list)  # unsound reads OFFPAGE explains
     crashed: list[str] = field(default_factory=list)
     stalled: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
 
-    def add(self, seed: int, workload: Workload, found: Findings, abort: str | None) -> None:
-        """One run's findings; `abort` is what explains its aborts (None: nothing)."""
+    def add(
+        self,
+        seed: int,
+        workload: Workload,
+        found: Findings,
+        abort: str | None,
+        unsound: str | None = None,
+    ) -> None:
+        """One run's findings; `abort` and `unsound` are what explains its aborts and its
+        unsound reads (None: nothing)."""
         totals = self.totals
         for name in (
             "admissions", "owed_tokens", "served_tokens", "served_early", "finished",
             "retracted", "aborted", "finishing_inflight", "dropped", "mixed_decodes",
+            "mixed_untracked",
         ):  # fmt: skip
             totals[name] += getattr(found, name)
         totals["requests"] += len(workload.arrivals)
         self.causes.update(found.lost_causes)
-        self.unsound += [f"seed {seed}: {text}" for text in found.unsound]
+        read = [f"seed {seed}: {text}" for text in found.unsound]
+        if unsound == OFFPAGE:
+            self.offpage += read
+        else:
+            self.unsound += read
         self.lost += [f"seed {seed}: {text}" for text in found.lost]
         if found.crashed:
             self.crashed.append(f"seed {seed}: {found.crashed}")
@@ -192,7 +217,8 @@ class Tally:
             f"sglang {version('sglang')} {args.model}{played}: "
             f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
             f"admissions, {totals['retracted']} retractions, {totals['aborted']} aborted out "
-            f"of memory; {len(self.unsound)} unsound reads, {len(self.crashed)} crashed, "
+            f"of memory; {len(self.unsound) + len(self.offpage)} unsound reads, "
+            f"{len(self.crashed)} crashed, "
             f"{self.unfinished()} unfinished; served {totals['served_tokens']} of "
             f"{totals['owed_tokens']} owed tokens ({served:.1%}), {len(self.lost)} lost hits"
         )
@@ -203,6 +229,10 @@ class Tally:
         if args.mixed_chunk:
             print(f"  mixed chunks: {totals['mixed_decodes']} decode rows carried by prefill "
                   "batches")  # fmt: skip
+            if totals["mixed_untracked"]:
+                print(f"  mixed chunks: {totals['mixed_untracked']} decode rows at a Mamba "
+                      "checkpoint boundary, which a mixed step does not track (the extra "
+                      "buffer's state there is never cached)")  # fmt: skip
         if totals["served_early"]:
             print(f"  served before their step's result was processed (sound, not owed): "
                   f"{totals['served_early']} tokens")  # fmt: skip
@@ -212,11 +242,16 @@ class Tally:
             explained = totals["aborted"] - totals["unexplained_aborts"]
             print(f"  aborted out of memory, {HEADROOM}: {explained} requests; UNEXPLAINED: "
                   f"{totals['unexplained_aborts']}")  # fmt: skip
+        if self.offpage:
+            print(f"  unsound reads, {OFFPAGE}: {len(self.offpage)} (a Mamba state keyed at "
+                  "the page below the one it ran to; the fix mixed-chunk-page-align "
+                  "prevents each)")  # fmt: skip
         if self.stalled:
             print(f"  stalled, {LIVELOCK}: {len(self.stalled)} workloads, "
                   f"{totals['stalled_requests']} requests never admitted")  # fmt: skip
         kinds = (
-            ("unsound", self.unsound), ("crashed", self.crashed), ("stalled", self.stalled),
+            ("unsound", self.unsound), ("unsound", self.offpage), ("crashed", self.crashed),
+            ("stalled", self.stalled),
             ("aborted", self.aborted), ("lost", self.lost),
         )  # fmt: skip
         for kind, texts in kinds:
@@ -235,6 +270,7 @@ class Tally:
             "totals": dict(self.totals),
             "lost_causes": dict(self.causes),
             "unsound": self.unsound,
+            "unsound_offpage": self.offpage,
             "crashed": self.crashed,
             "stalled": self.stalled,
             "aborted": self.aborted,

@@ -46,6 +46,7 @@ def sglang() -> types.SimpleNamespace:
     ratio = importlib.import_module(
         "sglang.srt.managers.scheduler_components.new_token_ratio_tracker"
     )
+    runtime = importlib.import_module("sglang.srt.runtime_context")
     return types.SimpleNamespace(
         SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
         ScheduleBatch=batch.ScheduleBatch,
@@ -54,6 +55,7 @@ def sglang() -> types.SimpleNamespace:
         NewTokenRatioTracker=ratio.NewTokenRatioTracker,
         checkpoint_kv_cache=common.checkpoint_kv_cache,
         release_kv_cache=common.release_kv_cache,
+        mamba_track_grid=runtime.mamba_track_grid,
         NONE=spec.SpeculativeAlgorithm.NONE,
     )
 

@@ -20,8 +20,9 @@ MUTANTS = (
     "swa-branch-ignores-state",
 )
 # sglang-swa-decode-headroom (checks.swa_decode_abort): the SWA prefill budget keeps each
-# running request's decode headroom, as the full-attention budget does
-FIXES = ("swa-decode-headroom",)
+# running request's decode headroom, as the full-attention budget does;
+# sglang-mixed-chunk-offpage-state (checks.mixed_offpage_state): a cut chunk ends on a page
+FIXES = ("swa-decode-headroom", "mixed-chunk-page-align")
 
 
 def chosen(kind: str, name: str | None, names: tuple[str, ...]) -> str | None:
@@ -67,3 +68,23 @@ def keep_decode_headroom(adder: Any, running: Any) -> None:
     budget = adder.memory_budget
     for req in running.reqs:
         budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req))
+
+
+def align_cut_chunks(adder: Any, page: int) -> None:
+    """The fix mixed-chunk-page-align: a continuing chunk that is cut short ends on a page.
+
+    `add_chunked_req` floors a cut chunk to the Mamba kernel's grid, but keeps the cut as it
+    is when flooring would empty it (`floor_chunked_tokens`), which mixed chunks do once the
+    running requests' decode tokens leave less than the grid. Such a chunk ends off the
+    page; the next chunk's checkpoint is then tracked off the page too (relative to that
+    prefix), and the tree keys it at the page below, holding a state that ran further. The
+    fix keeps the fallback on the page grid."""
+    floor = adder.floor_chunked_tokens
+
+    def on_pages(trunc_len: int, remaining: int) -> int:
+        kept: int = floor(trunc_len, remaining)
+        if kept >= remaining:
+            return kept
+        return kept // page * page or kept
+
+    adder.floor_chunked_tokens = on_pages

@@ -21,12 +21,13 @@ PAGES = (1, 2, 4)  # token slots per page (the server's --page-size)
 # the 64-token kernel chunk grid, so that model's workloads are drawn in units of 16 tokens.
 # Or a full-attention + sliding-window hybrid ("swa", GPT-OSS- or Gemma-like), whose window
 # is drawn too: short ones, some below the page, so windows slide out within a workload.
-# A sliding window beside a Mamba state ("swa-mamba") runs at page 1, without a buffer.
+# A sliding window beside a Mamba state ("swa-mamba") runs at page 1, without a buffer
+# (with the extra buffer under overlap scheduling, as "mamba" does).
 MODELS = ("full", "mamba", "mamba-paged", "swa", "swa-mamba")
 UNIT = {"full": 1, "mamba": 1, "mamba-paged": 16, "swa": 1, "swa-mamba": 1}
 # Under overlap scheduling SGLang runs every Mamba model with the extra buffer, so its
 # workloads are drawn on the extra buffer's units too.
-OVERLAP_UNIT = {**UNIT, "mamba": UNIT["mamba-paged"]}
+OVERLAP_UNIT = {**UNIT, "mamba": UNIT["mamba-paged"], "swa-mamba": UNIT["mamba-paged"]}
 # SGLang's sliding_window_size: the tokens before the query a layer reads (W - 1)
 WINDOWS = (1, 2, 3, 4, 7, 8)
 # SGLANG_SWA_EVICTION_INTERVAL: tokens that slide out of a running request's window before
@@ -78,22 +79,6 @@ class Workload:
 
 
 MAMBA_MODELS = ("mamba", "mamba-paged", "swa-mamba")
-
-
-def not_driven(model: str, *, overlap: bool, mixed: bool) -> str | None:
-    """Why the loop does not play `model` under this scheduling (None: it does). The one
-    place the command's refusal and the loop's come from."""
-    if mixed and model in MAMBA_MODELS:
-        return (
-            f"--mixed-chunk with --model {model} is not driven yet: a mixed batch's decode "
-            "rows skip the Mamba decode bookkeeping the loop plays; use --model full or swa"
-        )
-    if overlap and model == "swa-mamba":
-        return (
-            "--overlap with --model swa-mamba is not driven yet: under overlap SGLang runs "
-            "the extra buffer, which the loop does not build beside a sliding window"
-        )
-    return None
 
 
 def generate(
