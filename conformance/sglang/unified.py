@@ -245,14 +245,18 @@ def _hybrid_request_pool(
     eagle: bool = False,
     ssm_dtype: str = "bfloat16",
     overlap: bool | None = None,
+    lazy: bool = False,
 ) -> Any:
     """The requests' token tables and a pool of `states` Mamba states, one tiny Mamba2 layer.
 
     `ssm_dtype` float32 holds integers exactly (the campaign writes identities into states).
     `overlap` is the server's scheduling (it sizes the extra buffer's track slots: two under
-    overlap, one without); None leaves the release's default.
+    overlap, one without); None leaves the release's default. `lazy`: the extra buffer's
+    lazy variant, whose second track slot is allocated at a checkpoint boundary.
     """
     scheduling = {} if overlap is None else {"enable_overlap_schedule": overlap}
+    if lazy:
+        scheduling["enable_mamba_extra_buffer_lazy"] = True
     with sg.envs.SGLANG_MAMBA_SSM_DTYPE.override(ssm_dtype):
         state = sg.Mamba2StateShape.create(
             tp_world_size=1,
@@ -292,6 +296,7 @@ def build_serving(
     exclusive_window: int | None = None,
     overlap: bool = False,
     eviction_policy: str = "lru",
+    lazy: bool = False,
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
@@ -310,7 +315,10 @@ def build_serving(
             "SGLang's `auto` strategy runs a Mamba hybrid without the extra buffer only at "
             "page 1 and without overlap scheduling"
         )
-    strategy = {"mamba_radix_cache_strategy": "extra_buffer" if extra_buffer else "no_buffer"}
+    if lazy and not extra_buffer:
+        raise Inexpressible("the lazy strategy is a variant of the extra buffer")
+    chosen = "extra_buffer_lazy" if lazy else "extra_buffer" if extra_buffer else "no_buffer"
+    strategy = {"mamba_radix_cache_strategy": chosen}
     _server_args(sg, page, disable_overlap_schedule=not overlap, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
@@ -319,15 +327,17 @@ def build_serving(
     if exclusive_window is not None:
         return _swa_serving(
             sg, fields, capacity, rows, exclusive_window, states=states,
-            extra_buffer=extra_buffer, overlap=overlap,
+            extra_buffer=extra_buffer, overlap=overlap, lazy=lazy,
         )  # fmt: skip
     if states:
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap,
+            ssm_dtype="float32", overlap=overlap, lazy=lazy,
         )  # fmt: skip
         pool = _hybrid_attention_pool(sg, capacity, page, requests)
         fields["enable_mamba_extra_buffer"] = extra_buffer
+        if lazy:
+            fields["enable_mamba_extra_buffer_lazy"] = True
     else:
         requests = sg.ReqToTokenPool(
             size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
@@ -361,6 +371,7 @@ def _swa_serving(
     states: int,
     extra_buffer: bool = False,
     overlap: bool = False,
+    lazy: bool = False,
 ) -> tuple[Any, Any]:
     """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, under
     the strategy build_serving resolved): the full pool of `capacity` slots, the SWA pool
@@ -377,9 +388,11 @@ def _swa_serving(
             raise Inexpressible("this release's server builds SWARadixCache: no state")
         requests = _hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap,
+            ssm_dtype="float32", overlap=overlap, lazy=lazy,
         )  # fmt: skip
         fields["enable_mamba_extra_buffer"] = extra_buffer
+        if lazy:
+            fields["enable_mamba_extra_buffer_lazy"] = True
     else:
         requests = sg.ReqToTokenPool(
             size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False

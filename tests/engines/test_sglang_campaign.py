@@ -270,3 +270,23 @@ def test_overlap_draws_mamba_workloads_on_the_extra_buffers_units():
         assert max(len(a.prompt) for a in overlapped.arrivals) >= 64  # past the state grid
         full = generate(seed, "full", overlap=True)
         assert dataclasses.replace(full, overlap=False) == generate(seed, "full")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "full", "--lazy"],
+        ["--model", "mamba", "--lazy"],  # synchronously at page 1: no buffer to vary
+        ["--model", "swa", "--overlap", "--lazy"],
+    ],
+)
+def test_the_lazy_variant_needs_a_model_that_runs_the_extra_buffer(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        command._arguments(["--runs", "1", *argv])
+    assert exit_.value.code == 2
+    assert "--lazy varies the extra buffer" in capsys.readouterr().err
+
+
+def test_the_lazy_variant_runs_where_the_extra_buffer_does():
+    assert command._arguments(["--model", "mamba-paged", "--lazy"]).lazy
+    assert command._arguments(["--model", "swa-mamba", "--overlap", "--lazy"]).lazy

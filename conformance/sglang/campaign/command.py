@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -38,9 +39,11 @@ from kvcert.conformance.sglang.campaign.places import (
 )
 from kvcert.conformance.sglang.campaign.variants import FIXES, MUTANTS
 from kvcert.conformance.sglang.campaign.workload import (
+    MAMBA_MODELS,
     MODELS,
     Workload,
     generate,
+    runs_extra_buffer,
 )
 
 # Lost hits whose cause is SGLang's design, documented in docs/engines.md; any other place a
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     tally = Tally()
     for seed in range(args.first, args.first + args.runs):
         workload = generate(seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk)
+        workload = dataclasses.replace(workload, lazy=args.lazy)
         try:
             found = Run(workload, args.mutant, args.fix).play()
             causes = _abort_cause(workload, found, args), _unsound_cause(workload, found, args)
@@ -113,7 +117,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed-chunk", action="store_true",
         help="the server's --enable-mixed-chunk: a prefill batch carries the running "
-        "requests' decode step (full and swa only)",
+        "requests' decode step",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lazy", action="store_true",
+        help="the server's --mamba-radix-cache-strategy extra_buffer_lazy: the extra "
+        "buffer's second track slot allocated at a checkpoint boundary (mamba-paged, or a "
+        "Mamba hybrid under --overlap)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(
@@ -124,6 +134,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
+    page = 2 if args.model == "mamba-paged" else 1  # the least page the model draws
+    if args.lazy and not runs_extra_buffer(args.model, page, overlap=args.overlap):
+        parser.error(
+            f"--lazy varies the extra buffer, which --model {args.model} runs "
+            + ("only above page 1" if args.model not in MAMBA_MODELS else "only under --overlap")
+        )
     return args
 
 
@@ -212,6 +228,7 @@ class Tally:
         served = totals["served_tokens"] / max(1, totals["owed_tokens"])
         played = " overlap" if args.overlap else ""
         played += " mixed-chunk" if args.mixed_chunk else ""
+        played += " lazy" if args.lazy else ""
         played += "".join(f" {k} {v}" for k, v in (("mutant", args.mutant), ("fix", args.fix)) if v)
         print(
             f"sglang {version('sglang')} {args.model}{played}: "
@@ -266,6 +283,7 @@ class Tally:
             "fix": args.fix,
             "overlap": args.overlap,
             "mixed_chunk": args.mixed_chunk,
+            "lazy": args.lazy,
             "seeds": [args.first, args.first + args.runs],
             "totals": dict(self.totals),
             "lost_causes": dict(self.causes),

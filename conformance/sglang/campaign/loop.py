@@ -56,6 +56,7 @@ from kvcert.conformance.sglang.campaign.workload import (
     MAMBA_MODELS,
     Workload,
     next_token,
+    runs_extra_buffer,
 )
 
 ROWS = 6  # request rows of the pool: the server's max running requests here
@@ -103,13 +104,15 @@ class Run:
         self.fix = variants.chosen("fix", fix, variants.FIXES)
         self.sg = steps.sglang()
         mamba = workload.model in MAMBA_MODELS
-        # SGLang's `auto` strategy: the extra buffer above page 1 or under overlap
-        # scheduling (without a buffer SGLang refuses overlap: validate_mamba_no_buffer)
-        self.extra_buffer = mamba and (overlap or workload.page > 1)
-        states = steps.states_per_row(self.extra_buffer, overlap) * ROWS if mamba else 0
+        self.extra_buffer = runs_extra_buffer(workload.model, workload.page, overlap=overlap)
+        if workload.lazy and not self.extra_buffer:
+            raise ValueError("the lazy strategy varies the extra buffer, which this model "
+                             "and scheduling do not run")  # fmt: skip
+        lazy = workload.lazy
+        states = steps.states_per_row(self.extra_buffer, overlap, lazy) * ROWS if mamba else 0
         self.tree, self.requests = unified.build_serving(
             workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer,
-            exclusive_window=workload.window, overlap=overlap,
+            exclusive_window=workload.window, overlap=overlap, lazy=lazy,
         )  # fmt: skip
         self.hybrid = states > 0
         self.states = States(self.requests)  # read only when self.hybrid

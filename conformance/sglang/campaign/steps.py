@@ -77,14 +77,16 @@ def model_config(context_len: int, vocab_size: int = 1000) -> types.SimpleNamesp
     )
 
 
-def states_per_row(extra_buffer: bool, overlap: bool) -> int:
+def states_per_row(extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
     """The Mamba states the server sizes its pool with per running request (its
     configurator caps max_running_requests at the pool size over this ratio): a base for
     the running state and the tree's, plus the extra buffer's track slots (one
-    synchronously, two under overlap scheduling)."""
+    synchronously, two under overlap scheduling, one in the lazy variant)."""
     configurator = importlib.import_module("sglang.srt.mem_cache.kv_cache_configurator")
     sizing = importlib.import_module("sglang.srt.mem_cache.allocation_sizing")
-    tracking = sizing.get_mamba_tracking_slots(extra_buffer=extra_buffer, overlap=overlap)
+    tracking = sizing.get_mamba_tracking_slots(
+        extra_buffer=extra_buffer, overlap=overlap, lazy=lazy
+    )
     return int(configurator.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO) + int(tracking)
 
 

@@ -76,6 +76,16 @@ class Workload:
     swa_interval: int = 0  # the SWA models: SGLANG_SWA_EVICTION_INTERVAL
     overlap: bool = False  # scheduled as event_loop_overlap (the server's default), or not
     mixed: bool = False  # --enable-mixed-chunk: a prefill batch carries the decode steps too
+    # --mamba-radix-cache-strategy extra_buffer_lazy: the extra buffer's second track slot
+    # is allocated when a request reaches a checkpoint boundary
+    lazy: bool = False
+
+
+def runs_extra_buffer(model: str, page: int, *, overlap: bool) -> bool:
+    """Whether SGLang's `auto` strategy runs this model with the extra buffer: a Mamba
+    hybrid above page 1 or under overlap scheduling (without a buffer SGLang refuses
+    overlap: validate_mamba_no_buffer)."""
+    return model in MAMBA_MODELS and (overlap or page > 1)
 
 
 MAMBA_MODELS = ("mamba", "mamba-paged", "swa-mamba")
