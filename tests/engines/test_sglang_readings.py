@@ -3,11 +3,15 @@ layers as a window (no SGLang needed)."""
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 
 from kvcert.conformance.certify.vector_files import iter_cases
 from kvcert.conformance.sglang import alloc
 from kvcert.conformance.sglang import chunked as chunked_module
+from kvcert.conformance.sglang import request_steps as request_steps_module
 from kvcert.conformance.vllm import expected
 
 
@@ -65,3 +69,70 @@ def test_chunked_as_window_is_named_only_for_the_window_twins_hit():
     assert expected.cause(twin, case) == "chunked-as-window"
     other = {"id": case["id"], "detail": "hit 2 != expected 4"}
     assert expected.cause(other, case) != "chunked-as-window"
+
+
+def _recorder() -> tuple[list[tuple], SimpleNamespace]:
+    calls: list[tuple] = []
+
+    def record(name):
+        return lambda *args, **kwargs: calls.append((name, args, kwargs))
+
+    return calls, SimpleNamespace(
+        lock=record("lock"), unlock=record("unlock"), inc_lock_ref=record("inc_lock_ref"),
+        dec_lock_ref=record("dec_lock_ref"), cache_unfinished_req=record("cache_unfinished_req"),
+    )  # fmt: skip
+
+
+def test_each_release_plays_its_own_spelling_of_a_request_step():
+    """request_steps: 0.5.23's checkpoint steps, and the earlier cache_unfinished_req ones."""
+    calls, tree = _recorder()
+    common = SimpleNamespace(
+        checkpoint_kv_cache=lambda req, t: calls.append(("checkpoint_kv_cache",)),
+        release_kv_cache=lambda req, t, **kw: calls.append(("release_kv_cache", kw)),
+        maybe_cache_unfinished_req=lambda req, t, **kw: calls.append(("maybe_cache", kw)),
+    )
+    req = SimpleNamespace(last_node="n", extend_end=None)
+    new = request_steps_module.RequestSteps(common, checkpoints=True)
+    new.lock(tree, req)
+    new.set_range(req, 4, 12)
+    new.publish_prefill(req, tree, prompt_done=False)
+    new.release(req, tree, insert=False)
+    assert req.extend_end == 12
+    assert [c[0] for c in calls] == ["lock", "checkpoint_kv_cache", "release_kv_cache"]
+    assert calls[-1][1] == {"checkpoint": False}
+    calls.clear()
+    ranges: list[tuple[int, int]] = []
+    old_req = SimpleNamespace(last_node="n", set_extend_range=lambda a, b: ranges.append((a, b)))
+    old = request_steps_module.RequestSteps(common, checkpoints=False)
+    handle = old.lock(tree, old_req)
+    old.unlock(tree, handle)
+    old.set_range(old_req, 4, 12)
+    old.publish_prefill(old_req, tree, prompt_done=False)
+    old.release(old_req, tree, insert=True)
+    assert [c[0] for c in calls] == ["inc_lock_ref", "dec_lock_ref", "maybe_cache",
+                                     "release_kv_cache"]  # fmt: skip
+    assert calls[2][1] == {"chunked": True}
+    assert calls[3][1] == {"is_insert": True}
+    assert ranges == [(4, 12)]
+
+
+def test_the_openai_layers_salt_composition_is_compiled_from_its_own_source(tmp_path, monkeypatch):
+    """serving_extra_key runs the release's `_compute_extra_key` without importing its
+    HTTP-server module (annotations naming its types are dropped)."""
+    layer = tmp_path / "sglang" / "srt" / "entrypoints" / "openai"
+    layer.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (layer / "serving_base.py").write_text(
+        "import fastapi  # never imported\n"
+        "class OpenAIServingBase:\n"
+        "    def _compute_extra_key(self, request: OpenAIServingRequest) -> Optional[str]:\n"
+        "        parts = [v for v in (request.cache_salt, request.extra_key) if v]\n"
+        "        return ''.join(parts) if parts else None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    request_steps_module._compute_extra_key.cache_clear()
+    try:
+        assert request_steps_module.serving_extra_key("salt") == "salt"
+    finally:
+        request_steps_module._compute_extra_key.cache_clear()
