@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kvcert.conformance.sglang.request_steps import request_steps
-
 # SGLang's extra-buffer strategy is the only one that runs Mamba over pages > 1.
 NO_BUFFER_PAGE = 1
 # Request slots in the pools (the lookup's request and room to spare); each also gets this
@@ -748,12 +746,6 @@ def matched_length(request: Any) -> int:
     if hasattr(request, "prefix_len"):
         return int(request.prefix_len)
     return len(request.prefix_indices)
-
-
-def finish(request: Any, tree: Any) -> None:
-    """Give a finished request's KV back through SGLang's own path, the tree keeping what it
-    can key."""
-    request_steps().release(request, tree, insert=True)
 
 
 def _continues(edge: Any, key: array[int], start: int) -> bool:

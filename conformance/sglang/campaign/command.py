@@ -14,10 +14,8 @@ the spec, each with its cause (docs/engines.md), not a pass.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
-import io
 import json
 import sys
 from collections import Counter
@@ -37,6 +35,7 @@ from kvcert.conformance.sglang.campaign.places import (
     SWA_DECODED,
     SWA_FREED,
 )
+from kvcert.conformance.sglang.campaign.replay import replay
 from kvcert.conformance.sglang.campaign.variants import FIXES, MUTANTS
 from kvcert.conformance.sglang.campaign.workload import (
     MAMBA_MODELS,
@@ -148,9 +147,8 @@ def _abort_cause(workload: Workload, found: Findings, args: argparse.Namespace) 
     (and nothing raises), else None: an abort nothing found here explains."""
     if not found.aborted or args.fix is not None or workload.window is None:
         return None
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        replay = Run(workload, args.mutant, "swa-decode-headroom").play()
-    return HEADROOM if not replay.aborted and not replay.crashed else None
+    again = replay(workload, mutant=args.mutant, fix="swa-decode-headroom")
+    return HEADROOM if not again.aborted and not again.crashed else None
 
 
 def _unsound_cause(workload: Workload, found: Findings, args: argparse.Namespace) -> str | None:
@@ -158,9 +156,8 @@ def _unsound_cause(workload: Workload, found: Findings, args: argparse.Namespace
     replayed (and nothing raises), else None: an unsound read nothing found here explains."""
     if not found.unsound or args.fix is not None or not workload.mixed:
         return None
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        replay = Run(workload, args.mutant, "mixed-chunk-page-align").play()
-    return OFFPAGE if not replay.unsound and not replay.crashed else None
+    again = replay(workload, mutant=args.mutant, fix="mixed-chunk-page-align")
+    return OFFPAGE if not again.unsound and not again.crashed else None
 
 
 @dataclass

@@ -265,7 +265,9 @@ class Run:
     def _new_prefill(self) -> Any:
         """Scheduler._get_new_batch_prefill_raw, FCFS, without LoRA, grammar or storage."""
         sg, running = self.sg, self.running
-        if running.is_empty():
+        if running.is_empty() or self.window is not None:
+            # an empty batch has no request left to leave; a hybrid SWA model tries
+            # admission with a fresh adder every round (`is_hybrid_swa`)
             running.batch_is_full = False
         if (running.batch_is_full or not self.waiting) and self.chunked is None:
             return None

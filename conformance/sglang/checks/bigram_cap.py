@@ -1,7 +1,7 @@
 """eagle-bigram-cap, end to end: a prompt served, finished and sent again under EAGLE.
 
 A request with a 5-token prompt and one output token finishes through SGLang's own
-`release_kv_cache` (the tree keeps what it can key; `unified.finish`), then the same prompt
+`release_kv_cache` (the tree keeps what it can key; `request_steps`), then the same prompt
 arrives again and the scheduler's prefill step (`Req.init_next_round_input`) matches it;
 page size 2. Without
 EAGLE the re-send hits 4 tokens, all but the last (HIT-LEN-1). Under EAGLE the tree keys
@@ -21,6 +21,7 @@ import sys
 from array import array
 
 from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang.request_steps import request_steps
 
 PAGE = 2
 PROMPT = (11, 12, 13, 14, 15)
@@ -42,7 +43,7 @@ def resend_hit(eagle: bool) -> int:
     kv.kv_committed_len = total
     kv.kv_allocated_len = total
     first.lock = None
-    unified.finish(first, tree)
+    request_steps().release(first, tree, insert=True)  # finished: the tree keeps its KV
     again = unified.new_request("again", array("q", PROMPT), len(OUTPUT))
     requests.alloc([again])
     again.init_next_round_input(tree)

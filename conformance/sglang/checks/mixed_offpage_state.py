@@ -35,11 +35,9 @@ finding's mechanism would be wrong).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 
-from kvcert.conformance.sglang.campaign.loop import Findings, Run
+from kvcert.conformance.sglang.campaign.replay import replay_sound
 from kvcert.conformance.sglang.campaign.workload import Arrival, Workload
 
 PROMPT = tuple(range(100, 360))
@@ -52,17 +50,10 @@ ARRIVALS = (
 WORKLOAD = Workload(0, 4, 1024, 64, 256, ARRIVALS, "mamba-paged", mixed=True)
 
 
-def play(fix: str | None) -> Findings:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        found = Run(WORKLOAD, fix=fix).play()
-    if found.crashed or found.stalled:
-        raise RuntimeError(found.crashed or found.stalled)
-    return found
-
-
 def main() -> int:
     try:
-        stock, aligned = play(None), play("mixed-chunk-page-align")
+        stock = replay_sound(WORKLOAD, None)
+        aligned = replay_sound(WORKLOAD, "mixed-chunk-page-align")
     except Exception as error:  # a crash is "cannot run", never a verdict
         print(f"CANNOT RUN: {type(error).__name__}: {error}")
         return 2

@@ -31,11 +31,9 @@ finding's mechanism would be wrong).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 
-from kvcert.conformance.sglang.campaign.loop import Findings, Run
+from kvcert.conformance.sglang.campaign.replay import replay_sound
 from kvcert.conformance.sglang.campaign.workload import Arrival, Workload
 
 ARRIVALS = (
@@ -47,19 +45,10 @@ ARRIVALS = (
 WORKLOAD = Workload(0, 2, 32, 4, 16, ARRIVALS, "swa", 8, 1)
 
 
-def play(fix: str | None) -> Findings:
-    """The workload through SGLang, with `fix` played or not, SGLang's own abort message kept
-    out of the report."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        found = Run(WORKLOAD, fix=fix).play()
-    if found.crashed or found.stalled:
-        raise RuntimeError(found.crashed or found.stalled)
-    return found
-
-
 def main() -> int:
     try:
-        stock, reserved = play(None), play("swa-decode-headroom")
+        stock = replay_sound(WORKLOAD, None)
+        reserved = replay_sound(WORKLOAD, "swa-decode-headroom")
     except Exception as error:  # a crash is "cannot run", never a verdict
         print(f"CANNOT RUN: {type(error).__name__}: {error}")
         return 2
