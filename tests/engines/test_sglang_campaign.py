@@ -273,18 +273,19 @@ def test_overlap_draws_mamba_workloads_on_the_extra_buffers_units():
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "where"),
     [
-        ["--model", "full", "--lazy"],
-        ["--model", "mamba", "--lazy"],  # synchronously at page 1: no buffer to vary
-        ["--model", "swa", "--overlap", "--lazy"],
+        (["--model", "full", "--lazy"], "never (no Mamba state)"),
+        (["--model", "mamba", "--lazy"], "only under --overlap"),  # sync at page 1: no buffer
+        (["--model", "swa", "--overlap", "--lazy"], "never (no Mamba state)"),
     ],
 )
-def test_the_lazy_variant_needs_a_model_that_runs_the_extra_buffer(argv, capsys):
+def test_the_lazy_variant_needs_a_model_that_runs_the_extra_buffer(argv, where, capsys):
     with pytest.raises(SystemExit) as exit_:
         command._arguments(["--runs", "1", *argv])
     assert exit_.value.code == 2
-    assert "--lazy varies the extra buffer" in capsys.readouterr().err
+    message = f"--lazy varies the extra buffer, which --model {argv[1]} runs {where}"
+    assert message in capsys.readouterr().err
 
 
 def test_the_lazy_variant_runs_where_the_extra_buffer_does():

@@ -5,8 +5,8 @@ Mamba state keyed off its page under mixed chunks), SGLang never raised, every r
 finished (or was left waiting by its SWA admission livelock, or aborted out of memory where
 the fix `swa-decode-headroom` prevents it), and every lost hit has a known cause
 (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release whose request steps the loop
-does not play (it plays 0.5.23's). The three SGLang bugs found here are counted and printed
-either way.
+does not play (it plays 0.5.23's). Those three SGLang bugs found here are counted and
+printed either way; a fourth, the lazy extra buffer's synchronous crash, fails the run.
 The lost hits are printed with their causes either way: they are failures of SGLang against
 the spec, each with its cause (docs/engines.md), not a pass.
 """
@@ -135,10 +135,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--runs must be >= 1 and --first >= 0")
     page = 2 if args.model == "mamba-paged" else 1  # the least page the model draws
     if args.lazy and not runs_extra_buffer(args.model, page, overlap=args.overlap):
-        parser.error(
-            f"--lazy varies the extra buffer, which --model {args.model} runs "
-            + ("only above page 1" if args.model not in MAMBA_MODELS else "only under --overlap")
-        )
+        where = "only under --overlap" if args.model in MAMBA_MODELS else "never (no Mamba state)"
+        parser.error(f"--lazy varies the extra buffer, which --model {args.model} runs {where}")
     return args
 
 
