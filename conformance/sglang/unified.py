@@ -295,6 +295,7 @@ def build_serving(
     overlap: bool = False,
     eviction_policy: str = "lru",
     lazy: bool = False,
+    priority: bool = False,
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
@@ -305,8 +306,8 @@ def build_serving(
     padding page, the allocator its configurator picks (token slots at page 1, pages above;
     for SWA its two-pool allocator, the SWA pool `swa_full_tokens_ratio` of the full one)
     and the tree its registry picks (the unified tree with a FULL (+ MAMBA or SWA) component
-    from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache). States are float32, so
-    a state's value can carry an exact integer."""
+    from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache), `priority`: the server's
+    --enable-priority-scheduling. States are float32: a state's value is an exact integer."""
     sg = api()
     if states and extra_buffer != (overlap or page > NO_BUFFER_PAGE):
         raise Inexpressible(
@@ -317,7 +318,8 @@ def build_serving(
         raise Inexpressible("the lazy strategy is a variant of the extra buffer")
     chosen = "extra_buffer_lazy" if lazy else "extra_buffer" if extra_buffer else "no_buffer"
     strategy = {"mamba_radix_cache_strategy": chosen}
-    _server_args(sg, page, disable_overlap_schedule=not overlap, **(strategy if states else {}))
+    flags = {"disable_overlap_schedule": not overlap, "enable_priority_scheduling": priority}
+    _server_args(sg, page, **flags, **(strategy if states else {}))
     capacity = tokens + page
     fields: dict[str, Any] = {"disable": False, "page_size": page}
     if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import pytest
 
@@ -11,6 +12,9 @@ from kvcert.conformance.sglang.campaign import command, loop, places, variants
 from kvcert.conformance.sglang.campaign.ledger import Ledger, identities
 from kvcert.conformance.sglang.campaign.workload import (
     MODELS,
+    PRIORITIES,
+    PRIORITY_ROWS,
+    ROWS,
     generate,
     next_token,
     outputs,
@@ -113,7 +117,11 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     lines = [" ".join(x.split()) for x in ci.replace("\\\n", " ").splitlines()]
     line = next(x for x in lines if x.startswith("for sglang_twin in"))
     played = dict(t.split(":") for t in line.split(" in ", 1)[1].split(";")[0].split())
+    # a twin that needs a flag (a preemption needs --priority) is played on a line of its own
+    alone = [re.search(r"--mutant ([a-z-]+) --model (\S+)", x) for x in lines]
+    played.update(m.groups() for m in alone if m and "--priority" in m.string)
     assert set(played) == set(variants.MUTANTS)
+    assert played["preempt-frees-prefix"] == "full"  # any model preempts
     assert set(played.values()) <= set(MODELS)
     assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
     assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
@@ -208,6 +216,11 @@ def test_a_state_is_placed_by_who_held_it():
     assert holders.state(14) == places.RETRACTED_STATE
     assert holders.state(15) == places.DROPPED_STATE
     assert holders.state(99) == places.STATE_MATCH
+    # under the extra buffer a running state is never owed: a copy of it in a free slot is
+    # where the owed state was (the running slot may be one just handed out, stale)
+    holders.states = [0, 13, 12, 13, 14, 15]
+    assert holders.state(13) == places.RUNNING_STATE
+    assert holders.state(13, running_owed=False) == places.FREED_STATE
 
 
 def test_the_headroom_fix_charges_each_running_request_its_decode_reservation():
@@ -291,3 +304,62 @@ def test_the_lazy_variant_needs_a_model_that_runs_the_extra_buffer(argv, where, 
 def test_the_lazy_variant_runs_where_the_extra_buffer_does():
     assert command._arguments(["--model", "mamba-paged", "--lazy"]).lazy
     assert command._arguments(["--model", "swa-mamba", "--overlap", "--lazy"]).lazy
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_priority_workload_is_the_same_requests_with_priorities_in_fewer_rows(model):
+    for seed in range(20):
+        plain = generate(seed, model)
+        ranked = generate(seed, model, priority=True)
+        assert ranked.priority
+        assert not plain.priority
+        assert ranked.rows in PRIORITY_ROWS
+        assert plain.rows == ROWS
+        assert [dataclasses.replace(a, priority=0) for a in ranked.arrivals] == list(plain.arrivals)
+        assert {a.priority for a in ranked.arrivals} <= set(PRIORITIES)
+    drawn = {a.priority for s in range(20) for a in generate(s, model, priority=True).arrivals}
+    # both sides of SGLang's default threshold (10): a preempting gap and one within it
+    assert {0, 5, 50} <= drawn
+
+
+def test_the_preemption_twin_needs_priority_scheduling(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        command._arguments(["--mutant", "preempt-frees-prefix"])
+    assert exit_.value.code == 2
+    assert "breaks a preemption: add --priority" in capsys.readouterr().err
+    args = command._arguments(["--mutant", "preempt-frees-prefix", "--priority"])
+    assert args.priority
+    assert args.mutant == "preempt-frees-prefix"
+
+
+def test_the_single_flight_fix_refuses_only_a_second_chunked_request():
+    """variants.refuse_second_chunk: a chunked admission is refused while another chunked
+    request continues this round; an unchunked one, or one with none continuing, passes."""
+    from types import SimpleNamespace
+
+    chunked, whole = SimpleNamespace(is_chunked=True), SimpleNamespace(is_chunked=False)
+    answers = iter([chunked, chunked, whole, "NO_TOKEN"])
+    adder = SimpleNamespace(_select_prefill_admission=lambda req, **options: next(answers))
+    variants.refuse_second_chunk(adder, "OTHER")
+    select = adder._select_prefill_admission
+    assert select("r", has_chunked_req=True) == "OTHER"
+    assert select("r", has_chunked_req=False) is chunked
+    assert select("r", has_chunked_req=True) is whole
+    assert select("r", has_chunked_req=True) == "NO_TOKEN"  # a verdict passes through
+
+
+def test_a_crash_is_explained_only_by_the_single_flight_assertion_without_a_fix():
+    """Where no replay can explain a crash the cause is None (the run fails on it)."""
+    from argparse import Namespace
+
+    plain, fixed = (
+        Namespace(fix=None, mutant=None),
+        Namespace(fix="swa-decode-headroom", mutant=None),
+    )
+    other = loop.Findings(crashed="step 3: IndexError: list index out of range")
+    asserted = loop.Findings(crashed="step 3: AssertionError: assert self.chunked_req is None")
+    workload = generate(934, "swa", priority=True)
+    assert command._crash_cause(workload, loop.Findings(), plain) is None  # nothing crashed
+    assert command._crash_cause(workload, other, plain) is None  # another crash
+    assert command._crash_cause(workload, asserted, fixed) is None  # a fix played
+    assert "single-chunked-request" in variants.FIXES

@@ -6,7 +6,9 @@ finished (or was left waiting by its SWA admission livelock, or aborted out of m
 the fix `swa-decode-headroom` prevents it), and every lost hit has a known cause
 (`EXPLAINED`); 1 otherwise; 2 on bad arguments or a release whose request steps the loop
 does not play (it plays 0.5.23's). Those three SGLang bugs found here are counted and
-printed either way; a fourth, the lazy extra buffer's synchronous crash, fails the run.
+printed either way, and a fourth, the scheduler's single-flight assertion under priority
+preemption (a crash the fix `single-chunked-request` prevents); a fifth, the lazy extra
+buffer's synchronous crash, fails the run.
 The lost hits are printed with their causes either way: they are failures of SGLang against
 the spec, each with its cause (docs/engines.md), not a pass.
 """
@@ -56,6 +58,9 @@ LIVELOCK = "sglang-swa-admission-livelock"
 # the workload replayed with the fix swa-decode-headroom aborts nothing.
 HEADROOM = "sglang-swa-decode-headroom"
 OFFPAGE = "sglang-mixed-chunk-offpage-state"
+# checks.single_flight: a second request chunked while one continues; SGLang's scheduler
+# asserts (its process dies); a crash is this one only when the fix's replay finishes
+SINGLE_FLIGHT = "sglang-chunked-single-flight"
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
@@ -80,12 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tally = Tally()
     for seed in range(args.first, args.first + args.runs):
-        workload = generate(seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk)
+        workload = generate(
+            seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk, priority=args.priority
+        )
         workload = dataclasses.replace(workload, lazy=args.lazy)
         try:
             found = Run(workload, args.mutant, args.fix).play()
-            causes = _abort_cause(workload, found, args), _unsound_cause(workload, found, args)
-            tally.add(seed, workload, found, *causes)
+            tally.add(
+                seed, workload, found,
+                abort=_abort_cause(workload, found, args),
+                unsound=_unsound_cause(workload, found, args),
+                crash=_crash_cause(workload, found, args),
+            )  # fmt: skip
         except EngineError as error:
             print(f"kvcert: {error}", file=sys.stderr)
             return 2
@@ -124,6 +135,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "buffer's second track slot allocated at a checkpoint boundary (mamba-paged, or a "
         "Mamba hybrid under --overlap)",
     )  # fmt: skip
+    parser.add_argument(
+        "--priority", action="store_true",
+        help="the server's --enable-priority-scheduling: requests carry priorities, the "
+        "queue is ordered by them and a full batch preempts lower ones (2-4 rows)",
+    )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(
         "--fix", choices=FIXES, help="play the fix an SGLang bug found here proposes"
@@ -133,6 +149,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.first < 0:
         parser.error("--runs must be >= 1 and --first >= 0")
+    if args.mutant == "preempt-frees-prefix" and not args.priority:
+        parser.error("the twin preempt-frees-prefix breaks a preemption: add --priority")
     page = 2 if args.model == "mamba-paged" else 1  # the least page the model draws
     if args.lazy and not runs_extra_buffer(args.model, page, overlap=args.overlap):
         where = "only under --overlap" if args.model in MAMBA_MODELS else "never (no Mamba state)"
@@ -158,6 +176,17 @@ def _unsound_cause(workload: Workload, found: Findings, args: argparse.Namespace
     return OFFPAGE if not again.unsound and not again.crashed else None
 
 
+def _crash_cause(workload: Workload, found: Findings, args: argparse.Namespace) -> str | None:
+    """SINGLE_FLIGHT when the crash is SGLang's single-flight assertion and the workload
+    replayed with the fix single-chunked-request finishes without a crash, else None."""
+    if not found.crashed or "assert self.chunked_req is None" not in found.crashed:
+        return None
+    if args.fix is not None:
+        return None
+    again = replay(workload, mutant=args.mutant, fix="single-chunked-request")
+    return SINGLE_FLIGHT if not again.crashed and not again.stalled else None
+
+
 @dataclass
 class Tally:
     """What the runs found, summed over the workloads."""
@@ -170,21 +199,24 @@ class Tally:
     stalled: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    single_flight: list[str] = field(default_factory=list)  # crashes SINGLE_FLIGHT explains
 
     def add(
         self,
         seed: int,
         workload: Workload,
         found: Findings,
-        abort: str | None,
+        *,
+        abort: str | None = None,
         unsound: str | None = None,
+        crash: str | None = None,
     ) -> None:
-        """One run's findings; `abort` and `unsound` are what explains its aborts and its
-        unsound reads (None: nothing)."""
+        """One run's findings; `abort`, `unsound` and `crash` are what explains its aborts,
+        its unsound reads and its crash (None: nothing)."""
         totals = self.totals
         for name in (
             "admissions", "owed_tokens", "served_tokens", "served_early", "finished",
-            "retracted", "aborted", "finishing_inflight", "dropped", "mixed_decodes",
+            "retracted", "preempted", "aborted", "finishing_inflight", "dropped", "mixed_decodes",
             "mixed_untracked",
         ):  # fmt: skip
             totals[name] += getattr(found, name)
@@ -196,7 +228,12 @@ class Tally:
         else:
             self.unsound += read
         self.lost += [f"seed {seed}: {text}" for text in found.lost]
-        if found.crashed:
+        if found.crashed and crash == SINGLE_FLIGHT:  # its requests died with the scheduler
+            self.single_flight.append(f"seed {seed}: {found.crashed}")
+            totals["single_flight_requests"] += (
+                len(workload.arrivals) - found.finished - found.aborted
+            )
+        elif found.crashed:
             self.crashed.append(f"seed {seed}: {found.crashed}")
         if found.aborted:
             totals["unexplained_aborts"] += found.aborted if abort is None else 0
@@ -209,7 +246,8 @@ class Tally:
 
     def unfinished(self) -> int:
         t = self.totals
-        return t["requests"] - t["finished"] - t["aborted"] - t["stalled_requests"]
+        lost = t["aborted"] + t["stalled_requests"] + t["single_flight_requests"]
+        return t["requests"] - t["finished"] - lost
 
     def failed(self) -> bool:
         unexplained = sum(n for cause, n in self.causes.items() if cause not in EXPLAINED)
@@ -224,11 +262,13 @@ class Tally:
         played = " overlap" if args.overlap else ""
         played += " mixed-chunk" if args.mixed_chunk else ""
         played += " lazy" if args.lazy else ""
+        played += " priority" if args.priority else ""
         played += "".join(f" {k} {v}" for k, v in (("mutant", args.mutant), ("fix", args.fix)) if v)
         print(
             f"sglang {version('sglang')} {args.model}{played}: "
             f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
-            f"admissions, {totals['retracted']} retractions, {totals['aborted']} aborted out "
+            f"admissions, {totals['retracted']} retractions, {totals['preempted']} "
+            f"preemptions, {totals['aborted']} aborted out "
             f"of memory; {len(self.unsound) + len(self.offpage)} unsound reads, "
             f"{len(self.crashed)} crashed, "
             f"{self.unfinished()} unfinished; served {totals['served_tokens']} of "
@@ -258,11 +298,16 @@ class Tally:
             print(f"  unsound reads, {OFFPAGE}: {len(self.offpage)} (a Mamba state keyed at "
                   "the page below the one it ran to; the fix mixed-chunk-page-align "
                   "prevents each)")  # fmt: skip
+        if self.single_flight:
+            print(f"  crashed, {SINGLE_FLIGHT}: {len(self.single_flight)} workloads (the "
+                  "scheduler's assertion; the fix single-chunked-request prevents each), "
+                  f"{totals['single_flight_requests']} requests unserved")  # fmt: skip
         if self.stalled:
             print(f"  stalled, {LIVELOCK}: {len(self.stalled)} workloads, "
                   f"{totals['stalled_requests']} requests never admitted")  # fmt: skip
         kinds = (
             ("unsound", self.unsound), ("unsound", self.offpage), ("crashed", self.crashed),
+            ("crashed", self.single_flight),
             ("stalled", self.stalled),
             ("aborted", self.aborted), ("lost", self.lost),
         )  # fmt: skip
@@ -279,12 +324,14 @@ class Tally:
             "overlap": args.overlap,
             "mixed_chunk": args.mixed_chunk,
             "lazy": args.lazy,
+            "priority": args.priority,
             "seeds": [args.first, args.first + args.runs],
             "totals": dict(self.totals),
             "lost_causes": dict(self.causes),
             "unsound": self.unsound,
             "unsound_offpage": self.offpage,
             "crashed": self.crashed,
+            "crashed_single_flight": self.single_flight,
             "stalled": self.stalled,
             "aborted": self.aborted,
             "lost": self.lost,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.conformance.sglang import unified
-from kvcert.conformance.sglang.campaign import diagnosis, steps, variants
+from kvcert.conformance.sglang.campaign import diagnosis, steps, variants, waiting
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
 from kvcert.conformance.sglang.campaign.places import (
     MATCH,
@@ -59,7 +59,6 @@ from kvcert.conformance.sglang.campaign.workload import (
     runs_extra_buffer,
 )
 
-ROWS = 6  # request rows of the pool: the server's max running requests here
 # Steps a workload may take after its last arrival before the run calls it stuck.
 DRAIN_STEPS = 400
 
@@ -79,6 +78,7 @@ class Findings:
     served_early: int = 0  # served beyond what was owed
     finished: int = 0
     retracted: int = 0
+    preempted: int = 0  # running requests priority scheduling preempted
     aborted: int = 0  # requests SGLang aborted out of memory (retract_decode's last resort)
     steps: int = 0
     finishing_inflight: int = 0  # overlap: decodes skipped, the queued result finishing them
@@ -109,11 +109,14 @@ class Run:
             raise ValueError("the lazy strategy varies the extra buffer, which this model "
                              "and scheduling do not run")  # fmt: skip
         lazy = workload.lazy
-        states = steps.states_per_row(self.extra_buffer, overlap, lazy) * ROWS if mamba else 0
+        rows = workload.rows
+        states = steps.states_per_row(self.extra_buffer, overlap, lazy) * rows if mamba else 0
         self.tree, self.requests = unified.build_serving(
-            workload.page, workload.pool_tokens, ROWS, states, self.extra_buffer,
+            workload.page, workload.pool_tokens, rows, states, self.extra_buffer,
             exclusive_window=workload.window, overlap=overlap, lazy=lazy,
+            priority=workload.priority,
         )  # fmt: skip
+        self.policy = waiting.policy(self)
         self.hybrid = states > 0
         self.states = States(self.requests)  # read only when self.hybrid
         # the scheduler's admission ratio: from the published server arguments, decayed
@@ -179,9 +182,10 @@ class Run:
                 a = arrivals.pop(0)
                 tokens = array("q", a.prompt)
                 request = unified.new_request(a.rid, tokens, a.max_tokens)
+                request.priority = a.priority if self.workload.priority else None
                 # what the tokenizer manager does to every request (no tokenizer: no stops)
                 request.sampling_params.normalize(None)
-                self.waiting.append(request)
+                waiting.enqueue(self, request)
             try:
                 self._one_step()
             except Exception as error:  # SGLang raising on a workload it accepted
@@ -263,17 +267,12 @@ class Run:
         return None if batch is None or batch.is_empty() else batch
 
     def _new_prefill(self) -> Any:
-        """Scheduler._get_new_batch_prefill_raw, FCFS, without LoRA, grammar or storage."""
+        """Scheduler._get_new_batch_prefill_raw (FCFS, or by priority), without LoRA,
+        grammar or storage."""
         sg, running = self.sg, self.running
-        if running.is_empty() or self.window is not None:
-            # an empty batch has no request left to leave; a hybrid SWA model tries
-            # admission with a fresh adder every round (`is_hybrid_swa`)
-            running.batch_is_full = False
-        if (running.batch_is_full or not self.waiting) and self.chunked is None:
+        if waiting.admission_shut(self):
             return None
-        if self.requests.available_size() <= 0 and self.chunked is None:
-            running.batch_is_full = True
-            return None
+        self.policy.calc_priority(self.waiting, running)  # the queue's order, LRU refresh
         adder = self.prefill_adder()
         if self.chunked is not None:
             self.chunked.init_next_round_input()
@@ -292,7 +291,9 @@ class Run:
             if len(adder.can_run_list) >= self.requests.available_size() + held:
                 running.batch_is_full = True
             if running.batch_is_full:
-                break
+                if not waiting.preempt(self, adder, req):
+                    break
+                holders = self._holders(adder.can_run_list)  # release_req evicts too
             owed = self._owed(req, holders, self._state_slots(adder.can_run_list))
             req.init_next_round_input(self.tree)
             self._note_branch(req)
@@ -310,10 +311,12 @@ class Run:
         if state_allocator is not None:
             state_allocator.alloc_group_end()
         admitted = adder.can_run_list
+        self.waiting = [r for r in self.waiting if r not in admitted]
+        waiting.requeue(self, adder)
         if not admitted:
             return None
-        self.waiting = [r for r in self.waiting if r not in admitted]
         if adder.new_chunked_req is not None:
+            waiting.one_in_flight(self, adder)
             self.chunked = adder.new_chunked_req
         if self.chunked is not None:
             self.chunked.inflight_middle_chunks += 1
@@ -368,10 +371,13 @@ class Run:
             self.workload.chunk,
             # mixed chunks: the running requests' decode tokens share the step's budget
             self.running.batch_size() if self.workload.mixed else 0,
-            max_running_requests=ROWS,
+            self.sg.get_schedule().priority_scheduling_preemption_threshold,
+            max_running_requests=self.workload.rows,
         )
         if self.fix == "swa-decode-headroom":
             variants.keep_decode_headroom(adder, self.running)
+        if self.fix == "single-chunked-request":
+            variants.refuse_second_chunk(adder, self.sg.AddReqResult.OTHER)
         if self.fix == "mixed-chunk-page-align":
             variants.align_cut_chunks(adder, self.workload.page)
         return adder
@@ -412,7 +418,7 @@ class Run:
             batch.batch_is_full = False
             return None
         if not fits:
-            unpublished = {id(r): self._unpublished(r) for r in batch.reqs}
+            unpublished = {id(r): self.unpublished(r) for r in batch.reqs}
             retracted, self.ratio.current, aborted = batch.retract_decode()
             for req in retracted + aborted:  # freed without an insert (release_req)
                 kv, state = unpublished[id(req)]
@@ -423,7 +429,7 @@ class Run:
             self.findings.retracted += len(retracted)
             for req in retracted:
                 self.judged.discard(id(req))
-                self.waiting.append(req)
+                waiting.enqueue(self, req)
             batch.batch_is_full = False
         else:
             self.ratio.decay_step()
@@ -433,13 +439,20 @@ class Run:
             batch.prepare_for_decode()
         return batch
 
-    def _unpublished(self, req: Any) -> tuple[set[bytes], set[int]]:
-        """The KV identities past the prefix the tree owns, and the state, of a request."""
+    def unpublished(self, req: Any) -> tuple[set[bytes], set[int]]:
+        """The KV identities past the prefix the tree owns, and the states, of a request:
+        its running state and what its extra buffer's track slots hold (checkpoints the
+        tree has not adopted yet)."""
         length = len(self._tokens(req))
         row = self._row(req, length)[req.kv.cache_protected_len :]
         kv = {self.ledger.content[s] for s in row if s in self.ledger.content}
-        state = {int(self.states.values()[self.states.slot(req)])} if self.hybrid else set()
-        return kv, state
+        if not self.hybrid:
+            return kv, set()
+        slots = {self.states.slot(req)}
+        if self.extra_buffer:
+            slots |= self.states.physical(self._track_buffer[req.kv.req_pool_idx])
+        values = self.states.values()
+        return kv, {int(values[slot]) for slot in slots}
 
     # --- the pass and its result ------------------------------------------------------------
 
@@ -769,7 +782,8 @@ class Run:
         cause = STATE_MATCH
         if self.hybrid:  # the hit ends at its state: where that state is comes first
             tokens = list(req.origin_input_ids) + list(req.output_ids)
-            cause = holders.state(self.ledger.state_id(identities(tokens[: owed.length])[-1]))
+            owed_state = self.ledger.state_id(identities(tokens[: owed.length])[-1])
+            cause = holders.state(owed_state, running_owed=not self.extra_buffer)
         if cause == STATE_MATCH:
             cause = holders.page(lost_pages[0], page) if lost_pages else cause
         if cause in (MATCH, STATE_MATCH) and self.window is not None:

@@ -110,9 +110,11 @@ class Holders:
                     return row.holding(end, SWA_DECODED, SWA_PROMPT)
         return SWA_MATCH
 
-    def state(self, state: int) -> str:
+    def state(self, state: int, *, running_owed: bool = True) -> str:
+        """Where the owed state was: a running request's slot (only where the profile owes
+        a running state: without the extra buffer), a free slot, or the tree."""
         slots = {i for i, value in enumerate(self.states) if value == state}
-        if slots & self.running_states:
+        if running_owed and slots & self.running_states:
             return PROMPT_STATE if state in self.prompt_states else RUNNING_STATE
         if slots & self.free_states:
             if state in self.published.states:

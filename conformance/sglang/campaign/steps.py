@@ -51,11 +51,13 @@ def sglang() -> types.SimpleNamespace:
         SchedulerBatchResultProcessor=results.SchedulerBatchResultProcessor,
         ScheduleBatch=batch.ScheduleBatch,
         PrefillAdder=policy.PrefillAdder,
+        SchedulePolicy=policy.SchedulePolicy,
         AddReqResult=policy.AddReqResult,
         NewTokenRatioTracker=ratio.NewTokenRatioTracker,
         checkpoint_kv_cache=common.checkpoint_kv_cache,
         release_kv_cache=common.release_kv_cache,
         mamba_track_grid=runtime.mamba_track_grid,
+        get_schedule=runtime.get_schedule,
         NONE=spec.SpeculativeAlgorithm.NONE,
     )
 

@@ -18,11 +18,14 @@ MUTANTS = (
     "track-final-state",
     "swa-window-short",
     "swa-branch-ignores-state",
+    "preempt-frees-prefix",
 )
 # sglang-swa-decode-headroom (checks.swa_decode_abort): the SWA prefill budget keeps each
 # running request's decode headroom, as the full-attention budget does;
 # sglang-mixed-chunk-offpage-state (checks.mixed_offpage_state): a cut chunk ends on a page
-FIXES = ("swa-decode-headroom", "mixed-chunk-page-align")
+# sglang-chunked-single-flight (checks.single_flight): a request is never chunked while
+# another continues mid-prefill (the guard SGLang keeps for shortest-prefill-first only)
+FIXES = ("swa-decode-headroom", "mixed-chunk-page-align", "single-chunked-request")
 
 
 def chosen(kind: str, name: str | None, names: tuple[str, ...]) -> str | None:
@@ -70,6 +73,23 @@ def keep_decode_headroom(adder: Any, running: Any) -> None:
         budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req))
 
 
+def refuse_second_chunk(adder: Any, refused: Any) -> None:
+    """The fix single-chunked-request: a waiting request that would be chunked while a
+    chunked request continues this round is refused (`refused`, AddReqResult.OTHER) and
+    keeps its place in the queue. SGLang already refuses it so under its
+    shortest-prefill-first policy ("Only one unfinished chunked request can be tracked"),
+    and sglang#34554 proposed the same guard for its chunk cap; under every other policy the
+    round relies on the first chunked request spending the chunk budget."""
+    select = adder._select_prefill_admission
+
+    def one_in_flight(req: Any, **options: Any) -> Any:
+        admission = select(req, **options)
+        chunked = getattr(admission, "is_chunked", False)
+        return refused if chunked and options.get("has_chunked_req") else admission
+
+    adder._select_prefill_admission = one_in_flight
+
+
 def align_cut_chunks(adder: Any, page: int) -> None:
     """The fix mixed-chunk-page-align: a continuing chunk that is cut short ends on a page.
 
@@ -88,3 +108,21 @@ def align_cut_chunks(adder: Any, page: int) -> None:
         return kept // page * page or kept
 
     adder.floor_chunked_tokens = on_pages
+
+
+def free_prefix_on_preempt(batch: Any, allocator: Any, torch: Any) -> None:
+    """The twin preempt-frees-prefix (played under priority scheduling): a preemption frees
+    the request's whole row, the prefix the tree lent it too, so the tree keeps slots the
+    allocator hands out again (the double free `preempt_to_schedule` guards against)."""
+    release = batch.release_req
+
+    def freeing_prefix(idx: int, remaining: int, **options: Any) -> Any:
+        req = batch.reqs[idx]
+        pool = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        lent = pool[: req.kv.cache_protected_len].to(torch.int64).clone()
+        released = release(idx, remaining, **options)
+        if len(lent):
+            allocator.free(lent)
+        return released
+
+    batch.release_req = freeing_prefix

@@ -8,6 +8,7 @@ where a hit on a running request's decoded tokens is owed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ WINDOWS = (1, 2, 3, 4, 7, 8)
 # its SWA slots are freed, in one go (128 by default, for pools of 10^5 tokens and more;
 # the campaign's pools are tens of tokens, so the interval is scaled down with them)
 SWA_INTERVALS = (1, 4, 16)
+ROWS = 6  # request rows of the pool: the server's max running requests here
+# --enable-priority-scheduling: the priorities clients send (larger first, SGLang's default;
+# a waiting request preempts running ones more than the default threshold, 10, below it)
+# and the fewer rows a priority workload runs in, so the batch fills and preemption is tried
+PRIORITIES = (0, 5, 50, 100)
+PRIORITY_ROWS = (2, 3, 4)
 
 
 def next_token(tokens: list[int] | tuple[int, ...]) -> int:
@@ -59,6 +66,7 @@ class Arrival:
     rid: str
     prompt: tuple[int, ...]
     max_tokens: int
+    priority: int = 0  # under priority scheduling: the request's priority
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,10 @@ class Workload:
     # --mamba-radix-cache-strategy extra_buffer_lazy: the extra buffer's second track slot
     # is allocated when a request reaches a checkpoint boundary
     lazy: bool = False
+    rows: int = ROWS  # request rows (max running requests)
+    # --enable-priority-scheduling: the waiting queue ordered by priority, and a waiting
+    # request preempting running ones of lower priority when the batch is full
+    priority: bool = False
 
 
 def runs_extra_buffer(model: str, page: int, *, overlap: bool) -> bool:
@@ -92,14 +104,32 @@ MAMBA_MODELS = ("mamba", "mamba-paged", "swa-mamba")
 
 
 def generate(
-    seed: int, model: str = "full", *, overlap: bool = False, mixed: bool = False
+    seed: int,
+    model: str = "full",
+    *,
+    overlap: bool = False,
+    mixed: bool = False,
+    priority: bool = False,
 ) -> Workload:
     """A random workload: requests sharing system prompts, exact repeats, and follow-ups of
     earlier requests (their prompt, some of their answer, more), arriving over a few steps
-    into a pool small enough that the tree must evict and running requests retract."""
+    into a pool small enough that the tree must evict and running requests retract; under
+    `priority` each request has a priority, in fewer rows (drawn last: the same seed draws
+    the same requests either way)."""
+    rng = random.Random(seed)
+    workload = _draw(seed, rng, model, overlap=overlap, mixed=mixed)
+    if not priority:
+        return workload
+    rows = rng.choice(PRIORITY_ROWS)
+    arrivals = tuple(
+        dataclasses.replace(a, priority=rng.choice(PRIORITIES)) for a in workload.arrivals
+    )
+    return dataclasses.replace(workload, arrivals=arrivals, rows=rows, priority=True)
+
+
+def _draw(seed: int, rng: random.Random, model: str, *, overlap: bool, mixed: bool) -> Workload:
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    rng = random.Random(seed)
     page = rng.choice(PAGES)
     if model in ("mamba", "swa-mamba"):
         page = 1
