@@ -94,6 +94,12 @@ class BlockPool:
         """Implements ALLOC-INIT-1: every block but the null one free, in ascending order."""
         check_pool_fits(num_blocks)
         eviction = as_choice(Eviction, eviction, "eviction")
+        if eviction not in QUEUES:
+            raise ConfigError(
+                f"eviction {eviction.value!r} is the radix profile, SGLang's tree (spec §13), "
+                "not a block pool's: build a kvcert.reference.radix.RadixCacheManager, or "
+                "choose lru, hybrid or lru-unkeyed-first"
+            )
         self.num_blocks = num_blocks
         self.ref_count = array("i", bytes(4 * num_blocks))
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block

@@ -61,11 +61,17 @@ class DraftKeying(StrEnum):
 
 
 class Eviction(StrEnum):
-    """Which free block a new allocation takes (spec ALLOC-EVICT-1, EVICT-HYB-1)."""
+    """Which free block a new allocation takes (spec ALLOC-EVICT-1, EVICT-HYB-1), or the
+    radix profile's tree, which evicts its own way (RADIX-EVICT-1)."""
 
     LRU = "lru"  # the head of the free queue; requests freed group by group
     HYBRID = "hybrid"  # provably dead blocks first; requests freed tail first
     LRU_UNKEYED_FIRST = "lru-unkeyed-first"  # lru, but unregistered blocks go to the head
+    RADIX = "radix"  # SGLang's tree of page runs (spec §13): kvcert.reference.radix
+
+
+# the profiles a KVCacheManager's block pool serves (its free queue's order, §6)
+BLOCK_POOL_EVICTIONS = (Eviction.LRU, Eviction.HYBRID, Eviction.LRU_UNKEYED_FIRST)
 
 
 class Visibility(StrEnum):

@@ -4,8 +4,9 @@ ethereum/execution-specs pairs each optimised function with the specification's 
 the pairing is this table, keyed by rule tag (kvcert.reference never imports the spec, so the
 tags are plain strings). Every function listed says `Implements TAG` in its docstring, and
 tests/differential/test_rules_table.py checks that every HIT-, HASH-, ALLOC-, RET-, EVICT-,
-CKPT-, BRANCH- and PAGE- rule of the spec (bar the byte-address rules, which kvcert.kernels
-implements) has an entry.
+CKPT-, BRANCH-, PAGE- and RADIX- rule of the spec (bar the byte-address rules, which
+kvcert.kernels implements, and RADIX-ID-1 and RADIX-INV-1, which name the spec's pages
+and states: engines' page ids are physical, compared as lifetimes) has an entry.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kvcert.reference import (
     groups,
     hashing,
     planner,
+    radix,
     retention,
     scheduling,
     tails,
@@ -29,6 +31,7 @@ from kvcert.reference.config import CacheConfig
 from kvcert.reference.eviction import FreeQueue, HybridQueue, UnkeyedFirstQueue
 from kvcert.reference.lookup import Keying
 from kvcert.reference.manager import KVCacheManager
+from kvcert.reference.radix import RadixCacheManager
 from kvcert.reference.tables import TablePlanner
 
 IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
@@ -107,4 +110,14 @@ IMPLEMENTED_BY: dict[str, tuple[Callable[..., Any], ...]] = {
     "PAGE-ALIGN-2": (planner._caps,),
     "PAGE-RECOMP-1": (planner.recompute_per_lookup,),
     "PAGE-OBJ-1": (planner.chosen_index,),
+    "RADIX-SCOPE-1": (radix._check_scope,),
+    "RADIX-HIT-1": (RadixCacheManager.admit,),
+    "RADIX-LRU-1": (RadixCacheManager._lookup, RadixCacheManager._insert),
+    "RADIX-SPLIT-1": (RadixCacheManager._split,),
+    "RADIX-PUB-1": (RadixCacheManager.end_step,),
+    "RADIX-PUB-2": (RadixCacheManager.end_step, RadixCacheManager.finish),
+    "RADIX-DEDUP-1": (RadixCacheManager._insert,),
+    "RADIX-EVICT-1": (RadixCacheManager._evict, RadixCacheManager._grow),
+    "RADIX-FREE-1": (RadixCacheManager._release,),
+    "RADIX-RESET-1": (RadixCacheManager.reset_prefix_cache,),
 }

@@ -9,13 +9,19 @@ engine author runs the same search kvcert runs on itself. Each step draws one op
 really happen; extensions with sampled tokens and speculative lookahead; step ends;
 finishes and preemptions; rare cache resets; and misuse the engine must refuse), applies it
 to the spec, and compares the engine's observation, block tables up to one renaming of ids
-per trace. The spec's invariants (§7) are checked after every step.
+per trace. A session may answer an operation it cannot express `{"unsupported": why}`,
+changing nothing: the operation leaves the trace (the spec's state goes back), and the
+class counts the operations so skipped by reason (`unsupported`). The spec's invariants
+(§7) are checked after every step.
 
 Only what the engine claims is drawn: group kinds, speculative profiles, extra keys, the
 allocator features (`describe()`), and the eviction, visibility and retention profiles
 among which each run picks one (block identities are compared, so at least one eviction
 profile must be claimed; an engine naming no visibility profile is held to step-end, none
-naming a retention profile to dense). An engine
+naming a retention profile to dense). A run under the radix profile (§13, SGLang's tree)
+steps kvcert.spec.radix on one full-attention group, step-end and dense, and compares page
+ids as lifetimes (RADIX-ID-1): an engine id may name a new page once the spec no longer
+holds the page it named. An engine
 with `open(case)` is driven one operation at a time; otherwise the whole trace is replayed
 through `run()` at every step. A failing trace is shrunk and printed as a program, and with
 KVCERT_REGRESSION_DIR set it is saved as a regression candidate. Requires the test extra.
@@ -48,7 +54,12 @@ from kvcert.conformance.contract.codec import (
     observation_to_json,
     op_to_json,
 )
-from kvcert.conformance.contract.compare import Renaming, compare_alloc, compare_observation
+from kvcert.conformance.contract.compare import (
+    LiveRenaming,
+    Renaming,
+    compare_alloc,
+    compare_observation,
+)
 from kvcert.conformance.contract.protocol import FEATURES, Engine, Session
 from kvcert.spec import (
     ChunkedLocal,
@@ -63,6 +74,7 @@ from kvcert.spec import (
     SlidingWindow,
     SpecError,
     Speculative,
+    radix,
 )
 from kvcert.spec import alloc as spec
 from kvcert.spec.hashing import keys_reach
@@ -145,6 +157,15 @@ def with_unit(
     return dataclasses.replace(layout, hit_unit=divisors[(pick - 1) % len(divisors)])
 
 
+def _unsupported(answer: object) -> bool:
+    """Whether a session's answer to one operation is `{"unsupported": why}`: an operation the
+    engine cannot express (and did not apply); the machine drops it from the trace."""
+    return (
+        isinstance(answer, dict) and set(answer) == {"unsupported"}
+        and isinstance(answer["unsupported"], str)
+    )  # fmt: skip
+
+
 def save_failure(case: JSON) -> None:
     """With KVCERT_REGRESSION_DIR set, keep the failing trace as a regression candidate.
 
@@ -192,12 +213,13 @@ def machine_for(
     offered = frozenset(described.get("profiles", [f"eviction.{e.value}" for e in pool]))
     chosen = offered if profiles is None else offered & profiles
     evictions = [e for e in pool if f"eviction.{e.value}" in chosen]
+    if "eviction.radix" in chosen and "kind.full" in allowed:  # §13: one full group
+        evictions.append(spec.Eviction.RADIX)
     if not evictions:
         raise ValueError(
             f"the machine compares block identities, which is normative only under an eviction "
             f"profile; the engine claims {sorted(offered) or 'none'}: claim eviction.lru, "
-            "eviction.hybrid or eviction.lru-unkeyed-first (the machine drives §6's block "
-            "pool; the radix profile's traces are the vectors of alloc/radix.json)"
+            "eviction.hybrid, eviction.lru-unkeyed-first or eviction.radix (with kind.full)"
         )
     # an engine that names no visibility profile is held to step-end, the only one before
     # spec 0.4.0 (so older descriptions keep their meaning)
@@ -232,11 +254,15 @@ def machine_for(
         failing_trace_lengths: list[int] = []  # noqa: RUF012 - shared on purpose, per class
         first_failure_at: list[float] = []  # noqa: RUF012 - perf_counter() of the first one
         steps = 0  # operations applied, over every run of this class
+        # operations the engine answered {"unsupported": why}, by why, over every run
+        unsupported: dict[str, int] = {}  # noqa: RUF012 - shared on purpose, per class
 
         def __init__(self) -> None:
             super().__init__()
             self.engine = engine_factory() if engine_factory is not None else None
-            self.state: spec.State | None = None
+            self.state: spec.State | radix.State | None = None
+            self.next_state: Callable[..., tuple[object, spec.Observation]] = spec.step
+            self.broken: Callable[..., list[str]] = violated
             self.case: JSON = {}
             self.expected: list[JSON] = []
             self.session: Session | None = None
@@ -250,6 +276,7 @@ def machine_for(
             retention=st.sampled_from(retentions),
             interval_steps=st.integers(0, 2) if intervals else st.just(0),
             unit_pick=units,
+            page=SIZES,
         )
         def start(
             self,
@@ -261,13 +288,22 @@ def machine_for(
             retention: Retention,
             interval_steps: int,
             unit_pick: int,
+            page: int,
         ) -> None:
+            if eviction is spec.Eviction.RADIX:  # RADIX-SCOPE-1: what the tree caches
+                layout, unit_pick = Layout((FullAttention(page),)), 0
+                visibility, retention, interval_steps = spec.Visibility.STEP_END, Retention.DENSE, 0
+                self.next_state, self.broken = radix.step, radix.violated
+                self.renaming = LiveRenaming()
             layout = with_unit(layout, unit_pick, eviction, visibility, retention)
             interval = 0
             if retention is Retention.SPARSE:
                 interval = interval_steps * hit_alignment(layout)
             config = spec.PoolConfig(layout, blocks, eviction, visibility, retention, interval)
-            self.state = spec.initial_state(config)
+            if eviction is spec.Eviction.RADIX:
+                self.state = radix.initial_state(config)
+            else:
+                self.state = spec.initial_state(config)
             self.case = {"suite": "alloc", "layout": layout_to_json(layout), "num_blocks": blocks}
             if eviction is not spec.Eviction.LRU:
                 self.case["eviction"] = eviction.value
@@ -282,36 +318,44 @@ def machine_for(
             if callable(opener):
                 self.session = opener(self.case)
 
-        def model(self) -> spec.State:
+        def model(self) -> spec.State | radix.State:
             if self.state is None:
                 raise RuntimeError("the machine's start rule has not run")
             return self.state
 
         def apply(self, op: spec.Op) -> None:
             type(self).steps += 1
+            before = self.state
             try:
-                self.state, observation = spec.step(self.model(), op)
+                self.state, observation = self.next_state(self.model(), op)  # type: ignore[assignment]
                 expected = observation_to_json(observation)
-                event(type(observation).__name__)
             except SpecError:
                 expected = REFUSED
-                event("refused")
             self.expected.append(expected)
             self.case["ops"].append(op_to_json(op))
             if self.engine is None:
+                event(next(iter(expected)))
                 return
+            if isinstance(self.renaming, LiveRenaming) and isinstance(self.state, radix.State):
+                self.renaming.live = radix.live_pages(self.state)
             try:
                 if self.session is not None:
                     actual = self.session.apply(self.case["ops"][-1])
+                    if _unsupported(actual):  # the engine cannot express this operation
+                        self._skip(before, actual)
+                        return
                     difference = compare_observation(self.renaming, expected, actual)
                     if difference is not None:
                         difference = f"step {len(self.expected) - 1}: {difference}"
                 else:
                     answer = self.engine.run(self.case)
-                    difference = compare_alloc({"observations": self.expected}, answer)
+                    lifetimes = isinstance(self.renaming, LiveRenaming)
+                    expect = {"observations": self.expected}
+                    difference = compare_alloc(expect, answer, lifetimes=lifetimes)
             except Exception as error:  # a crash is a divergence too, shrunk like any other
                 step = len(self.expected) - 1
                 difference = f"step {step}: raised {type(error).__name__}: {error}"
+            event(next(iter(expected)))
             if difference is not None:  # an explicit raise: `python -O` must not hide it
                 self.failing_trace_lengths.append(len(self.expected))
                 if not self.first_failure_at:
@@ -319,12 +363,30 @@ def machine_for(
                 save_failure(self.case)
                 raise AssertionError(f"engine diverges from the spec at {difference} ({op})")
 
+        def _skip(self, before: spec.State | radix.State | None, answer: JSON) -> None:
+            """An operation the engine answered `{"unsupported": why}` (it changed nothing):
+            it leaves the trace, and the spec's state goes back to before it."""
+            self.state = before
+            self.expected.pop()
+            self.case["ops"].pop()
+            type(self).unsupported[answer["unsupported"]] = (
+                type(self).unsupported.get(answer["unsupported"], 0) + 1
+            )
+            event("unsupported by the engine")
+
         def keeps_checkpoints(self) -> bool:
             """Whether the layout has a state group in mode align (CKPT-INNER-1 applies)."""
             return self.state is not None and any(
                 isinstance(g, MambaState) and g.mode is MambaMode.ALIGN
                 for g in self.state.config.layout.groups
             )
+
+        def _lookahead(self, drawn: int) -> int:
+            """The drawn lookahead; under the radix profile, which refuses any, only the
+            largest is kept (a misuse both must refuse), so most operations run."""
+            if isinstance(self.state, radix.State) and drawn < 3:
+                return 0
+            return drawn
 
         def _running(self, index: int) -> str | None:
             names = sorted(self.model().requests)
@@ -347,6 +409,7 @@ def machine_for(
         ) -> None:
             rid = next((r for r in RIDS if r not in self.model().requests), None)
             if rid is not None:
+                lookahead = self._lookahead(lookahead)
                 self.apply(spec.Admit(rid, base[:length], budget, extra, lookahead))
 
         @rule(
@@ -361,7 +424,7 @@ def machine_for(
                 return
             request = self.model().requests[rid]
             appended = (token,) if request.computed == len(request.tokens) else ()
-            self.apply(spec.Extend(rid, budget, appended, lookahead))
+            self.apply(spec.Extend(rid, budget, appended, self._lookahead(lookahead)))
 
         @precondition(lambda self: checkpoints and self.keeps_checkpoints())
         @rule(index=st.integers(0, 4), budget=st.integers(2, 24), pick=st.integers(0, 7))
@@ -403,9 +466,12 @@ def machine_for(
             rid = next((r for r in RIDS if r not in self.model().requests), None)
             if rid is None:
                 return
+            state = self.model()
+            if not isinstance(state, spec.State):  # `unit U` is §6's alone
+                return
             tokens = base[:length]
             tail = self._tail(length)
-            hit = spec.lookup(self.model(), tokens, ())[0]
+            hit = spec.lookup(state, tokens, ())[0]
             budget = tail - hit if stop and tail > hit else length
             checkpoint = 0
             layout = self.model().config.layout
@@ -459,7 +525,7 @@ def machine_for(
 
         @invariant()
         def spec_invariants_hold(self) -> None:
-            if self.state is not None and (broken := violated(self.state)):
+            if self.state is not None and (broken := self.broken(self.state)):
                 raise AssertionError(f"the spec broke its invariants {broken}")
 
     return KVCacheConformanceMachine

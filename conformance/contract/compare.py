@@ -85,6 +85,27 @@ class LifetimeRenaming(Renaming):
         return True
 
 
+class LiveRenaming(Renaming):
+    """The lifetime renaming online, for a machine that steps the spec beside the engine:
+    an engine id may stand for a new vector id once the page the old one named is no longer
+    live in the spec's state after the step being compared (`live`, set before each
+    comparison). A trace's future is unknown there, but the spec never names a page twice
+    (RADIX-ID-1), so a page no longer live is never mentioned again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: set[int] = set()
+
+    def bind(self, want: int, got: int) -> bool:
+        if self.forward.setdefault(want, got) != got:
+            return False
+        held = self.backward.get(got, want)
+        if held != want and (held == 0 or held in self.live):
+            return False
+        self.backward[got] = want
+        return True
+
+
 def _last_mentions(observations: Sequence[Any]) -> dict[int, int]:
     last: dict[int, int] = {}
     for index, observation in enumerate(observations):

@@ -3,7 +3,7 @@
 The translation is mechanical (field names and types only) and never goes through the
 spec's parsers, so the reference's own validation decides what it refuses: a difference from
 the spec is a difference in behaviour. Hits go through its coordinator, traces through
-KVCacheManager, page plans through its planner.
+KVCacheManager (the radix profile's through RadixCacheManager), page plans through its planner.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from kvcert.reference.coordinator import find_hit
 from kvcert.reference.errors import ConfigError, KVCacheError, RequestStateError
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager, Waiting
+from kvcert.reference.radix import RadixCacheManager
 from kvcert.reference.unit_hits import find_unit_hit
 
 
@@ -70,11 +71,6 @@ def group_from_json(obj: JSON) -> ref.GroupConfig:
 
 
 PROFILE_FIELDS = ("eviction", "visibility", "retention", "retention_interval")
-RADIX = "eviction.radix"
-RADIX_ELSEWHERE = (
-    "kvcert.reference implements the block-pool profiles; the radix profile (SGLang's tree, "
-    "spec §13) is the spec's only"
-)
 
 
 def config_from_json(
@@ -126,7 +122,11 @@ class ReferenceSession:
         profiles: Mapping[str, Any] | None = None,
     ) -> None:
         config = config_from_json(layout, num_blocks, profiles)
-        self.manager = KVCacheManager(config)
+        self.manager: KVCacheManager | RadixCacheManager
+        if config.eviction is ref.Eviction.RADIX:  # §13: SGLang's tree, its own allocator
+            self.manager = RadixCacheManager(config)
+        else:
+            self.manager = KVCacheManager(config)
 
     def apply(self, op: JSON) -> JSON:
         """Run one operation; reference errors become {"refused": true}."""
@@ -302,8 +302,7 @@ class ReferenceEngine:
     """kvcert.reference: hits through its coordinator, traces through KVCacheManager."""
 
     def describe(self) -> JSON:
-        claims = claims_everything("kvcert.reference")
-        return {**claims, "profiles": [p for p in claims["profiles"] if p != RADIX]}
+        return claims_everything("kvcert.reference")
 
     def open(self, case: JSON) -> Session:
         """A session for an alloc case (its layout, pool and profile), an op at a time."""
@@ -315,8 +314,6 @@ class ReferenceEngine:
         try:
             if case["suite"] == "hit":
                 return self._hit(case)
-            if case.get("eviction") == "radix":
-                return {"unsupported": RADIX_ELSEWHERE}
             session = self.open(case)
         except (KVCacheError, InputError):
             return REFUSED

@@ -19,7 +19,7 @@ from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.contract.stdio import StdioEngine
 from kvcert.conformance.engines.loader import load_engine
 from kvcert.conformance.engines.mutants import BROKEN
-from kvcert.conformance.engines.reference_engine import RADIX_ELSEWHERE, ReferenceEngine
+from kvcert.conformance.engines.reference_engine import ReferenceEngine
 from kvcert.conformance.engines.spec_engine import SpecEngine
 from kvcert.conformance.vectors import generate as gen
 from kvcert.conformance.vectors.generate import cases
@@ -35,13 +35,8 @@ def all_cases():
 
 
 def radix_cases():
-    """The cases under the radix profile (spec §13), which kvcert.reference leaves to the
-    spec: skipped, unasked when they require it, answered unsupported otherwise."""
+    """The cases under the radix profile (spec §13), kvcert.reference.radix's."""
     return [case for case in all_cases() if case["input"].get("eviction") == "radix"]
-
-
-def radix_unasked():
-    return [case for case in radix_cases() if "eviction.radix" in case["requires"]]
 
 
 @pytest.mark.slow
@@ -157,12 +152,8 @@ def test_the_reference_passes_every_vector():
     """kvcert.reference, an implementation independent of the spec, agrees on every case."""
     report = run_vectors(ReferenceEngine())
     assert report.ok, render_report(report)
-    radix = len(radix_cases())
-    assert report.counts() == Counter({"passed": len(all_cases()) - radix, "skipped": radix})
-    assert {r.detail for r in report.results if r.status == "skipped"} == {
-        "engine lacks eviction.radix",
-        f"engine cannot express it: {RADIX_ELSEWHERE}",
-    }
+    assert report.counts() == Counter({"passed": len(all_cases())})
+    assert radix_cases()  # the radix profile's too, through kvcert.reference.radix
 
 
 @pytest.mark.slow
@@ -272,11 +263,10 @@ class Lacking(ReferenceEngine):
 @pytest.mark.slow
 def test_crashing_and_garbage_engines_are_reported_per_case():
     crashed = run_vectors(Crashing())
-    unasked = len(radix_unasked())
-    assert crashed.counts() == Counter({"errored": len(all_cases()) - unasked, "skipped": unasked})
+    assert crashed.counts() == Counter({"errored": len(all_cases())})
     assert "RuntimeError: engine bug" in crashed.results[0].detail
     garbage = run_vectors(Garbage())
-    assert garbage.counts() == Counter({"failed": len(all_cases()) - unasked, "skipped": unasked})
+    assert garbage.counts() == Counter({"failed": len(all_cases())})
     assert "malformed answer" in garbage.results[0].detail
 
 
@@ -298,8 +288,7 @@ def test_missing_features_skip_with_a_reason_and_are_counted():
     report = run_vectors(Lacking())
     skipped = [r for r in report.results if r.status == "skipped"]
     assert skipped
-    radix = f"engine cannot express it: {RADIX_ELSEWHERE}"
-    assert all(r.detail.startswith("engine lacks ") or r.detail == radix for r in skipped)
+    assert all(r.detail.startswith("engine lacks ") for r in skipped)
     assert report.ok
     assert len(report.results) == len(all_cases())
 
@@ -362,10 +351,9 @@ def test_engines_load_by_name_and_by_module_factory():
 def test_certify_command_exit_codes_and_json_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["certify", "--quiet", "--json", str(out)]) == 0
-    radix = len(radix_cases())
-    assert capsys.readouterr().out.splitlines()[-1].endswith(f"failed, {radix} skipped")
+    assert capsys.readouterr().out.splitlines()[-1].endswith("failed, 0 skipped")
     report = json.loads(out.read_text())
-    assert report["summary"] == f"{len(all_cases()) - radix} passed, 0 failed, {radix} skipped"
+    assert report["summary"] == f"{len(all_cases())} passed, 0 failed, 0 skipped"
     assert "HIT-SPEC-2" in report["by_rule"]
     broken = "kvcert.conformance.engines.mutants:PerGroupDropEngine"
     assert main(["certify", "--quiet", "--engine", broken]) == 1

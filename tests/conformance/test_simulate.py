@@ -9,7 +9,14 @@ import pytest
 from kvcert.conformance.cli import main
 from kvcert.conformance.tools.simulate import traces
 from kvcert.conformance.tools.simulate.model import Policy, compare, replay, unbounded_blocks
-from kvcert.reference.config import CacheConfig, Eviction, GroupConfig, Kind, MambaMode
+from kvcert.reference.config import (
+    BLOCK_POOL_EVICTIONS,
+    CacheConfig,
+    Eviction,
+    GroupConfig,
+    Kind,
+    MambaMode,
+)
 from kvcert.reference.scheduling import Placement
 
 
@@ -101,7 +108,7 @@ QWEN_LIKE = CacheConfig(
 
 def test_an_unbounded_pool_never_evicts():
     trace = traces.agentic(2, turns=3, system=300, tool_output=200, output=20)
-    for eviction in Eviction:
+    for eviction in BLOCK_POOL_EVICTIONS:
         run = replay(
             FULL_SW,
             trace,

@@ -63,3 +63,49 @@ def test_a_shrunk_failure_becomes_a_regression_vector(tmp_path, monkeypatch):
     assert run_case(ReferenceEngine(), case, 10).status == "passed"
     assert run_case(engine_class(), case, 10).status == "failed"  # not a crash
     assert len(saved["ops"]) <= 12  # shrunk
+
+
+class NoPreemption(ReferenceEngine):
+    """The reference, but its sessions answer every preemption `{"unsupported": why}`
+    without applying it, as an engine that cannot express one does."""
+
+    def open(self, case):
+        session = super().open(case)
+
+        class Refusing:
+            def apply(self, op):
+                if op.get("op") == "preempt":
+                    return {"unsupported": "preemption is not driven"}
+                return session.apply(op)
+
+        return Refusing()
+
+
+def test_an_operation_a_session_cannot_express_leaves_the_trace():
+    """The machine drops an operation answered unsupported and rolls the spec back: the
+    rest of the trace still agrees, and the operations left out are counted by reason."""
+    machine = machine_for(NoPreemption)
+    run_state_machine_as_test(machine, settings=RUN)
+    assert machine.unsupported.get("preemption is not driven", 0) > 0
+    assert machine.steps > 0
+
+
+class PreemptsAnyway(NoPreemption):
+    """A session that answers unsupported but applies the preemption anyway: the spec and
+    the engine part ways, which the machine must find."""
+
+    def open(self, case):
+        session = ReferenceEngine.open(self, case)
+
+        class Lying:
+            def apply(self, op):
+                answer = session.apply(op)
+                return {"unsupported": "lied"} if op.get("op") == "preempt" else answer
+
+        return Lying()
+
+
+def test_an_unsupported_answer_that_changed_the_engine_is_caught():
+    search = settings(RUN, max_examples=2000, phases=[Phase.generate], print_blob=False)
+    with pytest.raises(AssertionError, match="diverges from the spec"):
+        run_state_machine_as_test(machine_for(PreemptsAnyway), settings=search)

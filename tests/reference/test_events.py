@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcert.reference.config import CacheConfig, Eviction, GroupConfig, Kind
+from kvcert.reference.config import BLOCK_POOL_EVICTIONS, CacheConfig, Eviction, GroupConfig, Kind
 from kvcert.reference.events import Cleared, Removed, Stored
 from kvcert.reference.manager import KVCacheManager, Scheduled
 from tests.tiers import tiered
@@ -68,7 +68,7 @@ def test_without_recording_nothing_is_announced() -> None:
 @settings(max_examples=tiered(30, 300), deadline=None)
 @given(
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=12),
-    eviction=st.sampled_from(list(Eviction)),
+    eviction=st.sampled_from(BLOCK_POOL_EVICTIONS),
     resets=st.sets(st.integers(0, 11)),
 )
 def test_the_announcements_replay_to_the_registered_keys(

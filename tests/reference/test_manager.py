@@ -13,9 +13,9 @@ import pytest
 from kvcert.reference import native
 from kvcert.reference.block_pool import BYTES_PER_BLOCK, BlockPool
 from kvcert.reference.config import (
+    BLOCK_POOL_EVICTIONS,
     CacheConfig,
     DraftKeying,
-    Eviction,
     GroupConfig,
     Kind,
     MambaMode,
@@ -153,7 +153,7 @@ def test_a_pool_too_large_for_this_machine_is_refused_before_allocating():
 
 
 def test_the_per_block_estimate_bounds_what_a_pool_allocates():
-    for eviction in Eviction:
+    for eviction in BLOCK_POOL_EVICTIONS:
         tracemalloc.start()
         BlockPool(100_000, eviction, 4)
         _, peak = tracemalloc.get_traced_memory()

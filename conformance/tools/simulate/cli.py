@@ -33,7 +33,7 @@ from kvcert.conformance.tools.simulate.model import (
     group_counts,
     layout_json,
 )
-from kvcert.reference.config import CacheConfig, Eviction, Kind
+from kvcert.reference.config import BLOCK_POOL_EVICTIONS, CacheConfig, Eviction, Kind
 from kvcert.reference.planner import Objective
 from kvcert.reference.scheduling import Placement
 
@@ -163,9 +163,8 @@ def load_trace(args: argparse.Namespace) -> tuple[str, list[traces.TraceRequest]
 
 def policies_of(args: argparse.Namespace, config: CacheConfig) -> list[Policy]:
     """Every eviction x placement asked for; placements matter only with state groups."""
-    evictions = [
-        Eviction(e) for e in _listed(args.eviction, [e.value for e in Eviction], "eviction")
-    ]
+    pool = [e.value for e in BLOCK_POOL_EVICTIONS]  # replayed through KVCacheManager
+    evictions = [Eviction(e) for e in _listed(args.eviction, pool, "eviction")]
     chosen = "align,branch" if args.placement is None else args.placement
     placements = [Placement(p) for p in _listed(chosen, [p.value for p in Placement], "placement")]
     if not any(g.kind is Kind.MAMBA for g in config.groups):
