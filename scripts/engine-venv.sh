@@ -24,15 +24,18 @@ if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
   "${pip[@]}" --no-deps -r "$lock"
   echo "$stamp" > "$venv/.stamp"
 fi
-# kvcert from this checkout (its only dependency is in the lock), editable: installed again
-# only when its build inputs (pyproject.toml, the C extensions) or the checkout changed, so
+# kvcert from this checkout (its only dependency is in the lock), editable, and Hypothesis at
+# the constrained version (the shipped state machine the engine checks run): installed again
+# only when its build inputs (pyproject.toml, the C extensions, this script) or the checkout
+# changed, so
 # that runs sharing the venv at once (CI's lanes) never see it half reinstalled; the lock
 # keeps two first installs apart.
-kvcert_stamp=$( { pwd; cat pyproject.toml reference/*.c; } | sha256sum | cut -c1-16)
+kvcert_stamp=$( { pwd; cat pyproject.toml reference/*.c scripts/engine-venv.sh; } | sha256sum | cut -c1-16)
 (
   flock 9
   if [ "$(cat "$venv/.kvcert-stamp" 2>/dev/null)" != "$kvcert_stamp" ]; then
     "${pip[@]}" --no-deps -e .
+    "${pip[@]}" -c constraints.txt hypothesis
     echo "$kvcert_stamp" > "$venv/.kvcert-stamp"
   fi
 ) 9> "$venv/.install-lock"
