@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -30,7 +30,8 @@ from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference.config import CacheConfig, HashAlgorithm
 from kvcert.reference.hashing import Chain, hasher
 from kvcert.reference.manager import KVCacheManager, Scheduled
-from kvcert.spec import FullAttention, Layout, SlidingWindow, Speculative
+from kvcert.reference.radix import RadixCacheManager
+from kvcert.spec import FullAttention, Layout, SlidingWindow, Speculative, radix
 from kvcert.spec import alloc as spec
 
 LAYOUTS = {
@@ -201,18 +202,41 @@ def stream_rows(quick: bool) -> list[tuple[str, str, float, str, float]]:
         }[baseline]
         size = f"{calls} calls ({shape.requests} requests)"
         rows.append((workload, size, ref_s, baseline, best(1, stream, other, shape)))
-    return rows
+    return [*rows, radix_row(small)]
+
+
+def radix_row(shape: Shape) -> tuple[str, str, float, str, float]:
+    """The radix profile's tree (§13, one full-attention group): kvcert.reference.radix
+    against kvcert.spec.radix on the same stream, each served every call (never Waiting)
+    and making as many (tests/differential/test_radix.py holds their answers equal)."""
+    layout = Layout((FullAttention(16),))
+    length = shape.system + shape.unique + shape.decode
+    blocks = blocks_for(layout, length, shape.concurrency + 2)
+    reference = partial(RadixCacheManager, config_of(layout, blocks, "radix"))
+    config = spec.PoolConfig(layout, blocks, spec.Eviction.RADIX)
+    baseline = partial(SpecManager, config, radix.initial_state, radix.step)
+    calls = stream(reference, shape)
+    if stream(baseline, shape) != calls:
+        raise RuntimeError("the spec's radix tree disagrees with the reference's")
+    size = f"{calls} calls ({shape.requests} requests)"
+    return ("stream, radix tree", size, best(3, stream, reference, shape), "spec",
+            best(1, stream, baseline, shape))  # fmt: skip
 
 
 class SpecManager:
-    """The spec state machine behind the manager's call names (for the stream baseline)."""
+    """The spec state machine behind the manager's call names (for the stream baseline):
+    §6's block pool, or another machine given as its initial state and step (§13's tree)."""
 
-    def __init__(self, config: spec.PoolConfig) -> None:
-        self.state = spec.initial_state(config)
+    def __init__(
+        self, config: spec.PoolConfig, start: Callable[..., Any] = spec.initial_state,
+        step: Callable[..., Any] = spec.step,
+    ) -> None:  # fmt: skip
+        self.state = start(config)
+        self.step = step
 
     def _do(self, op: spec.Op) -> spec.Observation:
-        self.state, observation = spec.step(self.state, op)
-        return observation
+        self.state, observation = self.step(self.state, op)
+        return observation  # type: ignore[no-any-return]
 
     def admit(self, rid: str, tokens: list[int], budget: int) -> object:
         observation = self._do(spec.Admit(rid, tuple(tokens), budget))

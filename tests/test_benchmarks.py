@@ -23,7 +23,8 @@ def test_quick_benchmark_runs_and_reports_ratios():
     )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.endswith("x")]
-    assert len(lines) == 12
+    assert len(lines) == 13
+    assert any(line.startswith("stream, radix tree") for line in lines)
 
 
 def test_profile_names_where_the_reference_spends_its_time():
