@@ -5,14 +5,13 @@ kvcert ships: every run under the radix profile, page ids compared as lifetimes
 from __future__ import annotations
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcert.conformance.checks.stateful import machine_for
 from kvcert.conformance.engines.reference_engine import ReferenceEngine
-from kvcert.reference.errors import KVCacheError
 from kvcert.reference.radix import RadixCacheManager
-from tests.differential.test_mutants import STALE_MUTANT
+from tests.differential.test_mutants import DIVERGENCE, SEARCH, STALE_MUTANT
 from tests.tiers import tiered
 
 RADIX_PROFILES = frozenset({"eviction.radix", "visibility.step-end", "retention.dense"})
@@ -31,17 +30,8 @@ def test_the_reference_tree_matches_the_spec():
     assert RadixAgainstSpec.steps >= tiered(6_000, 150_000), RadixAgainstSpec.steps
 
 
-# Detection only, as tests/differential/test_mutants.py searches: a caught twin stops at its
-# first divergence, so the budget costs time only when one escapes.
-SEARCH = settings(
-    max_examples=2000,
-    stateful_step_count=80,
-    derandomize=True,
-    deadline=None,
-    print_blob=False,
-    phases=[Phase.generate],
-)
-DIVERGENCE = (AssertionError, KVCacheError)
+# Detection only, with tests/differential/test_mutants.py's budget: a caught twin stops at
+# its first divergence, so the budget costs time only when one escapes.
 
 
 def must_fail() -> None:
