@@ -53,14 +53,12 @@ class _Running:
     """A request the tree holds pages for."""
 
     __slots__ = (
-        "chain", "computed", "decoding", "lock", "prompt", "protected", "scheduled", "table",
-        "tokens",
+        "chain", "computed", "decoding", "lock", "protected", "scheduled", "table", "tokens",
     )  # fmt: skip
 
     def __init__(self, tokens: array[int], chain: Chain, hit: int, lock: _Node) -> None:
         self.tokens = tokens  # prompt plus the outputs appended so far
         self.chain = chain  # its page keys, digested as far as its tokens go
-        self.prompt = len(tokens)
         self.computed = hit  # tokens whose KV is written
         self.scheduled = 0  # tokens its chunk in flight computes
         self.table: list[int] = []  # its pages, in position order
