@@ -296,6 +296,8 @@ def build_serving(
     eviction_policy: str = "lru",
     lazy: bool = False,
     priority: bool = False,
+    speculative: dict[str, Any] | None = None,
+    bigram_keys: bool | None = None,
 ) -> tuple[Any, Any]:
     """(tree, request pool) as the server builds them for serving a full-attention model, or
     with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
@@ -307,7 +309,8 @@ def build_serving(
     for SWA its two-pool allocator, the SWA pool `swa_full_tokens_ratio` of the full one)
     and the tree its registry picks (the unified tree with a FULL (+ MAMBA or SWA) component
     from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache), `priority`: the server's
-    --enable-priority-scheduling. States are float32: a state's value is an exact integer."""
+    --enable-priority-scheduling, `speculative` its EAGLE flags (the tree keys bigrams unless
+    `bigram_keys` says otherwise). States are float32: a state's value is an exact integer."""
     sg = api()
     if states and extra_buffer != (overlap or page > NO_BUFFER_PAGE):
         raise Inexpressible(
@@ -319,9 +322,10 @@ def build_serving(
     chosen = "extra_buffer_lazy" if lazy else "extra_buffer" if extra_buffer else "no_buffer"
     strategy = {"mamba_radix_cache_strategy": chosen}
     flags = {"disable_overlap_schedule": not overlap, "enable_priority_scheduling": priority}
-    _server_args(sg, page, **flags, **(strategy if states else {}))
+    _server_args(sg, page, **flags, **(strategy if states else {}), **(speculative or {}))
     capacity = tokens + page
-    fields: dict[str, Any] = {"disable": False, "page_size": page}
+    fields: dict[str, Any] = {"disable": False, "page_size": page, "is_eagle": bool(speculative)}
+    fields["is_eagle"] = fields["is_eagle"] if bigram_keys is None else bigram_keys
     if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru
         fields["eviction_policy"] = eviction_policy
     if exclusive_window is not None:

@@ -59,6 +59,7 @@ def sglang() -> types.SimpleNamespace:
         mamba_track_grid=runtime.mamba_track_grid,
         get_schedule=runtime.get_schedule,
         NONE=spec.SpeculativeAlgorithm.NONE,
+        EAGLE=spec.SpeculativeAlgorithm.EAGLE,
     )
 
 
