@@ -101,6 +101,8 @@ def test_only_the_documented_causes_explain_a_lost_hit():
         places.BRANCHED,
         places.RETRACTED,
         places.RETRACTED_STATE,
+        places.BIGRAM_CAP,
+        places.BIGRAM_INSERT,
     }
     for unexplained in (places.MATCH, places.PROMPT, places.STATE_MATCH, places.SWA_MATCH,
                         places.SWA_PROMPT, places.DROPPED, places.DROPPED_STATE,
@@ -119,9 +121,11 @@ def test_ci_plays_every_broken_twin_on_a_model_it_breaks():
     played = dict(t.split(":") for t in line.split(" in ", 1)[1].split(";")[0].split())
     # a twin that needs a flag (a preemption needs --priority) is played on a line of its own
     alone = [re.search(r"--mutant ([a-z-]+) --model (\S+)", x) for x in lines]
-    played.update(m.groups() for m in alone if m and "--priority" in m.string)
+    played.update(m.groups() for m in alone if m and ("--priority" in m.string or
+                                                       "--eagle" in m.string))  # fmt: skip
     assert set(played) == set(variants.MUTANTS)
     assert played["preempt-frees-prefix"] == "full"  # any model preempts
+    assert played["eagle-plain-keys"] in ("full", "swa")  # the models EAGLE runs on
     assert set(played.values()) <= set(MODELS)
     assert played["no-state-copy"] in ("mamba", "mamba-paged")  # a state to copy
     assert played["track-final-state"] == "mamba-paged"  # only the extra buffer tracks
@@ -234,6 +238,9 @@ def test_the_headroom_fix_charges_each_running_request_its_decode_reservation():
     assert budget.swa_offset == 3 + (5 + 2) + (8 + 2)
     variants.keep_decode_headroom(adder, SimpleNamespace(reqs=[]))
     assert budget.swa_offset == 20
+    # under EAGLE a decode step's reserve is allocated at once, past the window's cap
+    variants.keep_decode_headroom(adder, SimpleNamespace(reqs=["b"]), reserve=8)
+    assert budget.swa_offset == 20 + (8 + 2) + 8
 
 
 def test_an_abort_is_explained_only_by_a_replay_of_a_window_model_without_a_fix():

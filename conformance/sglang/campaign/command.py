@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from kvcert.conformance.contract.protocol import EngineError
+from kvcert.conformance.sglang.campaign.eagle import served_with_eagle
 from kvcert.conformance.sglang.campaign.loop import Findings, Run
 from kvcert.conformance.sglang.campaign.places import (
+    BIGRAM_CAP,
+    BIGRAM_INSERT,
     BRANCHED,
     DECODED,
     FREED,
@@ -71,6 +74,8 @@ EXPLAINED = {
     BRANCHED: "sglang-swa-branch-insert",
     RETRACTED: "sglang-retract-discards",
     RETRACTED_STATE: "sglang-retract-discards",
+    BIGRAM_CAP: "sglang-eagle-bigram-cap",
+    BIGRAM_INSERT: "sglang-eagle-bigram-insert",
 }
 
 
@@ -89,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             seed, args.model, overlap=args.overlap, mixed=args.mixed_chunk, priority=args.priority
         )
         workload = dataclasses.replace(workload, lazy=args.lazy)
+        if args.eagle:
+            workload = served_with_eagle(workload)
         try:
             found = Run(workload, args.mutant, args.fix).play()
             tally.add(
@@ -140,6 +147,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="the server's --enable-priority-scheduling: requests carry priorities, the "
         "queue is ordered by them and a full batch preempts lower ones (2-4 rows)",
     )  # fmt: skip
+    parser.add_argument(
+        "--eagle", action="store_true",
+        help="the server's --speculative-algorithm EAGLE (3 steps, top-k 1, 4 draft tokens): "
+        "bigram keys, spec-v2 decode steps (full or swa, synchronous)",
+    )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(
         "--fix", choices=FIXES, help="play the fix an SGLang bug found here proposes"
@@ -151,10 +163,17 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--runs must be >= 1 and --first >= 0")
     if args.mutant == "preempt-frees-prefix" and not args.priority:
         parser.error("the twin preempt-frees-prefix breaks a preemption: add --priority")
+    if args.mutant == "eagle-plain-keys" and not args.eagle:
+        parser.error("the twin eagle-plain-keys breaks EAGLE's keys: add --eagle")
     page = 2 if args.model == "mamba-paged" else 1  # the least page the model draws
     if args.lazy and not runs_extra_buffer(args.model, page, overlap=args.overlap):
         where = "only under --overlap" if args.model in MAMBA_MODELS else "never (no Mamba state)"
         parser.error(f"--lazy varies the extra buffer, which --model {args.model} runs {where}")
+    if args.eagle:
+        try:
+            served_with_eagle(generate(0, args.model, overlap=args.overlap, mixed=args.mixed_chunk))
+        except ValueError as refused:
+            parser.error(str(refused))
     return args
 
 
@@ -263,6 +282,7 @@ class Tally:
         played += " mixed-chunk" if args.mixed_chunk else ""
         played += " lazy" if args.lazy else ""
         played += " priority" if args.priority else ""
+        played += " eagle" if args.eagle else ""
         played += "".join(f" {k} {v}" for k, v in (("mutant", args.mutant), ("fix", args.fix)) if v)
         print(
             f"sglang {version('sglang')} {args.model}{played}: "
@@ -325,6 +345,7 @@ class Tally:
             "mixed_chunk": args.mixed_chunk,
             "lazy": args.lazy,
             "priority": args.priority,
+            "eagle": args.eagle,
             "seeds": [args.first, args.first + args.runs],
             "totals": dict(self.totals),
             "lost_causes": dict(self.causes),

@@ -35,21 +35,23 @@ it.
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.conformance.sglang import unified
-from kvcert.conformance.sglang.campaign import diagnosis, steps, variants, waiting
+from kvcert.conformance.sglang.campaign import (
+    diagnosis,
+    eagle,
+    oracle,
+    steps,
+    variants,
+    waiting,
+)
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Window, identities
 from kvcert.conformance.sglang.campaign.places import (
-    MATCH,
-    STATE_MATCH,
-    Holders,
     Published,
-    Row,
 )
 from kvcert.conformance.sglang.campaign.states import States
 from kvcert.conformance.sglang.campaign.workload import (
@@ -115,6 +117,8 @@ class Run:
             workload.page, workload.pool_tokens, rows, states, self.extra_buffer,
             exclusive_window=workload.window, overlap=overlap, lazy=lazy,
             priority=workload.priority,
+            speculative=eagle.server_flags() if workload.eagle else None,
+            bigram_keys=False if self.mutant == "eagle-plain-keys" else None,  # the twin
         )  # fmt: skip
         self.policy = waiting.policy(self)
         self.hybrid = states > 0
@@ -124,7 +128,7 @@ class Run:
         self.ratio = self.sg.NewTokenRatioTracker.from_config()
         self.results = steps.result_steps(self.sg, self.tree)
         # per request row, its extra buffer's track slots (logical)
-        self._track_buffer: Any = getattr(
+        self.track_buffer: Any = getattr(
             self.requests, "req_index_to_mamba_ping_pong_track_buffer_mapping", None
         )
         self.allocator = self.tree.token_to_kv_pool_allocator
@@ -279,7 +283,7 @@ class Run:
             self.chunked = adder.add_chunked_req(self.chunked)
         # Who holds what, as the round starts: the state allocator sets slots aside for the
         # round's matches (alloc_group_begin), free until a match takes one.
-        holders = self._holders(adder.can_run_list)
+        holders = oracle.who_holds(self, adder.can_run_list)
         state_allocator = getattr(self.requests, "mamba_allocator", None)
         if state_allocator is not None:
             state_allocator.alloc_group_begin(len(self.waiting))
@@ -293,15 +297,15 @@ class Run:
             if running.batch_is_full:
                 if not waiting.preempt(self, adder, req):
                     break
-                holders = self._holders(adder.can_run_list)  # release_req evicts too
-            owed = self._owed(req, holders, self._state_slots(adder.can_run_list))
+                holders = oracle.who_holds(self, adder.can_run_list)  # release_req evicts
+            owed = oracle.owed(self, req, holders, oracle.state_slots(self, adder.can_run_list))
             req.init_next_round_input(self.tree)
             self._note_branch(req)
             result = adder.add_one_req(req, has_chunked_req=self.chunked is not None,
                                        truncation_align_size=None)  # fmt: skip
             added = bool(adder.can_run_list) and req is adder.can_run_list[-1]
             if added:
-                self._judge(req, owed, holders)
+                oracle.judge(self, req, owed, holders)
             if result != sg.AddReqResult.CONTINUE:
                 if result == sg.AddReqResult.NO_TOKEN:
                     running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
@@ -322,7 +326,7 @@ class Run:
             self.chunked.inflight_middle_chunks += 1
         batch = sg.ScheduleBatch.init_new(
             admitted, self.requests, self.allocator, self.tree, self.model, self.overlap,
-            sg.NONE, chunked_req=self.chunked,
+            sg.EAGLE if self.workload.eagle else sg.NONE, chunked_req=self.chunked,
         )  # fmt: skip
         batch.prepare_for_extend()
         batch.decoding_reqs = None
@@ -375,7 +379,8 @@ class Run:
             max_running_requests=self.workload.rows,
         )
         if self.fix == "swa-decode-headroom":
-            variants.keep_decode_headroom(adder, self.running)
+            reserve = eagle.reserve() if self.workload.eagle else 0
+            variants.keep_decode_headroom(adder, self.running, reserve)
         if self.fix == "single-chunked-request":
             variants.refuse_second_chunk(adder, self.sg.AddReqResult.OTHER)
         if self.fix == "mixed-chunk-page-align":
@@ -444,19 +449,19 @@ class Run:
         its running state and what its extra buffer's track slots hold (checkpoints the
         tree has not adopted yet)."""
         length = len(self._tokens(req))
-        row = self._row(req, length)[req.kv.cache_protected_len :]
+        row = self.row(req, length)[req.kv.cache_protected_len :]
         kv = {self.ledger.content[s] for s in row if s in self.ledger.content}
         if not self.hybrid:
             return kv, set()
         slots = {self.states.slot(req)}
         if self.extra_buffer:
-            slots |= self.states.physical(self._track_buffer[req.kv.req_pool_idx])
+            slots |= self.states.physical(self.track_buffer[req.kv.req_pool_idx])
         values = self.states.values()
         return kv, {int(values[slot]) for slot in slots}
 
     # --- the pass and its result ------------------------------------------------------------
 
-    def _row(self, req: Any, end: int) -> list[int]:
+    def row(self, req: Any, end: int) -> list[int]:
         table = self.requests.req_to_token[req.kv.req_pool_idx]
         return [int(s) for s in table[:end].tolist()]
 
@@ -465,8 +470,11 @@ class Run:
         after start - 1), writes start..end-1 (and the state after end - 1). Its KV serves
         a hit once its step has ended: at once synchronously, after the next step's
         scheduling under overlap (its result is processed then)."""
-        idents = identities(tokens[:end])
-        row = self._row(req, end)
+        if self.workload.eagle:  # the draft layer's KV at end - 1 reads the token after it
+            idents = eagle.slot_identities(eagle.with_next(tokens, end))[:end]
+        else:
+            idents = identities(tokens[:end])
+        row = self.row(req, end)
         for p in self.ledger.unsound(row[:start], idents[:start]):
             self.findings.unsound.append(
                 f"step {self.step}: {req.rid} read position {p} from slot {row[p]}, which does "
@@ -491,7 +499,7 @@ class Run:
         """The step whose end the pass launched now ends with (the ledger's write step)."""
         return self.step + 1 if self.overlap else self.step
 
-    def _swa_slots(self, row: list[int]) -> list[int]:
+    def swa_slots(self, row: list[int]) -> list[int]:
         """The SWA slots SGLang maps the full-attention slots of `row` to (0: released)."""
         mapping = self.allocator.full_to_swa_index_mapping
         return [int(mapping[slot]) for slot in row]
@@ -504,7 +512,7 @@ class Run:
         positions' SWA slots."""
         start, end = span.start, span.stop
         first = max(0, start - (window.size - 1))
-        swa = self._swa_slots(row[first:end])
+        swa = self.swa_slots(row[first:end])
         for p in window.ledger.unsound(swa[: start - first], idents[first:start]):
             self.findings.unsound.append(
                 f"step {self.step}: {req.rid} read position {first + p} from SWA slot "
@@ -534,6 +542,8 @@ class Run:
             if self.extra_buffer:
                 self._track_prefill(batch)
             return
+        if self.workload.eagle:
+            return eagle.verify(self, batch)
         for i, req in enumerate(batch.reqs):
             tokens = self._tokens(req)
             if len(tokens) != int(batch.seq_lens_cpu[i]):
@@ -578,6 +588,8 @@ class Run:
         """BatchResultProcessor's result step for a batch whose pass was launched."""
         if batch.forward_mode.is_extend():
             self._process_prefill(batch)
+        elif self.workload.eagle:
+            eagle.commit(self, batch)
         else:
             self._process_decode(batch)
 
@@ -612,7 +624,7 @@ class Run:
                 continue
             req.output_ids.append(self._committed(req))
             req.update_finish_state(1)
-            shared = self._row(req, req.kv.cache_protected_len) if req.finished() else []
+            shared = self.row(req, req.kv.cache_protected_len) if req.finished() else []
             self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
             self._note_adopted()
             if req.finished():
@@ -656,8 +668,10 @@ class Run:
 
     def _release(self, req: Any) -> None:
         """release_kv_cache for a request that finished in a prefill pass."""
-        shared = self._row(req, req.kv.cache_protected_len)
+        shared = self.row(req, req.kv.cache_protected_len)
+        last = eagle.last_owned(self, req) if self.workload.eagle else []
         self.sg.release_kv_cache(req, self.tree, checkpoint=True)
+        eagle.note_dropped(self, last)
         self._note_adopted()
         self._released(req, shared)
 
@@ -680,118 +694,3 @@ class Run:
             # the broken twin: the slots of the prefix the tree lent it freed as well
             torch = unified.api().torch
             self.allocator.free(torch.tensor(shared, dtype=torch.int64))
-
-    # --- the oracle ---------------------------------------------------------------------------
-
-    def _owed(self, req: Any, holders: Holders, taken: set[int]) -> Any:
-        """What the request is owed before its lookup (which may take a state slot). The
-        state slots the round's earlier matches `taken` were handed out for other content:
-        what they held is evicted, whatever the round-start view says."""
-        tokens = list(req.origin_input_ids) + list(req.output_ids)
-        if not self.hybrid:
-            return self.ledger.owed(identities(tokens), self.step, window=self.window)
-        handed = set(taken)
-        if self.extra_buffer:
-            # the extra buffer's profile: only the states it checkpoints (into its track
-            # slots) are cached; a request's running state is not one, running or freed
-            handed |= holders.running_states | holders.track_slots
-        present = {v for i, v in enumerate(holders.states) if i not in handed}
-        if self.extra_buffer:
-            present &= self.checkpointed
-        return self.ledger.owed(
-            identities(tokens), self.step, present.__contains__, window=self.window
-        )
-
-    def _state_slots(self, requests: list[Any]) -> set[int]:
-        """The physical state slots these requests hold (none without a state pool)."""
-        if not self.hybrid:
-            return set()
-        return {self.states.slot(r) for r in requests if r.kv.mamba_pool_idx is not None}
-
-    def _holders(self, scheduled: list[Any]) -> Holders:
-        """Who holds which slots: the running requests, the chunked one and those already
-        `scheduled` this round (a chunked request whose last chunk was just added)."""
-        rows = []
-        running_states: set[int] = set()
-        prompt_states: set[int] = set()
-        track_slots: set[int] = set()
-        states = self.states.values().tolist() if self.hybrid else []
-        chunked = [self.chunked] if self.chunked is not None else []
-        for req in {id(r): r for r in self.running.reqs + chunked + scheduled}.values():
-            if req.kv.req_pool_idx is not None:
-                row = self._row(req, len(req.origin_input_ids) + len(req.output_ids))
-                branched = id(req) in self.branched
-                rows.append(
-                    Row(row, len(req.origin_input_ids), branched, req.kv.cache_protected_len)
-                )
-                if self.extra_buffer:
-                    track_slots |= self.states.physical(self._track_buffer[req.kv.req_pool_idx])
-            if self.hybrid and req.kv.mamba_pool_idx is not None:
-                slot = self.states.slot(req)
-                running_states.add(slot)
-                prompt = identities(list(req.origin_input_ids))
-                if states[slot] in {self.ledger.state_id(i) for i in prompt}:
-                    prompt_states.add(states[slot])
-        # the allocator's free pages (token slots at page 1), and those freed but not merged
-        free = [self.allocator.free_pages, getattr(self.allocator, "release_pages", None)]
-        free_pages = {int(x) for pages in free if pages is not None for x in pages.tolist()}
-        holders = Holders(
-            {int(x) for x in self.tree.all_values_flatten().tolist()}, rows, free_pages
-        )
-        holders.content = self.ledger.content
-        holders.published = self.published
-        if self.window is not None:
-            swa = self.allocator.swa_attn_allocator
-            free = [swa.free_pages, getattr(swa, "release_pages", None)]
-            holders.window_rows = [
-                dataclasses.replace(r, slots=self._swa_slots(r.slots)) for r in rows
-            ]
-            holders.window_free = {
-                int(x) for pages in free if pages is not None for x in pages.tolist()
-            }
-        if self.hybrid:
-            holders.states = states
-            holders.running_states = running_states
-            holders.prompt_states = prompt_states
-            holders.free_states = self.states.physical(self.requests.mamba_allocator.free_slots)
-            # a running request's track slots the tree has not adopted await its
-            # checkpoints: handed out, whatever they held before
-            holders.track_slots = track_slots - self.states.physical(
-                self.tree.all_mamba_values_flatten()
-            )
-        return holders
-
-    def _judge(self, req: Any, owed: Any, holders: Holders) -> None:
-        """Compare the match an admitted request was served with what it was owed."""
-        if id(req) in self.judged:
-            return
-        self.judged.add(id(req))
-        served = unified.matched_length(req)
-        count = len(req.origin_input_ids) + len(req.output_ids)
-        f = self.findings
-        f.admissions += 1
-        f.owed_tokens += owed.length
-        f.served_tokens += min(served, owed.length)
-        # under overlap SGLang publishes a middle chunk at the next scheduling, before its
-        # step's result is processed: sound (the stream runs passes in order), not owed
-        f.served_early += max(0, served - owed.length)
-        if served >= owed.length:
-            return
-        page = self.workload.page
-        lost_pages = owed.pages[served // page :]
-        cause = STATE_MATCH
-        if self.hybrid:  # the hit ends at its state: where that state is comes first
-            tokens = list(req.origin_input_ids) + list(req.output_ids)
-            owed_state = self.ledger.state_id(identities(tokens[: owed.length])[-1])
-            cause = holders.state(owed_state, running_owed=not self.extra_buffer)
-        if cause == STATE_MATCH:
-            cause = holders.page(lost_pages[0], page) if lost_pages else cause
-        if cause in (MATCH, STATE_MATCH) and self.window is not None:
-            # the full prefix is in the tree: the window the owed hit reads is where it lacks
-            cause = holders.window(owed.window_pages.values(), page)
-        f.lost_causes[cause] = f.lost_causes.get(cause, 0) + 1
-        f.lost.append(
-            f"step {self.step}: {req.rid} ({count} tokens) lost a hit: owed {owed.length} "
-            f"tokens, served {served}; page {served // page} is held as physical page "
-            f"{lost_pages[0] if lost_pages else '-'}, {cause}"
-        )

@@ -36,6 +36,13 @@ BRANCHED = (
     "prefill stopped there)"
 )
 SWA_DECODED = "the SWA of a running request's decoded tokens (published when it finishes)"
+# Under EAGLE (campaign.eagle) SGLang keys its tree by bigrams: a key over n tokens covers
+# n - 1 positions, one page short at page multiples, on both sides of the tree.
+BIGRAM_CAP = "past the hit of the request's first n - 1 tokens, where SGLang's match stops"
+BIGRAM_INSERT = (
+    "KV an insert's bigrams left out (the page just past a running request's insert, or "
+    "the last position a finished request computed)"
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class Published:
     states: set[int] = field(default_factory=set)
     retracted_kv: set[bytes] = field(default_factory=set)
     retracted_states: set[int] = field(default_factory=set)
+    bigram_dropped: set[bytes] = field(default_factory=set)  # EAGLE: freed at a finish
 
 
 @dataclass
@@ -83,6 +91,7 @@ class Holders:
     published: Published = field(default_factory=Published)
     window_rows: list[Row] = field(default_factory=list)  # the same rows' SWA slots
     window_free: set[int] = field(default_factory=set)  # the SWA allocator's free pages
+    eagle: bool = False  # the tree keys bigrams (BIGRAM_INSERT)
 
     def page(self, physical: int, size: int) -> str:
         first = physical * size
@@ -90,12 +99,14 @@ class Holders:
             return MATCH
         for row in self.rows:
             if first in row.slots:
-                return row.holding(row.slots.index(first) + size, DECODED, PROMPT)
+                return self._in_row(row, row.slots.index(first), size, DECODED, PROMPT)
         if physical not in self.free_pages:
             return MATCH
         ident = self.content.get(first)
         if ident in self.published.kv:
             return FREED
+        if ident in self.published.bigram_dropped:
+            return BIGRAM_INSERT
         return RETRACTED if ident in self.published.retracted_kv else DROPPED
 
     def window(self, physicals: Iterable[int], size: int) -> str:
@@ -106,9 +117,16 @@ class Holders:
                 return SWA_FREED
             for row in self.window_rows:
                 if physical * size in row.slots[row.protected :]:
-                    end = row.slots.index(physical * size, row.protected) + size
-                    return row.holding(end, SWA_DECODED, SWA_PROMPT)
+                    index = row.slots.index(physical * size, row.protected)
+                    return self._in_row(row, index, size, SWA_DECODED, SWA_PROMPT)
         return SWA_MATCH
+
+    def _in_row(self, row: Row, index: int, size: int, if_decoded: str, if_prompt: str) -> str:
+        """Where the page at `index` of a running request's row lies; under EAGLE the
+        prompt page just past its insert is the one the insert's bigrams left out."""
+        if self.eagle and index == row.protected and index + size <= row.prompt:
+            return BIGRAM_INSERT
+        return row.holding(index + size, if_decoded, if_prompt)
 
     def state(self, state: int, *, running_owed: bool = True) -> str:
         """Where the owed state was: a running request's slot (only where the profile owes

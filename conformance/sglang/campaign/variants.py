@@ -19,6 +19,7 @@ MUTANTS = (
     "swa-window-short",
     "swa-branch-ignores-state",
     "preempt-frees-prefix",
+    "eagle-plain-keys",
 )
 # sglang-swa-decode-headroom (checks.swa_decode_abort): the SWA prefill budget keeps each
 # running request's decode headroom, as the full-attention budget does;
@@ -62,15 +63,17 @@ def branch_without_state(tree: Any, swa_component: Any) -> None:
     swa_component.prepare_for_caching_req = ignoring_state
 
 
-def keep_decode_headroom(adder: Any, running: Any) -> None:
+def keep_decode_headroom(adder: Any, running: Any, reserve: int = 0) -> None:
     """The fix swa-decode-headroom: charge the round's SWA budget with what SGLang reserves
     for a request's remaining decode when it admits one (`swa_tokens(0, remaining)`, the
     headroom `_chunk_cap` uses too) for every running request. SGLang charges the
     full-attention budget with its running requests (`total_offset`) but starts the SWA
-    offset at 0, so a prefill may take the slots their next decode steps need."""
+    offset at 0, so a prefill may take the slots their next decode steps need. Under
+    speculative decoding a step allocates `reserve` slots past the committed KV at once,
+    beyond what the window keeps, so the headroom holds them as well."""
     budget = adder.memory_budget
     for req in running.reqs:
-        budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req))
+        budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req)) + reserve
 
 
 def refuse_second_chunk(adder: Any, refused: Any) -> None:

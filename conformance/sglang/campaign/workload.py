@@ -91,6 +91,8 @@ class Workload:
     # --enable-priority-scheduling: the waiting queue ordered by priority, and a waiting
     # request preempting running ones of lower priority when the batch is full
     priority: bool = False
+    # --speculative-algorithm EAGLE (campaign.eagle): bigram keys, spec-v2 decode steps
+    eagle: bool = False
 
 
 def runs_extra_buffer(model: str, page: int, *, overlap: bool) -> bool:
@@ -172,13 +174,18 @@ def _draw(seed: int, rng: random.Random, model: str, *, overlap: bool, mixed: bo
         )  # fmt: skip
     window = rng.choice(WINDOWS)
     interval = rng.choice(SWA_INTERVALS)
-    # the SWA pool, a share of the full one, must hold what a running request keeps (its
-    # window, the interval, a page) beside the prefill admission floor
-    pool_tokens = max(pool_tokens, _round_up(2 * (window + interval + 2 * page), page))
+    pool_tokens = max(pool_tokens, swa_floor(window, interval, page))
     return Workload(
         seed, page, pool_tokens, chunk, budget, tuple(arrivals), model, window, interval,
         overlap, mixed,
     )  # fmt: skip
+
+
+def swa_floor(window: int, interval: int, page: int, reserve: int = 0) -> int:
+    """The least pool of an SWA model: the SWA pool, a share of the full one, must hold what
+    a running request keeps (its window, the interval, a page, and under speculative
+    decoding a decode step's `reserve`) beside the prefill admission floor."""
+    return _round_up(2 * (window + interval + 2 * page + reserve), page)
 
 
 def _round_up(value: int, page: int) -> int:

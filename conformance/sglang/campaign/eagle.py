@@ -1,0 +1,191 @@
+"""EAGLE in the SGLang campaign: the server's flags, the KV a position's slot holds, and
+the verify pass of a decode step.
+
+Under EAGLE a token slot holds two layers' KV: the target model's, computed from the tokens
+up to its position, and the draft layer's, computed from the target's hidden state there and
+the token after it. So the slot of position p is reusable only by a request that agrees on
+tokens 0..p+1: the spec's `exact` profile with draft reach 1, and why SGLang keys its tree by
+bigrams. A request's last position has no such KV yet (its next token is unknown):
+
+    tokens     t0   t1   t2   t3          (a request of 4 tokens)
+    position   0    1    2    3
+    identity   t0t1 ..t2 ..t3 unseen      (the digest of tokens 0..p+1)
+
+A decode step is SGLang's spec-v2 step: `prepare_for_decode` runs SGLang's own
+`eagle_prepare_for_decode` (it keeps `get_alloc_reserve_per_decode` slots allocated past
+the committed KV); the verify pass computes the request's last token and DRAFT_TOKENS - 1
+drafts, of which the workload accepts a number drawn from the tokens, and SGLang's result
+step commits the accepted drafts and the bonus token. The rest of the allocation holds KV
+no request may read (RESERVED). The token arithmetic is engine-free: tests drive it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import types
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvcert.conformance.sglang.campaign.ledger import Owed, identities
+from kvcert.conformance.sglang.campaign.workload import (
+    MAMBA_MODELS,
+    Workload,
+    next_token,
+    swa_floor,
+)
+
+if TYPE_CHECKING:
+    from kvcert.conformance.sglang.campaign.loop import Run
+
+# --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4:
+# a chain of three drafts, the verify pass computing four positions.
+STEPS, TOPK, DRAFT_TOKENS = 3, 1, 4
+# The identity of a position whose next token is not known: no slot is ever written with it.
+UNSEEN = b"kvcert.sglang.eagle: the draft layer waits for the next token"
+# What the slots past a request's verified KV hold, up to its allocation (the decode step's
+# reserve): a rejected draft's KV, the draft layer's guesses, or nothing yet. Handed out to
+# the request, so no lookup is owed what they held before.
+RESERVED = b"kvcert.sglang.eagle: a decode step's reserve"
+
+
+def server_flags() -> dict[str, object]:
+    """The server arguments of an EAGLE deployment (its draft model is never loaded)."""
+    return {
+        "speculative_algorithm": "EAGLE",
+        "speculative_draft_model_path": "dummy",
+        "speculative_num_steps": STEPS,
+        "speculative_eagle_topk": TOPK,
+        "speculative_num_draft_tokens": DRAFT_TOKENS,
+    }
+
+
+def slot_identities(tokens: Sequence[int]) -> list[bytes]:
+    """Per position of `tokens`, the identity of the KV its slot must hold: that of the
+    tokens up to the next one (the target's and the draft layer's); UNSEEN for the last."""
+    return [*identities(tokens)[1:], UNSEEN]
+
+
+def with_next(tokens: Sequence[int], end: int) -> list[int]:
+    """The first `end` tokens and the one after them: the prompt's next token, or the one a
+    pass ending at `end` samples (the draft layer's KV at `end - 1` is computed from it)."""
+    following = tokens[end] if end < len(tokens) else next_token(list(tokens[:end]))
+    return [*tokens[:end], following]
+
+
+def accepted(tokens: Sequence[int]) -> int:
+    """How many of a verify pass's DRAFT_TOKENS - 1 drafts are accepted, for a request of
+    these tokens: drawn from them, so a workload replays exactly."""
+    digest = hashlib.sha256(repr(tuple(tokens)).encode()).digest()
+    return digest[0] % DRAFT_TOKENS
+
+
+def verified(tokens: Sequence[int]) -> list[int]:
+    """The tokens a verify pass commits: the accepted drafts, then the bonus token."""
+    run = list(tokens)
+    for _ in range(accepted(tokens) + 1):
+        run.append(next_token(run))
+    return run[len(tokens) :]
+
+
+def capped(run: Run, tokens: Sequence[int]) -> Owed:
+    """The most SGLang's match can serve a request of these tokens: the spec's hit for its
+    first n - 1 tokens, as SGLang caps the lookup at n - 1 raw tokens, which hold n - 2
+    bigrams (one page short where n - 1 is a page multiple; under a sliding window, back to
+    where the window before that end is held)."""
+    return run.ledger.owed(slot_identities(tokens[:-1]), run.step, window=run.window)
+
+
+def reserve() -> int:
+    """The slots a decode step keeps allocated past a request's committed KV: SGLang's
+    `get_alloc_reserve_per_decode` for these flags (twice a step's drafts or verified
+    positions, whichever is more)."""
+    return 2 * max(STEPS * TOPK, DRAFT_TOKENS)
+
+
+def served_with_eagle(workload: Workload) -> Workload:
+    """The workload under EAGLE: the same requests, a pool larger by a decode step's
+    reserve (rounded to pages), so that the longest request still fits alone, and for an
+    SWA model at least the SWA floor with the reserve kept."""
+    if workload.model in MAMBA_MODELS:
+        raise ValueError(
+            f"--eagle with --model {workload.model}: the campaign does not drive EAGLE's "
+            "per-draft Mamba states (choose full or swa)"
+        )
+    if workload.overlap:
+        raise ValueError(
+            "--eagle with --overlap: the campaign plays EAGLE's decode steps synchronously "
+            "only (spec v2's overlapped commit lags a step)"
+        )
+    if workload.mixed:
+        raise ValueError(
+            "--eagle with --mixed-chunk: SGLang turns mixed chunked prefill off under "
+            "speculative decoding (arg_groups/speculative_hook.py)"
+        )
+    page = workload.page
+    pool = workload.pool_tokens + -(-reserve() // page) * page
+    if workload.window is not None:
+        pool = max(pool, swa_floor(workload.window, workload.swa_interval, page, reserve()))
+    return dataclasses.replace(workload, eagle=True, pool_tokens=pool)
+
+
+def verify(run: Run, batch: Any) -> None:
+    """A decode step's verify pass: per request, its last token and the drafts, computed
+    into the slots SGLang's `eagle_prepare_for_decode` allocated. The accepted positions
+    hold their KV, the rest of the allocation RESERVED; the committed run waits for the
+    result step (`commit`)."""
+    for req in batch.reqs:
+        tokens = run._tokens(req)
+        committed = int(req.kv.kv_committed_len)
+        if committed != len(tokens) - 1:
+            raise RuntimeError(
+                f"the loop lost track of {req.rid}: {len(tokens)} tokens, SGLang's committed "
+                f"KV {committed} (the last token's KV is computed by the next verify pass)"
+            )
+        run_ = verified(tokens)
+        end = committed + len(run_)
+        run._read_and_write(req, committed, end, tokens + run_)
+        slots = run.row(req, int(req.kv.kv_allocated_len))[end:]
+        run.ledger.write(slots, [RESERVED] * len(slots), run._ends())
+        if run.window is not None:
+            swa = run.swa_slots(slots)
+            run.window.ledger.write(swa, [RESERVED] * len(swa), run._ends())
+        run.sampled[id(req)] = run_
+
+
+def commit(run: Run, batch: Any) -> None:
+    """process_batch_result_decode under spec v2: `_resolve_spec_v2_tokens` commits each
+    request's verified run to its KV, then SGLang's own per-request step (the release of a
+    finished request) runs."""
+    runs = [run.sampled.pop(id(req)) for req in batch.reqs]
+    outcome = types.SimpleNamespace(
+        num_correct_drafts_per_req_cpu=[len(r) - 1 for r in runs], grammar_retained_tokens=None
+    )
+    for i, (req, run_) in enumerate(zip(batch.reqs, runs, strict=True)):
+        req.kv.kv_committed_len += len(run_)
+        req.output_ids.extend(run_)
+        req.update_finish_state(len(run_))
+        shared = run.row(req, req.kv.cache_protected_len) if req.finished() else []
+        last = last_owned(run, req) if req.finished() else []
+        run.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
+        run._note_adopted()
+        if req.finished():
+            note_dropped(run, last)
+            run._released(req, shared)
+
+
+def last_owned(run: Run, req: Any) -> list[tuple[int, bytes]]:
+    """The slots and KV of a finishing request's last owned page (`owned_kv_len`, partial
+    or whole): the release's insert keys the bigrams of the owned tokens, a position fewer,
+    so at a page multiple it leaves that whole page out."""
+    owned, page = int(req.owned_kv_len()), run.workload.page
+    first = max(0, owned - 1) // page * page
+    row = run.row(req, owned)
+    content = run.ledger.content
+    return [(slot, content[slot]) for slot in row[first:owned] if slot in content]
+
+
+def note_dropped(run: Run, last: list[tuple[int, bytes]]) -> None:
+    """After the release: the last owned page's KV the tree did not take."""
+    in_tree = set(run.tree.all_values_flatten().tolist())
+    run.published.bigram_dropped.update(ident for slot, ident in last if slot not in in_tree)
