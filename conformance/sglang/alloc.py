@@ -2,7 +2,7 @@
 
 SGLang's tree is held to the spec's radix profile (§13, `eviction.radix`). One alloc case is
 one tree and pools as the server builds them for a full-attention model
-(`unified.build_serving`); each operation is what the scheduler does for one request:
+(`serving.build_serving`); each operation is what the scheduler does for one request:
 
     admit        Req.init_next_round_input (the lookup), the adder's commit (extend_end,
                  tree.lock), ScheduleBatch.init_new + prepare_for_extend (evicting)
@@ -35,7 +35,7 @@ from typing import Any, ClassVar, TypeGuard
 
 from kvcert.conformance.contract.codec import JSON
 from kvcert.conformance.contract.protocol import EngineError
-from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang import serving, unified
 from kvcert.conformance.sglang.campaign import steps
 from kvcert.conformance.sglang.request_steps import (
     RequestKeys,
@@ -103,7 +103,7 @@ class Session:
         # build_serving adds a page to the slots it is given: the pool then hands out
         # num_blocks - 1 pages, ids 1.., as the spec's pool does (its block 0 is the null one)
         tokens = (self.num_blocks - 2) * self.page
-        self.tree, self.requests = unified.build_serving(
+        self.tree, self.requests = serving.build_serving(
             self.page, tokens, ROWS, eviction_policy=self.eviction_policy
         )
         self.allocator = self.tree.token_to_kv_pool_allocator

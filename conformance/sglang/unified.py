@@ -162,7 +162,7 @@ def api() -> types.SimpleNamespace:
     )
 
 
-def _server_args(sg: types.SimpleNamespace, page: int, **chosen: Any) -> None:
+def server_args(sg: types.SimpleNamespace, page: int, **chosen: Any) -> None:
     """Publish the scheduler's server arguments: SGLang's defaults but the page size (and
     what `chosen` sets, the way a command-line flag does).
 
@@ -184,11 +184,11 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
         raise Inexpressible(
             "this release's server builds SWARadixCache for an SWA + Mamba model: no state"
         )
-    _server_args(sg, shape.page)
+    server_args(sg, shape.page)
     capacity = tokens + shape.page
     extra_buffer = shape.state_grid is not None and shape.page > NO_BUFFER_PAGE
     if shape.state_grid is not None:
-        requests = _hybrid_request_pool(
+        requests = hybrid_request_pool(
             sg,
             rows=STATE_SLOTS_PER_REQUEST,
             states=states + STATE_SLOTS_PER_REQUEST * STATE_SLOTS_PER_REQUEST,
@@ -199,13 +199,13 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
     else:
         requests = _request_pool(sg, capacity)
     if shape.exclusive_window is not None:
-        allocator = _swa_allocator(sg, capacity, capacity, shape.page)
+        allocator = swa_allocator(sg, capacity, capacity, shape.page)
     else:
         if shape.state_grid is not None:
-            pool = _hybrid_attention_pool(sg, capacity, shape.page, requests)
+            pool = hybrid_attention_pool(sg, capacity, shape.page, requests)
         else:
-            pool = _attention_pool(sg, capacity, shape.page)
-        allocator = _token_allocator(sg, capacity, pool)
+            pool = attention_pool(sg, capacity, shape.page)
+        allocator = token_allocator(sg, capacity, pool)
     fields = {
         "disable": False,
         "req_to_token_pool": requests,
@@ -233,7 +233,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
     return tree_class(params), requests
 
 
-def _hybrid_request_pool(
+def hybrid_request_pool(
     sg: types.SimpleNamespace,
     *,
     rows: int,
@@ -284,133 +284,7 @@ def _hybrid_request_pool(
     )
 
 
-def build_serving(
-    page: int,
-    tokens: int,
-    rows: int,
-    states: int = 0,
-    extra_buffer: bool = False,
-    *,
-    exclusive_window: int | None = None,
-    overlap: bool = False,
-    eviction_policy: str = "lru",
-    lazy: bool = False,
-    priority: bool = False,
-    speculative: dict[str, Any] | None = None,
-    bigram_keys: bool | None = None,
-) -> tuple[Any, Any]:
-    """(tree, request pool) as the server builds them for serving a full-attention model, or
-    with `states` > 0 a full-attention + Mamba hybrid under the strategy SGLang's `auto`
-    resolves to (synchronously: no buffer at page 1, the extra buffer above; under
-    `overlap` scheduling, the extra buffer),
-    or with `exclusive_window` a full-attention + sliding-window hybrid (SGLang's
-    `sliding_window_size`, W - 1): `rows` request rows, `tokens` KV slots besides the
-    padding page, the allocator its configurator picks (token slots at page 1, pages above;
-    for SWA its two-pool allocator, the SWA pool `swa_full_tokens_ratio` of the full one)
-    and the tree its registry picks (the unified tree with a FULL (+ MAMBA or SWA) component
-    from 0.5.19, else RadixCache / MambaRadixCache / SWARadixCache), `priority`: the server's
-    --enable-priority-scheduling, `speculative` its EAGLE flags (the tree keys bigrams unless
-    `bigram_keys` says otherwise). States are float32: a state's value is an exact integer."""
-    sg = api()
-    if states and extra_buffer != (overlap or page > NO_BUFFER_PAGE):
-        raise Inexpressible(
-            "SGLang's `auto` strategy runs a Mamba hybrid without the extra buffer only at "
-            "page 1 and without overlap scheduling"
-        )
-    if lazy and not extra_buffer:
-        raise Inexpressible("the lazy strategy is a variant of the extra buffer")
-    chosen = "extra_buffer_lazy" if lazy else "extra_buffer" if extra_buffer else "no_buffer"
-    strategy = {"mamba_radix_cache_strategy": chosen}
-    flags = {"disable_overlap_schedule": not overlap, "enable_priority_scheduling": priority}
-    _server_args(sg, page, **flags, **(strategy if states else {}), **(speculative or {}))
-    capacity = tokens + page
-    fields: dict[str, Any] = {"disable": False, "page_size": page, "is_eagle": bool(speculative)}
-    fields["is_eagle"] = fields["is_eagle"] if bigram_keys is None else bigram_keys
-    if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru
-        fields["eviction_policy"] = eviction_policy
-    if exclusive_window is not None:
-        return _swa_serving(
-            sg, fields, capacity, rows, exclusive_window, states=states,
-            extra_buffer=extra_buffer, overlap=overlap, lazy=lazy,
-        )  # fmt: skip
-    if states:
-        requests = _hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy,
-        )  # fmt: skip
-        pool = _hybrid_attention_pool(sg, capacity, page, requests)
-        fields["enable_mamba_extra_buffer"] = extra_buffer
-        if lazy:
-            fields["enable_mamba_extra_buffer_lazy"] = True
-    else:
-        requests = sg.ReqToTokenPool(
-            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-        )
-        pool = _attention_pool(sg, capacity, page)
-    if page == 1:
-        allocator = _token_allocator(sg, capacity, pool)
-    else:
-        allocator = sg.PagedTokenToKVPoolAllocator(
-            size=capacity, page_size=page, dtype=sg.torch.float16, device="cpu", kvcache=pool,
-            need_sort=False,
-        )  # fmt: skip
-    fields["req_to_token_pool"] = requests
-    fields["token_to_kv_pool_allocator"] = allocator
-    if sg.unified_by_default:
-        components = (sg.ComponentType.FULL,) + ((sg.ComponentType.MAMBA,) if states else ())
-        fields["tree_components"] = components
-        tree_class = sg.UnifiedRadixCache
-    else:
-        tree_class = sg.MambaRadixCache if states else sg.RadixCache
-    return tree_class(sg.CacheInitParams(**fields)), requests
-
-
-def _swa_serving(
-    sg: types.SimpleNamespace,
-    fields: dict[str, Any],
-    capacity: int,
-    rows: int,
-    window: int,
-    *,
-    states: int,
-    extra_buffer: bool = False,
-    overlap: bool = False,
-    lazy: bool = False,
-) -> tuple[Any, Any]:
-    """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, under
-    the strategy build_serving resolved): the full pool of `capacity` slots, the SWA pool
-    the configurator sizes (`swa_full_tokens_ratio` of it, whole pages), which it refuses
-    below the prefill admission floor (window + page)."""
-    page = fields["page_size"]
-    ratio = _swa_full_tokens_ratio(sg)
-    swa = int(capacity * ratio) // page * page
-    if window + page >= swa:
-        raise Inexpressible(f"an SWA pool of {swa} slots admits no request (window {window})")
-    fields["token_to_kv_pool_allocator"] = _swa_allocator(sg, capacity, swa, page)
-    if states:
-        if not sg.unified_by_default:
-            raise Inexpressible("this release's server builds SWARadixCache: no state")
-        requests = _hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy,
-        )  # fmt: skip
-        fields["enable_mamba_extra_buffer"] = extra_buffer
-        if lazy:
-            fields["enable_mamba_extra_buffer_lazy"] = True
-    else:
-        requests = sg.ReqToTokenPool(
-            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-        )
-    fields["req_to_token_pool"] = requests
-    fields["sliding_window_size"] = window
-    if sg.unified_by_default:
-        components = (sg.ComponentType.FULL, sg.ComponentType.SWA)
-        fields["tree_components"] = components + ((sg.ComponentType.MAMBA,) if states else ())
-        return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
-    return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
-
-
-def _swa_allocator(sg: types.SimpleNamespace, capacity: int, swa: int, page: int) -> Any:
+def swa_allocator(sg: types.SimpleNamespace, capacity: int, swa: int, page: int) -> Any:
     """The two-pool allocator over one tiny SWA layer and one full-attention layer:
     `capacity` full-attention slots, `swa` SWA slots."""
     pool = _on_cpu(
@@ -431,7 +305,7 @@ def _swa_allocator(sg: types.SimpleNamespace, capacity: int, swa: int, page: int
     )  # fmt: skip
 
 
-def _swa_full_tokens_ratio(sg: types.SimpleNamespace) -> float:
+def swa_full_tokens_ratio(sg: types.SimpleNamespace) -> float:
     """The published server arguments' SWA / full pool ratio, as the configurator reads it
     (0.5.23's runtime context resolves the unset default; earlier releases hold it)."""
     try:
@@ -448,10 +322,10 @@ def build_pure_swa(page: int, exclusive_window: int, tokens: int) -> tuple[Any, 
     sg = api()
     if sg.PureSWARadixCache is None:
         raise Inexpressible("this release has no tree for an all-SWA model (PureSWARadixCache)")
-    _server_args(sg, page)
+    server_args(sg, page)
     capacity = tokens + page
     requests = _request_pool(sg, capacity)
-    allocator = _token_allocator(sg, capacity, _attention_pool(sg, capacity, page))
+    allocator = token_allocator(sg, capacity, attention_pool(sg, capacity, page))
     params = sg.CacheInitParams(
         disable=False,
         req_to_token_pool=requests,
@@ -472,14 +346,14 @@ def _request_pool(sg: types.SimpleNamespace, capacity: int) -> Any:
     )
 
 
-def _token_allocator(sg: types.SimpleNamespace, capacity: int, pool: Any) -> Any:
+def token_allocator(sg: types.SimpleNamespace, capacity: int, pool: Any) -> Any:
     """Token slots over `pool`, handed out in the order they were freed."""
     return sg.TokenToKVPoolAllocator(
         size=capacity, dtype=sg.torch.float16, device="cpu", kvcache=pool, need_sort=False
     )
 
 
-def _hybrid_attention_pool(
+def hybrid_attention_pool(
     sg: types.SimpleNamespace, capacity: int, page: int, requests: Any
 ) -> Any:
     """The full-attention KV pool of a Mamba hybrid: one tiny layer beside the state pool."""
@@ -497,7 +371,7 @@ def _hybrid_attention_pool(
     )
 
 
-def _attention_pool(sg: types.SimpleNamespace, capacity: int, page: int) -> Any:
+def attention_pool(sg: types.SimpleNamespace, capacity: int, page: int) -> Any:
     """One tiny attention layer's KV pool of `capacity` slots."""
     return _on_cpu(
         sg.MHATokenToKVPool,

@@ -40,7 +40,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcert.conformance.sglang import unified
+from kvcert.conformance.sglang import serving, unified
 from kvcert.conformance.sglang.campaign import (
     diagnosis,
     eagle,
@@ -113,7 +113,7 @@ class Run:
         lazy = workload.lazy
         rows = workload.rows
         states = steps.states_per_row(self.extra_buffer, overlap, lazy) * rows if mamba else 0
-        self.tree, self.requests = unified.build_serving(
+        self.tree, self.requests = serving.build_serving(
             workload.page, workload.pool_tokens, rows, states, self.extra_buffer,
             exclusive_window=workload.window, overlap=overlap, lazy=lazy,
             priority=workload.priority,
