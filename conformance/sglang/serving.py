@@ -50,6 +50,7 @@ def build_serving(
     flags = {"disable_overlap_schedule": not overlap, "enable_priority_scheduling": priority}
     unified.server_args(sg, page, **flags, **(strategy if states else {}), **(speculative or {}))
     capacity = tokens + page
+    drafts = (speculative or {}).get("speculative_num_draft_tokens")  # a state per draft
     fields: dict[str, Any] = {"disable": False, "page_size": page, "is_eagle": bool(speculative)}
     fields["is_eagle"] = fields["is_eagle"] if bigram_keys is None else bigram_keys
     if eviction_policy != "lru":  # `--radix-eviction-policy`, whose default is lru
@@ -57,12 +58,12 @@ def build_serving(
     if exclusive_window is not None:
         return _swa_serving(
             sg, fields, capacity, rows, exclusive_window, states=states,
-            extra_buffer=extra_buffer, overlap=overlap, lazy=lazy,
+            extra_buffer=extra_buffer, overlap=overlap, lazy=lazy, drafts=drafts,
         )  # fmt: skip
     if states:
         requests = unified.hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy,
+            ssm_dtype="float32", overlap=overlap, lazy=lazy, draft_tokens=drafts,
         )  # fmt: skip
         pool = unified.hybrid_attention_pool(sg, capacity, page, requests)
         fields["enable_mamba_extra_buffer"] = extra_buffer
@@ -102,6 +103,7 @@ def _swa_serving(
     extra_buffer: bool = False,
     overlap: bool = False,
     lazy: bool = False,
+    drafts: int | None = None,
 ) -> tuple[Any, Any]:
     """A full-attention + sliding-window hybrid (with `states` > 0 a Mamba state too, under
     the strategy build_serving resolved): the full pool of `capacity` slots, the SWA pool
@@ -120,7 +122,7 @@ def _swa_serving(
             raise unified.Inexpressible("this release's server builds SWARadixCache: no state")
         requests = unified.hybrid_request_pool(
             sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy,
+            ssm_dtype="float32", overlap=overlap, lazy=lazy, draft_tokens=drafts,
         )  # fmt: skip
         fields["enable_mamba_extra_buffer"] = extra_buffer
         if lazy:

@@ -194,7 +194,7 @@ def build(shape: Shape, tokens: int, states: int) -> tuple[Any, Any]:
             states=states + STATE_SLOTS_PER_REQUEST * STATE_SLOTS_PER_REQUEST,
             capacity=capacity,
             extra_buffer=extra_buffer,
-            eagle=shape.eagle,
+            draft_tokens=3 if shape.eagle else None,
         )
     else:
         requests = _request_pool(sg, capacity)
@@ -240,7 +240,7 @@ def hybrid_request_pool(
     states: int,
     capacity: int,
     extra_buffer: bool,
-    eagle: bool = False,
+    draft_tokens: int | None = None,
     ssm_dtype: str = "bfloat16",
     overlap: bool | None = None,
     lazy: bool = False,
@@ -279,7 +279,7 @@ def hybrid_request_pool(
         enable_mamba_extra_buffer=extra_buffer,
         # EAGLE's verify pass keeps a state per draft token; without drafts, none (the
         # server passes its --speculative-num-draft-tokens, unset without a drafter).
-        speculative_num_draft_tokens=3 if eagle else None,
+        speculative_num_draft_tokens=draft_tokens,
         **scheduling,
     )
 

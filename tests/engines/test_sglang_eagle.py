@@ -91,8 +91,9 @@ def test_an_eagle_workload_is_the_same_requests_in_a_pool_with_a_decode_reserve(
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (["--model", "mamba"], "per-draft Mamba states"),
-        (["--model", "swa-mamba"], "per-draft Mamba states"),
+        (["--model", "mamba-paged"], "extra buffer's checkpoints inside a verify pass"),
+        (["--model", "mamba"], ""),  # no buffer at page 1, synchronously: played
+        (["--model", "swa-mamba"], ""),
         (["--overlap"], "synchronously only"),
         (["--mixed-chunk"], "turns mixed chunked prefill off"),
         (["--mutant", "eagle-plain-keys"], None),
@@ -105,8 +106,43 @@ def test_eagle_runs_what_the_campaign_drives_and_refuses_the_rest(argv, refusal,
             command._arguments(argv)
         assert "breaks EAGLE's keys: add --eagle" in capsys.readouterr().err
         return
+    if not refusal:
+        assert command._arguments([*argv, "--eagle"]).eagle
+        return
     with pytest.raises(SystemExit) as exit_:
         command._arguments([*argv, "--eagle"])
     assert exit_.value.code == 2
     assert refusal in capsys.readouterr().err
-    assert set(MODELS) - {"mamba", "mamba-paged", "swa-mamba"} == {"full", "swa"}
+    assert "mamba-paged" in MODELS
+
+
+def test_a_stale_draft_read_is_one_whose_target_kv_is_the_readers():
+    """A slot holding the target's KV of the reader's prefix, and the draft layer's of
+    another next token, is a stale draft; any other content is unsound outright."""
+    ledger = Ledger(page=1)
+    writer = [*TOKENS[:4], 99]
+    ids = eagle.slot_identities(writer)
+    ledger.write([1, 2, 3, 4], ids[:4], step=0)
+    ledger.targets.update(zip(ids[:4], identities(writer)[:4], strict=True))
+    reader = eagle.slot_identities(TOKENS)
+    plain = identities(TOKENS)
+    assert ledger.unsound([1, 2, 3, 4], reader[:4]) == [3]  # position 3 read token 99
+    assert eagle.stale_drafts(ledger, [4], [plain[3]])
+    assert not eagle.stale_drafts(ledger, [4], [plain[2]])  # the target KV is not the reader's
+    assert not eagle.stale_drafts(ledger, [7], [plain[3]])  # never written
+    assert not eagle.stale_drafts(ledger, [], [])
+
+
+@pytest.mark.parametrize(("model", "explained"), [("mamba", True), ("full", False)])
+def test_stale_draft_reads_are_the_finding_only_beside_a_mamba_component(model, explained):
+    """SGLang keys tokens under EAGLE only beside a Mamba component; on a model whose tree
+    keys bigrams (the twin eagle-plain-keys) the same reads fail the run."""
+    from kvcert.conformance.sglang.campaign.loop import Findings
+
+    tally = command.Tally()
+    workload = generate(0, model)
+    read = "step 3: r1 read position 4 from slot 9"
+    tally.add(0, workload, Findings(draft_stale=[read], finished=len(workload.arrivals)))
+    assert bool(tally.stale_draft) == explained
+    assert bool(tally.unsound) != explained
+    assert tally.failed() != explained

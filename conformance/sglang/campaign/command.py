@@ -64,6 +64,11 @@ OFFPAGE = "sglang-mixed-chunk-offpage-state"
 # checks.single_flight: a second request chunked while one continues; SGLang's scheduler
 # asserts (its process dies); a crash is this one only when the fix's replay finishes
 SINGLE_FLIGHT = "sglang-chunked-single-flight"
+# Under EAGLE beside a Mamba component SGLang's tree keys tokens, not bigrams
+# (UnifiedTreeCore.is_eagle), so the last position a request shares with the tree (a hit's
+# end, or where its insert re-points its row at the tree's slots) holds the draft layer's KV
+# of the writer's next token (campaign.eagle.stale_drafts); explained only for those models
+STALE_DRAFT = "sglang-mamba-eagle-plain-keys"
 EXPLAINED = {
     DECODED: "sglang-decode-publish-at-finish",
     RUNNING_STATE: "sglang-decode-publish-at-finish",
@@ -214,6 +219,7 @@ class Tally:
     causes: Counter[str] = field(default_factory=Counter)  # lost hits by place
     unsound: list[str] = field(default_factory=list)
     offpage: list[str] = field(default_factory=list)  # unsound reads OFFPAGE explains
+    stale_draft: list[str] = field(default_factory=list)  # unsound reads STALE_DRAFT explains
     crashed: list[str] = field(default_factory=list)
     stalled: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -246,6 +252,11 @@ class Tally:
             self.offpage += read
         else:
             self.unsound += read
+        stale = [f"seed {seed}: {text}" for text in found.draft_stale]
+        if workload.model in MAMBA_MODELS:
+            self.stale_draft += stale
+        else:  # a tree keying tokens where SGLang keys bigrams: the twin eagle-plain-keys
+            self.unsound += stale
         self.lost += [f"seed {seed}: {text}" for text in found.lost]
         if found.crashed and crash == SINGLE_FLIGHT:  # its requests died with the scheduler
             self.single_flight.append(f"seed {seed}: {found.crashed}")
@@ -289,7 +300,8 @@ class Tally:
             f"{args.runs} workloads, {totals['requests']} requests, {totals['admissions']} "
             f"admissions, {totals['retracted']} retractions, {totals['preempted']} "
             f"preemptions, {totals['aborted']} aborted out "
-            f"of memory; {len(self.unsound) + len(self.offpage)} unsound reads, "
+            f"of memory; {len(self.unsound) + len(self.offpage) + len(self.stale_draft)} "
+            "unsound reads, "
             f"{len(self.crashed)} crashed, "
             f"{self.unfinished()} unfinished; served {totals['served_tokens']} of "
             f"{totals['owed_tokens']} owed tokens ({served:.1%}), {len(self.lost)} lost hits"
@@ -305,7 +317,10 @@ class Tally:
                 print(f"  mixed chunks: {totals['mixed_untracked']} decode rows at a Mamba "
                       "checkpoint boundary, which a mixed step does not track (the extra "
                       "buffer's state there is never cached)")  # fmt: skip
-        if totals["served_early"]:
+        if totals["served_early"] and args.eagle:
+            print(f"  served past the owed hit: {totals['served_early']} tokens (a tree keying "
+                  "tokens reaches the position whose next token differs)")  # fmt: skip
+        elif totals["served_early"]:
             print(f"  served before their step's result was processed (sound, not owed): "
                   f"{totals['served_early']} tokens")  # fmt: skip
         for cause, count in self.causes.most_common():
@@ -318,6 +333,10 @@ class Tally:
             print(f"  unsound reads, {OFFPAGE}: {len(self.offpage)} (a Mamba state keyed at "
                   "the page below the one it ran to; the fix mixed-chunk-page-align "
                   "prevents each)")  # fmt: skip
+        if self.stale_draft:
+            print(f"  unsound reads, {STALE_DRAFT}: {len(self.stale_draft)} (a slot shared "
+                  "through the tree whose draft-layer KV read another next token: SGLang keys "
+                  "tokens, not bigrams, beside a Mamba component)")  # fmt: skip
         if self.single_flight:
             print(f"  crashed, {SINGLE_FLIGHT}: {len(self.single_flight)} workloads (the "
                   "scheduler's assertion; the fix single-chunked-request prevents each), "
@@ -326,7 +345,8 @@ class Tally:
             print(f"  stalled, {LIVELOCK}: {len(self.stalled)} workloads, "
                   f"{totals['stalled_requests']} requests never admitted")  # fmt: skip
         kinds = (
-            ("unsound", self.unsound), ("unsound", self.offpage), ("crashed", self.crashed),
+            ("unsound", self.unsound), ("unsound", self.offpage), ("unsound", self.stale_draft),
+            ("crashed", self.crashed),
             ("crashed", self.single_flight),
             ("stalled", self.stalled),
             ("aborted", self.aborted), ("lost", self.lost),
@@ -351,6 +371,7 @@ class Tally:
             "lost_causes": dict(self.causes),
             "unsound": self.unsound,
             "unsound_offpage": self.offpage,
+            "unsound_stale_draft": self.stale_draft,
             "crashed": self.crashed,
             "crashed_single_flight": self.single_flight,
             "stalled": self.stalled,

@@ -16,7 +16,11 @@ A decode step is SGLang's spec-v2 step: `prepare_for_decode` runs SGLang's own
 the committed KV); the verify pass computes the request's last token and DRAFT_TOKENS - 1
 drafts, of which the workload accepts a number drawn from the tokens, and SGLang's result
 step commits the accepted drafts and the bonus token. The rest of the allocation holds KV
-no request may read (RESERVED). The token arithmetic is engine-free: tests drive it.
+no request may read (RESERVED). A Mamba state is the target model's alone: the loop names
+it by the tokens up to it, and the ledger remembers each slot's target part (`targets`), so
+a read whose target KV is the reader's and whose draft KV read another next token is told
+apart (`stale_drafts`): what a tree keying tokens serves, as SGLang's does beside a Mamba
+component. The token arithmetic is engine-free: tests drive it.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcert.conformance.sglang.campaign.ledger import Owed, identities
+from kvcert.conformance.sglang.campaign.ledger import Ledger, Owed, identities
 from kvcert.conformance.sglang.campaign.workload import (
-    MAMBA_MODELS,
     Workload,
     next_token,
+    runs_extra_buffer,
     swa_floor,
 )
 
@@ -88,6 +92,14 @@ def verified(tokens: Sequence[int]) -> list[int]:
     return run[len(tokens) :]
 
 
+def stale_drafts(ledger: Ledger, slots: Sequence[int], targets: Sequence[bytes]) -> bool:
+    """Whether every one of these slots a pass read unsoundly holds the target model's KV of
+    the reader's prefix (`targets`, pairwise) and only the draft layer's KV was computed from
+    another next token: the read a tree keying tokens, not bigrams, serves at a hit's end."""
+    held = [ledger.targets.get(ledger.content.get(slot, b"")) for slot in slots]
+    return bool(slots) and held == list(targets)
+
+
 def capped(run: Run, tokens: Sequence[int]) -> Owed:
     """The most SGLang's match can serve a request of these tokens: the spec's hit for its
     first n - 1 tokens, as SGLang caps the lookup at n - 1 raw tokens, which hold n - 2
@@ -107,10 +119,10 @@ def served_with_eagle(workload: Workload) -> Workload:
     """The workload under EAGLE: the same requests, a pool larger by a decode step's
     reserve (rounded to pages), so that the longest request still fits alone, and for an
     SWA model at least the SWA floor with the reserve kept."""
-    if workload.model in MAMBA_MODELS:
+    if runs_extra_buffer(workload.model, workload.page, overlap=workload.overlap):
         raise ValueError(
-            f"--eagle with --model {workload.model}: the campaign does not drive EAGLE's "
-            "per-draft Mamba states (choose full or swa)"
+            f"--eagle with --model {workload.model}: the campaign does not play the extra "
+            "buffer's checkpoints inside a verify pass (choose full, swa, mamba or swa-mamba)"
         )
     if workload.overlap:
         raise ValueError(

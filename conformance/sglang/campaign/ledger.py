@@ -62,6 +62,8 @@ class Ledger:
     written: dict[int, int] = field(default_factory=dict)
     holders: dict[bytes, set[int]] = field(default_factory=dict)  # identity -> slots
     state_ids: dict[bytes, int] = field(default_factory=dict)  # identity -> its state's id
+    # under EAGLE: a slot's identity -> the target model's part of it (the tokens up to it)
+    targets: dict[bytes, bytes] = field(default_factory=dict)
 
     def state_id(self, ident: bytes) -> int:
         """The integer a state after the position of `ident` carries (1, 2, ...)."""
@@ -91,12 +93,15 @@ class Ledger:
         step: int,
         state_held: Callable[[int], bool] | None = None,
         window: Window | None = None,
+        state_idents: Sequence[bytes] | None = None,
     ) -> Owed:
         """The spec's hit for a request of these identities, admitted in `step`, over the
         pages held (every slot of a page-aligned run written by an earlier step) and, for a
         hybrid, the states `state_held` says are held (a Mamba group of block 1, mode `all`:
         the checkpointing strategy decides which states exist, the loop which count) or the
-        sliding window's pages its own ledger holds (HIT-SW-1)."""
+        sliding window's pages its own ledger holds (HIT-SW-1). A state is named by
+        `state_idents` where they differ from the KV's (under EAGLE a state is the target
+        model's alone)."""
         page, count = self.page, len(idents)
         groups: tuple[FullAttention | MambaState | SlidingWindow, ...] = (FullAttention(page),)
         if state_held is not None:
@@ -113,7 +118,8 @@ class Ledger:
         cached = [frozenset(held)]
         if state_held is not None:
             ends = range(keyable_blocks(layout, 1, count))
-            cached.append(frozenset(j for j in ends if state_held(self.state_id(idents[j]))))
+            states = idents if state_idents is None else state_idents
+            cached.append(frozenset(j for j in ends if state_held(self.state_id(states[j]))))
         live: dict[int, int] = {}
         if window is not None:
             for j in range(keyable_blocks(layout, len(groups) - 1, count)):

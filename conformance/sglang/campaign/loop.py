@@ -70,6 +70,9 @@ class Findings:
     """What one run found: unsound reads, lost hits, SGLang raising; and its counts."""
 
     unsound: list[str] = field(default_factory=list)
+    # under EAGLE: reads whose slot holds the target's KV of the reader's prefix but the
+    # draft layer's of another next token (campaign.eagle.stale_drafts)
+    draft_stale: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     lost_causes: dict[str, int] = field(default_factory=dict)
     crashed: str | None = None
@@ -121,6 +124,10 @@ class Run:
             bigram_keys=False if self.mutant == "eagle-plain-keys" else None,  # the twin
         )  # fmt: skip
         self.policy = waiting.policy(self)
+        # under EAGLE the tree keys bigrams, but beside a Mamba component (SGLang's choice,
+        # UnifiedTreeCore.is_eagle) and in the twin eagle-plain-keys it keys tokens
+        core = getattr(self.tree, "tree_core", self.tree)
+        self.bigram_keys = workload.eagle and bool(getattr(core, "is_eagle", False))
         self.hybrid = states > 0
         self.states = States(self.requests)  # read only when self.hybrid
         # the scheduler's admission ratio: from the published server arguments, decayed
@@ -470,30 +477,36 @@ class Run:
         after start - 1), writes start..end-1 (and the state after end - 1). Its KV serves
         a hit once its step has ended: at once synchronously, after the next step's
         scheduling under overlap (its result is processed then)."""
+        plain = identities(tokens[:end])
+        idents = plain
         if self.workload.eagle:  # the draft layer's KV at end - 1 reads the token after it
             idents = eagle.slot_identities(eagle.with_next(tokens, end))[:end]
-        else:
-            idents = identities(tokens[:end])
         row = self.row(req, end)
-        for p in self.ledger.unsound(row[:start], idents[:start]):
-            self.findings.unsound.append(
-                f"step {self.step}: {req.rid} read position {p} from slot {row[p]}, which does "
-                f"not hold the KV of its prefix (tokens {start}..{end} computed)"
+        bad = self.ledger.unsound(row[:start], idents[:start])
+        if bad:
+            found = self.findings.unsound
+            if eagle.stale_drafts(self.ledger, [row[p] for p in bad], [plain[p] for p in bad]):
+                found = self.findings.draft_stale
+            found.append(
+                f"step {self.step}: {req.rid} read position {bad[0]} from slot {row[bad[0]]}, "
+                f"which does not hold the KV of its prefix (tokens {start}..{end} computed)"
             )
-            break
         self.ledger.write(row[start:end], idents[start:end], self._ends())
+        if self.workload.eagle:
+            self.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))
         if self.window is not None:
-            self._read_and_write_window(self.window, req, row, idents, range(start, end))
-        if self.hybrid:
+            span = range(start, end)
+            self._read_and_write_window(self.window, req, row, idents, span, plain=plain)
+        if self.hybrid:  # a state is the target model's: a function of the tokens up to it
             slot = self.states.slot(req)
-            want = self.ledger.state_id(idents[start - 1]) if start else 0
+            want = self.ledger.state_id(plain[start - 1]) if start else 0
             have = int(self.states.values()[slot])
             if have != want:
                 self.findings.unsound.append(
                     f"step {self.step}: {req.rid} started from state {have} in slot {slot}, "
                     f"not the state after its {start} computed tokens ({want})"
                 )
-            self.states.write(slot, self.ledger.state_id(idents[end - 1]))
+            self.states.write(slot, self.ledger.state_id(plain[end - 1]))
 
     def _ends(self) -> int:
         """The step whose end the pass launched now ends with (the ledger's write step)."""
@@ -505,22 +518,29 @@ class Run:
         return [int(mapping[slot]) for slot in row]
 
     def _read_and_write_window(
-        self, window: Window, req: Any, row: list[int], idents: list[bytes], span: range
-    ) -> None:
+        self, window: Window, req: Any, row: list[int], idents: list[bytes], span: range,
+        *, plain: list[bytes],
+    ) -> None:  # fmt: skip
         """The sliding-window layers of the pass over `span`: its first query reads the
         W - 1 positions before it through SGLang's full-to-SWA slot map; the pass writes its
-        positions' SWA slots."""
+        positions' SWA slots (`plain`: the target model's identities, as in the pass)."""
         start, end = span.start, span.stop
         first = max(0, start - (window.size - 1))
         swa = self.swa_slots(row[first:end])
-        for p in window.ledger.unsound(swa[: start - first], idents[first:start]):
-            self.findings.unsound.append(
-                f"step {self.step}: {req.rid} read position {first + p} from SWA slot "
-                f"{swa[p]}, which does not hold the KV of its prefix (window "
+        bad = window.ledger.unsound(swa[: start - first], idents[first:start])
+        if bad:
+            found = self.findings.unsound
+            reads = [plain[first + p] for p in bad]
+            if eagle.stale_drafts(window.ledger, [swa[p] for p in bad], reads):
+                found = self.findings.draft_stale
+            found.append(
+                f"step {self.step}: {req.rid} read position {first + bad[0]} from SWA slot "
+                f"{swa[bad[0]]}, which does not hold the KV of its prefix (window "
                 f"{window.size}, tokens {start}..{end} computed)"
             )
-            break
         window.ledger.write(swa[start - first :], idents[start:end], self._ends())
+        if self.workload.eagle:
+            window.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))
 
     def _broken(self, name: str) -> bool:
         """Whether the run plays the broken twin `name`."""

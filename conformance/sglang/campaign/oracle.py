@@ -44,8 +44,9 @@ def owed(run: Run, req: Any, holders: Holders, taken: set[int]) -> Owed:
     if run.extra_buffer:
         present &= run.checkpointed
     return run.ledger.owed(
-        request_identities(run, tokens), run.step, present.__contains__, window=run.window
-    )
+        request_identities(run, tokens), run.step, present.__contains__, window=run.window,
+        state_idents=identities(tokens),
+    )  # fmt: skip
 
 
 def state_slots(run: Run, requests: list[Any]) -> set[int]:
@@ -88,7 +89,7 @@ def who_holds(run: Run, scheduled: list[Any]) -> Holders:
     holders = Holders({int(x) for x in run.tree.all_values_flatten().tolist()}, rows, free_pages)
     holders.content = run.ledger.content
     holders.published = run.published
-    holders.eagle = run.workload.eagle
+    holders.eagle = run.bigram_keys
     if run.window is not None:
         swa = run.allocator.swa_attn_allocator
         free = [swa.free_pages, getattr(swa, "release_pages", None)]
@@ -126,7 +127,7 @@ def judge(run: Run, req: Any, owed: Any, holders: Holders) -> None:
     page = run.workload.page
     tokens = list(req.origin_input_ids) + list(req.output_ids)
     cause = STATE_MATCH
-    if run.workload.eagle:
+    if run.bigram_keys:
         # SGLang's match reaches at most the spec's hit for the first n - 1 tokens: the cap
         # explains a loss down to that hit; a loss below it is judged against it
         capped = eagle.capped(run, tokens)
