@@ -103,6 +103,8 @@ def test_only_the_documented_causes_explain_a_lost_hit():
         places.RETRACTED_STATE,
         places.BIGRAM_CAP,
         places.BIGRAM_INSERT,
+        places.OVERSHOOT,
+        places.OVERSHOOT_STATE,
     }
     for unexplained in (places.MATCH, places.PROMPT, places.STATE_MATCH, places.SWA_MATCH,
                         places.SWA_PROMPT, places.DROPPED, places.DROPPED_STATE,

@@ -146,3 +146,18 @@ def test_stale_draft_reads_are_the_finding_only_beside_a_mamba_component(model, 
     assert bool(tally.stale_draft) == explained
     assert bool(tally.unsound) != explained
     assert tally.failed() != explained
+
+
+def test_what_a_verify_committed_past_the_stop_is_the_overshoot():
+    """KV and states past a finished request's stop, freed by its release, are OVERSHOOT;
+    what the tree once held stays an eviction."""
+    holders = places.Holders(in_tree=set(), rows=[], free_pages={4, 5})
+    holders.content = {4: b"past", 5: b"evicted"}
+    holders.published = places.Published(kv={b"evicted"}, overshoot_kv={b"past", b"evicted"})
+    assert holders.page(4, 1) == places.OVERSHOOT
+    assert holders.page(5, 1) == places.FREED
+    holders.states = [7, 8]
+    holders.free_states = {0, 1}
+    holders.published.overshoot_states = {7}
+    assert holders.state(7) == places.OVERSHOOT_STATE
+    assert holders.state(8) == places.DROPPED_STATE

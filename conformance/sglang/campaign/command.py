@@ -34,6 +34,8 @@ from kvcert.conformance.sglang.campaign.places import (
     DECODED,
     FREED,
     FREED_STATE,
+    OVERSHOOT,
+    OVERSHOOT_STATE,
     RETRACTED,
     RETRACTED_STATE,
     RUNNING_STATE,
@@ -81,6 +83,8 @@ EXPLAINED = {
     RETRACTED_STATE: "sglang-retract-discards",
     BIGRAM_CAP: "sglang-eagle-bigram-cap",
     BIGRAM_INSERT: "sglang-eagle-bigram-insert",
+    OVERSHOOT: "sglang-eagle-overshoot-discarded",
+    OVERSHOOT_STATE: "sglang-eagle-overshoot-discarded",
 }
 
 

@@ -177,13 +177,33 @@ def commit(run: Run, batch: Any) -> None:
         req.kv.kv_committed_len += len(run_)
         req.output_ids.extend(run_)
         req.update_finish_state(len(run_))
-        shared = run.row(req, req.kv.cache_protected_len) if req.finished() else []
-        last = last_owned(run, req) if req.finished() else []
+        finished = req.finished()
+        shared = run.row(req, req.kv.cache_protected_len) if finished else []
+        last = last_owned(run, req) if finished else []
+        past = overshoot(run, req) if finished else ([], None)
         run.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
         run._note_adopted()
-        if req.finished():
+        if finished:
             note_dropped(run, last)
+            run.published.overshoot_kv.update(past[0])
+            if past[1] is not None:
+                run.published.overshoot_states.add(past[1])
             run._released(req, shared)
+
+
+def overshoot(run: Run, req: Any) -> tuple[list[bytes], int | None]:
+    """What a finishing request computed past its stop: a verify pass commits a whole
+    accepted run, which can pass `max_new_tokens`; SGLang's release frees that KV as
+    over-allocated and keys the tree at `owned_kv_len` ("the client never sees those
+    tokens, so nothing matches"), so no state after them is cached either. The KV
+    identities of those positions, and the running state when it lies past the stop."""
+    owned, committed = int(req.owned_kv_len()), int(req.kv.kv_committed_len)
+    if committed <= owned:
+        return [], None
+    content = run.ledger.content
+    kv = [content[slot] for slot in run.row(req, committed)[owned:] if slot in content]
+    state = int(run.states.values()[run.states.slot(req)]) if run.hybrid else None
+    return kv, state
 
 
 def last_owned(run: Run, req: Any) -> list[tuple[int, bytes]]:

@@ -39,6 +39,9 @@ SWA_DECODED = "the SWA of a running request's decoded tokens (published when it 
 # Under EAGLE (campaign.eagle) SGLang keys its tree by bigrams: a key over n tokens covers
 # n - 1 positions, one page short at page multiples, on both sides of the tree.
 BIGRAM_CAP = "past the hit of the request's first n - 1 tokens, where SGLang's match stops"
+# and a verify pass's run committed past a request's stop, freed at its finish
+OVERSHOOT = "KV a verify pass committed past its request's stop, freed when it finished"
+OVERSHOOT_STATE = "the state after tokens a verify pass committed past its request's stop"
 BIGRAM_INSERT = (
     "KV an insert's bigrams left out (the page just past a running request's insert, or "
     "the last position a finished request computed)"
@@ -73,6 +76,8 @@ class Published:
     retracted_kv: set[bytes] = field(default_factory=set)
     retracted_states: set[int] = field(default_factory=set)
     bigram_dropped: set[bytes] = field(default_factory=set)  # EAGLE: freed at a finish
+    overshoot_kv: set[bytes] = field(default_factory=set)  # EAGLE: past a request's stop
+    overshoot_states: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -107,6 +112,8 @@ class Holders:
             return FREED
         if ident in self.published.bigram_dropped:
             return BIGRAM_INSERT
+        if ident in self.published.overshoot_kv:
+            return OVERSHOOT
         return RETRACTED if ident in self.published.retracted_kv else DROPPED
 
     def window(self, physicals: Iterable[int], size: int) -> str:
@@ -137,6 +144,8 @@ class Holders:
         if slots & self.free_states:
             if state in self.published.states:
                 return FREED_STATE
+            if state in self.published.overshoot_states:
+                return OVERSHOOT_STATE
             retracted = state in self.published.retracted_states
             return RETRACTED_STATE if retracted else DROPPED_STATE
         return STATE_MATCH
