@@ -60,19 +60,13 @@ def build_serving(
             sg, fields, capacity, rows, exclusive_window, states=states,
             extra_buffer=extra_buffer, overlap=overlap, lazy=lazy, drafts=drafts,
         )  # fmt: skip
+    requests = _requests(
+        sg, fields, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
+        overlap=overlap, lazy=lazy, drafts=drafts,
+    )  # fmt: skip
     if states:
-        requests = unified.hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy, draft_tokens=drafts,
-        )  # fmt: skip
         pool = unified.hybrid_attention_pool(sg, capacity, page, requests)
-        fields["enable_mamba_extra_buffer"] = extra_buffer
-        if lazy:
-            fields["enable_mamba_extra_buffer_lazy"] = True
     else:
-        requests = sg.ReqToTokenPool(
-            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-        )
         pool = unified.attention_pool(sg, capacity, page)
     if page == 1:
         allocator = unified.token_allocator(sg, capacity, pool)
@@ -117,20 +111,12 @@ def _swa_serving(
             f"an SWA pool of {swa} slots admits no request (window {window})"
         )
     fields["token_to_kv_pool_allocator"] = unified.swa_allocator(sg, capacity, swa, page)
-    if states:
-        if not sg.unified_by_default:
-            raise unified.Inexpressible("this release's server builds SWARadixCache: no state")
-        requests = unified.hybrid_request_pool(
-            sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
-            ssm_dtype="float32", overlap=overlap, lazy=lazy, draft_tokens=drafts,
-        )  # fmt: skip
-        fields["enable_mamba_extra_buffer"] = extra_buffer
-        if lazy:
-            fields["enable_mamba_extra_buffer_lazy"] = True
-    else:
-        requests = sg.ReqToTokenPool(
-            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
-        )
+    if states and not sg.unified_by_default:
+        raise unified.Inexpressible("this release's server builds SWARadixCache: no state")
+    requests = _requests(
+        sg, fields, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
+        overlap=overlap, lazy=lazy, drafts=drafts,
+    )  # fmt: skip
     fields["req_to_token_pool"] = requests
     fields["sliding_window_size"] = window
     if sg.unified_by_default:
@@ -138,3 +124,31 @@ def _swa_serving(
         fields["tree_components"] = components + ((sg.ComponentType.MAMBA,) if states else ())
         return sg.UnifiedRadixCache(sg.CacheInitParams(**fields)), requests
     return sg.SWARadixCache(sg.CacheInitParams(**fields)), requests
+
+
+def _requests(
+    sg: types.SimpleNamespace,
+    fields: dict[str, Any],
+    *,
+    rows: int,
+    states: int,
+    capacity: int,
+    extra_buffer: bool,
+    overlap: bool,
+    lazy: bool,
+    drafts: int | None,
+) -> Any:
+    """The requests' token tables: with `states` > 0 SGLang's hybrid pool (float32 states,
+    a state per draft token under EAGLE) under the strategy resolved, whose extra-buffer
+    flags the tree's `fields` take too; else the plain pool."""
+    if not states:
+        return sg.ReqToTokenPool(
+            size=rows, max_context_len=capacity, device="cpu", enable_memory_saver=False
+        )
+    fields["enable_mamba_extra_buffer"] = extra_buffer
+    if lazy:
+        fields["enable_mamba_extra_buffer_lazy"] = True
+    return unified.hybrid_request_pool(
+        sg, rows=rows, states=states, capacity=capacity, extra_buffer=extra_buffer,
+        ssm_dtype="float32", overlap=overlap, lazy=lazy, draft_tokens=drafts,
+    )  # fmt: skip
