@@ -95,7 +95,8 @@ def verified(tokens: Sequence[int]) -> list[int]:
 def stale_drafts(ledger: Ledger, slots: Sequence[int], targets: Sequence[bytes]) -> bool:
     """Whether every one of these slots a pass read unsoundly holds the target model's KV of
     the reader's prefix (`targets`, pairwise) and only the draft layer's KV was computed from
-    another next token: the read a tree keying tokens, not bigrams, serves at a hit's end."""
+    another next token: what a tree keying tokens, not bigrams, hands a request at the end
+    of a prefix it shares with the tree."""
     held = [ledger.targets.get(ledger.content.get(slot, b"")) for slot in slots]
     return bool(slots) and held == list(targets)
 
@@ -147,7 +148,7 @@ def verify(run: Run, batch: Any) -> None:
     hold their KV, the rest of the allocation RESERVED; the committed run waits for the
     result step (`commit`)."""
     for req in batch.reqs:
-        tokens = run._tokens(req)
+        tokens = run.tokens_of(req)
         committed = int(req.kv.kv_committed_len)
         if committed != len(tokens) - 1:
             raise RuntimeError(
@@ -156,12 +157,12 @@ def verify(run: Run, batch: Any) -> None:
             )
         run_ = verified(tokens)
         end = committed + len(run_)
-        run._read_and_write(req, committed, end, tokens + run_)
+        run.read_and_write(req, committed, end, tokens + run_)
         slots = run.row(req, int(req.kv.kv_allocated_len))[end:]
-        run.ledger.write(slots, [RESERVED] * len(slots), run._ends())
+        run.ledger.write(slots, [RESERVED] * len(slots), run.write_step())
         if run.window is not None:
             swa = run.swa_slots(slots)
-            run.window.ledger.write(swa, [RESERVED] * len(swa), run._ends())
+            run.window.ledger.write(swa, [RESERVED] * len(swa), run.write_step())
         run.sampled[id(req)] = run_
 
 
@@ -182,13 +183,13 @@ def commit(run: Run, batch: Any) -> None:
         last = last_owned(run, req) if finished else []
         past = overshoot(run, req) if finished else ([], None)
         run.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
-        run._note_adopted()
+        run.note_adopted()
         if finished:
             note_dropped(run, last)
             run.published.overshoot_kv.update(past[0])
             if past[1] is not None:
                 run.published.overshoot_states.add(past[1])
-            run._released(req, shared)
+            run.released(req, shared)
 
 
 def overshoot(run: Run, req: Any) -> tuple[list[bytes], int | None]:

@@ -455,7 +455,7 @@ class Run:
         """The KV identities past the prefix the tree owns, and the states, of a request:
         its running state and what its extra buffer's track slots hold (checkpoints the
         tree has not adopted yet)."""
-        length = len(self._tokens(req))
+        length = len(self.tokens_of(req))
         row = self.row(req, length)[req.kv.cache_protected_len :]
         kv = {self.ledger.content[s] for s in row if s in self.ledger.content}
         if not self.hybrid:
@@ -472,7 +472,7 @@ class Run:
         table = self.requests.req_to_token[req.kv.req_pool_idx]
         return [int(s) for s in table[:end].tolist()]
 
-    def _read_and_write(self, req: Any, start: int, end: int, tokens: list[int]) -> None:
+    def read_and_write(self, req: Any, start: int, end: int, tokens: list[int]) -> None:
         """The pass of positions [start, end) of `tokens`: reads 0..start-1 (and the state
         after start - 1), writes start..end-1 (and the state after end - 1). Its KV serves
         a hit once its step has ended: at once synchronously, after the next step's
@@ -491,7 +491,7 @@ class Run:
                 f"step {self.step}: {req.rid} read position {bad[0]} from slot {row[bad[0]]}, "
                 f"which does not hold the KV of its prefix (tokens {start}..{end} computed)"
             )
-        self.ledger.write(row[start:end], idents[start:end], self._ends())
+        self.ledger.write(row[start:end], idents[start:end], self.write_step())
         if self.workload.eagle:
             self.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))
         if self.window is not None:
@@ -508,7 +508,7 @@ class Run:
                 )
             self.states.write(slot, self.ledger.state_id(plain[end - 1]))
 
-    def _ends(self) -> int:
+    def write_step(self) -> int:
         """The step whose end the pass launched now ends with (the ledger's write step)."""
         return self.step + 1 if self.overlap else self.step
 
@@ -538,7 +538,7 @@ class Run:
                 f"{swa[bad[0]]}, which does not hold the KV of its prefix (window "
                 f"{window.size}, tokens {start}..{end} computed)"
             )
-        window.ledger.write(swa[start - first :], idents[start:end], self._ends())
+        window.ledger.write(swa[start - first :], idents[start:end], self.write_step())
         if self.workload.eagle:
             window.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))
 
@@ -553,10 +553,10 @@ class Run:
                 self.states.copy_and_clear(batch, copy=not self._broken("no-state-copy"))
             decoding = {id(r) for r in batch.decoding_reqs or ()}
             for req in batch.reqs:
-                tokens = self._tokens(req)
+                tokens = self.tokens_of(req)
                 # a mixed batch's decode row computes its last token (mix_with_running)
                 start = req.extend_end - 1 if id(req) in decoding else req.prefix_len
-                self._read_and_write(req, start, req.extend_end, tokens)
+                self.read_and_write(req, start, req.extend_end, tokens)
                 if req is not self.chunked:  # a middle chunk samples nothing
                     self._sample(req, tokens[: req.extend_end])
             if self.extra_buffer:
@@ -565,18 +565,18 @@ class Run:
         if self.workload.eagle:
             return eagle.verify(self, batch)
         for i, req in enumerate(batch.reqs):
-            tokens = self._tokens(req)
+            tokens = self.tokens_of(req)
             if len(tokens) != int(batch.seq_lens_cpu[i]):
                 raise RuntimeError(
                     f"the loop lost track of {req.rid}: {len(tokens)} tokens, SGLang's "
                     f"sequence length {int(batch.seq_lens_cpu[i])}"
                 )
-            self._read_and_write(req, len(tokens) - 1, len(tokens), tokens)
+            self.read_and_write(req, len(tokens) - 1, len(tokens), tokens)
             self._sample(req, tokens)
         if self.extra_buffer:
             self._track_decode(batch)
 
-    def _tokens(self, req: Any) -> list[int]:
+    def tokens_of(self, req: Any) -> list[int]:
         """The request's tokens, with those its launched passes sampled (not yet processed)."""
         return [*req.origin_input_ids, *req.output_ids, *self.sampled.get(id(req), ())]
 
@@ -646,9 +646,9 @@ class Run:
             req.update_finish_state(1)
             shared = self.row(req, req.kv.cache_protected_len) if req.finished() else []
             self.results._handle_finish_state_updated_req(req, batch, outcome, i, None)
-            self._note_adopted()
+            self.note_adopted()
             if req.finished():
-                self._released(req, shared)
+                self.released(req, shared)
 
     def _track_prefill(self, batch: Any) -> None:
         """The extra buffer's prefill checkpoints, as the GDN kernel writes them
@@ -674,7 +674,7 @@ class Run:
 
     def _track(self, req: Any, end: int, logical: Any) -> None:
         """Write the state after `end` tokens of the request into a track slot."""
-        state = self.ledger.state_id(identities(self._tokens(req)[:end])[-1])
+        state = self.ledger.state_id(identities(self.tokens_of(req)[:end])[-1])
         physical = int(self.requests.translate_mamba_indices(logical.reshape(1))[0])
         self.states.write(physical, state)
         self.checkpointed.add(state)
@@ -684,7 +684,7 @@ class Run:
             req.prefix_len = req.extend_end  # what checkpoint_kv_cache does besides the insert
             return
         self.sg.checkpoint_kv_cache(req, self.tree)
-        self._note_adopted()
+        self.note_adopted()
 
     def _release(self, req: Any) -> None:
         """release_kv_cache for a request that finished in a prefill pass."""
@@ -692,10 +692,10 @@ class Run:
         last = eagle.last_owned(self, req) if self.workload.eagle else []
         self.sg.release_kv_cache(req, self.tree, checkpoint=True)
         eagle.note_dropped(self, last)
-        self._note_adopted()
-        self._released(req, shared)
+        self.note_adopted()
+        self.released(req, shared)
 
-    def _note_adopted(self) -> None:
+    def note_adopted(self) -> None:
         """Remember the KV and states the tree holds now. Called after every step that can
         insert (only an insert gives the tree KV or a state), so what is freed later was
         either evicted from the tree or never reached it: places.Holders tells them apart."""
@@ -707,7 +707,7 @@ class Run:
             states = self.states.values().tolist()
             self.published.states.update(states[slot] for slot in held)
 
-    def _released(self, req: Any, shared: list[int]) -> None:
+    def released(self, req: Any, shared: list[int]) -> None:
         self.findings.finished += 1
         self.judged.discard(id(req))
         if shared and self._broken("free-shared-prefix"):
