@@ -159,7 +159,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--eagle", action="store_true",
         help="the server's --speculative-algorithm EAGLE (3 steps, top-k 1, 4 draft tokens): "
-        "bigram keys, spec-v2 decode steps (full or swa, synchronous)",
+        "spec-v2 decode steps, synchronous (full, swa, mamba, swa-mamba)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvcert.conformance.contract.protocol import EngineError
 from kvcert.conformance.sglang.campaign.ledger import Ledger, Owed, identities
 from kvcert.conformance.sglang.campaign.workload import (
     Workload,
@@ -114,6 +116,18 @@ def reserve() -> int:
     `get_alloc_reserve_per_decode` for these flags (twice a step's drafts or verified
     positions, whichever is more)."""
     return 2 * max(STEPS * TOPK, DRAFT_TOKENS)
+
+
+def check_reserve() -> None:
+    """An EngineError where SGLang's own reserve for the published flags
+    (`get_alloc_reserve_per_decode`) is not `reserve()`, which sized the workload's pool."""
+    sizing = importlib.import_module("sglang.srt.mem_cache.allocation_sizing")
+    theirs = int(sizing.get_alloc_reserve_per_decode())
+    if theirs != reserve():
+        raise EngineError(
+            f"SGLang reserves {theirs} slots a decode step under these EAGLE flags; the "
+            f"campaign sized its pools for {reserve()} (campaign.eagle.reserve)"
+        )
 
 
 def served_with_eagle(workload: Workload) -> Workload:

@@ -123,6 +123,8 @@ class Run:
             speculative=eagle.server_flags() if workload.eagle else None,
             bigram_keys=False if self.mutant == "eagle-plain-keys" else None,  # the twin
         )  # fmt: skip
+        if workload.eagle:
+            eagle.check_reserve()
         self.policy = waiting.policy(self)
         # under EAGLE the tree keys bigrams, but beside a Mamba component (SGLang's choice,
         # UnifiedTreeCore.is_eagle) and in the twin eagle-plain-keys it keys tokens
@@ -484,13 +486,11 @@ class Run:
         row = self.row(req, end)
         bad = self.ledger.unsound(row[:start], idents[:start])
         if bad:
-            found = self.findings.unsound
-            if eagle.stale_drafts(self.ledger, [row[p] for p in bad], [plain[p] for p in bad]):
-                found = self.findings.draft_stale
-            found.append(
+            self._unsound_read(
+                self.ledger, [row[p] for p in bad], [plain[p] for p in bad],
                 f"step {self.step}: {req.rid} read position {bad[0]} from slot {row[bad[0]]}, "
-                f"which does not hold the KV of its prefix (tokens {start}..{end} computed)"
-            )
+                f"which does not hold the KV of its prefix (tokens {start}..{end} computed)",
+            )  # fmt: skip
         self.ledger.write(row[start:end], idents[start:end], self.write_step())
         if self.workload.eagle:
             self.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))
@@ -507,6 +507,15 @@ class Run:
                     f"not the state after its {start} computed tokens ({want})"
                 )
             self.states.write(slot, self.ledger.state_id(plain[end - 1]))
+
+    def _unsound_read(
+        self, ledger: Ledger, slots: list[int], targets: list[bytes], text: str
+    ) -> None:
+        """Report a pass's read of `slots` that do not hold its prefix's KV: a stale draft
+        where only their draft-layer KV read another next token (eagle.stale_drafts), else
+        unsound."""
+        stale = eagle.stale_drafts(ledger, slots, targets)
+        (self.findings.draft_stale if stale else self.findings.unsound).append(text)
 
     def write_step(self) -> int:
         """The step whose end the pass launched now ends with (the ledger's write step)."""
@@ -529,15 +538,12 @@ class Run:
         swa = self.swa_slots(row[first:end])
         bad = window.ledger.unsound(swa[: start - first], idents[first:start])
         if bad:
-            found = self.findings.unsound
-            reads = [plain[first + p] for p in bad]
-            if eagle.stale_drafts(window.ledger, [swa[p] for p in bad], reads):
-                found = self.findings.draft_stale
-            found.append(
+            self._unsound_read(
+                window.ledger, [swa[p] for p in bad], [plain[first + p] for p in bad],
                 f"step {self.step}: {req.rid} read position {first + bad[0]} from SWA slot "
                 f"{swa[bad[0]]}, which does not hold the KV of its prefix (window "
-                f"{window.size}, tokens {start}..{end} computed)"
-            )
+                f"{window.size}, tokens {start}..{end} computed)",
+            )  # fmt: skip
         window.ledger.write(swa[start - first :], idents[start:end], self.write_step())
         if self.workload.eagle:
             window.ledger.targets.update(zip(idents[start:end], plain[start:end], strict=True))

@@ -89,7 +89,7 @@ def who_holds(run: Run, scheduled: list[Any]) -> Holders:
     holders = Holders({int(x) for x in run.tree.all_values_flatten().tolist()}, rows, free_pages)
     holders.content = run.ledger.content
     holders.published = run.published
-    holders.eagle = run.bigram_keys
+    holders.bigram_keys = run.bigram_keys
     if run.window is not None:
         swa = run.allocator.swa_attn_allocator
         free = [swa.free_pages, getattr(swa, "release_pages", None)]

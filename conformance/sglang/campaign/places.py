@@ -39,13 +39,13 @@ SWA_DECODED = "the SWA of a running request's decoded tokens (published when it 
 # Under EAGLE (campaign.eagle) SGLang keys its tree by bigrams: a key over n tokens covers
 # n - 1 positions, one page short at page multiples, on both sides of the tree.
 BIGRAM_CAP = "past the hit of the request's first n - 1 tokens, where SGLang's match stops"
-# and a verify pass's run committed past a request's stop, freed at its finish
-OVERSHOOT = "KV a verify pass committed past its request's stop, freed when it finished"
-OVERSHOOT_STATE = "the state after tokens a verify pass committed past its request's stop"
 BIGRAM_INSERT = (
     "KV an insert's bigrams left out (the page just past a running request's insert, or "
     "the last position a finished request computed)"
 )
+# and what a verify pass committed past a request's stop, freed at its finish
+OVERSHOOT = "KV a verify pass committed past its request's stop, freed when it finished"
+OVERSHOOT_STATE = "the state after tokens a verify pass committed past its request's stop"
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Holders:
     published: Published = field(default_factory=Published)
     window_rows: list[Row] = field(default_factory=list)  # the same rows' SWA slots
     window_free: set[int] = field(default_factory=set)  # the SWA allocator's free pages
-    eagle: bool = False  # the tree keys bigrams (BIGRAM_INSERT)
+    bigram_keys: bool = False  # the tree keys bigrams, as under EAGLE (BIGRAM_INSERT)
 
     def page(self, physical: int, size: int) -> str:
         first = physical * size
@@ -131,7 +131,7 @@ class Holders:
     def _in_row(self, row: Row, index: int, size: int, if_decoded: str, if_prompt: str) -> str:
         """Where the page at `index` of a running request's row lies; under EAGLE the
         prompt page just past its insert is the one the insert's bigrams left out."""
-        if self.eagle and index == row.protected and index + size <= row.prompt:
+        if self.bigram_keys and index == row.protected and index + size <= row.prompt:
             return BIGRAM_INSERT
         return row.holding(index + size, if_decoded, if_prompt)
 
