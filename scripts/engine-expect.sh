@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-derive a release's expected results after the vectors or the adapter changed: certify it
 # without its expected-failure file, trace each difference to the vLLM fix (every mode) or
-# engine argument (planned modes) it follows (kvcert.conformance.vllm.trace_causes), then write
+# engine argument (planned modes) it follows (kvcert.conformance.vllm.trace_causes; vLLM only), then write
 # engines/FAMILY/VERSION/expected$MODE.json (each failure with the cause
 # kvcert.conformance.vllm.expected gives it) and RESULTS$MODE.md from that raw report.
 # Review the diff: a new cause, or any "uninvestigated" entry, is open work.
@@ -26,10 +26,11 @@ if [ "$run" -eq 1 ]; then
 fi
 dir=engines/$family/$version
 trace=()
-case "$mode" in
-  -planned) marking=marked ;;
-  -planned-unmarked) marking=unmarked ;;
-  *) marking=hand ;;
+case "$family$mode" in
+  vllm-planned) marking=marked ;;
+  vllm-planned-unmarked) marking=unmarked ;;
+  vllm) marking=hand ;;
+  *) marking= ;;   # causes are traced to vLLM fixes only; SGLang's are named by hand
 esac
 if [ -n "$marking" ] && [ "$run" -eq 1 ]; then
   "$venv/bin/python" -m kvcert.conformance.vllm.trace_causes "$report" "$marking" \

@@ -54,20 +54,49 @@ class Unsupported(Exception):
 
 
 def scope_problem(case: JSON) -> str | None:
-    """Why the case lies outside the radix profile (RADIX-SCOPE-1) that SGLang's tree is
-    held to, or None: its layout, or a visibility or retention profile other than §13's."""
+    """Why the case lies outside what SGLang's tree and pools can answer, or None.
+
+    SGLang's tree is held to the radix profile (RADIX-SCOPE-1): one full-attention group at
+    step-end visibility and dense retention. A trace of several groups counts one block pool
+    shared by every group (§6); SGLang has no such pool, so no hybrid trace maps, whatever
+    its eviction profile.
+    """
     if case.get("visibility", "step-end") != "step-end":
         return "SGLang's tree publishes as the radix profile does (RADIX-SCOPE-1, PUB-1/2)"
     if case.get("retention", "dense") != "dense" or case.get("retention_interval"):
         return "SGLang's tree keeps every page it publishes (RADIX-SCOPE-1)"
     layout = case.get("layout")
     groups: list[Any] = layout.get("groups", []) if isinstance(layout, dict) else []
-    one_full = isinstance(groups, list) and len(groups) == 1 and groups[0].get("kind") == "full"
-    if not isinstance(layout, dict) or not one_full:
+    if not isinstance(layout, dict) or not isinstance(groups, list) or not groups:
         return "the alloc suite drives SGLang's full-attention tree only (RADIX-SCOPE-1)"
+    why = _shared_pool_problem(groups)
+    if why is not None:
+        return why
     if groups[0].get("draft") or set(layout) - {"groups", "max_model_len"}:
         return "the alloc suite drives SGLang without EAGLE and at page granularity"
     return None
+
+
+def _shared_pool_problem(groups: list[Any]) -> str | None:
+    """Why a trace of these groups, all drawing on one block pool, has no SGLang
+    counterpart, or None for one full-attention group."""
+    if len(groups) == 1 and isinstance(groups[0], dict) and groups[0].get("kind") == "full":
+        return None
+    if not all(isinstance(g, dict) for g in groups):
+        return "the alloc suite drives SGLang's full-attention tree only (RADIX-SCOPE-1)"
+    if any(g.get("draft") and g.get("kind") != "full" for g in groups):
+        return "SGLang's draft layers are full attention over the target's token slots"
+    if any(g.get("draft") for g in groups):
+        return (
+            "SGLang's draft layers write the target's token slots (one allocation serves "
+            "both): a trace whose draft group holds blocks of its own has no counterpart"
+        )
+    if {g.get("kind") for g in groups} != {"full"}:
+        return (
+            "SGLang keeps each component in a pool of its own (full-attention tokens, SWA "
+            "tokens, Mamba states): a trace counting one shared block pool has no counterpart"
+        )
+    return "one full-attention component: every full layer shares one page and one table"
 
 
 @dataclass

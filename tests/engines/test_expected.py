@@ -284,6 +284,24 @@ def test_sglang_state_checkpoints_a_hit_can_end_at():
     assert sglang.unified.state_grid(4, 6) == 12
 
 
+@pytest.mark.parametrize(
+    ("groups", "why"),
+    [
+        ([FULL4, {"kind": "mamba", "block_size": 2, "mode": "all"}], "a pool of its own"),
+        ([FULL4, DRAFT4], "blocks of its own"),
+        ([FULL4, {**DRAFT4, "kind": "sliding_window", "window": 1}], "full attention over"),
+        ([FULL4, FULL4], "one page and one table"),
+    ],
+)
+def test_sglang_alloc_traces_of_a_shared_block_pool_say_which_pool_sglang_lacks(groups, why):
+    """A trace of several groups counts one shared block pool: each layout gets the reason
+    SGLang's pools cannot hold it, before any eviction or speculative profile is asked."""
+    drafts = any(g.get("draft") for g in groups)
+    layout = {"groups": groups, **({"speculative": "exact"} if drafts else {})}
+    case = {"suite": "alloc", "layout": layout, "num_blocks": 8, "ops": []}
+    assert why in sglang.SglangEngine().run(case)["unsupported"]
+
+
 def test_sglang_adapter_refuses_bad_json_and_other_suites():
     engine = sglang.SglangEngine()
     bad = {"groups": [{"kind": "full", "block_size": 0}]}
@@ -294,7 +312,7 @@ def test_sglang_adapter_refuses_bad_json_and_other_suites():
     }
     swa = {"groups": [FULL4, {"kind": "sliding_window", "block_size": 4, "window": 8}]}
     alloc_case = {"suite": "alloc", "layout": swa, "num_blocks": 8, "ops": []}
-    assert "full-attention tree only" in engine.run(alloc_case)["unsupported"]
+    assert "a pool of its own" in engine.run(alloc_case)["unsupported"]
     same_pass = {"suite": "alloc", "layout": {"groups": [FULL4]}, "visibility": "same-pass"}
     assert "RADIX-SCOPE-1" in engine.run({**same_pass, "num_blocks": 8, "ops": []})["unsupported"]
     assert "plans no pages" in engine.run({"suite": "page", "plan": {}})["unsupported"]
