@@ -61,6 +61,17 @@ def test_sglangs_match_reaches_the_spec_hit_for_the_first_n_minus_1_tokens():
     assert eagle.capped(run, TOKENS[:8]).length == 6
 
 
+def test_the_early_cap_also_sees_passes_whose_results_are_not_processed():
+    """Under overlap a pass launched in step s writes for the end of step s + 1; SGLang may
+    serve it in step s + 1 already (sound, early), so the cap it could reach counts it."""
+    ledger = Ledger(page=2)
+    ledger.write(range(10, 14), eagle.slot_identities(TOKENS)[:4], step=0)
+    ledger.write(range(14, 18), eagle.slot_identities(TOKENS)[4:8], step=2)  # launched in 1
+    run = types.SimpleNamespace(ledger=ledger, step=2, window=None)
+    assert eagle.capped(run, TOKENS).length == 4
+    assert eagle.capped(run, TOKENS, early=True).length == 6
+
+
 def test_the_page_an_insert_left_out_is_the_bigram_insert():
     holders = places.Holders(in_tree={2, 3}, rows=[], free_pages={4, 5})
     holders.rows = [places.Row(slots=[2, 3, 6, 7, 12, 13], prompt=4, branched=False, protected=2)]
@@ -91,10 +102,12 @@ def test_an_eagle_workload_is_the_same_requests_in_a_pool_with_a_decode_reserve(
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (["--model", "mamba-paged"], "extra buffer's checkpoints inside a verify pass"),
+        (["--model", "mamba-paged"], ""),  # the extra buffer: played
         (["--model", "mamba"], ""),  # no buffer at page 1, synchronously: played
         (["--model", "swa-mamba"], ""),
-        (["--overlap"], "synchronously only"),
+        (["--overlap"], ""),  # spec v2 overlapped, the server's default: played
+        (["--overlap", "--model", "mamba"], ""),  # overlapped: the extra buffer
+        (["--overlap", "--model", "mamba", "--lazy"], "the lazy strategy plans"),
         (["--mixed-chunk"], "turns mixed chunked prefill off"),
         (["--mutant", "eagle-plain-keys"], None),
     ],
@@ -113,6 +126,25 @@ def test_eagle_runs_what_the_campaign_drives_and_refuses_the_rest(argv, refusal,
         command._arguments([*argv, "--eagle"])
     assert exit_.value.code == 2
     assert refusal in capsys.readouterr().err
+
+
+def test_overlapped_verify_runs_commit_oldest_first_and_a_finished_request_drops_its_own():
+    """Under overlap a request may have two verify passes launched and one result
+    processed: each result takes its own pass's run off the request's queue, the oldest
+    first; a request finished since the launch commits nothing and its run is dropped."""
+    req = types.SimpleNamespace(rid="r", finished=lambda: True, is_retracted=False)
+    run = types.SimpleNamespace(
+        sampled={id(req): [1, 2, 3, 4]},  # two passes' runs: 3 tokens, then 1
+        pending_runs={id(req): [3, 1]},
+        overlap=True,
+        findings=types.SimpleNamespace(dropped=0),
+    )
+    batch = types.SimpleNamespace(reqs=[req])
+    eagle.commit(run, batch)  # the first run: its request finished since, so dropped
+    assert run.sampled == {id(req): [4]} and run.pending_runs == {id(req): [1]}
+    assert run.findings.dropped == 3
+    eagle.commit(run, batch)
+    assert run.sampled == {} and run.pending_runs == {} and run.findings.dropped == 4
 
 
 def test_a_stale_draft_read_is_one_whose_target_kv_is_the_readers():

@@ -159,7 +159,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--eagle", action="store_true",
         help="the server's --speculative-algorithm EAGLE (3 steps, top-k 1, 4 draft tokens): "
-        "spec-v2 decode steps, synchronous (full, swa, mamba, swa-mamba)",
+        "spec-v2 decode steps (full, swa; synchronously also mamba, swa-mamba)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(
@@ -180,7 +180,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--lazy varies the extra buffer, which --model {args.model} runs {where}")
     if args.eagle:
         try:
-            served_with_eagle(generate(0, args.model, overlap=args.overlap, mixed=args.mixed_chunk))
+            plain = generate(0, args.model, overlap=args.overlap, mixed=args.mixed_chunk)
+            served_with_eagle(dataclasses.replace(plain, lazy=args.lazy))
         except ValueError as refused:
             parser.error(str(refused))
     return args
@@ -321,12 +322,12 @@ class Tally:
                 print(f"  mixed chunks: {totals['mixed_untracked']} decode rows at a Mamba "
                       "checkpoint boundary, which a mixed step does not track (the extra "
                       "buffer's state there is never cached)")  # fmt: skip
-        if totals["served_early"] and args.eagle:
-            print(f"  served past the owed hit: {totals['served_early']} tokens (a tree keying "
-                  "tokens reaches the position whose next token differs)")  # fmt: skip
-        elif totals["served_early"]:
-            print(f"  served before their step's result was processed (sound, not owed): "
-                  f"{totals['served_early']} tokens")  # fmt: skip
+        if totals["served_early"]:
+            why = ["prefixes published before their step's result was processed"] * args.overlap
+            if args.eagle and (args.model in MAMBA_MODELS or args.mutant == "eagle-plain-keys"):
+                why.append("a tree keying tokens reaches the position whose next token differs")
+            print(f"  served past the owed hit: {totals['served_early']} tokens "
+                  f"({'; '.join(why) or 'sound, not owed'})")  # fmt: skip
         for cause, count in self.causes.most_common():
             print(f"  lost hits, {EXPLAINED.get(cause, 'UNEXPLAINED')}: {count} ({cause})")
         if totals["aborted"]:

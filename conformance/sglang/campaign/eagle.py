@@ -20,7 +20,12 @@ no request may read (RESERVED). A Mamba state is the target model's alone: the l
 it by the tokens up to it, and the ledger remembers each slot's target part (`targets`), so
 a read whose target KV is the reader's and whose draft KV read another next token is told
 apart (`stale_drafts`): what a tree keying tokens serves, as SGLang's does beside a Mamba
-component. The token arithmetic is engine-free: tests drive it.
+component. Under overlap (spec v2's default) a pass is launched before the last one's result
+is processed: it starts where the device is, past the runs SGLang has not committed yet, and
+a request finished meanwhile drops its run. Under the extra buffer a pass whose accepted run
+crosses the decode track grid checkpoints the state at the grid point, as the worker's
+`commit_mamba_states_after_verify` does. The token arithmetic is engine-free: tests drive
+it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from kvcert.conformance.sglang.campaign.ledger import Ledger, Owed, identities
 from kvcert.conformance.sglang.campaign.workload import (
     Workload,
     next_token,
-    runs_extra_buffer,
     swa_floor,
 )
 
@@ -103,12 +107,15 @@ def stale_drafts(ledger: Ledger, slots: Sequence[int], targets: Sequence[bytes])
     return bool(slots) and held == list(targets)
 
 
-def capped(run: Run, tokens: Sequence[int]) -> Owed:
+def capped(run: Run, tokens: Sequence[int], *, early: bool = False) -> Owed:
     """The most SGLang's match can serve a request of these tokens: the spec's hit for its
     first n - 1 tokens, as SGLang caps the lookup at n - 1 raw tokens, which hold n - 2
     bigrams (one page short where n - 1 is a page multiple; under a sliding window, back to
-    where the window before that end is held)."""
-    return run.ledger.owed(slot_identities(tokens[:-1]), run.step, window=run.window)
+    where the window before that end is held). `early`: over every pass launched so far,
+    whose results overlap scheduling may not have processed (SGLang publishes and serves
+    those early, soundly: the judge's view of what it could reach)."""
+    step = run.step + 1 if early else run.step
+    return run.ledger.owed(slot_identities(tokens[:-1]), step, window=run.window)
 
 
 def reserve() -> int:
@@ -134,15 +141,10 @@ def served_with_eagle(workload: Workload) -> Workload:
     """The workload under EAGLE: the same requests, a pool larger by a decode step's
     reserve (rounded to pages), so that the longest request still fits alone, and for an
     SWA model at least the SWA floor with the reserve kept."""
-    if runs_extra_buffer(workload.model, workload.page, overlap=workload.overlap):
+    if workload.lazy:
         raise ValueError(
-            f"--eagle with --model {workload.model}: the campaign does not play the extra "
-            "buffer's checkpoints inside a verify pass (choose full, swa, mamba or swa-mamba)"
-        )
-    if workload.overlap:
-        raise ValueError(
-            "--eagle with --overlap: the campaign plays EAGLE's decode steps synchronously "
-            "only (spec v2's overlapped commit lags a step)"
+            "--eagle with --lazy: the lazy strategy plans a verify pass's checkpoints "
+            "(mamba_lazy_spec_prepare), which the campaign does not play"
         )
     if workload.mixed:
         raise ValueError(
@@ -160,35 +162,83 @@ def verify(run: Run, batch: Any) -> None:
     """A decode step's verify pass: per request, its last token and the drafts, computed
     into the slots SGLang's `eagle_prepare_for_decode` allocated. The accepted positions
     hold their KV, the rest of the allocation RESERVED; the committed run waits for the
-    result step (`commit`)."""
-    for req in batch.reqs:
+    result step (`commit`). Under overlap the pass starts where the device is: past the
+    runs of passes whose results SGLang has not processed (its `kv_committed_len` lags by
+    them, and the reserve, twice a step's positions, covers both)."""
+    if run.extra_buffer:  # the worker's prepare_for_verify: the track slots, from the reqs
+        spec_utils = importlib.import_module("sglang.srt.speculative.spec_utils")
+        spec_utils.prepare_mamba_track_for_verify(batch)
+    for i, req in enumerate(batch.reqs):
         tokens = run.tokens_of(req)
-        committed = int(req.kv.kv_committed_len)
-        if committed != len(tokens) - 1:
+        start = len(tokens) - 1  # the last token's KV is computed by this pass
+        lag = sum(run.pending_runs.get(id(req), ()))
+        if int(req.kv.kv_committed_len) + lag != start:
             raise RuntimeError(
                 f"the loop lost track of {req.rid}: {len(tokens)} tokens, SGLang's committed "
-                f"KV {committed} (the last token's KV is computed by the next verify pass)"
+                f"KV {int(req.kv.kv_committed_len)}, {lag} tokens in passes not processed"
             )
         run_ = verified(tokens)
-        end = committed + len(run_)
-        run.read_and_write(req, committed, end, tokens + run_)
+        end = start + len(run_)
+        run.read_and_write(req, start, end, tokens + run_)
         slots = run.row(req, int(req.kv.kv_allocated_len))[end:]
         run.ledger.write(slots, [RESERVED] * len(slots), run.write_step())
         if run.window is not None:
             swa = run.swa_slots(slots)
             run.window.ledger.write(swa, [RESERVED] * len(swa), run.write_step())
-        run.sampled[id(req)] = run_
+        run.sampled.setdefault(id(req), []).extend(run_)
+        run.pending_runs.setdefault(id(req), []).append(len(run_))
+        if run.extra_buffer:
+            _track_crossing(run, batch, i, range(start, end))
+
+
+def _track_crossing(run: Run, batch: Any, i: int, run_span: range) -> None:
+    """The extra buffer's checkpoint of a verify pass (commit_mamba_states_after_verify):
+    where the accepted run crosses the track grid, the state at the last grid point it
+    reaches goes into the track slot SGLang set for the request (none where it is -1).
+
+        decode grid 256 (lcm of the checkpoint grid and mamba_track_interval 256),
+        committed 254, a run of 3 accepted: positions 254..256 computed, 256 crossed:
+        the state after 256 tokens goes into the track slot
+    """
+    grid = run.sg.mamba_track_grid(run.workload.page)
+    start, end = run_span.start, run_span.stop
+    logical = batch.mamba_track_indices[i]
+    if start // grid != end // grid and int(logical) >= 0:
+        point = end // grid * grid
+        if run.mutant == "track-final-state":  # the twin: the run's last state instead
+            point = end
+        run.track(batch.reqs[i], point, logical)
+
+
+def _take_run(run: Run, req: Any) -> list[int]:
+    """The oldest verified run launched for the request, taken off its queues."""
+    count = run.pending_runs[id(req)].pop(0)
+    if not run.pending_runs[id(req)]:
+        del run.pending_runs[id(req)]
+    queue = run.sampled[id(req)]
+    taken, rest = queue[:count], queue[count:]
+    if rest:
+        run.sampled[id(req)] = rest
+    else:
+        del run.sampled[id(req)]
+    return taken
 
 
 def commit(run: Run, batch: Any) -> None:
     """process_batch_result_decode under spec v2: `_resolve_spec_v2_tokens` commits each
     request's verified run to its KV, then SGLang's own per-request step (the release of a
-    finished request) runs."""
-    runs = [run.sampled.pop(id(req)) for req in batch.reqs]
+    finished request) runs. Under overlap a request finished or retracted since the pass
+    was launched commits nothing (its run is dropped; the release frees that KV)."""
+    runs = [_take_run(run, req) for req in batch.reqs]
     outcome = types.SimpleNamespace(
-        num_correct_drafts_per_req_cpu=[len(r) - 1 for r in runs], grammar_retained_tokens=None
+        num_correct_drafts_per_req_cpu=[len(r) - 1 for r in runs],
+        num_non_draft_tokens_per_req=1,  # EAGLE's bonus token
+        grammar_retained_tokens=None,
     )
     for i, (req, run_) in enumerate(zip(batch.reqs, runs, strict=True)):
+        if run.overlap and (req.finished() or req.is_retracted):
+            run.findings.dropped += len(run_)
+            continue
         req.kv.kv_committed_len += len(run_)
         req.output_ids.extend(run_)
         req.update_finish_state(len(run_))
@@ -211,12 +261,14 @@ def overshoot(run: Run, req: Any) -> tuple[list[bytes], int | None]:
     accepted run, which can pass `max_new_tokens`; SGLang's release frees that KV as
     over-allocated and keys the tree at `owned_kv_len` ("the client never sees those
     tokens, so nothing matches"), so no state after them is cached either. The KV
-    identities of those positions, and the running state when it lies past the stop."""
-    owned, committed = int(req.owned_kv_len()), int(req.kv.kv_committed_len)
-    if committed <= owned:
+    identities of those positions (under overlap also those a pass launched since then
+    computed), and the running state when it lies past the stop."""
+    owned = int(req.owned_kv_len())
+    computed = len(run.tokens_of(req)) - 1  # under overlap: with a pass launched since
+    if computed <= owned:
         return [], None
     content = run.ledger.content
-    kv = [content[slot] for slot in run.row(req, committed)[owned:] if slot in content]
+    kv = [content[slot] for slot in run.row(req, computed)[owned:] if slot in content]
     state = int(run.states.values()[run.states.slot(req)]) if run.hybrid else None
     return kv, state
 

@@ -1,8 +1,8 @@
 """One workload through SGLang's own request steps, its scheduler's loop played around them.
 
 SGLang's `Scheduler` does not build on CPU (docs/engines.md), so this module plays its
-event loop, FCFS, no mixed chunks, no speculative decoding, as 0.5.23 runs it, either
-synchronously (`event_loop_normal`) or overlapped, the server's default
+event loop (FCFS or by priority, mixed chunks, EAGLE: as the workload's flags say) as
+0.5.23 runs it, either synchronously (`event_loop_normal`) or overlapped, the server's default
 (`event_loop_overlap`: a batch's result is processed after the next batch is scheduled and
 launched; a decode skips the requests its queued result finishes), through
 `get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch` and the batch
@@ -164,6 +164,7 @@ class Run:
         # sampled, appended when their results are processed
         self.queued: list[Any] = []
         self.sampled: dict[int, list[int]] = {}
+        self.pending_runs: dict[int, list[int]] = {}  # EAGLE: per launched pass, its run's length
         self.judged: set[int] = set()  # id() of requests judged at their current admission
         self.checkpointed: set[int] = set()  # states the extra buffer has tracked
         self.published = Published()  # what the tree held, what retractions freed
@@ -669,16 +670,16 @@ class Run:
             end = req.prefix_len + tracked // chunk * chunk
             if tracked % chunk == 0 or self._broken("track-final-state"):
                 end = req.extend_end  # the last state (the twin takes it in place of `h`)
-            self._track(req, end, batch.mamba_track_indices[i])
+            self.track(req, end, batch.mamba_track_indices[i])
 
     def _track_decode(self, batch: Any) -> None:
         """The extra buffer's decode checkpoints: where `mamba_track_mask` is set the kernel
         copies the state after the decoded token into the batch's `mamba_track_indices`."""
         for i, req in enumerate(batch.reqs):
             if batch.mamba_track_mask_cpu[i]:
-                self._track(req, int(batch.seq_lens_cpu[i]), batch.mamba_track_indices[i])
+                self.track(req, int(batch.seq_lens_cpu[i]), batch.mamba_track_indices[i])
 
-    def _track(self, req: Any, end: int, logical: Any) -> None:
+    def track(self, req: Any, end: int, logical: Any) -> None:
         """Write the state after `end` tokens of the request into a track slot."""
         state = self.ledger.state_id(identities(self.tokens_of(req)[:end])[-1])
         physical = int(self.requests.translate_mamba_indices(logical.reshape(1))[0])

@@ -132,7 +132,10 @@ def judge(run: Run, req: Any, owed: Any, holders: Holders) -> None:
         # explains a loss down to that hit; a loss below it is judged against it (0.5.23
         # keys bigrams beside no Mamba component, so the cap is defined without states)
         capped = eagle.capped(run, tokens)
-        if served == capped.length:
+        # under overlap SGLang may reach past `capped` through passes whose results are
+        # not processed yet (served early): then the cap is judged over that view
+        early = run.overlap and served == eagle.capped(run, tokens, early=True).length
+        if served == capped.length or early:
             cause = BIGRAM_CAP
         elif served < capped.length:
             owed = capped

@@ -70,10 +70,20 @@ def keep_decode_headroom(adder: Any, running: Any, reserve: int = 0) -> None:
     full-attention budget with its running requests (`total_offset`) but starts the SWA
     offset at 0, so a prefill may take the slots their next decode steps need. Under
     speculative decoding a step allocates `reserve` slots past the committed KV at once,
-    beyond what the window keeps, so the headroom holds them as well."""
+    beyond what the window keeps, so the headroom holds them as well, and the estimate of
+    a request being admitted charges them too: its first decode step allocates the reserve
+    while its prompt's SWA is still held (no window is released at a request's first
+    decode, `maybe_evict_swa`)."""
     budget = adder.memory_budget
     for req in running.reqs:
         budget.swa_offset += budget.swa_tokens(0, adder._swa_new_tokens(req)) + reserve
+    if reserve:
+        estimate = budget.swa_tokens
+
+        def with_reserve(*args: Any, **kwargs: Any) -> int:
+            return int(estimate(*args, **kwargs)) + reserve
+
+        budget.swa_tokens = with_reserve
 
 
 def refuse_second_chunk(adder: Any, refused: Any) -> None:
