@@ -141,10 +141,13 @@ def test_overlapped_verify_runs_commit_oldest_first_and_a_finished_request_drops
     )
     batch = types.SimpleNamespace(reqs=[req])
     eagle.commit(run, batch)  # the first run: its request finished since, so dropped
-    assert run.sampled == {id(req): [4]} and run.pending_runs == {id(req): [1]}
+    assert run.sampled == {id(req): [4]}
+    assert run.pending_runs == {id(req): [1]}
     assert run.findings.dropped == 3
     eagle.commit(run, batch)
-    assert run.sampled == {} and run.pending_runs == {} and run.findings.dropped == 4
+    assert run.sampled == {}
+    assert run.pending_runs == {}
+    assert run.findings.dropped == 4
 
 
 def test_a_stale_draft_read_is_one_whose_target_kv_is_the_readers():

@@ -159,7 +159,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--eagle", action="store_true",
         help="the server's --speculative-algorithm EAGLE (3 steps, top-k 1, 4 draft tokens): "
-        "spec-v2 decode steps (full, swa; synchronously also mamba, swa-mamba)",
+        "spec-v2 decode steps, synchronous or overlapped, on every model (not with --lazy "
+        "or --mixed-chunk)",
     )  # fmt: skip
     parser.add_argument("--mutant", choices=MUTANTS, help="play a broken twin of SGLang")
     parser.add_argument(

@@ -65,12 +65,17 @@ def preempt(run: Run, adder: Any, req: Any) -> bool:
         return False
     before = len(adder.preempt_list)
     unpublished = {id(r): run.unpublished(r) for r in run.running.reqs}
+    order = {id(r): i for i, r in enumerate(run.running.reqs)}
     if run.mutant == "preempt-frees-prefix":
         variants.free_prefix_on_preempt(run.running, run.allocator, unified.api().torch)
     preempted = adder.preempt_to_schedule(req)
     vars(run.running).pop("release_req", None)  # a twin's release lasts one preemption
     if not preempted:
         return False
+    # SGLang extends preempt_list from a set of requests, in address order, which is the
+    # order they re-enter the queue: any order is SGLang's; the running batch's is pinned
+    # so that a workload replays identically in every process
+    adder.preempt_list[before:] = sorted(adder.preempt_list[before:], key=lambda r: order[id(r)])
     for preempted in adder.preempt_list[before:]:
         kv, state = unpublished[id(preempted)]
         run.published.retracted_kv |= kv
