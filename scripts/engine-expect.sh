@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-derive a release's expected results after the vectors or the adapter changed: certify it
-# without its expected-failure file, trace each difference to the vLLM fix (every mode) or
-# engine argument (planned modes) it follows (kvcert.conformance.vllm.trace_causes; vLLM only), then write
+# without its expected-failure file, for vLLM trace each difference to the fix (every mode) or
+# engine argument (planned modes) it follows (kvcert.conformance.vllm.trace_causes), then write
 # engines/FAMILY/VERSION/expected$MODE.json (each failure with the cause
 # kvcert.conformance.vllm.expected gives it) and RESULTS$MODE.md from that raw report.
 # Review the diff: a new cause, or any "uninvestigated" entry, is open work.
