@@ -391,7 +391,7 @@ def _inexpressible(
         return _all_swa_problem(groups, cached)
     for group in groups:
         if group.get("draft") and group.get("kind") != "full":
-            return "SGLang's draft layers are full attention over the target's token slots"
+            return alloc.DRAFT_NOT_FULL
     fulls = roles["full"]
     if all(groups[i].get("draft") for i in fulls):
         return "a draft model rides on the target's full-attention slots: the target has none"

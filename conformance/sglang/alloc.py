@@ -45,6 +45,8 @@ from kvcert.conformance.sglang.request_steps import (
 )
 
 REFUSED: JSON = {"refused": True}
+# the reason a draft group of another kind is inexpressible, in the hit and alloc suites alike
+DRAFT_NOT_FULL = "SGLang's draft layers are full attention over the target's token slots"
 ROWS = 64  # request rows: more than any case runs at once
 BIG = 1 << 20  # max_new_tokens: requests finish when the case says so
 
@@ -85,7 +87,7 @@ def _shared_pool_problem(groups: list[Any]) -> str | None:
     if not all(isinstance(g, dict) for g in groups):
         return "the alloc suite drives SGLang's full-attention tree only (RADIX-SCOPE-1)"
     if any(g.get("draft") and g.get("kind") != "full" for g in groups):
-        return "SGLang's draft layers are full attention over the target's token slots"
+        return DRAFT_NOT_FULL
     if any(g.get("draft") for g in groups):
         return (
             "SGLang's draft layers write the target's token slots (one allocation serves "

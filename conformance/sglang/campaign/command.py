@@ -324,7 +324,9 @@ class Tally:
                       "checkpoint boundary, which a mixed step does not track (the extra "
                       "buffer's state there is never cached)")  # fmt: skip
         if totals["served_early"]:
-            why = ["prefixes published before their step's result was processed"] * args.overlap
+            why = []
+            if args.overlap:
+                why.append("prefixes published before their step's result was processed")
             if args.eagle and (args.model in MAMBA_MODELS or args.mutant == "eagle-plain-keys"):
                 why.append("a tree keying tokens reaches the position whose next token differs")
             print(f"  served past the owed hit: {totals['served_early']} tokens "
