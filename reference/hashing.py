@@ -22,11 +22,11 @@ One stream serves every non-draft group: block j of a group of size B is keyed b
 after (j+1)*B tokens, computed at the gcd of the block sizes. A draft group under exact keying
 also covers the token after each block (lookahead 1), so it gets its own stream.
 
-Cost: the prompt is encoded once (array, C speed); per boundary the hash state is advanced
-over a memoryview slice and its digest read (`digest()` leaves the state running): two C
-calls, no Python object besides the digest itself. A `DigestMemo` keeps recent prompts'
-chains, so a prompt sharing a prefix with one of them (a system prompt, a chat re-sent with
-one more turn) digests only what follows the shared blocks.
+Cost: the prompt is encoded once; the hash state is advanced over a run of boundaries at a
+time, reading the digest after each (`py_boundaries` defines it; with the compiled
+`_chain.Sha256`, reference/_chain.c, the run is one C call). A `DigestMemo` keeps recent
+prompts' chains, so a prompt sharing a prefix with one of them (a system prompt, a chat
+re-sent with one more turn) digests only what follows the shared blocks.
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from kvcert.reference.config import HashAlgorithm, as_choice
 from kvcert.reference.errors import ConfigError
+from kvcert.reference.native import native
+
+_compiled = native("_chain")
 
 DOMAIN = b"kvcert-block-v2\x00"
 MARKER = struct.pack("<q", -1)  # precedes a record of positioned extras; never a token id
@@ -110,8 +114,21 @@ def encode_extras(extras: Sequence[ExtraKey]) -> bytes:
     return struct.pack("<I", len(parts)) + b"".join(parts)
 
 
+def decode_tokens(encoded: bytes) -> array[int]:
+    """The ids `encode_tokens` encoded, as an int64 array."""
+    tokens = array("q")
+    tokens.frombytes(encoded)
+    if sys.byteorder == "big":
+        tokens.byteswap()
+    return tokens
+
+
 def encode_tokens(tokens: Sequence[int]) -> bytes:
     """Token ids as little-endian int64 (the caller has checked they are in [0, 2**63))."""
+    if _compiled is not None and type(tokens) in (list, tuple):
+        encoded: bytes | None = _compiled.pack_tokens(tokens)
+        if encoded is not None:
+            return encoded
     packed = tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
     if sys.byteorder == "big":
         packed = array("q", packed)
@@ -120,10 +137,39 @@ def encode_tokens(tokens: Sequence[int]) -> bytes:
 
 
 def hasher(algorithm: HashAlgorithm) -> Callable[[bytes], Any]:
-    """A fresh hash object of the algorithm, fed `data` (`.update`, `.copy`, `.digest`)."""
+    """A fresh hash object of the algorithm, fed `data` (`.update`, `.copy`, `.digest`): for
+    SHA-256 the compiled state with its boundary loop when built, else hashlib's."""
     if algorithm is HashAlgorithm.SHA256:
-        return hashlib.sha256
+        return hashlib.sha256 if _compiled is None else _compiled.Sha256
     return lambda data: hashlib.blake2b(data, digest_size=32)
+
+
+def py_boundaries(  # noqa: PLR0917 (the compiled method's signature, bound to `state`)
+    state: Any,
+    out: list[bytes],
+    data: bytes | bytearray | memoryview,
+    start: int,
+    first_end: int,
+    step: int,
+    count: int,
+) -> None:
+    """Feed data[start:first_end] to `state` and append its digest to `out`, then `count - 1`
+    times the next `step` bytes and the digest (the compiled Sha256.boundaries is this loop).
+    The bounds are checked before the state moves."""
+    size = memoryview(data).nbytes
+    if not (0 <= start <= first_end and step > 0 and count >= 0) or (
+        count and first_end + (count - 1) * step > size
+    ):
+        raise ValueError(
+            f"boundaries: spans from {start} to {first_end} then {max(count - 1, 0)} x {step} "
+            f"bytes do not fit in {size} bytes"
+        )
+    update, digest, append = state.update, state.digest, out.append
+    with memoryview(data) as view:
+        for _ in range(count):
+            update(view[start:first_end])
+            append(digest())
+            start, first_end = first_end, first_end + step
 
 
 class Chain:
@@ -162,66 +208,82 @@ class Chain:
                 starts.setdefault(extra.start, []).append(extra)
         self._records = {p: MARKER + encode_extras(e) for p, e in starts.items()}
         self._positions = sorted(self._records)
-        self._stream = bytearray()  # the encoded tokens so far
+        self._stream: bytes | bytearray = b""  # the encoded tokens so far
         self._fed = 0  # tokens the hash state has consumed
         self.digests: list[bytes] = []
         self._checkpoints: list[Checkpoint] = []  # kept only for a DigestMemo
 
-    def extend(
-        self, tokens: Sequence[int], encoded: bytes | None = None, memo: DigestMemo | None = None
-    ) -> None:
+    def extend(self, tokens: Sequence[int], memo: DigestMemo | None = None) -> None:
         """Digest every boundary whose tokens all exist (`tokens` is the whole sequence so
-        far; `encoded` its encoding when the caller has it; `memo`: reuse and remember a
-        prompt's digests). Implements HASH-CHAIN-1."""
-        size, lookahead = self.size, self.lookahead
-        count = max(0, (len(tokens) - lookahead) // size)
-        if count <= len(self.digests):
-            return  # no new boundary: tokens are encoded when one completes
-        known = len(self._stream) // 8
-        if len(tokens) > known:
-            new = encode_tokens(tokens[known:]) if encoded is None else encoded[8 * known :]
-            self._stream += new
+        far; `memo`: reuse and remember a prompt's digests). Implements HASH-CHAIN-1."""
+        count = self._boundaries(len(tokens))
+        if count > len(self.digests):  # tokens are encoded only when a boundary completes
+            known = len(self._stream) // 8
+            if len(tokens) > known:
+                self._append(encode_tokens(tokens[known:]))
+            self._digest(count, memo)
+
+    def extend_encoded(self, encoded: bytes, memo: DigestMemo | None = None) -> None:
+        """`extend`, given the whole sequence in its encoding (`encode_tokens`)."""
+        count = self._boundaries(len(encoded) // 8)
+        if count > len(self.digests):
+            known = len(self._stream)
+            if len(encoded) > known:
+                self._append(encoded[known:] if known else encoded)
+            self._digest(count, memo)
+
+    def _boundaries(self, length: int) -> int:
+        """How many boundaries `length` tokens complete."""
+        return max(0, (length - self.lookahead) // self.size)
+
+    def _append(self, encoded: bytes) -> None:
+        if not self._stream and type(encoded) is bytes:
+            self._stream = encoded  # immutable: shared, not copied, until it grows
+            return
+        if type(self._stream) is bytes:
+            self._stream = bytearray(self._stream)
+        self._stream += encoded
+
+    def _digest(self, count: int, memo: DigestMemo | None) -> None:
         memo = memo if memo is not None and not self._records and not self.digests else None
         if memo is not None:
             memo.resume(self, count)
             if not memo.could_keep(len(self._stream), count):
                 memo = None  # too large to remember: no checkpoints to save
-        view = memoryview(self._stream)
-        state, digests = self._state, self.digests
-        update, digest, append = state.update, state.digest, digests.append
-        end = self._fed
-        if self._records:
-            for k in range(len(digests), count):
-                start, end = end, (k + 1) * size + lookahead
-                self._feed(view, start, end)
-                append(digest())
-        elif memo is None:  # no positioned extras: one slice of the encoded tokens per boundary
-            for k in range(len(digests), count):
-                start, end = end, (k + 1) * size + lookahead
-                update(view[8 * start : 8 * end])
-                append(digest())
-        else:  # the same, saving the state every CHECKPOINT_EVERY boundaries for the memo
-            for k in range(len(digests), count):
-                start, end = end, (k + 1) * size + lookahead
-                update(view[8 * start : 8 * end])
-                append(digest())
-                if (k + 1) % CHECKPOINT_EVERY == 0:
-                    self._checkpoints.append((k + 1, end, state.copy()))
-        self._fed = end
-        view.release()
+        self._digest_to(count, memo is not None)
         if memo is not None:
             memo.record(self)
 
-    def _feed(self, view: memoryview, start: int, end: int) -> None:
-        """Advance the state over tokens [start, end), each record right before its token."""
+    def _digest_to(self, count: int, checkpoints: bool) -> None:
+        """Digest boundaries len(digests) .. count - 1 in runs: a run stops where a record of
+        positioned extras enters the stream (fed right before its token) and, when
+        `checkpoints`, every CHECKPOINT_EVERY boundaries (the state saved there for a memo)."""
+        size, lookahead, state, digests = self.size, self.lookahead, self._state, self.digests
+        run = getattr(state, "boundaries", None)
+        if run is None:  # hashlib's state: the definition's loop
+            run = partial(py_boundaries, state)
         positions = self._positions
-        for p in positions[
-            bisect.bisect_left(positions, start) : bisect.bisect_left(positions, end)
-        ]:
-            self._state.update(view[8 * start : 8 * p])
-            self._state.update(self._records[p])
-            start = p
-        self._state.update(view[8 * start : 8 * end])
+        pending = bisect.bisect_left(positions, self._fed)  # records not fed yet
+        fed, k = self._fed, len(digests)
+        with memoryview(self._stream) as view:
+            while k < count:
+                end = (k + 1) * size + lookahead
+                if pending < len(positions) and positions[pending] < end:
+                    at = positions[pending]  # inside boundary k's span: feed up to it, then it
+                    state.update(view[8 * fed : 8 * at])
+                    state.update(self._records[at])
+                    fed, pending = at, pending + 1
+                    continue
+                stop = count
+                if pending < len(positions):  # the boundaries ending at or before the record
+                    stop = min(stop, (positions[pending] - lookahead) // size)
+                if checkpoints:
+                    stop = min(stop, (k // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY)
+                run(digests, view, 8 * fed, 8 * end, 8 * size, stop - k)
+                fed, k = stop * size + lookahead, stop
+                if checkpoints and k % CHECKPOINT_EVERY == 0:
+                    self._checkpoints.append((k, fed, state.copy()))
+        self._fed = fed
 
     def copy(self) -> Chain:
         """An independent chain in the same state (a request's own, from a shared Prompt)."""
@@ -229,7 +291,7 @@ class Chain:
         twin.size, twin.lookahead = self.size, self.lookahead
         twin._state = self._state.copy()
         twin._records, twin._positions = self._records, self._positions
-        twin._stream = bytearray(self._stream)
+        twin._stream = self._stream if type(self._stream) is bytes else bytearray(self._stream)
         twin._fed = self._fed
         twin.digests = list(self.digests)
         twin._header = self._header
@@ -345,7 +407,9 @@ class DigestMemo:
         cost = _cost(8 * chain._fed, len(chain.digests), len(chain._checkpoints))
         if cost > self.budget:
             return
-        stream = bytes(chain._stream[: 8 * chain._fed])
+        stream = chain._stream
+        if type(stream) is not bytes or len(stream) != 8 * chain._fed:
+            stream = bytes(stream[: 8 * chain._fed])
         self._entries[family] = _Entry(stream, list(chain.digests), list(chain._checkpoints))
         self._used += cost
         while self._used > self.budget:

@@ -1,9 +1,10 @@
 """What a KVCacheManager accepts: token ids, counts, positions and request ids, each checked
 at the door with a RequestStateError that names the argument and the fix.
 
-Token lists are checked in C where they are long (struct packing checks type and range; the
-sign byte of each int64 shows a negative id), one by one where they are short (a decode
-step's sampled tokens), so validation costs little beside hashing.
+Token lists are checked in C where they are long (the compiled `_chain.pack_tokens` when
+built; else struct packing checks type and range and the sign byte of each int64 shows a
+negative id), one by one where they are short (a decode step's sampled tokens), so
+validation costs little beside hashing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcert.reference.errors import RequestStateError
-from kvcert.reference.hashing import ExtraKey
+from kvcert.reference.hashing import ExtraKey, decode_tokens, encode_tokens
+from kvcert.reference.native import native
+
+_chain = native("_chain")  # its pack_tokens checks and packs a list in one C loop
 
 TOKEN_LIMIT = 2**63
 LIST_OR_TUPLE = (list, tuple)
@@ -38,6 +42,10 @@ def token_ids(tokens: object, what: str) -> array[int]:
         return array("q", tokens)
     if not isinstance(tokens, str | bytes | Sequence | array) and hasattr(tokens, "tolist"):
         tokens = _listed(tokens, what)
+    if _chain is not None and type(tokens) in LIST_OR_TUPLE:
+        encoded = _chain.pack_tokens(tokens)  # None: some item is not an id; found below
+        if encoded is not None:
+            return decode_tokens(encoded)
     if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | array):
         raise RequestStateError(
             f"{what} must be a sequence of token ids (integers), got {type(tokens).__name__}"
@@ -66,6 +74,16 @@ def token_ids(tokens: object, what: str) -> array[int]:
             f"{what}: position {bad[0]} holds {bad[1]!r}, not a token id (an integer in [0, 2**63))"
         )
     return checked
+
+
+def encoded_token_ids(tokens: object, what: str) -> bytes:
+    """`token_ids(tokens, what)` in the digest chain's encoding (little-endian int64,
+    kvcert.reference.hashing.encode_tokens), packed once."""
+    if _chain is not None:
+        encoded: bytes | None = _chain.pack_tokens(tokens)  # None: not a list of ids
+        if encoded is not None:
+            return encoded
+    return encode_tokens(token_ids(tokens, what))
 
 
 def _listed(tokens: Any, what: str) -> list[Any]:

@@ -36,7 +36,7 @@ from kvcert.reference.errors import (
     UnknownRequestError,
 )
 from kvcert.reference.events import Event
-from kvcert.reference.hashing import DigestMemo, ExtraKey, encode_tokens, hasher
+from kvcert.reference.hashing import DigestMemo, ExtraKey, hasher
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.inspection import Inspection
 from kvcert.reference.keyindex import ServedMap
@@ -99,13 +99,12 @@ class KVCacheManager(Inspection):
 
     def prompt(self, tokens: Sequence[int], extras: Sequence[ExtraKey] = ()) -> Prompt:
         """Validate and digest a prompt for this manager, once (see `Prompt`)."""
-        checked = inputs.token_ids(tokens, "a prompt's tokens")
+        encoded = inputs.encoded_token_ids(tokens, "a prompt's tokens")
         keys = inputs.extra_keys(extras)
         chains = self._keying.chains(keys)
-        encoded = encode_tokens(checked)
         for chain in {id(c): c for c in chains if c is not None}.values():
-            chain.extend(checked, encoded, self._memo)
-        return Prompt(self, checked, keys, chains)
+            chain.extend_encoded(encoded, self._memo)
+        return Prompt(self, encoded, keys, chains)
 
     def _prepared(self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey]) -> Prompt:
         if not isinstance(tokens, Prompt):

@@ -8,7 +8,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvcert.reference.hashing import Chain, ExtraKey
+from kvcert.reference.hashing import Chain, ExtraKey, decode_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,24 +63,33 @@ class Progress(NamedTuple):
 
 class Prompt:
     """A prompt validated and digested for one manager: pass it to `admit` or `lookup` to
-    skip the hashing (an engine hashes a prompt once, as it arrives)."""
+    skip the hashing (an engine hashes a prompt once, as it arrives). It keeps the ids in
+    their encoding; the array of them is made when first read (a lookup never reads it)."""
 
-    __slots__ = ("chains", "extras", "owner", "tokens")
+    __slots__ = ("_tokens", "chains", "encoded", "extras", "owner")
 
     def __init__(
         self,
         owner: object,
-        tokens: array[int],
+        encoded: bytes,
         extras: tuple[ExtraKey, ...],
         chains: list[Chain | None],
     ) -> None:
         self.owner = owner  # the manager that prepared it: its keys are that manager's
-        self.tokens = tokens
+        self.encoded = encoded  # the ids, little-endian int64 (hashing.encode_tokens)
+        self._tokens: array[int] | None = None
         self.extras = extras
         self.chains = chains
 
+    @property
+    def tokens(self) -> array[int]:
+        """The ids (read them, never change them: the digests certify them)."""
+        if self._tokens is None:
+            self._tokens = decode_tokens(self.encoded)
+        return self._tokens
+
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.encoded) // 8
 
 
 class Request:

@@ -30,7 +30,7 @@ NEW = hasher(HashAlgorithm.SHA256)
 def digests(tokens: list[int], size: int, lookahead: int, extras, memo=None) -> list[bytes]:
     chain = Chain(size, lookahead, extras, NEW)
     packed = array("q", tokens)
-    chain.extend(packed, encode_tokens(packed), memo)
+    chain.extend_encoded(encode_tokens(packed), memo)
     return chain.digests
 
 

@@ -1,0 +1,274 @@
+/* kvcert.reference._chain: the digest chain's two hot loops, compiled.
+ *
+ * The same contracts as their pure-Python definitions, which tests/reference/test_chain.py
+ * holds these equal to:
+ *   - `Sha256.boundaries` is kvcert.reference.hashing.py_boundaries: advance a SHA-256 state
+ *     over a run of spans of the encoded token stream, reading the digest after each span;
+ *   - `pack_tokens` is the packing half of kvcert.reference.inputs.token_ids: a list of token
+ *     ids as little-endian int64, or None when one of them is not an id (the caller then
+ *     finds and names it).
+ * A 128k-token prompt has 32,768 boundaries at 4 tokens; in Python each costs two calls, a
+ * slice and a digest object's setup, which is nearly all of the hashing time. Here the state
+ * is OpenSSL's SHA256_CTX, a plain struct: copied and finished in place per boundary.
+ */
+#define PY_SSIZE_T_CLEAN
+#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_CTX is deprecated for EVP, which cannot be copied cheaply */
+#include <Python.h>
+#include <openssl/sha.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    SHA256_CTX ctx;
+} Sha256Object;
+
+static PyTypeObject Sha256Type;
+
+static Sha256Object *
+new_state(void)
+{
+    return PyObject_New(Sha256Object, &Sha256Type);
+}
+
+/* Feed a buffer-supporting object to the state; 0 on error. */
+static int
+feed(Sha256Object *self, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        return 0;
+    }
+    SHA256_Update(&self->ctx, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return 1;
+}
+
+static PyObject *
+Sha256_new(PyTypeObject *Py_UNUSED(type), PyObject *args, PyObject *kwargs)
+{
+    PyObject *data = NULL;
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)
+        || !PyArg_ParseTuple(args, "|O:Sha256", &data)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "Sha256(data=b'') takes its data by position");
+        }
+        return NULL;
+    }
+    Sha256Object *self = new_state();
+    if (self == NULL) {
+        return NULL;
+    }
+    SHA256_Init(&self->ctx);
+    if (data != NULL && !feed(self, data)) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+Sha256_update(Sha256Object *self, PyObject *data)
+{
+    if (!feed(self, data)) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The digest of what was fed so far; the state keeps running (it finishes a copy). */
+static PyObject *
+digest_of(const SHA256_CTX *ctx)
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, SHA256_DIGEST_LENGTH);
+    if (out != NULL) {
+        SHA256_CTX finished = *ctx;
+        SHA256_Final((unsigned char *)PyBytes_AS_STRING(out), &finished);
+    }
+    return out;
+}
+
+static PyObject *
+Sha256_digest(Sha256Object *self, PyObject *Py_UNUSED(ignored))
+{
+    return digest_of(&self->ctx);
+}
+
+static PyObject *
+Sha256_copy(Sha256Object *self, PyObject *Py_UNUSED(ignored))
+{
+    Sha256Object *twin = new_state();
+    if (twin != NULL) {
+        twin->ctx = self->ctx;
+    }
+    return (PyObject *)twin;
+}
+
+/* boundaries(out, data, start, first_end, step, count): feed data[start:first_end] and
+ * append the digest to `out`, then `count - 1` times feed the next `step` bytes and append
+ * the digest. Every bound is checked, every digest object made and `out` grown before the
+ * state moves, so an error leaves the state and `out` as they were. */
+static PyObject *
+Sha256_boundaries(Sha256Object *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "boundaries(out, data, start, first_end, step, count) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *out = args[0];
+    if (!PyList_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "boundaries: out must be a list");
+        return NULL;
+    }
+    Py_ssize_t bounds[4];
+    for (int i = 0; i < 4; i++) {
+        bounds[i] = PyLong_AsSsize_t(args[2 + i]);
+        if (bounds[i] == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    Py_ssize_t start = bounds[0], first_end = bounds[1], step = bounds[2], count = bounds[3];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *digests = NULL;
+    if (count < 0 || step <= 0 || start < 0 || first_end < start
+        || (count > 0
+            && (first_end > view.len || (view.len - first_end) / step < count - 1))) {
+        PyErr_Format(PyExc_ValueError,
+                     "boundaries: spans from %zd to %zd then %zd x %zd bytes do not fit in "
+                     "%zd bytes",
+                     start, first_end, count > 0 ? count - 1 : 0, step, view.len);
+        goto done;
+    }
+    digests = PyList_New(count);
+    if (digests == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *digest = PyBytes_FromStringAndSize(NULL, SHA256_DIGEST_LENGTH);
+        if (digest == NULL) {
+            Py_CLEAR(digests);
+            goto done;
+        }
+        PyList_SET_ITEM(digests, k, digest);
+    }
+    Py_ssize_t size = PyList_GET_SIZE(out); /* grow `out` first: then nothing can fail */
+    if (PyList_SetSlice(out, size, size, digests) < 0) {
+        Py_CLEAR(digests);
+        goto done;
+    }
+    /* The new digest objects are in `out` but no Python code runs before they are written. */
+    const unsigned char *at = (const unsigned char *)view.buf + start;
+    Py_ssize_t span = first_end - start;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        SHA256_Update(&self->ctx, at, (size_t)span);
+        at += span;
+        span = step;
+        SHA256_CTX finished = self->ctx;
+        SHA256_Final((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(digests, k)), &finished);
+    }
+done:
+    PyBuffer_Release(&view);
+    if (digests == NULL) {
+        return NULL;
+    }
+    Py_DECREF(digests);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Sha256_get_digest_size(PyObject *Py_UNUSED(self), void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(SHA256_DIGEST_LENGTH);
+}
+
+static PyMethodDef Sha256_methods[] = {
+    {"update", (PyCFunction)Sha256_update, METH_O, "Feed bytes (any buffer) to the state."},
+    {"digest", (PyCFunction)Sha256_digest, METH_NOARGS,
+     "The digest of everything fed so far; the state keeps running."},
+    {"copy", (PyCFunction)Sha256_copy, METH_NOARGS, "An independent state equal to this one."},
+    {"boundaries", (PyCFunction)(void (*)(void))Sha256_boundaries, METH_FASTCALL,
+     "boundaries(out, data, start, first_end, step, count): the digest after each span, "
+     "appended to out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Sha256_getset[] = {
+    {"digest_size", Sha256_get_digest_size, NULL, "32 bytes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Sha256Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._chain.Sha256",
+    .tp_basicsize = sizeof(Sha256Object),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "SHA-256 (OpenSSL's), with hashlib's update/digest/copy and a boundary loop.",
+    .tp_new = Sha256_new,
+    .tp_methods = Sha256_methods,
+    .tp_getset = Sha256_getset,
+};
+
+/* pack_tokens(tokens): a list or tuple of ints in [0, 2**63) as little-endian int64 bytes;
+ * None when an item is not such an int (a bool is not a token id). */
+static PyObject *
+pack_tokens(PyObject *module, PyObject *tokens)
+{
+    if (!PyList_CheckExact(tokens) && !PyTuple_CheckExact(tokens)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tokens);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *at = (unsigned char *)PyBytes_AS_STRING(out);
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = items[k];
+        int overflow = 0;
+        long long id = PyLong_CheckExact(item) ? PyLong_AsLongLongAndOverflow(item, &overflow)
+                                               : -1;
+        if (id < 0 || overflow) {
+            Py_DECREF(out);
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        uint64_t bits = (uint64_t)id;
+        for (int b = 0; b < 8; b++) { /* little-endian on every host */
+            at[b] = (unsigned char)(bits >> (8 * b));
+        }
+        at += 8;
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"pack_tokens", pack_tokens, METH_O,
+     "A list or tuple of token ids as little-endian int64 bytes; None if one is not an id."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef chain_module = {
+    PyModuleDef_HEAD_INIT, "kvcert.reference._chain",
+    "The digest chain's hot loops compiled (reference/_chain.c).", -1, module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__chain(void)
+{
+    if (PyType_Ready(&Sha256Type) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&chain_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "Sha256", (PyObject *)&Sha256Type) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

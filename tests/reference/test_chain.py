@@ -1,0 +1,206 @@
+"""The compiled digest chain (reference/_chain.c) equals its pure-Python definitions: the
+SHA-256 state equals hashlib's, `Sha256.boundaries` equals `hashing.py_boundaries`,
+`pack_tokens` equals the array packing `inputs.token_ids` falls back to, and a Chain digests
+the same on either state, with records of positioned extras, lookahead and the memo."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcert.reference import hashing, inputs, native
+from kvcert.reference.config import HashAlgorithm
+from kvcert.reference.errors import RequestStateError
+from kvcert.reference.hashing import (
+    CHECKPOINT_EVERY,
+    Chain,
+    DigestMemo,
+    ExtraKey,
+    ExtraKind,
+    decode_tokens,
+    encode_tokens,
+    py_boundaries,
+)
+from tests.tiers import tiered
+
+compiled = pytest.importorskip("kvcert.reference._chain")
+
+CHUNKS = st.lists(st.binary(max_size=150), max_size=8)
+
+
+@settings(max_examples=tiered(200, 2000))
+@given(CHUNKS, st.lists(st.integers(0, 7), max_size=8))
+def test_the_state_equals_hashlibs(chunks, copies_at):
+    """update / digest / copy as hashlib's: the digest leaves the state running, a copy is
+    independent of its original."""
+    ours, theirs = compiled.Sha256(b"head"), hashlib.sha256(b"head")
+    for k, chunk in enumerate(chunks):
+        ours.update(chunk)
+        theirs.update(memoryview(chunk))
+        assert ours.digest() == theirs.digest()
+        if k in copies_at:
+            twin, their_twin = ours.copy(), theirs.copy()
+            twin.update(b"x")
+            their_twin.update(b"x")
+            assert twin.digest() == their_twin.digest() != ours.digest()
+    assert ours.digest() == theirs.digest()
+    assert ours.digest_size == 32
+
+
+def run_boundaries(run, state, data, bounds):
+    out = [b"earlier"]
+    try:
+        run(out, data, *bounds)
+    except ValueError:
+        return "refused", out, state.digest()
+    return "ran", out, state.digest()
+
+
+@settings(max_examples=tiered(300, 3000))
+@given(
+    st.binary(max_size=200),
+    st.integers(-2, 210),
+    st.integers(-2, 210),
+    st.integers(-1, 40),
+    st.integers(-1, 12),
+    st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_boundaries_equal_the_definition(data, start, first_end, step, count, wrap):
+    """The same digests appended after what `out` held, the same state after; bounds that
+    do not fit are refused by both before anything moves."""
+    ours, theirs = compiled.Sha256(b"h"), hashlib.sha256(b"h")
+    bounds = (start, first_end, step, count)
+    got = run_boundaries(ours.boundaries, ours, wrap(data), bounds)
+    want = run_boundaries(lambda *a: py_boundaries(theirs, *a), theirs, wrap(data), bounds)
+    assert got == want
+    if got[0] == "refused":
+        assert got[1] == [b"earlier"]
+        assert got[2] == hashlib.sha256(b"h").digest()
+
+
+def test_boundaries_check_their_arguments():
+    state = compiled.Sha256()
+    with pytest.raises(TypeError, match="out must be a list"):
+        state.boundaries((), b"abcd", 0, 4, 4, 1)
+    with pytest.raises(TypeError, match="6 arguments"):
+        state.boundaries([], b"abcd", 0, 4, 4)
+    with pytest.raises(TypeError):
+        state.boundaries([], "text", 0, 4, 4, 1)
+    with pytest.raises(TypeError, match="by position"):
+        compiled.Sha256(data=b"x")
+
+
+ID = st.integers(0, 2**63 - 1)
+NOT_ID = st.one_of(
+    st.integers(max_value=-1),
+    st.integers(min_value=2**63),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.text(max_size=2),
+    st.none(),
+)
+
+
+@settings(max_examples=tiered(300, 3000))
+@given(st.lists(ID, max_size=40), st.sampled_from([list, tuple]))
+def test_pack_tokens_is_the_little_endian_encoding(tokens, wrap):
+    packed = compiled.pack_tokens(wrap(tokens))
+    assert packed == array("q", tokens).tobytes() == encode_tokens(array("q", tokens))
+    assert decode_tokens(packed).tolist() == tokens
+
+
+@settings(max_examples=tiered(200, 2000))
+@given(st.lists(ID, max_size=20), st.integers(0, 20), NOT_ID)
+def test_pack_tokens_refuses_what_is_not_an_id(tokens, at, bad):
+    """None, not a guess: the caller then names the bad position (a bool is no id)."""
+    tokens.insert(min(at, len(tokens)), bad)
+    assert compiled.pack_tokens(tokens) is None
+    with pytest.raises(RequestStateError, match=f"position {min(at, len(tokens) - 1)} holds"):
+        inputs.token_ids(tokens * 2 if len(tokens) <= inputs.SHORT else tokens, "tokens")
+
+
+class Flag(int):
+    """An int subclass: packed by the fallback's struct path, never by the C loop."""
+
+
+def test_pack_tokens_leaves_other_inputs_to_the_fallback():
+    assert compiled.pack_tokens(array("q", [1, 2])) is None
+    assert compiled.pack_tokens(range(3)) is None
+    assert compiled.pack_tokens([Flag(3)]) is None
+    long_list = [Flag(3)] * (inputs.SHORT + 1)
+    assert inputs.token_ids(long_list, "tokens").tolist() == [3] * (inputs.SHORT + 1)
+    assert inputs.encoded_token_ids(long_list, "tokens") == encode_tokens([3] * len(long_list))
+
+
+SPANNED = st.builds(
+    lambda kind, value, start, width: ExtraKey(kind, value, start, start + width),
+    st.sampled_from([ExtraKind.MULTIMODAL, ExtraKind.PROMPT_EMBEDS]),
+    st.text(max_size=3),
+    st.integers(0, 60),
+    st.integers(1, 9),
+)
+WIDE = st.builds(
+    ExtraKey, st.sampled_from([ExtraKind.CACHE_SALT, ExtraKind.LORA]), st.text(max_size=3)
+)
+
+
+def chain_digests(new, tokens, cuts, size, lookahead, extras, memo):
+    """Digests after extending over growing prefixes of `tokens` (cut where `cuts` say)."""
+    chain = Chain(size, lookahead, extras, new)
+    for cut in [*sorted(cuts), len(tokens)]:
+        if memo is None:
+            chain.extend(tokens[:cut])
+        else:
+            chain.extend_encoded(encode_tokens(tokens[:cut]), memo)
+    return chain.digests, chain.copy().digests
+
+
+@settings(max_examples=tiered(200, 2000))
+@given(
+    st.lists(st.integers(0, 9), max_size=70),
+    st.lists(st.integers(0, 70), max_size=3),
+    st.integers(1, 5),
+    st.integers(0, 2),
+    st.lists(st.one_of(SPANNED, WIDE), max_size=3),
+    st.booleans(),
+)
+def test_a_chain_digests_the_same_on_either_state(tokens, cuts, size, lookahead, extras, memo):
+    """Runs split at records, at memo checkpoints and across extends give the digests the
+    definition's loop over hashlib gives."""
+    memos = (DigestMemo(1 << 20), DigestMemo(1 << 20)) if memo else (None, None)
+    if memo:  # a family entry to resume from: a prompt sharing a prefix
+        shared = tokens[: len(tokens) // 2] + [1] * (CHECKPOINT_EVERY * size + 3)
+        for new, entry in zip((compiled.Sha256, hashlib.sha256), memos, strict=True):
+            chain_digests(new, shared, [], size, lookahead, extras, entry)
+    ours = chain_digests(compiled.Sha256, tokens, cuts, size, lookahead, extras, memos[0])
+    theirs = chain_digests(hashlib.sha256, tokens, cuts, size, lookahead, extras, memos[1])
+    assert ours == theirs
+
+
+def test_the_extension_is_built_and_chosen():
+    """Built where OpenSSL's headers are (this machine, CI's); chosen for SHA-256 unless
+    KVCERT_PURE_PYTHON=1 asks for hashlib."""
+    chosen = hashing.hasher(HashAlgorithm.SHA256)
+    assert chosen is (hashlib.sha256 if native.PURE_PYTHON else compiled.Sha256)
+    assert (
+        hashing.hasher(HashAlgorithm.BLAKE2B)(b"").digest()
+        == hashlib.blake2b(b"", digest_size=32).digest()
+    )
+    code = (
+        "from kvcert.reference import hashing as h, config as c;"
+        "print(h.hasher(c.HashAlgorithm.SHA256))"
+    )
+    fallback = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"KVCERT_PURE_PYTHON": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "openssl_sha256" in fallback.stdout
