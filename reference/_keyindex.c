@@ -755,7 +755,12 @@ GroupView_length(GroupView *self)
 }
 
 /* The blocks serving keys[0], keys[1], ... up to the first key not served, at most `cap`
- * (kvcert.reference.coordinator._cached_prefix's definition, in one C loop). */
+ * (kvcert.reference.coordinator._cached_prefix's definition, in one C loop). A long prefix
+ * probes a table far larger than the caches, two dependent misses per key (its slot, then
+ * the digest of the block there): so the keys go in batches, each batch's slots fetched
+ * ahead, then the digests of the blocks in them, then the probes themselves. A batch past
+ * the first miss is probed for nothing, at most PREFIX_BATCH - 1 keys. */
+#define PREFIX_BATCH 32
 static PyObject *
 GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -778,14 +783,42 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(keys);
         return PyErr_NoMemory();
     }
+    const KeyIndex *index = self->index;
+    const Table *table = &index->tables[self->group];
     Py_ssize_t count = 0;
-    int error = 0;
-    while (count < n) {
-        int32_t block = view_lookup(self, items[count], &error);
-        if (error || !block) {
-            break;
+    int error = 0, missed = 0;
+    while (count < n && !missed && !error) {
+        Py_ssize_t batch = Py_MIN(PREFIX_BATCH, n - count);
+        const uint8_t *data[PREFIX_BATCH];
+        Py_hash_t hashes[PREFIX_BATCH];
+        for (Py_ssize_t j = 0; j < batch; j++) {
+            data[j] = probe_key(items[count + j], &hashes[j], 0);
+            if (data[j] != NULL) {
+                __builtin_prefetch(&table->slots[(size_t)hashes[j] & table->mask]);
+            }
         }
-        found[count++] = block;
+        for (Py_ssize_t j = 0; j < batch; j++) {
+            int32_t block = data[j] ? table->slots[(size_t)hashes[j] & table->mask] : 0;
+            if (block) {
+                __builtin_prefetch(key_at(index, block));
+            }
+        }
+        for (Py_ssize_t j = 0; j < batch; j++) {
+            int32_t block = 0;
+            if (data[j] != NULL) {
+                int hit;
+                size_t i = find(index, table, data[j], hashes[j], &hit);
+                block = hit ? table->slots[i] : 0;
+            }
+            else { /* not a digest: served by no block, but unhashable is an error */
+                error = !PyBytes_Check(items[count]) && PyObject_Hash(items[count]) == -1;
+            }
+            if (error || !block) {
+                missed = 1;
+                break;
+            }
+            found[count++] = block;
+        }
     }
     Py_DECREF(keys);
     PyObject *blocks = error ? NULL : PyList_New(count);
