@@ -16,7 +16,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.run import LAYOUTS, Shape, blocks_for, config_of, prompt, stream, warm
+from benchmarks.run import (
+    LAYOUTS,
+    Shape,
+    blocks_for,
+    config_of,
+    prompt,
+    stream,
+    stream_prompts,
+    warm,
+)
 from benchmarks.vs_vllm import without_memo
 from kvcert.reference.manager import KVCacheManager
 
@@ -26,11 +35,12 @@ def profile_stream(runs: int = 3) -> pstats.Stats:
     layout = LAYOUTS["gpt-oss"]
     blocks = blocks_for(layout, shape.system + shape.unique + shape.decode, shape.concurrency + 2)
     config = config_of(layout, blocks)
-    stream(lambda: KVCacheManager(config), shape)  # warm-up
+    prompts = stream_prompts(shape)  # built before: the profile is the manager's
+    stream(lambda: KVCacheManager(config), shape, prompts)  # warm-up
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(runs):
-        stream(lambda: KVCacheManager(config), shape)
+        stream(lambda: KVCacheManager(config), shape, prompts)
     profiler.disable()
     return pstats.Stats(profiler)
 

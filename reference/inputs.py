@@ -80,7 +80,13 @@ def encoded_token_ids(tokens: object, what: str) -> bytes:
     """`token_ids(tokens, what)` in the digest chain's encoding (little-endian int64,
     kvcert.reference.hashing.encode_tokens), packed once."""
     if _chain is not None:
-        encoded: bytes | None = _chain.pack_tokens(tokens)  # None: not a list of ids
+        listed = tokens
+        if type(tokens) not in LIST_OR_TUPLE and isinstance(tokens, Sequence):
+            # an engine's read-only view of its list (vLLM's ConstantList), listed in one C
+            # pass; an array is packed below as it is, and str and bytes are refused there
+            plain = not isinstance(tokens, str | bytes | array)
+            listed = list(tokens) if plain else None
+        encoded: bytes | None = _chain.pack_tokens(listed)  # None: not a list of ids
         if encoded is not None:
             return encoded
     return encode_tokens(token_ids(tokens, what))

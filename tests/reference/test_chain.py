@@ -9,6 +9,7 @@ import hashlib
 import subprocess
 import sys
 from array import array
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -204,3 +205,31 @@ def test_the_extension_is_built_and_chosen():
         check=True,
     )
     assert "openssl_sha256" in fallback.stdout
+
+
+class ReadOnlyView(Sequence[int]):
+    """An engine's read-only view of its token list, as vLLM's ConstantList is."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._tokens[index]
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+def test_any_sequence_of_ids_packs_as_its_list_does():
+    """A read-only view, a range and an array pack as the list of their ids; str and bytes
+    are refused, never read as ids."""
+    ids = [5, 0, 2**63 - 1, 7] * 10
+    want = encode_tokens(ids)
+    for same in (ReadOnlyView(ids), tuple(ids), array("q", ids)):
+        assert inputs.encoded_token_ids(same, "tokens") == want
+    assert inputs.encoded_token_ids(range(40), "tokens") == encode_tokens(list(range(40)))
+    for text in ("tokens" * 5, b"tokens" * 5):
+        with pytest.raises(RequestStateError, match="must be a sequence of token ids"):
+            inputs.encoded_token_ids(text, "tokens")
+    with pytest.raises(RequestStateError, match="position 3 holds -1"):
+        inputs.encoded_token_ids(ReadOnlyView([1, 2, 3, -1] * 5), "tokens")
