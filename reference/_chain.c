@@ -211,6 +211,24 @@ static PyTypeObject Sha256Type = {
     .tp_getset = Sha256_getset,
 };
 
+/* An exact int's value (overflow set past a long long). A token id fits one 30-bit digit;
+ * CPython before 3.12 keeps such an int's sign in its size and its value in that digit, read
+ * here without a call (the rest of the ids take the API's path). */
+static inline long long
+small_id(PyObject *item, int *overflow)
+{
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    Py_ssize_t size = Py_SIZE(item);
+    if (size == 0) {
+        return 0;
+    }
+    if (size == 1) {
+        return (long long)((PyLongObject *)item)->ob_digit[0];
+    }
+#endif
+    return PyLong_AsLongLongAndOverflow(item, overflow);
+}
+
 /* pack_tokens(tokens): a list or tuple of ints in [0, 2**63) as little-endian int64 bytes;
  * None when an item is not such an int (a bool is not a token id). */
 static PyObject *
@@ -229,8 +247,10 @@ pack_tokens(PyObject *module, PyObject *tokens)
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *item = items[k];
         int overflow = 0;
-        long long id = PyLong_CheckExact(item) ? PyLong_AsLongLongAndOverflow(item, &overflow)
-                                               : -1;
+        long long id = -1;
+        if (PyLong_CheckExact(item)) {
+            id = small_id(item, &overflow);
+        }
         if (id < 0 || overflow) {
             Py_DECREF(out);
             PyErr_Clear();

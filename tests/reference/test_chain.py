@@ -116,6 +116,16 @@ def test_pack_tokens_is_the_little_endian_encoding(tokens, wrap):
     assert decode_tokens(packed).tolist() == tokens
 
 
+EDGES = [0, 1, 2**30 - 1, 2**30, 2**31, 2**60, 2**63 - 1]  # one 30-bit digit, then more
+
+
+def test_pack_tokens_reads_ints_of_every_size():
+    """The one-digit shortcut and the API's path agree at the digit boundaries."""
+    assert compiled.pack_tokens(EDGES) == array("q", EDGES).tobytes()
+    for bad in (-1, -(2**30), -(2**31), 2**63, 2**64):
+        assert compiled.pack_tokens([*EDGES, bad]) is None
+
+
 @settings(max_examples=tiered(200, 2000))
 @given(st.lists(ID, max_size=20), st.integers(0, 20), NOT_ID)
 def test_pack_tokens_refuses_what_is_not_an_id(tokens, at, bad):
