@@ -122,7 +122,7 @@ class Request:
     )
 
     def __init__(self, prompt: Prompt) -> None:
-        self.tokens = array("q", prompt.tokens)  # a copy: decoding appends to it
+        self.tokens = decode_tokens(prompt.encoded)  # its own array: decoding appends to it
         self.extras = prompt.extras
         copies: dict[int, Chain] = {}
         self.chains = [
@@ -147,7 +147,7 @@ class Request:
         self.quiet_slots = self.quiet_slots_floor = 0
         self.commit_at = 0  # no block is committed before `computed` reaches this
         self.decoding = False  # it appends sampled tokens: its chunks may verify drafts
-        self.prompt_length = len(prompt.tokens)  # sparse retention keeps its boundaries
+        self.prompt_length = len(prompt)  # sparse retention keeps its boundaries
         self.junction = 0  # RET-JUNCTION-1's length when admitted (sparse retention only)
         # `unit U`: (group, position, block) of the blocks the chunk in flight copies into
         # its table, held until its step ends (ALLOC-UNIT-3)

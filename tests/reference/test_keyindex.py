@@ -16,7 +16,7 @@ import sys
 from functools import partial
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -253,3 +253,27 @@ def test_the_pool_runs_on_either_index(monkeypatch):
     pool.register(block, 0, KEYS[1])
     assert isinstance(pool.keys, PyKeyIndex)
     assert pool.lookup(0, KEYS[1]) == block
+
+
+LONG_KEYS = [i.to_bytes(4, "little") * (KEY_SIZE // 4) for i in range(1, 301)]
+
+
+@settings(max_examples=tiered(100, 1000))
+@given(
+    bound=st.integers(0, 300),
+    order=st.permutations(range(300)),
+    gaps=st.lists(st.integers(0, 299), max_size=3),
+    cap=st.integers(-1, 310),
+    odd=st.sampled_from([None, b"short", "a str"]),
+)
+def test_a_long_prefix_scan_equals_the_definition(bound, order, gaps, cap, odd):
+    """Past one batch of fetched-ahead keys: prefixes of up to 300 keys, misses anywhere
+    (an unbound key, a key of another length, not bytes), blocks bound in any order."""
+    c, py = compiled.KeyIndex(302, 1), PyKeyIndex(302, 1)
+    for block, k in enumerate(order[:bound], start=1):
+        for index in (c, py):
+            index.bind(block, 0, LONG_KEYS[k])
+    keys = list(LONG_KEYS)
+    for at in gaps:
+        keys[at] = odd if odd is not None else bytes(KEY_SIZE)
+    assert c.served[0].prefix(keys, cap) == _cached_prefix(py.served[0], keys, cap)
