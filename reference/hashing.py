@@ -262,9 +262,20 @@ class Chain:
         run = getattr(state, "boundaries", None)
         if run is None:  # hashlib's state: the definition's loop
             run = partial(py_boundaries, state)
-        positions = self._positions
-        pending = bisect.bisect_left(positions, self._fed)  # records not fed yet
         fed, k = self._fed, len(digests)
+        if not (self._records or checkpoints):  # one run (a decode's one boundary, a prompt)
+            run(
+                digests,
+                self._stream,
+                8 * fed,
+                8 * ((k + 1) * size + lookahead),
+                8 * size,
+                count - k,
+            )
+            self._fed = count * size + lookahead
+            return
+        positions = self._positions
+        pending = bisect.bisect_left(positions, fed)  # records not fed yet
         with memoryview(self._stream) as view:
             while k < count:
                 end = (k + 1) * size + lookahead
