@@ -5,9 +5,13 @@
  * a dict from a 32-byte digest object to a block-id object costs about 140 B per cached
  * block; here a block's digest is stored once, in a flat array indexed by the block id, and
  * each group's map is an open-addressing table of int32 block ids (linear probing, backward
- * shift deletion, load at most 2/3): about 46 B per cached block. A key's later holders
- * (copies registered while it was served) follow the served block in a per-block chain, in
- * registration order; when the served one goes, the next takes its slot in place.
+ * shift deletion, load at most 2/3). A table never holds more entries than the pool has
+ * blocks, so its capacity stops at 3/2 of the pool's (capacities are not powers of two: a
+ * slot is placed by multiplying the hash into the capacity): at most 6 B per block, where a
+ * power of two costs up to 12. A key's later holders (copies registered while it was
+ * served) are entries of the same table: linear probing puts each after the earlier holders
+ * in their shared probe run, and backward-shift deletion never reorders entries of one home,
+ * so a probe meets the served holder first and the others follow in registration order.
  *
  * Slots are placed by Python's own keyed hash of the digest bytes (SipHash with the
  * per-process random key), the value hash(digest) already caches on the digest object: an
@@ -24,9 +28,10 @@
 #define MIN_CAPACITY 8
 
 typedef struct {
-    int32_t *slots; /* block ids; 0 (the null block, never bound) marks an empty slot */
-    size_t mask;    /* capacity - 1, capacity a power of two */
-    Py_ssize_t used;
+    int32_t *slots;    /* block ids; 0 (the null block, never bound) marks an empty slot */
+    size_t capacity;   /* any size from MIN_CAPACITY up to the index's bound */
+    Py_ssize_t used;   /* occupied slots: served keys and their later holders */
+    Py_ssize_t served; /* distinct keys */
 } Table;
 
 typedef struct {
@@ -35,8 +40,8 @@ typedef struct {
     Py_ssize_t num_groups;
     uint8_t *keys;    /* num_blocks * KEY_SIZE: the digest each block is bound to */
     uint16_t *groups; /* per block: its group, UNBOUND when it holds no key */
-    int32_t *next;    /* per block: the next later holder of its key, 0 at the chain's end */
-    Table *tables;    /* per group: key -> the block serving it */
+    size_t bound;     /* the largest capacity a table needs: 3/2 of the bindable blocks */
+    Table *tables;    /* per group: key -> the block serving it, then its later holders */
 } KeyIndex;
 
 typedef struct {
@@ -83,11 +88,27 @@ probe_key(PyObject *key, Py_hash_t *hash, int strict)
     return data;
 }
 
-/* The slot holding `key` in `table`, or the empty slot where it would go. */
+/* The slot a key of this hash probes first: the hash's top 32 bits scaled into the
+ * capacity (a bound capacity is no power of two to mask by). */
+static inline size_t
+home_of(const Table *table, Py_hash_t hash)
+{
+    uint32_t top = (uint32_t)((uint64_t)hash >> (8 * sizeof(Py_hash_t) - 32));
+    return (size_t)(((uint64_t)top * table->capacity) >> 32);
+}
+
+static inline size_t
+next_slot(const Table *table, size_t i)
+{
+    return i + 1 == table->capacity ? 0 : i + 1;
+}
+
+/* The slot of `key`'s first entry in `table` (the holder serving it), or the empty slot
+ * where it would go. */
 static inline size_t
 find(const KeyIndex *self, const Table *table, const uint8_t *key, Py_hash_t hash, int *found)
 {
-    size_t i = (size_t)hash & table->mask;
+    size_t i = home_of(table, hash);
     for (;;) {
         int32_t block = table->slots[i];
         if (block == 0) {
@@ -98,8 +119,18 @@ find(const KeyIndex *self, const Table *table, const uint8_t *key, Py_hash_t has
             *found = 1;
             return i;
         }
-        i = (i + 1) & table->mask;
+        i = next_slot(table, i);
     }
+}
+
+/* The first empty slot from `i` on (a later holder's place, behind the earlier ones). */
+static inline size_t
+empty_from(const Table *table, size_t i)
+{
+    while (table->slots[i]) {
+        i = next_slot(table, i);
+    }
+    return i;
 }
 
 static int
@@ -110,42 +141,49 @@ table_init(Table *table, size_t capacity)
         PyErr_NoMemory();
         return -1;
     }
-    table->mask = capacity - 1;
+    table->capacity = capacity;
     table->used = 0;
+    table->served = 0;
     return 0;
 }
 
+/* Re-place every entry in a table of `capacity` slots. The old slots are read from an
+ * empty one on, cyclically, so each probe run is met from its start and a key's holders are
+ * re-inserted in their order. */
 static int
-table_grow(const KeyIndex *self, Table *table)
+table_resize(const KeyIndex *self, Table *table, size_t capacity)
 {
     Table old = *table;
-    if (table_init(table, 2 * (old.mask + 1)) < 0) {
+    if (table_init(table, capacity) < 0) {
         *table = old;
         return -1;
     }
-    for (size_t i = 0; i <= old.mask; i++) {
+    size_t start = 0;
+    while (old.slots[start]) { /* one is empty: a table is never full */
+        start++;
+    }
+    for (size_t k = 0; k < old.capacity; k++) {
+        size_t i = start + k < old.capacity ? start + k : start + k - old.capacity;
         int32_t block = old.slots[i];
         if (block) {
-            size_t j = (size_t)hash_stored(key_at(self, block)) & table->mask;
-            while (table->slots[j]) {
-                j = (j + 1) & table->mask;
-            }
-            table->slots[j] = block;
+            table->slots[empty_from(table, home_of(table, hash_stored(key_at(self, block))))] =
+                block;
         }
     }
     table->used = old.used;
+    table->served = old.served;
     PyMem_Free(old.slots);
     return 0;
 }
 
-/* Put `block` (bound to its key) in the empty slot `i` found for that key. */
+/* Make room for one more entry: past a load of 2/3 the table doubles, up to the bound
+ * (where it never holds more than 2/3: the pool has no more blocks to bind). */
 static int
-table_insert(const KeyIndex *self, Table *table, size_t i, int32_t block)
+table_reserve(const KeyIndex *self, Table *table)
 {
-    table->slots[i] = block;
-    table->used++;
-    if ((size_t)table->used * 3 > (table->mask + 1) * 2) {
-        return table_grow(self, table);
+    if ((size_t)(table->used + 1) * 3 > table->capacity * 2 && table->capacity < self->bound) {
+        size_t doubled = 2 * table->capacity;
+        return table_resize(self, table, doubled < self->bound ? doubled : self->bound);
     }
     return 0;
 }
@@ -156,12 +194,12 @@ table_remove(const KeyIndex *self, Table *table, size_t i)
 {
     size_t j = i;
     for (;;) {
-        j = (j + 1) & table->mask;
+        j = next_slot(table, j);
         int32_t block = table->slots[j];
         if (block == 0) {
             break;
         }
-        size_t home = (size_t)hash_stored(key_at(self, block)) & table->mask;
+        size_t home = home_of(table, hash_stored(key_at(self, block)));
         /* the entry stays when its home lies cyclically in (i, j] */
         int stays = i < j ? (i < home && home <= j) : (i < home || home <= j);
         if (!stays) {
@@ -296,23 +334,18 @@ bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
         return -2;
     }
     Table *table = &self->tables[group];
+    if (table_reserve(self, table) < 0) {
+        return -2;
+    }
     int found;
     size_t i = find(self, table, data, hash, &found);
     memcpy(stored, data, KEY_SIZE);
     self->groups[block] = (uint16_t)group;
-    if (found) { /* a copy: it joins the end of the holders' chain */
-        int32_t last = table->slots[i];
-        while (self->next[last]) {
-            last = self->next[last];
-        }
-        self->next[last] = block;
-        return table->slots[i];
-    }
-    if (table_insert(self, table, i, block) < 0) {
-        self->groups[block] = UNBOUND;
-        return -2;
-    }
-    return 0;
+    /* a copy goes behind the earlier holders, in the first empty slot of their run */
+    table->slots[found ? empty_from(table, i) : i] = block;
+    table->used++;
+    table->served += !found;
+    return found ? table->slots[i] : 0;
 }
 
 /* The slot serving `block`'s key when `block` is the one serving it. */
@@ -390,34 +423,40 @@ KeyIndex_bind_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
     return fresh < 0 ? NULL : PyLong_FromSsize_t(fresh);
 }
 
-/* Unbind the bound `block`: when it served its key, the next holder serves it now (in the
- * same slot) or the slot empties; a later holder just leaves the chain. Returns that next
- * holder, 0 when none took over. */
+/* The next holder of the key at `slot` after it (0: none), found further along the run. */
+static int32_t
+later_holder(const KeyIndex *self, const Table *table, size_t slot)
+{
+    const uint8_t *key = key_at(self, table->slots[slot]);
+    for (size_t j = next_slot(table, slot); table->slots[j]; j = next_slot(table, j)) {
+        if (memcmp(key_at(self, table->slots[j]), key, KEY_SIZE) == 0) {
+            return table->slots[j];
+        }
+    }
+    return 0;
+}
+
+/* Unbind the bound `block`: when it served its key, the next holder serves it now (the
+ * first of the run again once `block`'s entry is gone) or the key goes; a later holder just
+ * leaves the run. Returns that next holder, 0 when none took over. */
 static int32_t
 unbind_one(KeyIndex *self, int32_t block)
 {
     Table *table = &self->tables[self->groups[block]];
     const uint8_t *key = key_at(self, block);
-    int found;
+    int found; /* always: a bound block's key is served, by its first holder */
     size_t slot = find(self, table, key, hash_stored(key), &found);
     int32_t successor = 0;
     if (table->slots[slot] == block) {
-        successor = self->next[block];
-        if (successor) {
-            table->slots[slot] = successor;
-        }
-        else {
-            table_remove(self, table, slot);
+        successor = later_holder(self, table, slot);
+        table->served -= !successor;
+    }
+    else {
+        while (table->slots[slot] != block) {
+            slot = next_slot(table, slot);
         }
     }
-    else { /* found: a bound block's key is always served, by the chain's head */
-        int32_t before = table->slots[slot];
-        while (self->next[before] != block) {
-            before = self->next[before];
-        }
-        self->next[before] = self->next[block];
-    }
-    self->next[block] = 0;
+    table_remove(self, table, slot);
     self->groups[block] = UNBOUND;
     memset(self->keys + (size_t)block * KEY_SIZE, 0, KEY_SIZE);
     return successor;
@@ -517,7 +556,11 @@ KeyIndex_holders(KeyIndex *self, PyObject *arg)
     Table *table = &self->tables[self->groups[block]];
     int found;
     size_t slot = find(self, table, key, hash_stored(key), &found);
-    for (int32_t holder = table->slots[slot]; holder; holder = self->next[holder]) {
+    for (; table->slots[slot]; slot = next_slot(table, slot)) {
+        int32_t holder = table->slots[slot];
+        if (memcmp(key_at(self, holder), key, KEY_SIZE) != 0) {
+            continue; /* another key's entry in the same run */
+        }
         if (append_new(holders, PyLong_FromLong(holder)) < 0) {
             Py_DECREF(holders);
             return NULL;
@@ -574,7 +617,6 @@ KeyIndex_clear(KeyIndex *self, PyObject *Py_UNUSED(ignored))
     self->tables = tables;
     memset(self->groups, 0xFF, (size_t)self->num_blocks * sizeof(uint16_t));
     memset(self->keys, 0, (size_t)self->num_blocks * KEY_SIZE);
-    memset(self->next, 0, (size_t)self->num_blocks * sizeof(int32_t));
     Py_RETURN_NONE;
 }
 
@@ -623,10 +665,14 @@ KeyIndex_init(KeyIndex *self, PyObject *args, PyObject *kwds)
     }
     self->num_blocks = num_blocks;
     self->num_groups = num_groups;
+    /* blocks 1..num_blocks - 1 can be bound: at a load of 2/3 with one slot to spare */
+    self->bound = (size_t)(num_blocks - 1) * 3 / 2 + 2;
+    if (self->bound < MIN_CAPACITY) {
+        self->bound = MIN_CAPACITY;
+    }
     self->keys = PyMem_Calloc((size_t)num_blocks, KEY_SIZE);
     self->groups = PyMem_Malloc((size_t)num_blocks * sizeof(uint16_t));
-    self->next = PyMem_Calloc((size_t)num_blocks, sizeof(int32_t));
-    if (self->keys == NULL || self->groups == NULL || self->next == NULL) {
+    if (self->keys == NULL || self->groups == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -641,7 +687,6 @@ KeyIndex_dealloc(KeyIndex *self)
     tables_free(self->tables, self->num_groups);
     PyMem_Free(self->keys);
     PyMem_Free(self->groups);
-    PyMem_Free(self->next);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -751,7 +796,7 @@ GroupView_contains(GroupView *self, PyObject *key)
 static Py_ssize_t
 GroupView_length(GroupView *self)
 {
-    return self->index->tables[self->group].used;
+    return self->index->tables[self->group].served;
 }
 
 /* The blocks serving keys[0], keys[1], ... up to the first key not served, at most `cap`
@@ -794,11 +839,11 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t j = 0; j < batch; j++) {
             data[j] = probe_key(items[count + j], &hashes[j], 0);
             if (data[j] != NULL) {
-                __builtin_prefetch(&table->slots[(size_t)hashes[j] & table->mask]);
+                __builtin_prefetch(&table->slots[home_of(table, hashes[j])]);
             }
         }
         for (Py_ssize_t j = 0; j < batch; j++) {
-            int32_t block = data[j] ? table->slots[(size_t)hashes[j] & table->mask] : 0;
+            int32_t block = data[j] ? table->slots[home_of(table, hashes[j])] : 0;
             if (block) {
                 __builtin_prefetch(key_at(index, block));
             }
@@ -834,7 +879,7 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
     return blocks;
 }
 
-/* (key, block) per entry, in slot order. */
+/* (key, block) per served key, in slot order (a later holder's entry is skipped). */
 static PyObject *
 GroupView_items(GroupView *self, PyObject *Py_UNUSED(ignored))
 {
@@ -844,9 +889,9 @@ GroupView_items(GroupView *self, PyObject *Py_UNUSED(ignored))
     if (items == NULL) {
         return NULL;
     }
-    for (size_t i = 0; i <= table->mask; i++) {
+    for (size_t i = 0; i < table->capacity; i++) {
         int32_t block = table->slots[i];
-        if (!block) {
+        if (!block || !served_slot(index, block, &(size_t){0})) {
             continue;
         }
         PyObject *item = Py_BuildValue("(y#i)", (const char *)key_at(index, block),

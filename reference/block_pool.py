@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvcert.reference.config import Eviction, as_choice
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.events import Cleared, Event, Removed
-from kvcert.reference.eviction import QUEUES
+from kvcert.reference.eviction import QUEUES, per_block
 from kvcert.reference.keyindex import KeyIndex
 from kvcert.reference.refcounts import drop, hold, set_one
 
@@ -101,7 +101,7 @@ class BlockPool:
                 "choose lru, hybrid or lru-unkeyed-first"
             )
         self.num_blocks = num_blocks
-        self.ref_count = array("i", bytes(4 * num_blocks))
+        self.ref_count = per_block("i", num_blocks)
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
         self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
         # `unit U` (kvcert.reference.tails): each block's tail key, a second key index
@@ -115,7 +115,7 @@ class BlockPool:
         # EVICT-DEAD-1, when tracked: each block's prerequisite keys, how many are missing,
         # and per key the blocks depending on it
         self._prereqs: list[tuple[Key, ...]] = [()] * num_blocks if self.tracking else []
-        self._missing = array("i", bytes(4 * num_blocks)) if self.tracking else array("i")
+        self._missing = per_block("i", num_blocks) if self.tracking else array("i")
         self._dependents: dict[Key, set[int]] = {}
         # evictions and resets, when recorded (the manager records registrations)
         self.events: list[Event] | None = [] if record_events else None
@@ -285,5 +285,5 @@ class BlockPool:
         self.num_registered = 0
         if self.tracking:
             self._prereqs = [()] * self.num_blocks
-            self._missing = array("i", bytes(4 * self.num_blocks))
+            self._missing = per_block("i", self.num_blocks)
         self.queue.reset()

@@ -35,6 +35,15 @@ Held = tuple[int, int, int]  # (group, table position, block)
 DEAD, COLD, WARM = 0, 1, 2  # hybrid victim classes, taken in this order
 
 
+def per_block(typecode: str, count: int, values: range | None = None) -> array[int]:
+    """An array of exactly `count` items, zeros or `values`: one built from bytes or a range
+    over-allocates by a sixteenth, and a pool's bookkeeping arrays hold one item per block."""
+    made = array(typecode, [0]) * count
+    if values is not None:
+        made[:] = array(typecode, values)  # same length: filled in place, no regrowth
+    return made
+
+
 def held_entries(tables: Sequence[list[int]], lows: Sequence[int]) -> list[Held]:
     """A request's held blocks as (group, position, block), group by group in layout order,
     each table from its last position (ALLOC-FREE-1's listing)."""
@@ -59,9 +68,9 @@ class FreeQueue:
         sentinel = pool.num_blocks
         self._sentinel = sentinel
         # the ring sentinel, 1, 2, ..., num_blocks - 1, sentinel (the null block is never in it)
-        self._next = array("i", range(1, sentinel + 2))
+        self._next = per_block("i", sentinel + 1, range(1, sentinel + 2))
         self._next[sentinel] = 1
-        self._prev = array("i", range(-1, sentinel))
+        self._prev = per_block("i", sentinel + 1, range(-1, sentinel))
         self._prev[1] = sentinel
 
     def release_batches(self, groups: Sequence[GroupConfig], held: list[Held]) -> list[list[int]]:
@@ -173,7 +182,8 @@ class HybridQueue(FreeQueue):
     def __init__(self, pool: BlockPool) -> None:  # no linked list under this profile
         self.pool = pool
         self._ticks = itertools.count(pool.num_blocks)
-        self._joined = array("q", range(pool.num_blocks))  # queue position of each free block
+        # the queue position of each free block
+        self._joined = per_block("q", pool.num_blocks, range(pool.num_blocks))
         self._cold = bytearray(pool.num_blocks)  # 1: freed mid-request
         # per class (DEAD, COLD, WARM) the free blocks' entries joined << 32 | block (one int
         # each, ordered as (joined, block) would be); every empty block starts dead

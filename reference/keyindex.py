@@ -2,9 +2,10 @@
 
 Two implementations of one contract. `PyKeyIndex` below is the definition, in dicts and a
 list; `kvcert.reference._keyindex.KeyIndex` is the same contract compiled (reference/
-_keyindex.c): each digest stored once in a flat array indexed by block id, a key's later
-holders chained by block id, and each group's map an open-addressing table of int32 block
-ids: about 46 B per cached block where the dicts cost about 150 (tracemalloc).
+_keyindex.c): each digest stored once in a flat array indexed by block id, and each group's
+map an open-addressing table of int32 block ids whose capacity stops at 3/2 of the pool's
+blocks, a key's later holders (copies) entries behind the served one in its probe run:
+40 B per cached block at most (tracemalloc) where the dicts cost about 150.
 tests/reference/test_keyindex.py holds the two equal operation by operation, and the
 differential machine runs the pool on both. `KeyIndex` is the compiled one when it was
 built, else the fallback (see kvcert.reference.native; KVCERT_PURE_PYTHON=1 chooses the
