@@ -24,7 +24,8 @@
 #include <string.h>
 
 #define KEY_SIZE 32
-#define UNBOUND 0xFFFF
+#define MAX_GROUPS 0xFFFE  /* group numbers fit a uint16 beside all ones (unbound) */
+#define NARROW_GROUPS 0xFE /* up to this many, a byte per block does */
 #define MIN_CAPACITY 8
 
 typedef struct {
@@ -39,7 +40,9 @@ typedef struct {
     Py_ssize_t num_blocks;
     Py_ssize_t num_groups;
     uint8_t *keys;    /* num_blocks * KEY_SIZE: the digest each block is bound to */
-    uint16_t *groups; /* per block: its group, UNBOUND when it holds no key */
+    uint8_t *groups;  /* per block: its group, all ones when it holds no key (one byte
+                       * each, two when there are more than NARROW_GROUPS groups) */
+    int wide;         /* two bytes per block */
     size_t bound;     /* the largest capacity a table needs: 3/2 of the bindable blocks */
     Table *tables;    /* per group: key -> the block serving it, then its later holders */
 } KeyIndex;
@@ -61,6 +64,29 @@ hash_stored(const uint8_t *key)
 #else
     return _Py_HashBytes(key, KEY_SIZE);
 #endif
+}
+
+/* `block`'s group, -1 when it holds no key. */
+static inline Py_ssize_t
+group_at(const KeyIndex *self, int32_t block)
+{
+    if (self->wide) {
+        uint16_t group = ((const uint16_t *)self->groups)[block];
+        return group == 0xFFFF ? -1 : group;
+    }
+    return self->groups[block] == 0xFF ? -1 : self->groups[block];
+}
+
+/* Record `block`'s group; -1: it holds no key (stored as all ones). */
+static inline void
+set_group(KeyIndex *self, int32_t block, Py_ssize_t group)
+{
+    if (self->wide) {
+        ((uint16_t *)self->groups)[block] = (uint16_t)group;
+    }
+    else {
+        self->groups[block] = (uint8_t)group;
+    }
 }
 
 static inline const uint8_t *
@@ -325,8 +351,8 @@ bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
         return -2;
     }
     uint8_t *stored = self->keys + (size_t)block * KEY_SIZE;
-    if (self->groups[block] != UNBOUND) {
-        if (self->groups[block] == group && memcmp(stored, data, KEY_SIZE) == 0) {
+    if (group_at(self, block) >= 0) {
+        if (group_at(self, block) == group && memcmp(stored, data, KEY_SIZE) == 0) {
             return -1;
         }
         PyErr_Format(PyExc_ValueError, "block %d holds another key: unbind it first",
@@ -340,7 +366,7 @@ bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
     int found;
     size_t i = find(self, table, data, hash, &found);
     memcpy(stored, data, KEY_SIZE);
-    self->groups[block] = (uint16_t)group;
+    set_group(self, block, group);
     /* a copy goes behind the earlier holders, in the first empty slot of their run */
     table->slots[found ? empty_from(table, i) : i] = block;
     table->used++;
@@ -352,8 +378,8 @@ bind_one(KeyIndex *self, int32_t block, Py_ssize_t group, PyObject *key)
 static int
 served_slot(const KeyIndex *self, int32_t block, size_t *slot)
 {
-    uint16_t group = self->groups[block];
-    if (group == UNBOUND) {
+    Py_ssize_t group = group_at(self, block);
+    if (group < 0) {
         return 0;
     }
     const uint8_t *key = key_at(self, block);
@@ -442,7 +468,7 @@ later_holder(const KeyIndex *self, const Table *table, size_t slot)
 static int32_t
 unbind_one(KeyIndex *self, int32_t block)
 {
-    Table *table = &self->tables[self->groups[block]];
+    Table *table = &self->tables[group_at(self, block)];
     const uint8_t *key = key_at(self, block);
     int found; /* always: a bound block's key is served, by its first holder */
     size_t slot = find(self, table, key, hash_stored(key), &found);
@@ -457,7 +483,7 @@ unbind_one(KeyIndex *self, int32_t block)
         }
     }
     table_remove(self, table, slot);
-    self->groups[block] = UNBOUND;
+    set_group(self, block, -1);
     memset(self->keys + (size_t)block * KEY_SIZE, 0, KEY_SIZE);
     return successor;
 }
@@ -469,7 +495,7 @@ KeyIndex_unbind(KeyIndex *self, PyObject *arg)
     if (block_arg(self, arg, &block) < 0) {
         return NULL;
     }
-    if (self->groups[block] == UNBOUND) {
+    if (group_at(self, block) < 0) {
         return PyLong_FromLong(-1);
     }
     return PyLong_FromLong(unbind_one(self, block));
@@ -524,8 +550,8 @@ KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t forgotten = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t block = (int32_t)PyLong_AsSsize_t(items[k]);
-        uint16_t group = self->groups[block];
-        if (group != UNBOUND) {
+        Py_ssize_t group = group_at(self, block);
+        if (group >= 0) {
             size_t slot;
             counts[group]++;
             counts[groups + group] += !served_slot(self, block, &slot);
@@ -549,11 +575,11 @@ KeyIndex_holders(KeyIndex *self, PyObject *arg)
         return NULL;
     }
     PyObject *holders = PyList_New(0);
-    if (holders == NULL || self->groups[block] == UNBOUND) {
+    if (holders == NULL || group_at(self, block) < 0) {
         return holders;
     }
     const uint8_t *key = key_at(self, block);
-    Table *table = &self->tables[self->groups[block]];
+    Table *table = &self->tables[group_at(self, block)];
     int found;
     size_t slot = find(self, table, key, hash_stored(key), &found);
     for (; table->slots[slot]; slot = next_slot(table, slot)) {
@@ -587,7 +613,7 @@ KeyIndex_key_of(KeyIndex *self, PyObject *arg)
     if (block_arg(self, arg, &block) < 0) {
         return NULL;
     }
-    if (self->groups[block] == UNBOUND) {
+    if (group_at(self, block) < 0) {
         Py_RETURN_NONE;
     }
     return PyBytes_FromStringAndSize((const char *)key_at(self, block), KEY_SIZE);
@@ -600,10 +626,11 @@ KeyIndex_group_of(KeyIndex *self, PyObject *arg)
     if (block_arg(self, arg, &block) < 0) {
         return NULL;
     }
-    if (self->groups[block] == UNBOUND) {
+    Py_ssize_t group = group_at(self, block);
+    if (group < 0) {
         Py_RETURN_NONE;
     }
-    return PyLong_FromLong(self->groups[block]);
+    return PyLong_FromSsize_t(group);
 }
 
 static PyObject *
@@ -615,7 +642,7 @@ KeyIndex_clear(KeyIndex *self, PyObject *Py_UNUSED(ignored))
     }
     tables_free(self->tables, self->num_groups);
     self->tables = tables;
-    memset(self->groups, 0xFF, (size_t)self->num_blocks * sizeof(uint16_t));
+    memset(self->groups, 0xFF, (size_t)self->num_blocks * (self->wide ? 2 : 1));
     memset(self->keys, 0, (size_t)self->num_blocks * KEY_SIZE);
     Py_RETURN_NONE;
 }
@@ -654,8 +681,8 @@ KeyIndex_init(KeyIndex *self, PyObject *args, PyObject *kwds)
                      num_blocks);
         return -1;
     }
-    if (num_groups < 1 || num_groups >= UNBOUND) {
-        PyErr_Format(PyExc_ValueError, "num_groups must be in 1..%d, got %zd", UNBOUND - 1,
+    if (num_groups < 1 || num_groups > MAX_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "num_groups must be in 1..%d, got %zd", MAX_GROUPS,
                      num_groups);
         return -1;
     }
@@ -671,12 +698,13 @@ KeyIndex_init(KeyIndex *self, PyObject *args, PyObject *kwds)
         self->bound = MIN_CAPACITY;
     }
     self->keys = PyMem_Calloc((size_t)num_blocks, KEY_SIZE);
-    self->groups = PyMem_Malloc((size_t)num_blocks * sizeof(uint16_t));
+    self->wide = num_groups > NARROW_GROUPS;
+    self->groups = PyMem_Malloc((size_t)num_blocks * (self->wide ? 2 : 1));
     if (self->keys == NULL || self->groups == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(self->groups, 0xFF, (size_t)num_blocks * sizeof(uint16_t));
+    memset(self->groups, 0xFF, (size_t)num_blocks * (self->wide ? 2 : 1));
     self->tables = tables_new(num_groups);
     return self->tables == NULL ? -1 : 0;
 }

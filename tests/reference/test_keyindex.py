@@ -277,3 +277,22 @@ def test_a_long_prefix_scan_equals_the_definition(bound, order, gaps, cap, odd):
     for at in gaps:
         keys[at] = odd if odd is not None else bytes(KEY_SIZE)
     assert c.served[0].prefix(keys, cap) == _cached_prefix(py.served[0], keys, cap)
+
+
+@pytest.mark.parametrize("num_groups", [254, 255, 300, 65534])
+def test_group_numbers_survive_either_width(num_groups):
+    """Up to 254 groups a block's group takes one byte, past that two; the highest group and
+    the ones at the width's edge read back as the definition's."""
+    c, py = compiled.KeyIndex(12, num_groups), PyKeyIndex(12, num_groups)
+    groups = sorted({0, 253, num_groups - 2, num_groups - 1} & set(range(num_groups)))
+    for block, group in enumerate(groups * 2, start=1):
+        for index in (c, py):
+            index.bind(block, group, KEYS[block % 3])
+    for index in (c, py):
+        index.unbind(2)
+    for block in range(12):
+        assert c.group_of(block) == py.group_of(block)
+        assert c.holders(block) == py.holders(block)
+    assert served_items(c.served) == served_items(py.served)
+    with pytest.raises(IndexError):
+        c.bind(11, num_groups, KEYS[0])
