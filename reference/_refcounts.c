@@ -4,29 +4,41 @@
  * tests/reference/test_refcounts.py holds these equal to). A hit takes a hundred blocks and
  * a finished request gives them back; one C loop over the array('i') of counts replaces a
  * Python loop per block. Every block is checked against the array's bounds before any count
- * changes.
+ * changes. Under lru a free block's entry is its free-queue predecessor, negated, and `hold`
+ * given the queue's successor array unlinks the blocks it revives in the same pass.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
 
-/* For `name(counts, blocks)`: the counts' buffer and the blocks as a fast sequence, every
- * block in range; 0 on error. */
+/* `array`'s writable buffer when it is an array('i'), else 0 with a TypeError naming it. */
 static int
-open_run(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buffer *view,
-         PyObject **run)
+int_buffer(PyObject *array, Py_buffer *view, const char *what)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s(counts, blocks) takes 2 arguments", name);
+    if (!PyObject_CheckBuffer(array)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an array('i'), got %.100s", what,
+                     Py_TYPE(array)->tp_name);
         return 0;
     }
-    PyObject *counts = args[0], *blocks = args[1];
-    if (PyObject_GetBuffer(counts, view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+    if (PyObject_GetBuffer(array, view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
         return 0;
     }
     if (view->itemsize != sizeof(int) || view->format == NULL || strcmp(view->format, "i") != 0) {
-        PyErr_SetString(PyExc_TypeError, "counts must be an array('i')");
+        PyErr_Format(PyExc_TypeError, "%s must be an array('i')", what);
         PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+/* For `name(counts, blocks)`: the counts' buffer and the blocks as a fast sequence, every
+ * block in low..len(counts) - 1; 0 on error. */
+static int
+open_run(PyObject *const *args, const char *name, Py_buffer *view, PyObject **run,
+         Py_ssize_t low)
+{
+    PyObject *counts = args[0], *blocks = args[1];
+    if (!int_buffer(counts, view, "counts")) {
         return 0;
     }
     *run = PySequence_Fast(blocks, "blocks must be a sequence");
@@ -42,9 +54,9 @@ open_run(PyObject *const *args, Py_ssize_t nargs, const char *name, Py_buffer *v
         if (block == -1 && PyErr_Occurred()) {
             goto fail;
         }
-        if (block < 0 || block >= size) {
-            PyErr_Format(PyExc_IndexError, "block %zd is outside the pool (0..%zd)", block,
-                         size - 1);
+        if (block < low || block >= size) {
+            PyErr_Format(PyExc_IndexError, "block %zd is outside the pool's blocks (%zd..%zd)",
+                         block, low, size - 1);
             goto fail;
         }
     }
@@ -62,7 +74,11 @@ step_run(PyObject *const *args, Py_ssize_t nargs, int step, int from, const char
 {
     Py_buffer view;
     PyObject *run;
-    if (!open_run(args, nargs, name, &view, &run)) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(counts, blocks) takes 2 arguments", name);
+        return NULL;
+    }
+    if (!open_run(args, name, &view, &run, 0)) {
         return NULL;
     }
     int *counts = view.buf;
@@ -82,10 +98,72 @@ step_run(PyObject *const *args, Py_ssize_t nargs, int step, int from, const char
     return crossed;
 }
 
+/* Add one to each listed block's count; the blocks that were free (entry 0 or less), in
+ * order. With `links` (the lru queue's successors; a free block's entry is its predecessor,
+ * negated, block 0 the queue's sentinel) each revived block leaves the queue first. */
 static PyObject *
 hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    return step_run(args, nargs, 1, 0, "hold");
+    if (nargs == 2 || (nargs == 3 && args[2] == Py_None)) {
+        return step_run(args, 2, 1, 0, "hold");
+    }
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "hold(counts, blocks, links=None) takes 2 or 3 arguments");
+        return NULL;
+    }
+    Py_buffer view, links_view;
+    PyObject *run;
+    if (!int_buffer(args[2], &links_view, "links")) {
+        return NULL;
+    }
+    Py_ssize_t size = links_view.len / (Py_ssize_t)sizeof(int);
+    PyObject *counts_array = args[0];
+    Py_ssize_t counts_size = PyObject_Length(counts_array);
+    if (counts_size < 0) {
+        PyBuffer_Release(&links_view);
+        return NULL;
+    }
+    if (counts_size != size) {
+        PyErr_Format(PyExc_ValueError, "links has %zd entries, counts %zd: one per block", size,
+                     counts_size);
+        PyBuffer_Release(&links_view);
+        return NULL;
+    }
+    if (!open_run(args, "hold", &view, &run, 1)) {
+        PyBuffer_Release(&links_view);
+        return NULL;
+    }
+    int *counts = view.buf, *links = links_view.buf;
+    PyObject *revived = PyList_New(0);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(run);
+    PyObject **items = PySequence_Fast_ITEMS(run);
+    for (Py_ssize_t k = 0; revived != NULL && k < n; k++) {
+        Py_ssize_t block = PyLong_AsSsize_t(items[k]);
+        int entry = counts[block];
+        if (entry > 0) {
+            counts[block] = entry + 1;
+            continue;
+        }
+        int before = -entry, after = links[block]; /* its neighbours close up */
+        if (before >= size || after < 0 || after >= size) {
+            PyErr_Format(PyExc_ValueError,
+                         "block %zd's free-queue neighbours (%d, %d) are outside the pool: the "
+                         "counts and links were not kept by one queue",
+                         block, before, after);
+            Py_CLEAR(revived);
+            break;
+        }
+        links[before] = after;
+        counts[after] = -before;
+        counts[block] = 1;
+        if (PyList_Append(revived, items[k]) < 0) {
+            Py_CLEAR(revived);
+        }
+    }
+    Py_DECREF(run);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&links_view);
+    return revived;
 }
 
 static PyObject *
@@ -99,7 +177,11 @@ set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     PyObject *run;
-    if (!open_run(args, nargs, "set_one", &view, &run)) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_one(counts, blocks) takes 2 arguments");
+        return NULL;
+    }
+    if (!open_run(args, "set_one", &view, &run, 0)) {
         return NULL;
     }
     int *counts = view.buf;
@@ -115,7 +197,8 @@ set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"hold", (PyCFunction)(void (*)(void))hold, METH_FASTCALL,
-     "hold(counts, blocks) -> the blocks that were free (count 0), in order; counts += 1"},
+     "hold(counts, blocks, links=None) -> the blocks that were free (entry 0 or less), in "
+     "order, unlinked from the lru queue when its links are given; counts += 1"},
     {"drop", (PyCFunction)(void (*)(void))drop, METH_FASTCALL,
      "drop(counts, blocks) -> the blocks whose count reached 0, in order; counts -= 1"},
     {"set_one", (PyCFunction)(void (*)(void))set_one, METH_FASTCALL,

@@ -101,6 +101,8 @@ class BlockPool:
                 "choose lru, hybrid or lru-unkeyed-first"
             )
         self.num_blocks = num_blocks
+        # per block its count when held (1 or more), 0 or less when free: under lru the free
+        # queue keeps there each free block's predecessor, negated (kvcert.reference.refcounts)
         self.ref_count = per_block("i", num_blocks)
         self.keys = KeyIndex(num_blocks, num_groups)  # per block its key, per group key -> block
         self.served = self.keys.served  # per group, read-only: key -> the block a lookup gets
@@ -229,9 +231,11 @@ class BlockPool:
 
     def take(self, blocks: Iterable[int]) -> None:
         """Hold blocks found by a lookup; a free one leaves the queue (still registered)."""
-        revived = hold(self.ref_count, blocks)
-        for block in revived:
-            self.queue.remove(block)
+        links = self.queue.links
+        revived = hold(self.ref_count, blocks, links)  # with links: unlinked in the same pass
+        if links is None:
+            for block in revived:
+                self.queue.remove(block)
         self.num_free -= len(revived)
 
     def allocate(self, count: int) -> list[int]:
@@ -268,6 +272,10 @@ class BlockPool:
         self.num_free += len(freed)
         self.queue.add(freed, cold)
         return len(freed)
+
+    def count(self, block: int) -> int:
+        """How many hold `block` (0: it is free, or the null block)."""
+        return max(self.ref_count[block], 0)
 
     def free_queue(self) -> Iterator[int]:
         """The free queue in joining order, from the oldest to the most recently freed block

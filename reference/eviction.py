@@ -5,9 +5,11 @@ request's blocks are released, so adding a profile touches this file only.
 
     lru                 ALLOC-EVICT-1, ALLOC-FREE-1: the head of the queue is evicted first;
                         a request releases group by group in layout order, each table from its
-                        last position; an intrusive doubly linked list over two int32 arrays
-                        (`prev`, `next`, sentinel at index num_blocks), so a hit takes a block
-                        out of the middle in O(1)
+                        last position; an intrusive doubly linked ring with block 0 (the null
+                        block, never free) as its sentinel, so a hit takes a block out of the
+                        middle in O(1): successors in an int32 array, and each free block's
+                        predecessor, negated, in its entry of the pool's counts (a free block
+                        has no count; see kvcert.reference.refcounts)
     lru-unkeyed-first   ALLOC-FREE-2: lru, but each group's released blocks without a key go to
                         the head of the queue as one run
     hybrid              EVICT-HYB-1, EVICT-ORDER-1: provably dead blocks first, then cold ones
@@ -56,22 +58,25 @@ def held_entries(tables: Sequence[list[int]], lows: Sequence[int]) -> list[Held]
 
 
 class FreeQueue:
-    """The lru profile: a linked list in joining order; the head is the next victim."""
+    """The lru profile: a linked list in joining order; the head is the next victim.
+
+    The ring runs 0, head, ..., tail, 0: `links[b]` is b's successor, and the pool's
+    `ref_count[b]` of a free block b is minus its predecessor (so the head's is 0, and the
+    sentinel's entry, -tail, is where the ring closes)."""
 
     profile = Eviction.LRU
     tracks_liveness = False  # whether the pool must keep EVICT-DEAD-1 up to date for it
 
-    __slots__ = ("_next", "_prev", "_sentinel", "pool")
+    __slots__ = ("links", "pool")
 
     def __init__(self, pool: BlockPool) -> None:
+        """Every block but the null one free, in ascending order (ALLOC-INIT-1)."""
         self.pool = pool
-        sentinel = pool.num_blocks
-        self._sentinel = sentinel
-        # the ring sentinel, 1, 2, ..., num_blocks - 1, sentinel (the null block is never in it)
-        self._next = per_block("i", sentinel + 1, range(1, sentinel + 2))
-        self._next[sentinel] = 1
-        self._prev = per_block("i", sentinel + 1, range(-1, sentinel))
-        self._prev[1] = sentinel
+        count = pool.num_blocks
+        self.links: array[int] | None = per_block("i", count, range(1, count + 1))
+        self.links[count - 1] = 0
+        pool.ref_count[:] = per_block("i", count, range(1, 1 - count, -1))
+        pool.ref_count[0] = 1 - count  # the sentinel's predecessor: the tail, block count - 1
 
     def release_batches(self, groups: Sequence[GroupConfig], held: list[Held]) -> list[list[int]]:
         """Implements ALLOC-FREE-1: one batch, in the order the manager listed (group by group
@@ -88,42 +93,49 @@ class FreeQueue:
         return [[b for t, low in zip(tables, lows, strict=True) for b in reversed(t[low:]) if b]]
 
     def remove(self, block: int) -> None:
-        """A free block taken by a hit leaves the queue."""
-        prev, nxt = self._prev[block], self._next[block]
-        self._next[prev] = nxt
-        self._prev[nxt] = prev
+        """A free block leaves the queue (a hit's revived blocks leave it inside `hold`)."""
+        links, counts = self._links(), self.pool.ref_count
+        before, after = -counts[block], links[block]
+        links[before] = after
+        counts[after] = -before
 
     def add(self, blocks: list[int], cold: bool) -> None:
         """Blocks whose count reached 0 join the tail, in order (linked as one run)."""
         if not blocks:
             return
-        sentinel, prev, nxt = self._sentinel, self._prev, self._next
-        last = prev[sentinel]
+        links, counts = self._links(), self.pool.ref_count
+        last = -counts[0]
         for block in blocks:
-            nxt[last] = block
-            prev[block] = last
+            links[last] = block
+            counts[block] = -last
             last = block
-        nxt[last] = sentinel
-        prev[sentinel] = last
+        links[last] = 0
+        counts[0] = -last
 
     def pop(self) -> int:
         """The head of the queue. Implements ALLOC-EVICT-1 (the pool forgets its key)."""
-        block = self._next[self._sentinel]
+        block = self._links()[0]
         self.remove(block)
         return block
 
     def pop_many(self, count: int) -> list[int]:
         """`count` pops at once: the first `count` blocks, unlinked as one run (the caller
-        has checked that the queue holds them)."""
-        nxt = self._next
+        has checked that the queue holds them, and counts them held next)."""
+        links = self._links()
         taken = []
-        block = nxt[self._sentinel]
+        block = links[0]
         for _ in range(count):
             taken.append(block)
-            block = nxt[block]
-        nxt[self._sentinel] = block
-        self._prev[block] = self._sentinel
+            block = links[block]
+        links[0] = block
+        self.pool.ref_count[block] = 0  # the new head (or, when none is left, the sentinel)
         return taken
+
+    def _links(self) -> array[int]:
+        links = self.links
+        if links is None:  # pragma: no cover - a profile without the ring overrides these
+            raise TypeError(f"the {self.profile.value} queue keeps no linked list")
+        return links
 
     def changed(self, block: int) -> None:
         """A free block's liveness may have changed (nothing to do under lru)."""
@@ -135,20 +147,21 @@ class FreeQueue:
         """After an allocation: drop bookkeeping that went stale (nothing under lru)."""
 
     def __iter__(self) -> Iterator[int]:
-        block = self._next[self._sentinel]
-        while block != self._sentinel:
+        links = self._links()
+        block = links[0]
+        while block:
             yield block
-            block = self._next[block]
+            block = links[block]
 
     def _prepend(self, blocks: list[int]) -> None:
-        after = self._next[self._sentinel]
-        previous = self._sentinel
+        links, counts = self._links(), self.pool.ref_count
+        after, previous = links[0], 0
         for block in blocks:
-            self._next[previous] = block
-            self._prev[block] = previous
+            links[previous] = block
+            counts[block] = -previous
             previous = block
-        self._next[previous] = after
-        self._prev[after] = previous
+        links[previous] = after
+        counts[after] = -previous
 
 
 class UnkeyedFirstQueue(FreeQueue):
@@ -179,8 +192,9 @@ class HybridQueue(FreeQueue):
 
     __slots__ = ("_cold", "_heaps", "_joined", "_ticks")
 
-    def __init__(self, pool: BlockPool) -> None:  # no linked list under this profile
+    def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
+        self.links = None  # no linked list: a free block's count reads 0
         self._ticks = itertools.count(pool.num_blocks)
         # the queue position of each free block
         self._joined = per_block("q", pool.num_blocks, range(pool.num_blocks))

@@ -294,7 +294,8 @@ class KVCacheManager(Inspection):
         # distinct: a block is registered in one group under one key
         hits = [b for t in tables for b in t if b != NULL_BLOCK]
         hits += [b for _, _, b in request.sources]
-        reviving = list(map(self.pool.ref_count.__getitem__, hits)).count(0)  # free hit blocks
+        # free hit blocks: an entry of 0 or less (1 > entry)
+        reviving = sum(map((1).__gt__, map(self.pool.ref_count.__getitem__, hits)))
         if self._junctions:
             request.junction = self._junction(prompt, hit)
         request.computed = hit

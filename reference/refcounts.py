@@ -1,9 +1,16 @@
 """Reference counts over a run of blocks: the pool's take, release and allocate.
 
-`counts` is the pool's array('i') of per-block counts. These are the definitions; the
-compiled `_refcounts` (reference/_refcounts.c) does the same in one C loop and is used when
-built (kvcert.reference.native). Every block is checked against the array's bounds before
-any count changes; a block listed twice is stepped twice; any iterable of blocks will do.
+`counts` is the pool's array('i'), one int32 per block. A held block's entry is its count
+(1 or more); a block no one holds reads 0 or less. A free block has no count and a held one
+no place in the free queue, so the lru queue keeps each free block's predecessor there,
+negated (kvcert.reference.eviction.FreeQueue), and `links` is that queue's successor array:
+`hold` then unlinks the blocks it revives in the same pass. Without `links` (the hybrid
+queue, a heap) a free block's entry is 0.
+
+These are the definitions; the compiled `_refcounts` (reference/_refcounts.c) does the same
+in one C loop and is used when built (kvcert.reference.native). Every block is checked
+against the array's bounds before any entry changes; a block listed twice is stepped twice;
+any iterable of blocks will do.
 """
 
 from __future__ import annotations
@@ -14,23 +21,43 @@ from collections.abc import Callable, Iterable, Sequence
 from kvcert.reference.native import native
 
 
-def _checked(counts: array[int], blocks: Iterable[int]) -> Sequence[int]:
+def _checked(
+    counts: array[int], blocks: Iterable[int], links: array[int] | None = None
+) -> Sequence[int]:
     run = blocks if isinstance(blocks, list | tuple) else list(blocks)
     size = len(counts)
+    if links is not None and len(links) != size:
+        raise ValueError(f"links has {len(links)} entries, counts {size}: one per block")
+    low = 0 if links is None else 1  # with links, block 0's entries are the queue's ends
     for block in run:
-        if not 0 <= block < size:
-            raise IndexError(f"block {block} is outside the pool (0..{size - 1})")
+        if not low <= block < size:
+            raise IndexError(f"block {block} is outside the pool's blocks ({low}..{size - 1})")
     return run
 
 
-def py_hold(counts: array[int], blocks: Iterable[int]) -> list[int]:
-    """Add one to each block's count; the blocks that were free (count 0), in order."""
-    blocks = _checked(counts, blocks)
+def py_hold(
+    counts: array[int], blocks: Iterable[int], links: array[int] | None = None
+) -> list[int]:
+    """Add one to each block's count; the blocks that were free (no count), in order, each
+    unlinked from the free queue when `links` is given."""
+    blocks = _checked(counts, blocks, links)
     revived = []
     for block in blocks:
-        if not counts[block]:
-            revived.append(block)
-        counts[block] += 1
+        entry = counts[block]
+        if entry > 0:
+            counts[block] = entry + 1
+            continue
+        revived.append(block)
+        if links is not None:  # its neighbours close up: -entry is its predecessor
+            before, after = -entry, links[block]
+            if not (before < len(counts) and 0 <= after < len(counts)):
+                raise ValueError(
+                    f"block {block}'s free-queue neighbours ({before}, {after}) are outside "
+                    "the pool: the counts and links were not kept by one queue"
+                )
+            links[before] = after
+            counts[after] = -before
+        counts[block] = 1
     return revived
 
 
@@ -52,9 +79,10 @@ def py_set_one(counts: array[int], blocks: Iterable[int]) -> None:
         counts[block] = 1
 
 
+Hold = Callable[["array[int]", Iterable[int], "array[int] | None"], list[int]]
 Step = Callable[["array[int]", Iterable[int]], list[int]]
 _compiled = native("_refcounts")
-hold: Step = _compiled.hold if _compiled else py_hold
+hold: Hold = _compiled.hold if _compiled else py_hold
 drop: Step = _compiled.drop if _compiled else py_drop
 set_one: Callable[[array[int], Iterable[int]], None] = (
     _compiled.set_one if _compiled else py_set_one

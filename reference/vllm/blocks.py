@@ -58,7 +58,7 @@ class PoolBlock(KVCacheBlock):  # type: ignore[misc]
 
     @property
     def ref_cnt(self) -> int:
-        return int(self._owner.core.pool.ref_count[self.block_id])
+        return self._owner.core.pool.count(self.block_id)
 
     def _named(self) -> tuple[Any, int] | None:
         held = _held_key(self._owner, self.block_id)

@@ -42,6 +42,94 @@ def test_compiled_steps_equal_the_definitions(counts, blocks, steps, wrap):
     )
 
 
+def ring(order: list[int], held: dict[int, int], size: int) -> tuple[array, array]:
+    """Counts and links as the lru queue keeps them: `order` free in that order (block 0 the
+    sentinel), every other block held `held[b]` times."""
+    counts, links = array("i", [0]) * size, array("i", [0]) * size
+    for block in range(1, size):
+        counts[block] = held.get(block, 1)
+    previous = 0
+    for block in order:
+        links[previous], counts[block] = block, -previous
+        previous = block
+    links[previous], counts[0] = 0, -previous
+    return counts, links
+
+
+def walk(counts: array, links: array) -> list[int]:
+    """The queue front to back, each step checked against the predecessor kept in counts."""
+    order, previous, block = [], 0, links[0]
+    while block:
+        assert counts[block] == -previous
+        order.append(block)
+        previous, block = block, links[block]
+    assert counts[0] == -previous
+    return order
+
+
+@settings(max_examples=tiered(300, 5000))
+@given(
+    st.integers(1, 9).flatmap(
+        lambda size: st.tuples(
+            st.just(size),
+            st.permutations(range(1, size)).flatmap(
+                lambda p: st.integers(0, len(p)).map(lambda k: p[:k])
+            ),
+            st.lists(st.integers(-1, size), max_size=12),
+            st.sampled_from([list, tuple, iter]),
+        )
+    )
+)
+def test_holding_unlinks_the_revived_blocks_from_the_queue(case):
+    """With the lru queue's links, the compiled hold equals the definition (answer, error,
+    counts and links after), and both leave the queue as it was minus the revived blocks, in
+    order, each revived block held once more per listing."""
+    size, order, blocks, wrap = case
+    held = {b: 1 + b % 3 for b in range(1, size) if b not in order}
+    results = []
+    for step in (compiled.hold, refcounts.py_hold):
+        counts, links = ring(list(order), held, size)
+        try:
+            answer = ("ok", step(counts, wrap(blocks), links))
+        except (IndexError, ValueError, TypeError) as error:
+            answer = ("error", type(error))
+        results.append((answer, counts.tolist(), links.tolist()))
+    assert results[0] == results[1]
+    (answer, counts_after, links_after) = results[0]
+    if answer[0] == "ok":
+        counts, links = array("i", counts_after), array("i", links_after)
+        assert answer[1] == [b for i, b in enumerate(blocks) if b in order and b not in blocks[:i]]
+        assert walk(counts, links) == [b for b in order if b not in blocks]
+        for block in set(blocks):
+            assert counts[block] == (0 if block in order else held[block]) + blocks.count(block)
+    else:
+        assert any(not 1 <= b < size for b in blocks)
+        assert results[0][1:] == (
+            ring(list(order), held, size)[0].tolist(),
+            ring(list(order), held, size)[1].tolist(),
+        )
+
+
+def test_links_must_match_the_counts():
+    counts, _ = ring([1, 2], {}, 4)
+    with pytest.raises(ValueError, match="one per block"):
+        compiled.hold(counts, [1], array("i", [0, 0]))
+    with pytest.raises(ValueError, match="one per block"):
+        refcounts.py_hold(counts, [1], array("i", [0, 0]))
+    with pytest.raises(TypeError, match="links"):
+        compiled.hold(counts, [1], [0, 0, 0, 0])
+
+
+def test_corrupt_links_are_refused_not_followed():
+    """Entries no queue kept (a free block whose neighbour lies outside the pool) raise
+    instead of writing outside the arrays."""
+    counts, links = ring([1, 2], {}, 4)
+    links[1] = 99
+    for step in (compiled.hold, refcounts.py_hold):
+        with pytest.raises(ValueError, match="not kept by one queue"):
+            step(array("i", counts), [1], array("i", links))
+
+
 def test_the_counts_must_be_an_int_array():
     with pytest.raises(TypeError, match="array"):
         compiled.hold(array("q", [0, 0]), [1])
