@@ -250,9 +250,11 @@ VLLM_BYTES_PER_CACHED_BLOCK = 145.7
 
 
 @pytest.mark.skipif(native.PURE_PYTHON, reason="the claim is the compiled key index's")
-def test_a_cached_block_costs_under_half_of_vllms():
+def test_a_cached_block_costs_under_a_third_of_vllms():
     """docs/benchmarks.md's memory row without vLLM installed: a pool whose every block is cached
-    holds at most half of vLLM's bytes per block (the dict fallback holds about 160)."""
+    holds at most a third of vLLM's bytes per block, issue 45's goal (47 B: the 32-byte digest,
+    a byte of group, 6 B of table slots, 4 B of count or queue back link, 4 B of queue link;
+    the dict fallback holds about 160)."""
     count = tiered(1 << 16, 1 << 20)  # the long tier measures the benchmark's 1M blocks
     tokens = [(i * 104729) % 50_000 for i in range(16 * count)]
     gc.collect()
@@ -267,7 +269,7 @@ def test_a_cached_block_costs_under_half_of_vllms():
     per_block = (tracemalloc.get_traced_memory()[0] - before) / count
     tracemalloc.stop()
     assert m.stats().registered_blocks == count
-    assert per_block <= VLLM_BYTES_PER_CACHED_BLOCK / 2, per_block
+    assert per_block <= VLLM_BYTES_PER_CACHED_BLOCK / 3, per_block
 
 
 def test_cached_block_is_the_block_a_lookup_gets_for_one_position():
