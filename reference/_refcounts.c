@@ -99,41 +99,42 @@ step_run(PyObject *const *args, Py_ssize_t nargs, int step, int from, const char
 }
 
 /* Add one to each listed block's count; the blocks that were free (entry 0 or less), in
- * order. With `links` (the lru queue's successors; a free block's entry is its predecessor,
- * negated, block 0 the queue's sentinel) each revived block leaves the queue first. */
+ * order, each now held once. With `links` (the lru queue's successors; a free block's entry
+ * is its predecessor, negated, block 0 the queue's sentinel) each revived block leaves the
+ * queue first. */
 static PyObject *
 hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs == 2 || (nargs == 3 && args[2] == Py_None)) {
-        return step_run(args, 2, 1, 0, "hold");
-    }
-    if (nargs != 3) {
+    if (nargs != 2 && nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "hold(counts, blocks, links=None) takes 2 or 3 arguments");
         return NULL;
     }
+    int linked = nargs == 3 && args[2] != Py_None;
     Py_buffer view, links_view;
     PyObject *run;
-    if (!int_buffer(args[2], &links_view, "links")) {
+    Py_ssize_t size = 0;
+    if (linked) {
+        if (!int_buffer(args[2], &links_view, "links")) {
+            return NULL;
+        }
+        size = links_view.len / (Py_ssize_t)sizeof(int);
+        Py_ssize_t counts_size = PyObject_Length(args[0]);
+        if (counts_size >= 0 && counts_size != size) {
+            PyErr_Format(PyExc_ValueError, "links has %zd entries, counts %zd: one per block",
+                         size, counts_size);
+        }
+        if (counts_size != size) {
+            PyBuffer_Release(&links_view);
+            return NULL;
+        }
+    }
+    if (!open_run(args, "hold", &view, &run, linked)) {
+        if (linked) {
+            PyBuffer_Release(&links_view);
+        }
         return NULL;
     }
-    Py_ssize_t size = links_view.len / (Py_ssize_t)sizeof(int);
-    PyObject *counts_array = args[0];
-    Py_ssize_t counts_size = PyObject_Length(counts_array);
-    if (counts_size < 0) {
-        PyBuffer_Release(&links_view);
-        return NULL;
-    }
-    if (counts_size != size) {
-        PyErr_Format(PyExc_ValueError, "links has %zd entries, counts %zd: one per block", size,
-                     counts_size);
-        PyBuffer_Release(&links_view);
-        return NULL;
-    }
-    if (!open_run(args, "hold", &view, &run, 1)) {
-        PyBuffer_Release(&links_view);
-        return NULL;
-    }
-    int *counts = view.buf, *links = links_view.buf;
+    int *counts = view.buf, *links = linked ? links_view.buf : NULL;
     PyObject *revived = PyList_New(0);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(run);
     PyObject **items = PySequence_Fast_ITEMS(run);
@@ -144,17 +145,19 @@ hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             counts[block] = entry + 1;
             continue;
         }
-        int before = -entry, after = links[block]; /* its neighbours close up */
-        if (before >= size || after < 0 || after >= size) {
-            PyErr_Format(PyExc_ValueError,
-                         "block %zd's free-queue neighbours (%d, %d) are outside the pool: the "
-                         "counts and links were not kept by one queue",
-                         block, before, after);
-            Py_CLEAR(revived);
-            break;
+        if (links != NULL) { /* its neighbours close up */
+            long long before = -(long long)entry, after = links[block];
+            if (before >= size || after < 0 || after >= size) {
+                PyErr_Format(PyExc_ValueError,
+                             "block %zd's free-queue neighbours (%lld, %lld) are outside the "
+                             "pool: the counts and links were not kept by one queue",
+                             block, before, after);
+                Py_CLEAR(revived);
+                break;
+            }
+            links[before] = (int)after;
+            counts[after] = (int)-before;
         }
-        links[before] = after;
-        counts[after] = -before;
         counts[block] = 1;
         if (PyList_Append(revived, items[k]) < 0) {
             Py_CLEAR(revived);
@@ -162,7 +165,9 @@ hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     Py_DECREF(run);
     PyBuffer_Release(&view);
-    PyBuffer_Release(&links_view);
+    if (linked) {
+        PyBuffer_Release(&links_view);
+    }
     return revived;
 }
 
@@ -198,7 +203,8 @@ set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"hold", (PyCFunction)(void (*)(void))hold, METH_FASTCALL,
      "hold(counts, blocks, links=None) -> the blocks that were free (entry 0 or less), in "
-     "order, unlinked from the lru queue when its links are given; counts += 1"},
+     "order, unlinked from the lru queue when its links are given, each now held once; "
+     "other counts += 1"},
     {"drop", (PyCFunction)(void (*)(void))drop, METH_FASTCALL,
      "drop(counts, blocks) -> the blocks whose count reached 0, in order; counts -= 1"},
     {"set_one", (PyCFunction)(void (*)(void))set_one, METH_FASTCALL,

@@ -38,8 +38,8 @@ def _checked(
 def py_hold(
     counts: array[int], blocks: Iterable[int], links: array[int] | None = None
 ) -> list[int]:
-    """Add one to each block's count; the blocks that were free (no count), in order, each
-    unlinked from the free queue when `links` is given."""
+    """Add one to each held block's count; the blocks that were free (entry 0 or less), in
+    order, each now held once and, when `links` is given, unlinked from the free queue."""
     blocks = _checked(counts, blocks, links)
     revived = []
     for block in blocks:

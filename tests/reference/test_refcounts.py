@@ -28,7 +28,7 @@ def outcome(step, counts, blocks):
 
 @settings(max_examples=tiered(300, 5000))
 @given(
-    st.lists(st.integers(0, 3), min_size=1, max_size=8),
+    st.lists(st.integers(-3, 3), min_size=1, max_size=8),  # 0 or less: free
     st.lists(st.integers(-2, 9), max_size=12),
     st.sampled_from(STEPS),
     st.sampled_from([list, tuple, iter]),
