@@ -125,10 +125,10 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     for _ in range(rounds):
         for side in ("vLLM", "kvcert"):
-            counts = one_round_by_call(load, kvcert=side == "kvcert")
-            best = spent.setdefault(side, counts)
-            for name, (calls, seconds) in counts.items():
-                best[name] = (calls, min(seconds, best.get(name, (calls, seconds))[1]))
+            best = spent.setdefault(side, {})
+            for name, (calls, seconds) in one_round_by_call(load, side == "kvcert").items():
+                earlier = best.get(name)
+                best[name] = (calls, seconds if earlier is None else min(seconds, earlier[1]))
     return spent
 
 

@@ -67,35 +67,33 @@ fail:
     return 0;
 }
 
-/* Add `step` to each listed block's count, in order; the blocks whose count was `from`
- * before their own step (each occurrence counts: a block listed twice is stepped twice). */
+/* Take one from each listed block's count, in order; the blocks whose count reached 0
+ * (each occurrence counts: a block listed twice is stepped twice). */
 static PyObject *
-step_run(PyObject *const *args, Py_ssize_t nargs, int step, int from, const char *name)
+drop(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     PyObject *run;
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s(counts, blocks) takes 2 arguments", name);
+        PyErr_SetString(PyExc_TypeError, "drop(counts, blocks) takes 2 arguments");
         return NULL;
     }
-    if (!open_run(args, name, &view, &run, 0)) {
+    if (!open_run(args, "drop", &view, &run, 0)) {
         return NULL;
     }
     int *counts = view.buf;
-    PyObject *crossed = PyList_New(0);
+    PyObject *freed = PyList_New(0);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(run);
     PyObject **items = PySequence_Fast_ITEMS(run);
-    for (Py_ssize_t k = 0; crossed != NULL && k < n; k++) {
+    for (Py_ssize_t k = 0; freed != NULL && k < n; k++) {
         Py_ssize_t block = PyLong_AsSsize_t(items[k]);
-        int before = counts[block];
-        counts[block] = before + step;
-        if (before == from && PyList_Append(crossed, items[k]) < 0) {
-            Py_CLEAR(crossed);
+        if (--counts[block] == 0 && PyList_Append(freed, items[k]) < 0) {
+            Py_CLEAR(freed);
         }
     }
     Py_DECREF(run);
     PyBuffer_Release(&view);
-    return crossed;
+    return freed;
 }
 
 /* Add one to each listed block's count; the blocks that were free (entry 0 or less), in
@@ -169,12 +167,6 @@ hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&links_view);
     }
     return revived;
-}
-
-static PyObject *
-drop(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    return step_run(args, nargs, -1, 1, "drop");
 }
 
 static PyObject *
