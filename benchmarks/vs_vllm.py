@@ -18,7 +18,9 @@ the calls its scheduler makes.
   the memo on (the default): the prompt was seen before, so its digests are reused after a
   byte comparison.
 * lookup alone: a 1M-token prompt already hashed (vLLM: its Request; the reference: a
-  Prompt), GPT-OSS-like: get_computed_blocks against lookup(prompt).
+  Prompt), GPT-OSS-like: get_computed_blocks against lookup_packed(prompt) (the block tables
+  as int32 arrays, as vLLM's answer holds block objects that exist already), then against
+  lookup(prompt) (tables of Python ints, one made per block).
 * stream: benchmarks/run.py's allocate/commit/free stream (requests sharing a system prompt,
   unique tails, decoding, finishing); once with the reference's defaults (the digest memo
   hashes the shared system prompt once) and once with the memo off.
@@ -33,9 +35,10 @@ the calls its scheduler makes.
 Each row also shows its floor, measured in the same run: the least any allocator answering
 the same calls must spend. Hashing: reading the ids and one SHA-256 pass over their encoding
 (a block digest chain over that stream cannot cost less); a prompt seen before: reading its
-ids; lookup alone: making the answer's block tables as Python ints; stream and decode: the
-same calls answered by a manager doing nothing; memory: the 32-byte digest a cached block is
-keyed by. ref/floor says how far the reference is from it (1.0x: at the floor).
+ids; lookup alone: reading the hit's keys once (int32), making the answer's block tables
+as Python ints (ints); stream and decode: the same calls answered by a manager doing
+nothing; memory: the 32-byte digest a cached block is keyed by. ref/floor says how far the
+reference is from it (1.0x: at the floor).
 """
 
 from __future__ import annotations
@@ -165,8 +168,9 @@ def lookup_row(name: str, size: int, memo: bool = False) -> Row:
     )
 
 
-def lookup_alone_row(size: int) -> Row:
-    """The search alone, the prompt hashed beforehand on both sides."""
+def lookup_alone_row(size: int, packed: bool) -> Row:
+    """The search alone, the prompt hashed beforehand on both sides; the reference's answer
+    as int32 arrays (`lookup_packed`) or as tuples of Python ints (`lookup`)."""
     layout, tokens = LAYOUTS["gpt-oss"], prompt(size)
     blocks = blocks_for(layout, size)
     reference = KVCacheManager(config_of(layout, blocks))
@@ -181,13 +185,15 @@ def lookup_alone_row(size: int) -> Row:
     def vllm_lookup() -> int:
         return int(driver.manager.get_computed_blocks(request)[1])
 
-    hit, tables = reference.lookup(hashed)
+    lookup = reference.lookup_packed if packed else reference.lookup
+    hit, tables = lookup(hashed)
+    check_equal("lookup alone", (hit, tuple(map(tuple, tables))), reference.lookup(hashed))
     check_equal("lookup alone", hit, vllm_lookup())
     return (
-        "lookup alone, gpt-oss (hashed)",
+        "lookup alone, gpt-oss (hashed), " + ("int32" if packed else "ints"),
         f"{size:,} tokens, hit {hit:,}",
-        *side_by_side(11, lambda: timed(reference.lookup, hashed), lambda: timed(vllm_lookup)),
-        *table_floor(tables),
+        *side_by_side(11, lambda: timed(lookup, hashed), lambda: timed(vllm_lookup)),
+        *(key_floor(hashed.chains, hit) if packed else table_floor(tables)),
     )
 
 
@@ -360,7 +366,16 @@ def read_floor(tokens: list[int]) -> tuple[float, str]:
     return fastest(11, lambda: encode_tokens(tokens)), "ids read once (C)"
 
 
-def table_floor(tables: tuple[tuple[int, ...], ...]) -> tuple[float, str]:
+def key_floor(chains: Any, hit: int) -> tuple[float, str]:
+    """Reading each key of the hit once (joining the digests, in C): a search must read at
+    least every key it finds served."""
+    keys = [
+        chain.key(16, j) for chain in {id(c): c for c in chains}.values() for j in range(hit // 16)
+    ]
+    return fastest(11, lambda: b"".join(keys)), "the hit's keys read once (C)"
+
+
+def table_floor(tables: Any) -> tuple[float, str]:
     """Making the answer: the hit's block tables as Python ints, which lookup returns."""
     packed = [array("i", table) for table in tables]
     return (
@@ -401,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         lookup_row("deepseek-v4-flash", 4096 if quick else 131_072),
         lookup_row("gpt-oss", 4096 if quick else 131_072),
         lookup_row("gpt-oss", 4096 if quick else 131_072, memo=True),
-        lookup_alone_row(8192 if quick else 1_048_576),
+        lookup_alone_row(8192 if quick else 1_048_576, packed=True),
+        lookup_alone_row(8192 if quick else 1_048_576, packed=False),
         stream_row(shape),
         stream_row(shape, memo=False),
         decode_row(16 if quick else 256, 16 if quick else 64),

@@ -834,11 +834,12 @@ GroupView_length(GroupView *self)
  * ahead, then the digests of the blocks in them, then the probes themselves. A batch past
  * the first miss is probed for nothing, at most PREFIX_BATCH - 1 keys. */
 #define PREFIX_BATCH 32
-static PyObject *
-GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
+static int32_t *
+scan_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs, const char *name,
+            Py_ssize_t *count_out)
 {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "prefix(keys, cap) takes 2 arguments");
+        PyErr_Format(PyExc_TypeError, "%s(keys, cap) takes 2 arguments", name);
         return NULL;
     }
     Py_ssize_t cap = PyLong_AsSsize_t(args[1]);
@@ -854,7 +855,8 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
     int32_t *found = PyMem_Malloc((size_t)Py_MAX(n, 1) * sizeof(int32_t));
     if (found == NULL) {
         Py_DECREF(keys);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
     }
     const KeyIndex *index = self->index;
     const Table *table = &index->tables[self->group];
@@ -894,7 +896,23 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_DECREF(keys);
-    PyObject *blocks = error ? NULL : PyList_New(count);
+    if (error) {
+        PyMem_Free(found);
+        return NULL;
+    }
+    *count_out = count;
+    return found;
+}
+
+static PyObject *
+GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t count;
+    int32_t *found = scan_prefix(self, args, nargs, "prefix", &count);
+    if (found == NULL) {
+        return NULL;
+    }
+    PyObject *blocks = PyList_New(count);
     for (Py_ssize_t k = 0; blocks != NULL && k < count; k++) {
         PyObject *block = PyLong_FromLong(found[k]);
         if (block == NULL) {
@@ -905,6 +923,22 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyMem_Free(found);
     return blocks;
+}
+
+/* The same blocks packed, native int32 each (what array('i') reads): a long hit's answer
+ * without a Python int per block, which costs more than the probes themselves. */
+static PyObject *
+GroupView_prefix_ids(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t count;
+    int32_t *found = scan_prefix(self, args, nargs, "prefix_ids", &count);
+    if (found == NULL) {
+        return NULL;
+    }
+    Py_ssize_t size = count * (Py_ssize_t)sizeof(int32_t);
+    PyObject *packed = PyBytes_FromStringAndSize((const char *)found, size);
+    PyMem_Free(found);
+    return packed;
 }
 
 /* (key, block) per served key, in slot order (a later holder's entry is skipped). */
@@ -969,6 +1003,8 @@ static PyMethodDef GroupView_methods[] = {
     {"items", (PyCFunction)GroupView_items, METH_NOARGS, "[(key, block), ...]"},
     {"prefix", (PyCFunction)(void (*)(void))GroupView_prefix, METH_FASTCALL,
      "prefix(keys, cap) -> the blocks serving keys[0], keys[1], ... up to the first miss"},
+    {"prefix_ids", (PyCFunction)(void (*)(void))GroupView_prefix_ids, METH_FASTCALL,
+     "prefix_ids(keys, cap) -> prefix's blocks as native int32 bytes"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,10 +28,11 @@ THM-HYB-SEARCH (Z3) proves its shape.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, MutableSequence, Sequence
 from itertools import repeat
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
@@ -41,6 +42,33 @@ from kvcert.reference.keyindex import ServedMap
 K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
 Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
 Served = Sequence[ServedMap[K]]  # per group, key -> cached block id (a dict or a view)
+BLOCK_IDS = "i"  # array typecode of a packed block table: int32, as the pool's arrays
+
+
+@overload
+def find_hit(
+    config: CacheConfig,
+    num_tokens: int,
+    keys: Keys[K],
+    served: Served[K],
+    *,
+    ignore_state: bool = False,
+    limit: int | None = None,
+    packed: Literal[False] = False,
+) -> tuple[int, list[list[int]]]: ...
+
+
+@overload
+def find_hit(
+    config: CacheConfig,
+    num_tokens: int,
+    keys: Keys[K],
+    served: Served[K],
+    *,
+    ignore_state: bool = False,
+    limit: int | None = None,
+    packed: Literal[True],
+) -> tuple[int, list[array[int]]]: ...
 
 
 def find_hit(
@@ -51,8 +79,11 @@ def find_hit(
     *,
     ignore_state: bool = False,
     limit: int | None = None,
-) -> tuple[int, list[list[int]]]:
-    """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed).
+    packed: bool = False,
+) -> tuple[int, list[list[int]]] | tuple[int, list[array[int]]]:
+    """The hit length and, per group, its block list (NULL_BLOCK where nothing is needed);
+    with `packed`, each list an int32 array (BLOCK_IDS): the same blocks without a Python
+    int each, which for a long hit cost more than the search.
 
     Implements HIT-LEN-1, HIT-GROUP-1, HIT-GROUP-2, HIT-HYB-1, HIT-SPEC-1, HIT-SPEC-2, and
     HIT-MAMBA-2 and HIT-CROSS-1 (mode none serves only 0; cross groups constrain nothing).
@@ -68,10 +99,10 @@ def find_hit(
     alignment = config.alignment
     bound = num_tokens - 1 if limit is None else min(num_tokens - 1, limit)
     others = []
-    prefixes: dict[int, list[int]] = {}  # per full group, the blocks of its cached prefix
+    prefixes: dict[int, MutableSequence[int]] = {}  # per full group, its cached prefix
     for g, group in enumerate(groups):
         if group.kind is Kind.FULL:
-            prefix = _cached_prefix(served[g], keys[g], bound // group.block_size)
+            prefix = _cached_prefix(served[g], keys[g], bound // group.block_size, packed)
             prefixes[g] = prefix
             bound = min(bound, len(prefix) * group.block_size)
         elif group.kind is Kind.MAMBA and ignore_state:
@@ -86,10 +117,10 @@ def find_hit(
     hit = found[0] if found else 0
     if config.speculative is DraftKeying.DROP and not ignore_state and limit is None:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
-    tables: list[list[int]] = []
+    tables: list[MutableSequence[int]] = []
     for g, group in enumerate(groups):
         if group.kind is Kind.CROSS:
-            tables.append([])
+            tables.append(_nulls(0, packed))
             continue
         count = hit // group.block_size
         if g in prefixes:
@@ -97,13 +128,20 @@ def find_hit(
             tables.append(prefix if count == len(prefix) else prefix[:count])
             continue
         start = first_needed(group, hit) if count else count
-        table = [NULL_BLOCK] * start
+        table = _nulls(start, packed)
         if group.kind is Kind.MAMBA and ignore_state:  # unconstrained: maybe no checkpoint
-            table += (served[g].get(key, NULL_BLOCK) for key in keys[g][start:count])
+            table.extend(served[g].get(key, NULL_BLOCK) for key in keys[g][start:count])
         else:  # every group accepts `hit`: each block it needs is cached
-            table += map(served[g].__getitem__, keys[g][start:count])
+            table.extend(map(served[g].__getitem__, keys[g][start:count]))
         tables.append(table)
-    return hit, tables
+    return hit, tables  # type: ignore[return-value]  # lists, or arrays when packed
+
+
+def _nulls(count: int, packed: bool) -> MutableSequence[int]:
+    """A table's first `count` columns, needing no block: NULL_BLOCK each."""
+    if packed:
+        return array(BLOCK_IDS, [NULL_BLOCK]) * count
+    return [NULL_BLOCK] * count
 
 
 def longest_single_group(
@@ -136,15 +174,24 @@ def longest_single_group(
     return longest
 
 
-def _cached_prefix(served: ServedMap[K], keys: Sequence[K], cap: int) -> list[int]:
+def _cached_prefix(
+    served: ServedMap[K], keys: Sequence[K], cap: int, packed: bool = False
+) -> MutableSequence[int]:
     """The blocks serving keys[0], keys[1], ... up to the first key not served (at most
-    `cap`). One dictionary probe per key, in C, in runs that double in length: a prefix of
-    n blocks costs at most 2n + 64 probes however long the prompt. The pool's compiled map
-    offers the same as one C loop (`prefix`, tests/reference/test_keyindex.py holds it equal
-    to this one)."""
-    compiled = getattr(served, "prefix", None)
+    `cap`); with `packed`, as an int32 array (BLOCK_IDS). The pool's compiled map answers in
+    one C loop (`prefix`, and `prefix_ids` packed: tests/reference/test_keyindex.py holds
+    both equal to the generic scan)."""
+    compiled = getattr(served, "prefix_ids" if packed else "prefix", None)
     if compiled is not None:
-        return compiled(keys, cap)  # type: ignore[no-any-return]
+        found = compiled(keys, cap)
+        return array(BLOCK_IDS, found) if packed else found
+    blocks = _probed_prefix(served, keys, cap)
+    return array(BLOCK_IDS, blocks) if packed else blocks
+
+
+def _probed_prefix(served: ServedMap[K], keys: Sequence[K], cap: int) -> list[int]:
+    """The generic scan: one dictionary probe per key, in C, in runs that double in length,
+    so a prefix of n blocks costs at most 2n + 64 probes however long the prompt."""
     get = served.get
     blocks: list[int] = []
     start, run = 0, 64

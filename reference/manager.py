@@ -5,10 +5,10 @@ free queue and the release order are the profile's, kvcert.reference.eviction):
 ALLOC-TWO-PHASE-1 (hits are taken before anything is allocated), ALLOC-VIS-1 (blocks are
 registered at the end of the step that wrote them), ALLOC-RESET-1. Each operation reads in
 one place here; the work it delegates has a module of its own: `inputs` (argument checks),
-`lookup` (keys), `tables` (which positions a step writes, keeps and releases), `commit`
-(what becomes hittable), `block_pool` (blocks, references, keys). kvcert.reference.rules lists
-which function implements which rule; tests/differential runs the manager against the spec
-step by step.
+`hit_queries` (the lookups, which take nothing), `lookup` (keys), `tables` (which positions
+a step writes, keeps and releases), `commit` (what becomes hittable), `block_pool` (blocks,
+references, keys). kvcert.reference.rules lists which function implements which rule;
+tests/differential runs the manager against the spec step by step.
 
 Cost per call: a prompt is validated and encoded once in C and digested once per block
 boundary (kvcert.reference.hashing), except for the whole blocks it shares with a recent
@@ -28,7 +28,7 @@ from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
-from kvcert.reference.coordinator import find_hit, longest_single_group
+from kvcert.reference.coordinator import longest_single_group
 from kvcert.reference.errors import (
     ConfigError,
     MaxLengthError,
@@ -37,22 +37,19 @@ from kvcert.reference.errors import (
 )
 from kvcert.reference.events import Event
 from kvcert.reference.hashing import DigestMemo, ExtraKey, hasher
+from kvcert.reference.hit_queries import HitQueries
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
-from kvcert.reference.inspection import Inspection
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from
-from kvcert.reference.tails import Maps, Source, Tails, copies, unit_refusal, with_targets
-from kvcert.reference.unit_hits import Hit, find_unit_hit
+from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
 
 
-class KVCacheManager(Inspection):
+class KVCacheManager(HitQueries):
     """A hybrid KV-cache allocator with prefix caching over one shared block pool."""
-
-    search = staticmethod(find_hit)  # the hybrid hit search (a benchmark baseline swaps it)
 
     def __init__(self, config: CacheConfig) -> None:
         if all(g.kind is Kind.CROSS for g in config.groups):
@@ -115,65 +112,12 @@ class KVCacheManager(Inspection):
             raise RequestStateError("a Prompt carries its extras: pass none beside it")
         return tokens
 
-    def lookup(
-        self,
-        tokens: Sequence[int] | Prompt,
-        extras: Sequence[ExtraKey] = (),
-        max_hit: int | None = None,
-    ) -> tuple[int, tuple[tuple[int, ...], ...]]:
-        """The hit a prompt would get now, taking nothing; `max_hit` caps it (see `admit`)."""
-        prompt = self._prepared(tokens, extras)
-        inputs.counts(max_hit=max_hit)
-        self._probes += 1
-        hit, tables = self._hit(prompt, max_hit)
-        return hit, tuple(tuple(t) for t in tables)
-
-    def _hit(self, prompt: Prompt, max_hit: int | None, after: Maps | None = None) -> Hit:
-        """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
-        the cap that every group accepts when the hit exceeds it (find_hit's `limit`);
-        under `unit U` over the served maps `after` the steps in flight, when given."""
-        if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
-            units = self._keying.unit_keys(prompt.chains)
-            top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
-            maps, flying = (self._tails.served, self._tails.flying) if after is None else after
-            return find_unit_hit(self.config, top, units, maps, flying)
-        keys = self._keying.keys(prompt.chains)
-        hit, tables = self.search(self.config, len(prompt), keys, self.pool.served)
-        if max_hit is not None and hit > max_hit:
-            hit, tables = self.search(
-                self.config, len(prompt), keys, self.pool.served, limit=max_hit
-            )
-        return hit, tables
-
     def _junction(self, prompt: Prompt, hit: int) -> int:
         """Where the prompt's longest single-group match ends, when past its hit (else 0):
         what sparse retention keeps for the next request sharing it. RET-JUNCTION-1."""
         keys = self._keying.keys(prompt.chains)
         longest = longest_single_group(self.config, len(prompt), keys, self.pool.served)
         return longest if longest > hit else 0
-
-    def lookup_after_steps(
-        self,
-        tokens: Sequence[int] | Prompt,
-        extras: Sequence[ExtraKey] = (),
-        max_hit: int | None = None,
-    ) -> int:
-        """The hit `tokens` would get once every step in flight has ended: the blocks their
-        chunks complete join the cache then (ALLOC-COMMIT-1) and count here already. An
-        engine that would rather hold a request back a step than admit it without them asks
-        this; `lookup` keeps them out until then (ALLOC-VIS-1)."""
-        prompt = self._prepared(tokens, extras)
-        inputs.counts(max_hit=max_hit)
-        if self._tails is not None:  # `unit U`: the tail keys those steps register count too
-            return self._hit(prompt, max_hit, (self._maps_after_steps(), ()))[0]
-        served = self._served_after_steps()
-        if served is None:
-            return self._hit(prompt, max_hit)[0]
-        keys = self._keying.keys(prompt.chains)
-        hit = self.search(self.config, len(prompt), keys, served)[0]
-        if max_hit is not None and hit > max_hit:
-            hit = self.search(self.config, len(prompt), keys, served, limit=max_hit)[0]
-        return hit
 
     def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
         """The served maps once every step in flight has ended (None: they complete none)."""
@@ -188,25 +132,6 @@ class KVCacheManager(Inspection):
         served = self._commits.served_after(self.pool, [chunk[3] for chunk in chunks])
         self._after_steps = (state, served)
         return served
-
-    def branch_point(
-        self,
-        tokens: Sequence[int] | Prompt,
-        extras: Sequence[ExtraKey] = (),
-        *,
-        after_steps: bool = False,
-    ) -> int:
-        """Where the attention groups' cached prefix of `tokens` ends, aligned for every group:
-        the length a `branch` placement checkpoints state at. Implements BRANCH-1.
-        `after_steps`: as the cache will be once the steps in flight have ended (a prefix
-        another request is writing now is where this one will leave it too)."""
-        prompt = self._prepared(tokens, extras)
-        self._probes += 1
-        keys = self._keying.keys(prompt.chains)
-        served = self._served_after_steps() if after_steps else None
-        return find_hit(
-            self.config, len(prompt), keys, served or self.pool.served, ignore_state=True
-        )[0]
 
     # -- allocation -------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from array import array
+
 from hypothesis import given
 
 from kvcert.conformance.contract.codec import layout_to_json, to_ranges
 from kvcert.conformance.engines.reference_engine import ReferenceEngine, config_from_json
-from kvcert.reference.coordinator import find_hit
+from kvcert.reference.coordinator import BLOCK_IDS, find_hit
 from kvcert.reference.unit_hits import find_unit_hit
 from kvcert.spec import NULL, MambaState, hybrid_hit
 from tests.strategies import unit_views, views
@@ -31,6 +33,10 @@ def test_find_hit_equals_the_spec(view):
         [0 if j is NULL else ids[(g, j)] for j in blocks]
         for g, blocks in enumerate(expected.blocks)
     ]
+    packed_length, packed = find_hit(config, view.num_tokens, keys, served, packed=True)
+    assert packed_length == length  # the packed answer: the same blocks, int32 arrays
+    assert all(isinstance(t, array) and t.typecode == BLOCK_IDS for t in packed)
+    assert [t.tolist() for t in packed] == tables
 
 
 @given(unit_views())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+from array import array
 from functools import partial
 
 import pytest
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvcert.reference import keyindex, native
-from kvcert.reference.coordinator import _cached_prefix
+from kvcert.reference.coordinator import BLOCK_IDS, _cached_prefix
 from kvcert.reference.keyindex import KEY_SIZE, PyKeyIndex, served_items
 from tests.tiers import tiered
 
@@ -139,6 +140,8 @@ class CompiledAgainstDefinition(RuleBasedStateMachine):
         c = outcome(lambda: self.c.served[group].prefix(keys, cap))
         py = outcome(lambda: _cached_prefix(self.py.served[group], keys, cap))
         assert c == py
+        ids = self.c.served[group].prefix_ids  # the same blocks packed, int32 each
+        assert outcome(lambda: array(BLOCK_IDS, ids(keys, cap)).tolist()) == py
 
     @rule()
     def clear(self):
@@ -277,6 +280,8 @@ def test_a_long_prefix_scan_equals_the_definition(bound, order, gaps, cap, odd):
     for at in gaps:
         keys[at] = odd if odd is not None else bytes(KEY_SIZE)
     assert c.served[0].prefix(keys, cap) == _cached_prefix(py.served[0], keys, cap)
+    packed = array(BLOCK_IDS, c.served[0].prefix_ids(keys, cap))
+    assert packed.tolist() == _cached_prefix(py.served[0], keys, cap)
 
 
 @pytest.mark.parametrize("num_groups", [254, 255, 300, 65534])

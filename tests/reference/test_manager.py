@@ -9,7 +9,11 @@ import tracemalloc
 from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvcert.conformance.contract.codec import layout_to_json
+from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference import native
 from kvcert.reference.block_pool import BYTES_PER_BLOCK, BlockPool
 from kvcert.reference.config import (
@@ -29,6 +33,7 @@ from kvcert.reference.errors import (
 )
 from kvcert.reference.hashing import ExtraKey, ExtraKind
 from kvcert.reference.manager import KVCacheManager, Scheduled, Waiting
+from tests.strategies import layouts
 from tests.tiers import tiered
 
 FULL = GroupConfig(Kind.FULL, 16)
@@ -297,3 +302,32 @@ def test_cached_block_is_the_block_a_lookup_gets_for_one_position():
         m.cached_block(prompt, 2, 16)
     with pytest.raises(UnknownRequestError):
         m.scheduled_checkpoints("a")
+
+
+PACKED_LAYOUTS = st.one_of(
+    st.builds(lambda layout: config_from_json(layout_to_json(layout), 256), layouts()),
+    st.just(CacheConfig((GroupConfig(Kind.FULL, 64), SW), 256, hit_unit=16)),  # `unit U`
+)
+
+
+@settings(max_examples=tiered(60, 400), deadline=None)
+@given(
+    config=PACKED_LAYOUTS,
+    shared=st.lists(st.integers(1, 3), max_size=80),
+    tails=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=20), min_size=2, max_size=4),
+    max_hit=st.none() | st.integers(0, 100),
+)
+def test_lookup_packed_is_lookup_as_int32_arrays(config, shared, tails, max_hit):
+    """After computed-and-finished prompts sharing a prefix, `lookup_packed` answers what
+    `lookup` answers (hit, and every table's blocks in order) as int32 arrays."""
+    m = KVCacheManager(config)
+    *prompts, query = [shared + tail for tail in tails]
+    for i, tokens in enumerate(prompts):
+        if isinstance(m.admit(f"r{i}", tokens, len(tokens)), Scheduled):
+            m.end_step()
+            m.finish(f"r{i}")
+    hit, tables = m.lookup_packed(query, max_hit=max_hit)
+    assert all(isinstance(t, array) and t.typecode == "i" for t in tables)
+    assert (hit, tuple(tuple(t) for t in tables)) == m.lookup(query, max_hit=max_hit)
+    prompt = m.prompt(query)  # a prepared prompt too
+    assert m.lookup_packed(prompt, max_hit=max_hit) == (hit, tables)
