@@ -121,19 +121,66 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
     """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
     calls, inclusive of what it calls, over extra rounds played after the timed ones (the
     wrappers would slow those): the sides alternate, each round starts from a collected heap
-    (so neither pays for the other's garbage), and each method's time is its least round."""
+    (so neither pays for the other's garbage), and each method's time is its least round.
+    The third side, "floor", is the least any manager answering these calls spends: each
+    method replays kvcert's answers from a recorded round, in order (the scheduler is
+    deterministic, so it asks the same calls; the round must serve the same hits in the same
+    steps, or nothing is reported)."""
+    answers, played = record_answers(load)
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     for _ in range(rounds):
-        for side in ("vLLM", "kvcert"):
+        for side in ("vLLM", "kvcert", "floor"):
             best = spent.setdefault(side, {})
-            for name, (calls, seconds) in one_round_by_call(load, side == "kvcert").items():
+            replay = answers if side == "floor" else None
+            timings, served = one_round_by_call(load, side != "vLLM", replay)
+            if replay is not None and served != played:
+                raise SystemExit(f"the replayed round served {served}, the recorded {played}")
+            for name, (calls, seconds) in timings.items():
                 earlier = best.get(name)
                 best[name] = (calls, seconds if earlier is None else min(seconds, earlier[1]))
     return spent
 
 
-def one_round_by_call(load: Workload, kvcert: bool) -> dict[str, tuple[int, float]]:
-    """(calls, seconds) per public manager method over one round of `load`."""
+Answers = dict[str, list[Any]]  # per public manager method, its answers in call order
+
+
+def public_methods(manager: Any) -> list[str]:
+    return [
+        name
+        for name in dir(manager)
+        if not name.startswith("_")
+        and callable(method := getattr(manager, name, None))
+        and not isinstance(method, type)
+    ]
+
+
+def record_answers(load: Workload) -> tuple[Answers, tuple[int, int]]:
+    """kvcert's answers to every public manager call over one round, and (hits, steps)."""
+    scheduler, _, hasher, _ = build(load, kvcert=True)
+    manager, answers = scheduler.kv_cache_manager, {}
+
+    def recorded(name: str, method: Any) -> Any:
+        said = answers.setdefault(name, [])
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            answer = method(*args, **kwargs)
+            said.append(answer)
+            return answer
+
+        return call
+
+    for name in public_methods(manager):
+        setattr(manager, name, recorded(name, getattr(manager, name)))
+    _, hits, steps = serve(scheduler, hasher, load)
+    return answers, (hits, steps)
+
+
+def one_round_by_call(
+    load: Workload, kvcert: bool, replay: Answers | None = None
+) -> tuple[dict[str, tuple[int, float]], tuple[int, int]]:
+    """(calls, seconds) per public manager method over one round of `load`, and the round's
+    (hits, steps); with `replay`, every method answers from it instead (on kvcert's manager,
+    whose other attributes the scheduler still reads)."""
     scheduler, _, hasher, _ = build(load, kvcert=kvcert)
     manager, counts = scheduler.kv_cache_manager, {}
 
@@ -148,13 +195,35 @@ def one_round_by_call(load: Workload, kvcert: bool) -> dict[str, tuple[int, floa
 
         return call
 
-    for name in dir(manager):
-        method = getattr(manager, name, None)
-        if not name.startswith("_") and callable(method) and not isinstance(method, type):
-            setattr(manager, name, timed(name, method))
+    for name in public_methods(manager):
+        method = getattr(manager, name)
+        if replay is not None:
+            method = iter(replay.get(name, ())).__next__
+            method = _replayer(method)
+        setattr(manager, name, timed(name, method))
     gc.collect()
-    serve(scheduler, hasher, load)
-    return counts
+    _, hits, steps = serve(scheduler, hasher, load)
+    return counts, (hits, steps)
+
+
+def _replayer(next_answer: Any) -> Any:
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        return next_answer()
+
+    return answer
+
+
+def calls_summary(spent: dict[str, dict[str, tuple[int, float]]]) -> str:
+    """The by-call ratio: each side's time over every manager call, vLLM / kvcert, and the
+    floor's (vLLM / floor: the most any manager answering these calls could reach)."""
+    total = {side: sum(seconds for _, seconds in counts.values()) for side, counts in spent.items()}
+    ms = {side: f"{seconds * 1e3:.1f} ms" for side, seconds in total.items()}
+    return (
+        f"every manager call: vLLM {ms['vLLM']}, kvcert {ms['kvcert']}, floor {ms['floor']}; "
+        f"vLLM / kvcert {total['vLLM'] / total['kvcert']:.2f}x, vLLM / floor "
+        f"{total['vLLM'] / total['floor']:.1f}x, kvcert / floor "
+        f"{total['kvcert'] / total['floor']:.1f}x"
+    )
 
 
 def main() -> int:
@@ -209,13 +278,17 @@ def main() -> int:
             f"{statistics.median(ratios):.2f}x"
         )
         if args.by_call:
-            for side, counts in time_by_call(load).items():
+            spent = time_by_call(load)
+            for side, counts in spent.items():
+                if side == "floor":  # each call well under 0.5 ms: its sum, below
+                    continue
                 ranked = sorted(counts.items(), key=lambda item: -item[1][1])
                 label = f"  {side}, ms in each manager method (calls), least of 3 rounds: "
                 print(label + ", ".join(
                     f"{name} {seconds * 1e3:.1f} ({calls})"
                     for name, (calls, seconds) in ranked if seconds >= 5e-4
                 ))  # fmt: skip
+            print("  " + calls_summary(spent))
     return 0
 
 
