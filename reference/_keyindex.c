@@ -828,15 +828,18 @@ GroupView_length(GroupView *self)
 }
 
 /* The blocks serving keys[0], keys[1], ... up to the first key not served, at most `cap`
- * (kvcert.reference.coordinator._cached_prefix's definition, in one C loop). A long prefix
- * probes a table far larger than the caches, two dependent misses per key (its slot, then
- * the digest of the block there): so the keys go in batches, each batch's slots fetched
- * ahead, then the digests of the blocks in them, then the probes themselves. A batch past
- * the first miss is probed for nothing, at most PREFIX_BATCH - 1 keys. */
-#define PREFIX_BATCH 32
-static int32_t *
-scan_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs, const char *name,
-            Py_ssize_t *count_out)
+ * (kvcert.reference.coordinator._cached_prefix's definition, in one C loop), packed as
+ * native int32 in a bytes object. A long prefix probes a table far larger than the caches,
+ * two dependent misses per key (its slot, then the digest of the block there), so the keys
+ * run through a pipeline: while key i is probed, key i + PREFIX_AHEAD / 2 has its slot read
+ * and its block's digest fetched ahead, and key i + PREFIX_AHEAD is hashed and its slot
+ * fetched ahead (a steady stream of misses in flight; batches drained it at each batch's
+ * end, 25% slower in a cold cache). Keys past the first miss are probed for nothing, at
+ * most PREFIX_AHEAD of them. */
+#define PREFIX_AHEAD 32
+#define PREFIX_RING 64 /* a power of two above PREFIX_AHEAD */
+static PyObject *
+scan_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs, const char *name)
 {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "%s(keys, cap) takes 2 arguments", name);
@@ -852,66 +855,72 @@ scan_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs, const char
     }
     Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(keys), Py_MAX(cap, 0));
     PyObject **items = PySequence_Fast_ITEMS(keys);
-    int32_t *found = PyMem_Malloc((size_t)Py_MAX(n, 1) * sizeof(int32_t));
-    if (found == NULL) {
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (packed == NULL) {
         Py_DECREF(keys);
-        PyErr_NoMemory();
         return NULL;
     }
+    int32_t *found = (int32_t *)PyBytes_AS_STRING(packed);
     const KeyIndex *index = self->index;
     const Table *table = &index->tables[self->group];
-    Py_ssize_t count = 0;
-    int error = 0, missed = 0;
-    while (count < n && !missed && !error) {
-        Py_ssize_t batch = Py_MIN(PREFIX_BATCH, n - count);
-        const uint8_t *data[PREFIX_BATCH];
-        Py_hash_t hashes[PREFIX_BATCH];
-        for (Py_ssize_t j = 0; j < batch; j++) {
-            data[j] = probe_key(items[count + j], &hashes[j], 0);
-            if (data[j] != NULL) {
-                __builtin_prefetch(&table->slots[home_of(table, hashes[j])]);
+    /* a rolling pipeline: key count + PREFIX_AHEAD is hashed and its slot fetched ahead,
+     * key count + PREFIX_AHEAD / 2 has its slot read and its block's digest fetched ahead,
+     * key count is probed */
+    const uint8_t *data[PREFIX_RING];
+    Py_hash_t hashes[PREFIX_RING];
+    Py_ssize_t count = 0, hashed = 0, read = 0;
+    int error = 0;
+    while (count < n) {
+        for (; hashed < n && hashed <= count + PREFIX_AHEAD; hashed++) {
+            size_t r = (size_t)hashed % PREFIX_RING;
+            data[r] = probe_key(items[hashed], &hashes[r], 0);
+            if (data[r] != NULL) {
+                __builtin_prefetch(&table->slots[home_of(table, hashes[r])]);
             }
         }
-        for (Py_ssize_t j = 0; j < batch; j++) {
-            int32_t block = data[j] ? table->slots[home_of(table, hashes[j])] : 0;
+        for (; read < hashed && read <= count + PREFIX_AHEAD / 2; read++) {
+            size_t r = (size_t)read % PREFIX_RING;
+            int32_t block = data[r] ? table->slots[home_of(table, hashes[r])] : 0;
             if (block) {
                 __builtin_prefetch(key_at(index, block));
             }
         }
-        for (Py_ssize_t j = 0; j < batch; j++) {
-            int32_t block = 0;
-            if (data[j] != NULL) {
-                int hit;
-                size_t i = find(index, table, data[j], hashes[j], &hit);
-                block = hit ? table->slots[i] : 0;
-            }
-            else { /* not a digest: served by no block, but unhashable is an error */
-                error = !PyBytes_Check(items[count]) && PyObject_Hash(items[count]) == -1;
-            }
-            if (error || !block) {
-                missed = 1;
-                break;
-            }
-            found[count++] = block;
+        size_t r = (size_t)count % PREFIX_RING;
+        int32_t block = 0;
+        if (data[r] != NULL) {
+            int hit;
+            size_t i = find(index, table, data[r], hashes[r], &hit);
+            block = hit ? table->slots[i] : 0;
         }
+        else { /* not a digest: served by no block, but unhashable is an error */
+            error = !PyBytes_Check(items[count]) && PyObject_Hash(items[count]) == -1;
+        }
+        if (error || !block) {
+            break;
+        }
+        found[count++] = block;
     }
     Py_DECREF(keys);
     if (error) {
-        PyMem_Free(found);
+        Py_DECREF(packed);
         return NULL;
     }
-    *count_out = count;
-    return found;
+    if (count < n && _PyBytes_Resize(&packed, count * (Py_ssize_t)sizeof(int32_t)) < 0) {
+        return NULL; /* the resize released it */
+    }
+    return packed;
 }
 
+/* scan_prefix's blocks as a list of ints, the definition's answer. */
 static PyObject *
 GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t count;
-    int32_t *found = scan_prefix(self, args, nargs, "prefix", &count);
-    if (found == NULL) {
+    PyObject *packed = scan_prefix(self, args, nargs, "prefix");
+    if (packed == NULL) {
         return NULL;
     }
+    const int32_t *found = (const int32_t *)PyBytes_AS_STRING(packed);
+    Py_ssize_t count = PyBytes_GET_SIZE(packed) / (Py_ssize_t)sizeof(int32_t);
     PyObject *blocks = PyList_New(count);
     for (Py_ssize_t k = 0; blocks != NULL && k < count; k++) {
         PyObject *block = PyLong_FromLong(found[k]);
@@ -921,24 +930,14 @@ GroupView_prefix(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyList_SET_ITEM(blocks, k, block);
     }
-    PyMem_Free(found);
+    Py_DECREF(packed);
     return blocks;
 }
 
-/* The same blocks packed, native int32 each (what array('i') reads): a long hit's answer
- * without a Python int per block, which costs more than the probes themselves. */
 static PyObject *
 GroupView_prefix_ids(GroupView *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t count;
-    int32_t *found = scan_prefix(self, args, nargs, "prefix_ids", &count);
-    if (found == NULL) {
-        return NULL;
-    }
-    Py_ssize_t size = count * (Py_ssize_t)sizeof(int32_t);
-    PyObject *packed = PyBytes_FromStringAndSize((const char *)found, size);
-    PyMem_Free(found);
-    return packed;
+    return scan_prefix(self, args, nargs, "prefix_ids");
 }
 
 /* (key, block) per served key, in slot order (a later holder's entry is skipped). */
