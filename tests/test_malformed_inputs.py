@@ -303,6 +303,7 @@ CALLS: dict[str, Callable[[KVCacheManager, list[Any]], Any]] = {
     "reserve": lambda m, a: m.reserve("a", a[0], a[1], a[2]),
     "accept": lambda m, a: m.accept("a", a[0]),
     "lookup": lambda m, a: m.lookup(a[0], a[1], a[2]),
+    "lookup_packed": lambda m, a: m.lookup_packed(a[0], a[1], a[2]),
     "block_at": lambda m, a: m.block_at("a", a[0], a[1]),
     "holds": lambda m, a: m.holds("a", a[0], a[1], a[2]),
     "finish": lambda m, a: m.finish(a[0]),
