@@ -834,8 +834,8 @@ GroupView_length(GroupView *self)
  * run through a pipeline: while key i is probed, key i + PREFIX_AHEAD / 2 has its slot read
  * and its block's digest fetched ahead, and key i + PREFIX_AHEAD is hashed and its slot
  * fetched ahead (a steady stream of misses in flight; batches drained it at each batch's
- * end, 25% slower in a cold cache). Keys past the first miss are probed for nothing, at
- * most PREFIX_AHEAD of them. */
+ * end, 25% slower in a cold cache). Past the first miss, at most PREFIX_AHEAD keys are
+ * hashed and fetched for nothing. */
 #define PREFIX_AHEAD 32
 #define PREFIX_RING 64 /* a power of two above PREFIX_AHEAD */
 static PyObject *
