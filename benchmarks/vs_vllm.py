@@ -193,7 +193,11 @@ def lookup_alone_row(size: int, packed: bool) -> Row:
         "lookup alone, gpt-oss (hashed), " + ("int32" if packed else "ints"),
         f"{size:,} tokens, hit {hit:,}",
         *side_by_side(11, lambda: timed(lookup, hashed), lambda: timed(vllm_lookup)),
-        *(key_floor(hashed.chains, hit) if packed else table_floor(tables)),
+        *(
+            key_floor(hashed.chains, hit, layout.groups[0].block_size)
+            if packed
+            else table_floor(tables)
+        ),
     )
 
 
@@ -366,12 +370,11 @@ def read_floor(tokens: list[int]) -> tuple[float, str]:
     return fastest(11, lambda: encode_tokens(tokens)), "ids read once (C)"
 
 
-def key_floor(chains: Any, hit: int) -> tuple[float, str]:
+def key_floor(chains: Any, hit: int, block_size: int) -> tuple[float, str]:
     """Reading each key of the hit once (joining the digests, in C): a search must read at
-    least every key it finds served."""
-    keys = [
-        chain.key(16, j) for chain in {id(c): c for c in chains}.values() for j in range(hit // 16)
-    ]
+    least every key it finds served (at `block_size`, the full group's blocks)."""
+    distinct = {id(chain): chain for chain in chains}.values()
+    keys = [chain.key(block_size, j) for chain in distinct for j in range(hit // block_size)]
     return fastest(11, lambda: b"".join(keys)), "the hit's keys read once (C)"
 
 
