@@ -29,6 +29,7 @@ from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
 from kvcert.reference.coordinator import longest_single_group
+from kvcert.reference.decode_lane import decode_lane
 from kvcert.reference.errors import (
     ConfigError,
     MaxLengthError,
@@ -91,6 +92,7 @@ class KVCacheManager(HitQueries):
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
         self._quiet_steps = {1: self._decode_step}  # what a quiet step of n tokens returns
+        self._lane = decode_lane(config, self.pool, self._no_blocks)  # or None
 
     # -- keys and lookup -------------------------------------------------------------------
 
@@ -438,6 +440,12 @@ class KVCacheManager(HitQueries):
             request.decoding = True  # as the general path sets it; the bounds assumed it
             self._launch(rid, request, step)
             return self._decode_step if count == 1 else self._quiet_step(count)
+        if request is not None and (
+            done := self._lane_step(
+                rid, request, budget, appended, lookahead, step=step, checkpoint=checkpoint
+            )
+        ):
+            return done
         request = self._running(rid)
         if not (type(appended) in LIST_OR_TUPLE and (not appended or inputs.one_token(appended))):
             # one token is checked just there
@@ -495,6 +503,31 @@ class KVCacheManager(HitQueries):
         self._planner.plan_quiet(request)
         self._launch(rid, request, step)
         return Scheduled(0, request.scheduled, added, None, copies(request))
+
+    def _lane_step(
+        self,
+        rid: str,
+        request: Request,
+        budget: int,
+        appended: Sequence[int],
+        lookahead: int,
+        *,
+        step: int | None,
+        checkpoint: int,
+    ) -> Scheduled | None:
+        """A decode step that changes tables, taken by the compiled lane (decode_lane); None
+        when the general path must answer (nothing changed then)."""
+        if (
+            self._lane is None
+            or checkpoint
+            or (step is not None and not (type(step) is int and 0 <= step <= self._step))
+        ):
+            return None
+        added = self._lane.advance(request, budget, appended, lookahead)
+        if added is None:
+            return None
+        self._launch(rid, request, step)
+        return Scheduled(0, request.scheduled, added)
 
     def _launch(self, rid: str, request: Request, step: int | None) -> None:
         """`request`'s chunk is scheduled in `step` (None: the one being scheduled); under

@@ -42,10 +42,11 @@ class CommitCheckedEveryStep(Registrar):
 
 
 class GeneralPathOnly(KVCacheManager):
-    """The manager with both shortcuts disabled."""
+    """The manager with its shortcuts disabled (the compiled decode lane too)."""
 
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
+        self._lane = None
         commits = self._commits
         self._planner = NoQuietSteps(config)
         self._commits = CommitCheckedEveryStep(config, commits.lookahead, commits.commit_delay)

@@ -1,0 +1,221 @@
+"""The compiled decode lane equals the general path it replaces, state for state.
+
+Two managers take the same calls: one with the lane (reference/_decodelane.c), one whose
+lane is off, so that the general path of `extend` takes every step the quiet fast path does
+not. Every answer must be equal, and after every call every request's fields (tables, first
+held positions, counters, quiet bounds, tokens) and the pool's whole state (counts and the
+lru ring, free and registered counts, eviction counters, every block's key). The workloads
+are decode-heavy over small pools: boundaries, window and chunk releases, evictions, Waiting,
+lookahead grown and shrunk, budgets short of the tokens, max_model_len, malformed tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcert.reference import decode_lane
+from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, GroupConfig, Kind
+from kvcert.reference.errors import ConfigError, KVCacheError
+from kvcert.reference.manager import KVCacheManager
+from tests.tiers import tiered
+
+compiled = pytest.importorskip("kvcert.reference._decodelane")
+
+SIZES = st.sampled_from([1, 2, 3, 4, 8])
+ATTENTION = st.one_of(
+    st.builds(GroupConfig, st.just(Kind.FULL), SIZES),
+    st.builds(
+        lambda size, window: GroupConfig(Kind.SLIDING_WINDOW, size, window=window),
+        SIZES,
+        st.integers(1, 24),
+    ),
+    st.builds(
+        lambda size, chunk: GroupConfig(Kind.CHUNKED_LOCAL, size, chunk=chunk),
+        SIZES,
+        st.integers(1, 24),
+    ),
+)
+SERVED = {"lane": 0, "declined": 0}
+
+
+class Counted:
+    """The lane, counting the steps it took and the ones it left to the general path."""
+
+    def __init__(self, lane: Any) -> None:
+        self.lane = lane
+
+    def advance(self, *args: Any) -> Any:
+        added = self.lane.advance(*args)
+        if args[2]:  # a decode step (a prefill chunk is always the general path's)
+            SERVED["lane" if added is not None else "declined"] += 1
+        return added
+
+
+def with_lane(config: CacheConfig) -> KVCacheManager:
+    """A manager whose lane is the compiled one, also where this process runs pure Python
+    (KVCERT_PURE_PYTHON=1: then over the pure-Python key index)."""
+    manager = KVCacheManager(config)
+    assert decode_lane.serves(config, manager.pool)
+    lane = decode_lane.build(compiled.DecodeLane, config, manager.pool, manager._no_blocks)
+    manager._lane = Counted(lane)
+    return manager
+
+
+def without_lane(config: CacheConfig) -> KVCacheManager:
+    manager = KVCacheManager(config)
+    manager._lane = None
+    return manager
+
+
+REQUEST_FIELDS = (
+    "computed",
+    "scheduled",
+    "lookahead",
+    "decoding",
+    "held_from",
+    "tables",
+    "registered",
+    "commit_at",
+    "quiet_end",
+    "quiet_state",
+    "quiet_slots",
+    "quiet_slots_floor",
+)
+
+
+def state(manager: KVCacheManager) -> Any:
+    pool = manager.pool
+    requests = {
+        rid: ([getattr(r, f) for f in REQUEST_FIELDS], r.tokens.tolist())
+        for rid, r in manager._requests.items()
+    }
+    blocks = range(pool.num_blocks)
+    keys = [(pool.keys.key_of(b), pool.keys.group_of(b)) for b in blocks]
+    counters = (pool.num_free, pool.num_registered, pool.evictions, pool.dead_evictions)
+    ring = (pool.ref_count.tolist(), pool.queue.links.tolist())
+    return requests, dict(manager._in_flight), keys, counters, ring
+
+
+def both(pair: tuple[KVCacheManager, KVCacheManager], call: str, *args: Any) -> Any:
+    answers = []
+    for manager in pair:
+        try:
+            answers.append(getattr(manager, call)(*args))
+        except KVCacheError as error:
+            answers.append((type(error), str(error)))
+    assert answers[0] == answers[1], (call, args, answers)
+    assert state(pair[0]) == state(pair[1]), (call, args)
+    return answers[0]
+
+
+@settings(max_examples=tiered(150, 3000), deadline=None)
+@given(
+    groups=st.lists(ATTENTION, min_size=1, max_size=3),
+    blocks=st.integers(6, 60),
+    limit=st.one_of(st.none(), st.integers(25, 120)),  # past every alignment (lcm 24)
+    drafts=st.booleans(),
+    script=st.lists(
+        st.tuples(st.integers(0, 11), st.integers(1, 3), st.integers(0, 3), st.integers(1, 30)),
+        min_size=10,
+        max_size=80,
+    ),
+)
+def decode_workload(groups, blocks, limit, drafts, script):
+    if drafts:  # a draft group: its keys and commits wait for the drafts (extend does not)
+        groups = [*groups, GroupConfig(Kind.FULL, 4, draft=True)]
+    config = CacheConfig(
+        tuple(groups),
+        blocks,
+        speculative=DraftKeying.EXACT if drafts else None,
+        max_model_len=limit,
+        eviction=Eviction.LRU,
+    )
+    pair = (with_lane(config), without_lane(config))
+    running: list[str] = []
+    serial, token = 0, 100
+    for roll, count, lookahead, size in script:
+        if roll == 0 or not running:  # a new request; prompts share a prefix
+            rid = f"r{serial}"
+            serial += 1
+            if hasattr(both(pair, "admit", rid, [*range(size), serial], size % 9 + 1), "hit"):
+                running.append(rid)
+            continue
+        rid = running[size % len(running)]
+        if roll == 1:
+            both(pair, "finish" if size % 2 else "preempt", rid)
+            running.remove(rid)
+        elif roll == 2:  # lookahead slots held while the chunk is in flight
+            computed, known = pair[0].progress(rid)
+            both(pair, "reserve", rid, computed + lookahead + count)
+        else:  # a step: the sampled tokens, or the prompt's next chunk
+            for each in list(running):
+                computed, known = pair[0].progress(each)
+                if computed < known:
+                    both(pair, "extend", each, size)
+                    continue
+                appended: list[Any] = list(range(token, token + count))
+                token += count
+                if roll == 3:  # a malformed token: both refuse it alike
+                    appended[-1] = [-1, "7", 2**63, True][size % 4]
+                budget = count - 1 if roll == 4 else count  # short budgets schedule fewer
+                both(pair, "extend", each, max(budget, 1), appended, lookahead if roll > 8 else 0)
+            both(pair, "end_step")
+
+
+def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
+    """...and it takes most table-changing steps, or this proves nothing."""
+    SERVED.update(lane=0, declined=0)
+    decode_workload()
+    assert SERVED["lane"] >= 200, SERVED
+    assert SERVED["lane"] >= SERVED["declined"] // 2, SERVED
+
+
+@pytest.mark.parametrize(
+    ("change", "served"),
+    [
+        ({}, True),
+        ({"eviction": Eviction.HYBRID}, False),
+        ({"eviction": Eviction.LRU_UNKEYED_FIRST}, False),
+        ({"record_events": True}, False),
+        ({"count_dead_evictions": True}, False),
+        ({"hit_unit": 4}, False),
+        ({"groups": (GroupConfig(Kind.FULL, 8), GroupConfig(Kind.MAMBA, 8))}, False),
+        ({"groups": (GroupConfig(Kind.FULL, 8), GroupConfig(Kind.CROSS, 8))}, False),
+    ],
+)
+def test_the_lane_serves_attention_layouts_under_plain_lru_only(change, served):
+    base: dict[str, Any] = {
+        "groups": (GroupConfig(Kind.FULL, 8), GroupConfig(Kind.SLIDING_WINDOW, 8, window=32)),
+        "num_blocks": 64,
+    }
+    config = CacheConfig(**(base | change))
+    manager = KVCacheManager(config)
+    assert decode_lane.serves(config, manager.pool) is served
+    assert (manager._lane is not None) is (served and decode_lane.native("_decodelane") is not None)
+    if not served:  # built by hand it is refused, not wrong
+        with pytest.raises(ConfigError, match="plain lru pool"):
+            decode_lane.build(compiled.DecodeLane, config, manager.pool, manager._no_blocks)
+
+
+def test_a_malformed_lane_is_refused_with_a_clear_error():
+    config = CacheConfig((GroupConfig(Kind.FULL, 8),), 16)
+    manager = KVCacheManager(config)
+    with pytest.raises(ValueError, match="kinds are 0"):
+        compiled.DecodeLane(
+            kinds=(7,),
+            sizes=(8,),
+            spans=(0,),
+            limit=None,
+            pool=manager.pool,
+            counts=manager.pool.ref_count,
+            links=manager.pool.queue.links,
+            keys=manager.pool.keys,
+            evictions=manager.pool.evictions,
+            dead_evictions=manager.pool.dead_evictions,
+            no_blocks=((),),
+            token_limit=2**63,
+        )
