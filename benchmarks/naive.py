@@ -154,6 +154,7 @@ class NaiveManager(KVCacheManager):
         super().__init__(config)
         groups = len(config.groups)
         self.pool = ListBlockPool(config.num_blocks, groups, self.pool.queue)  # type: ignore[assignment]
+        self._lane = None  # the compiled decode lane works on the pool replaced here
         keying = self._keying
         self._keying = NaiveKeying(config, keying.digest, keying.lookahead)
 

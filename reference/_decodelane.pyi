@@ -1,6 +1,9 @@
-# Decode steps that change tables, compiled (reference/_decodelane.c); the general path of
-# kvcert.reference.manager.KVCacheManager.extend defines them (kvcert.reference.decode_lane).
+# Decode steps' table changes and registrations, compiled (reference/_decodelane.c); the
+# general path of KVCacheManager.extend and commit.Registrar.register define them
+# (kvcert.reference.decode_lane).
 from array import array
+
+from kvcert.reference.requests import Scheduled
 
 class DecodeLane:
     def __init__(
@@ -10,6 +13,9 @@ class DecodeLane:
         sizes: tuple[int, ...],
         spans: tuple[int, ...],
         limit: int | None,
+        key_lookahead: tuple[int, ...],
+        commit_delay: tuple[int, ...],
+        unit: int,
         pool: object,
         counts: array[int],
         links: array[int],
@@ -18,7 +24,20 @@ class DecodeLane:
         dead_evictions: list[int],
         no_blocks: tuple[tuple[int, ...], ...],
         token_limit: int,
+        scheduled: type[Scheduled],
+        quiet_steps: dict[int, Scheduled],
     ) -> None: ...
-    def advance(
-        self, request: object, budget: object, appended: object, lookahead: object, /
-    ) -> tuple[tuple[int, ...], ...] | None: ...
+    def extend(
+        self,
+        request: object,
+        rid: str,
+        budget: object,
+        appended: object,
+        lookahead: object,
+        step: object,
+        checkpoint: object,
+        in_flight: dict[str, int],
+        current: int,
+        /,
+    ) -> Scheduled | None: ...
+    def register(self, request: object, before: int, /) -> int | None: ...

@@ -40,6 +40,12 @@ class Registrar:
             g for g, group in enumerate(config.groups) if group.kind is not Kind.MAMBA
         ]
 
+    @property
+    def keeps_every_block(self) -> bool:
+        """Whether every committed block of every group is registered (no RET-SPARSE-2 or
+        RET-DENSE-1 mask leaves one uncached)."""
+        return not any(self._keeps_less)
+
     def register(self, pool: BlockPool, rid: str, request: Request, before: int) -> int:
         """Register the blocks `request` completed when its computed count moved from
         `before` to `computed` (ALLOC-COMMIT-1); returns how many."""

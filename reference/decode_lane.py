@@ -1,17 +1,22 @@
-"""Which managers run their table-changing decode steps compiled (reference/_decodelane.c).
+"""Which managers run their decode steps' table changes and registrations compiled
+(reference/_decodelane.c).
 
 A decode step that crosses a block boundary, or moves a window past a block, changes the
-request's tables: in Python that is KVCacheManager.extend's general path, about ten
-microseconds per request per step. The compiled lane takes such a step in one call over the
-request's lists and the pool's arrays, and answers None (changing nothing) whenever the
-general path must answer instead: a malformed call, a chunk in flight, max_model_len, or a
-pool that cannot fit the step (Waiting). Its definition is that general path, which
-tests/reference/test_decode_lane.py holds it equal to, state for state.
+request's tables, and the step's end registers the block it completed: in Python these are
+KVCacheManager.extend's general path and commit.Registrar.register, about ten microseconds
+each per request. The compiled lane takes each in one call over the request's lists, its
+digest chains and the pool's arrays, and answers None (changing nothing) whenever the Python
+code must answer instead: a malformed call, a chunk in flight, max_model_len, a pool that
+cannot fit the step (Waiting), a request with inner checkpoints. Its definitions are that
+Python code, which tests/reference/test_decode_lane.py holds it equal to, state for state.
 
-It serves the layouts and pools the general path then needs nothing else for: every group
-attention (full, sliding window, chunked local), no `unit U`, the lru queue, and a pool that
-tracks no liveness and records no events. Anywhere else, or without the extension built, or
-with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the general path takes every step.
+It serves the layouts and pools that code then needs nothing else for: every group attention
+(full, sliding window, chunked local), no `unit U`, the lru queue, and a pool that tracks no
+liveness and records no events, under step-end visibility (a same-pass launch publishes
+blocks); it registers when, besides, every committed block is kept
+(`Registrar.keeps_every_block`) and keys are the compiled SHA-256's. Anywhere else, or
+without the extension built, or with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the
+Python code takes every step.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvcert.reference.block_pool import BlockPool
-from kvcert.reference.config import CacheConfig, Kind
+from kvcert.reference.commit import Registrar
+from kvcert.reference.config import CacheConfig, Kind, Visibility
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.eviction import FreeQueue
+from kvcert.reference.hashing import hasher
 from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.native import native
+from kvcert.reference.requests import Scheduled
 
 if TYPE_CHECKING:
     from kvcert.reference._decodelane import DecodeLane
@@ -42,25 +50,38 @@ def serves(config: CacheConfig, pool: BlockPool) -> bool:
         and not pool.tracking
         and pool.events is None
         and pool.tails is None
+        and config.visibility is not Visibility.SAME_PASS  # whose launch publishes blocks
     )
 
 
+def registers(config: CacheConfig, commits: Registrar) -> bool:
+    """Whether the lane also registers what steps complete (the module docstring's list)."""
+    compiled = native("_chain")
+    sha256 = None if compiled is None else compiled.Sha256
+    return commits.keeps_every_block and hasher(config.hash_algorithm) is sha256
+
+
+Answers = tuple[tuple[tuple[int, ...], ...], dict[int, Scheduled]]
+
+
 def decode_lane(
-    config: CacheConfig, pool: BlockPool, no_blocks: tuple[tuple[int, ...], ...]
+    config: CacheConfig, pool: BlockPool, commits: Registrar, answers: Answers
 ) -> DecodeLane | None:
-    """The compiled lane for this manager, or None (the general path takes every step).
-    `no_blocks`: what a step allocating nothing returns (the manager's shared tuple)."""
+    """The compiled lane for this manager, or None (the Python code takes every step).
+    `answers`: what a step allocating nothing holds as its new blocks, and the answers of
+    quiet steps per token count (the manager's own, shared with its Python path)."""
     compiled = native("_decodelane")
     if compiled is None or not serves(config, pool):
         return None
-    return build(compiled.DecodeLane, config, pool, no_blocks)
+    return build(compiled.DecodeLane, config, pool, commits, answers)
 
 
 def build(
     lane: type[DecodeLane],
     config: CacheConfig,
     pool: BlockPool,
-    no_blocks: tuple[tuple[int, ...], ...],
+    commits: Registrar,
+    answers: Answers,
 ) -> DecodeLane:
     """A `lane` (the compiled type) over this pool (refused where `serves` says no)."""
     links = pool.queue.links
@@ -71,12 +92,17 @@ def build(
         sizes=tuple(g.block_size for g in config.groups),
         spans=tuple(g.window or g.chunk for g in config.groups),
         limit=config.max_model_len,
+        key_lookahead=tuple(commits.lookahead),
+        commit_delay=tuple(commits.commit_delay),
+        unit=config.alignment,
         pool=pool,
         counts=pool.ref_count,
         links=links,
         keys=pool.keys,
         evictions=pool.evictions,
         dead_evictions=pool.dead_evictions,
-        no_blocks=no_blocks,
+        no_blocks=answers[0],
         token_limit=TOKEN_LIMIT,
+        scheduled=Scheduled,
+        quiet_steps=answers[1],
     )

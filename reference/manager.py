@@ -29,7 +29,7 @@ from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
 from kvcert.reference.coordinator import longest_single_group
-from kvcert.reference.decode_lane import decode_lane
+from kvcert.reference.decode_lane import decode_lane, registers
 from kvcert.reference.errors import (
     ConfigError,
     MaxLengthError,
@@ -92,7 +92,9 @@ class KVCacheManager(HitQueries):
         self._no_blocks: tuple[tuple[int, ...], ...] = ((),) * len(config.groups)
         self._decode_step = Scheduled(0, 1, self._no_blocks)  # immutable, so shared
         self._quiet_steps = {1: self._decode_step}  # what a quiet step of n tokens returns
-        self._lane = decode_lane(config, self.pool, self._no_blocks)  # or None
+        answers = (self._no_blocks, self._quiet_steps)
+        self._lane = decode_lane(config, self.pool, self._commits, answers)  # or None
+        self._lane_registers = self._lane is not None and registers(config, self._commits)
 
     # -- keys and lookup -------------------------------------------------------------------
 
@@ -409,6 +411,24 @@ class KVCacheManager(HitQueries):
         saves in passing (CKPT-INNER-1), or 0."""
         request = self._requests.get(rid) if type(rid) is str else None
         if (
+            request is not None
+            and self._lane is not None  # a decode step, compiled (decode_lane)
+            and (
+                done := self._lane.extend(
+                    request,
+                    rid,
+                    budget,
+                    appended,
+                    lookahead,
+                    step,
+                    checkpoint,
+                    self._in_flight,
+                    self._step,
+                )
+            )
+        ):
+            return done
+        if (
             request is not None  # the decode fast path: sampled tokens that change no table
             and (computed := request.computed) == len(request.tokens)  # nothing in flight
             and type(appended) in LIST_OR_TUPLE
@@ -440,12 +460,6 @@ class KVCacheManager(HitQueries):
             request.decoding = True  # as the general path sets it; the bounds assumed it
             self._launch(rid, request, step)
             return self._decode_step if count == 1 else self._quiet_step(count)
-        if request is not None and (
-            done := self._lane_step(
-                rid, request, budget, appended, lookahead, step=step, checkpoint=checkpoint
-            )
-        ):
-            return done
         request = self._running(rid)
         if not (type(appended) in LIST_OR_TUPLE and (not appended or inputs.one_token(appended))):
             # one token is checked just there
@@ -503,31 +517,6 @@ class KVCacheManager(HitQueries):
         self._planner.plan_quiet(request)
         self._launch(rid, request, step)
         return Scheduled(0, request.scheduled, added, None, copies(request))
-
-    def _lane_step(
-        self,
-        rid: str,
-        request: Request,
-        budget: int,
-        appended: Sequence[int],
-        lookahead: int,
-        *,
-        step: int | None,
-        checkpoint: int,
-    ) -> Scheduled | None:
-        """A decode step that changes tables, taken by the compiled lane (decode_lane); None
-        when the general path must answer (nothing changed then)."""
-        if (
-            self._lane is None
-            or checkpoint
-            or (step is not None and not (type(step) is int and 0 <= step <= self._step))
-        ):
-            return None
-        added = self._lane.advance(request, budget, appended, lookahead)
-        if added is None:
-            return None
-        self._launch(rid, request, step)
-        return Scheduled(0, request.scheduled, added)
 
     def _launch(self, rid: str, request: Request, step: int | None) -> None:
         """`request`'s chunk is scheduled in `step` (None: the one being scheduled); under
@@ -620,7 +609,7 @@ class KVCacheManager(HitQueries):
         for rid, request, before in committing:
             if self._tails is not None:  # ALLOC-UNIT-2, before `register` ends the checkpoints
                 registered += self._tails.register(request, before)
-            registered += self._commits.register(self.pool, rid, request, before)
+            registered += self._register(rid, request, before)
         for _, request, _ in committing:  # copy sources: the pass that read them has run
             if request.sources:
                 self._give_back(request.sources)
@@ -628,6 +617,15 @@ class KVCacheManager(HitQueries):
         if self._tails is not None and self._tails.flying:  # what is still in flight
             self._tails.land(self.pool, [self._requests[r] for r in self._in_flight])
         return registered
+
+    def _register(self, rid: str, request: Request, before: int) -> int:
+        """Register what `request`'s step completed (commit.Registrar.register), compiled
+        where the lane registers for this manager (decode_lane)."""
+        if self._lane_registers and self._lane is not None:
+            registered = self._lane.register(request, before)
+            if registered is not None:
+                return registered
+        return self._commits.register(self.pool, rid, request, before)
 
     def accept(self, rid: str, tokens: Sequence[int]) -> int:
         """`tokens` come right after running request `rid`'s known tokens, and a step that

@@ -3,7 +3,8 @@
 # Usage: scripts/setup.sh [EXTRAS]      e.g. scripts/setup.sh test,proofs
 # Versions come from constraints.txt, so nothing can swap the CPU torch for a CUDA build.
 # An install is skipped when .venv already holds these extras (or more) from the same
-# pyproject.toml and constraints.txt (the install is editable: code changes need none).
+# pyproject.toml, constraints.txt and C sources (the install is editable: Python changes
+# need none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-}
@@ -11,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "kvcert setup: creating .venv"
   "${PYTHON:-python3}" -m venv .venv
 fi
-inputs=$(cat pyproject.toml constraints.txt reference/_*.c | sha256sum | cut -c1-16)
+inputs=$(cat pyproject.toml constraints.txt reference/_*.[ch] | sha256sum | cut -c1-16)
 read -r stamped installed 2>/dev/null < .venv/.kvcert-stamp || true
 if [ "${stamped:-}" = "$inputs" ]; then
   missing=0

@@ -1,0 +1,104 @@
+/* kvcert.reference._decodelane's shared declarations: the lane object, the interned
+ * attribute names, the arithmetic and the attribute access of its three sources
+ * (_decodelane.c: the type and module; _decodelane_step.c: a decode step; and
+ * _decodelane_commit.c: registering what a step completed). */
+#ifndef KVCERT_DECODELANE_H
+#define KVCERT_DECODELANE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h> /* PyMember_SetOne (3.11 keeps it here) */
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { FULL = 0, WINDOW = 1, CHUNKED = 2 };
+
+/* The largest count a plan may hold: past it a step is the general path's (it answers
+ * Waiting without listing positions). */
+#define MAX_PLAN ((long long)1 << 40)
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t groups;
+    int *kind;
+    long long *size; /* block size */
+    long long *span; /* window or chunk; 0 for full attention */
+    long long limit; /* max_model_len, or -1 */
+    PyObject *pool;  /* num_free, num_registered */
+    PyObject *counts;
+    PyObject *links;
+    PyObject *keys; /* forget_run(blocks, evictions, shadowed) */
+    PyObject *evictions;
+    PyObject *dead_evictions;
+    PyObject *no_blocks;   /* what a step allocating nothing returns */
+    PyObject *token_limit; /* no bound: the Python side's TOKEN_LIMIT */
+    /* registration (commit.Registrar): per group the tokens its keys cover past a block and
+     * the computed tokens it waits for past one; attention commits whole units of `unit` */
+    long long *key_lookahead;
+    long long *commit_delay;
+    long long unit;
+    /* the answer: requests.Scheduled, a frozen dataclass with slots, filled through the
+     * member descriptors of its fields (what its generated __init__ sets) */
+    PyTypeObject *scheduled;
+    PyMemberDef *fields[5];
+    PyObject *quiet_steps; /* the manager's answers of quiet steps, per token count */
+    PyObject *decode_step; /* quiet_steps[1], the usual one, or NULL */
+    /* scratch, grown as needed: released (group, position, block) and wanted positions */
+    long long *released;
+    Py_ssize_t released_cap;
+    long long *wanted;
+    Py_ssize_t wanted_cap;
+} Lane;
+
+
+/* interned attribute and method names (made once, at import) */
+extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *s_tokens,
+    *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
+    *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
+    *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
+    *s_boundaries, *s_bind_run, *s_pipelined;
+
+static inline long long
+min_ll(long long a, long long b)
+{
+    return a < b ? a : b;
+}
+
+static inline long long
+max_ll(long long a, long long b)
+{
+    return a > b ? a : b;
+}
+
+static inline long long
+cdiv(long long a, long long b)
+{
+    return a >= 0 ? (a + b - 1) / b : -((-a) / b);
+}
+
+static inline long long
+floordiv(long long a, long long b)
+{
+    long long q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+
+/* attribute access through the slots' member descriptors (see _decodelane.c) */
+PyObject *lane_get(PyObject *obj, PyObject *name);
+int lane_set(PyObject *obj, PyObject *name, PyObject *value);
+int lane_get_ll(PyObject *obj, PyObject *name, long long *value);
+int lane_set_ll(PyObject *obj, PyObject *name, long long value);
+
+/* A table entry's block; -1 on error. */
+static inline long long
+entry(PyObject *table, Py_ssize_t j)
+{
+    return PyLong_AsLongLong(PyList_GET_ITEM(table, j));
+}
+
+PyObject *Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+
+#endif

@@ -1,0 +1,262 @@
+/* kvcert.reference._decodelane, registration: what a step completed becomes hittable. */
+#include "_decodelane.h"
+
+/* Digest every boundary of `chain` whose tokens all exist (hashing.Chain.extend without a
+ * memo): the tokens it has not encoded yet join its stream, then one boundaries call of its
+ * compiled SHA-256 state. A chain carrying positioned extras (records fed mid-stream) takes
+ * its own Python method. 0 on error. */
+static int
+extend_chain(PyObject *chain, PyObject *tokens, const long long *ids, Py_ssize_t n)
+{
+    PyObject *records = lane_get(chain, s_records);
+    if (records == NULL) {
+        return 0;
+    }
+    int plain = PyDict_CheckExact(records) && PyDict_GET_SIZE(records) == 0;
+    Py_DECREF(records);
+    if (!plain) {
+        PyObject *done = PyObject_CallMethodOneArg(chain, s_extend, tokens);
+        Py_XDECREF(done);
+        return done != NULL;
+    }
+    long long size, lookahead, fed;
+    if (!lane_get_ll(chain, s_size, &size) || !lane_get_ll(chain, s_lookahead, &lookahead) ||
+        !lane_get_ll(chain, s_fed, &fed)) {
+        return 0;
+    }
+    PyObject *digests = lane_get(chain, s_digests);
+    if (digests == NULL) {
+        return 0;
+    }
+    long long count = max_ll(0, floordiv(n - lookahead, size));
+    Py_ssize_t k = PyList_Size(digests);
+    int ok = k >= 0;
+    PyObject *stream = NULL, *state = NULL;
+    if (!ok || count <= k) {
+        goto done;
+    }
+    ok = 0;
+    stream = lane_get(chain, s_stream);
+    if (stream == NULL) {
+        goto done;
+    }
+    Py_ssize_t have = PyBytes_CheckExact(stream)       ? PyBytes_GET_SIZE(stream)
+                      : PyByteArray_CheckExact(stream) ? PyByteArray_GET_SIZE(stream)
+                                                       : -1;
+    if (have < 0) {
+        PyErr_SetString(PyExc_TypeError, "a chain's stream must be bytes or a bytearray");
+        goto done;
+    }
+    Py_ssize_t known = have / 8;
+    if (n > known) { /* encode the new ids (little-endian int64, as the array holds them) */
+        const char *fresh = (const char *)(ids + known);
+        Py_ssize_t length = 8 * (n - known);
+        int replaced = PyBytes_CheckExact(stream);
+        if (have == 0 && replaced) {
+            Py_SETREF(stream, PyBytes_FromStringAndSize(fresh, length));
+        } else {
+            if (replaced) { /* shared until it grows: a copy of its own, grown at once */
+                PyObject *own = PyByteArray_FromStringAndSize(NULL, have + length);
+                if (own != NULL) {
+                    memcpy(PyByteArray_AS_STRING(own), PyBytes_AS_STRING(stream), (size_t)have);
+                }
+                Py_SETREF(stream, own);
+            } else if (PyByteArray_Resize(stream, have + length) < 0) {
+                goto done;
+            }
+            if (stream == NULL) {
+                goto done;
+            }
+            memcpy(PyByteArray_AS_STRING(stream) + have, fresh, (size_t)length);
+        }
+        if (stream == NULL || (replaced && lane_set(chain, s_stream, stream) < 0)) {
+            goto done;
+        }
+    }
+    state = lane_get(chain, s_state);
+    if (state == NULL) {
+        goto done;
+    }
+    PyObject *call[7] = {state, digests, stream, NULL, NULL, NULL, NULL};
+    long long numbers[4] = {8 * fed, 8 * ((k + 1) * size + lookahead), 8 * size, count - k};
+    for (int j = 0; j < 4; j++) {
+        call[3 + j] = PyLong_FromLongLong(numbers[j]);
+    }
+    PyObject *done = NULL;
+    if (call[3] && call[4] && call[5] && call[6]) {
+        done = PyObject_VectorcallMethod(s_boundaries, call, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                         NULL);
+    }
+    for (int j = 3; j < 7; j++) {
+        Py_XDECREF(call[j]);
+    }
+    ok = done != NULL && lane_set_ll(chain, s_fed, count * size + lookahead);
+    Py_XDECREF(done);
+done:
+    Py_XDECREF(state);
+    Py_XDECREF(stream);
+    Py_DECREF(digests);
+    return ok;
+}
+
+/* The keys of blocks start .. stop - 1 of a group of `block_size` (Chain.keys_between). */
+static PyObject *
+keys_between(PyObject *chain, long long block_size, long long start, long long stop)
+{
+    long long size;
+    if (!lane_get_ll(chain, s_size, &size)) {
+        return NULL;
+    }
+    PyObject *digests = lane_get(chain, s_digests);
+    if (digests == NULL) {
+        return NULL;
+    }
+    long long step = block_size / size, have = PyList_GET_SIZE(digests);
+    PyObject *keys = PyList_New(0);
+    for (long long j = start; keys != NULL && j < stop; j++) {
+        long long link = (j + 1) * step - 1;
+        if (link >= have) {
+            break;
+        }
+        if (PyList_Append(keys, PyList_GET_ITEM(digests, link)) < 0) {
+            Py_CLEAR(keys);
+        }
+    }
+    Py_DECREF(digests);
+    return keys;
+}
+
+/* register(request, before) -> how many blocks the step that moved `request`'s computed
+ * count from `before` completed and registered (commit.Registrar.register for attention
+ * groups keeping every block, over a pool that tracks no liveness), or None (nothing done)
+ * for a request the general path must register: one with inner checkpoints, or a group
+ * without a chain. */
+PyObject *
+Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "register(request, before)");
+        return NULL;
+    }
+    PyObject *request = args[0];
+    PyObject *chains = lane_get(request, s_chains);
+    PyObject *checkpoints = chains == NULL ? NULL : lane_get(request, s_checkpoints);
+    PyObject *tokens = NULL, *unique = NULL, *registered = NULL, *tables = NULL, *result = NULL;
+    Py_buffer ids;
+    int ids_open = 0;
+    if (checkpoints == NULL) {
+        goto done;
+    }
+    if (!PyList_CheckExact(chains) || PyList_GET_SIZE(chains) != lane->groups ||
+        PyObject_IsTrue(checkpoints) != 0) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < lane->groups; g++) {
+        if (PyList_GET_ITEM(chains, g) == Py_None) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    long long computed;
+    tokens = lane_get(request, s_tokens);
+    unique = tokens == NULL ? NULL : lane_get(request, s_unique_chains);
+    registered = unique == NULL ? NULL : lane_get(request, s_registered);
+    tables = registered == NULL ? NULL : lane_get(request, s_tables);
+    if (tables == NULL || !lane_get_ll(request, s_computed, &computed)) {
+        goto done;
+    }
+    if (PyObject_GetBuffer(tokens, &ids, PyBUF_FORMAT) < 0) {
+        goto done;
+    }
+    ids_open = 1;
+    if (ids.itemsize != 8 || ids.format == NULL || strcmp(ids.format, "q") != 0 ||
+        !PyList_CheckExact(unique) || !PyList_CheckExact(registered) ||
+        !PyList_CheckExact(tables) || PyList_GET_SIZE(registered) != lane->groups) {
+        PyErr_SetString(PyExc_TypeError, "a request's tokens are an array('q') and its "
+                                         "chains, tables and registered marks lists");
+        goto done;
+    }
+    Py_ssize_t n = ids.len / 8;
+    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(unique); c++) {
+        if (!extend_chain(PyList_GET_ITEM(unique, c), tokens, ids.buf, n)) {
+            goto done;
+        }
+    }
+    long long total = 0, bound = 0, commit_at = LLONG_MAX;
+    for (Py_ssize_t g = 0; g < lane->groups; g++) { /* ALLOC-COMMIT-1 */
+        long long size = lane->size[g];
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(registered, g));
+        long long stop = floordiv(computed - lane->commit_delay[g], size);
+        if (lane->key_lookahead[g]) {
+            stop = min_ll(stop, floordiv(n - lane->key_lookahead[g], size));
+        }
+        stop = min_ll(stop, floordiv(floordiv(computed, lane->unit) * lane->unit, size));
+        if (start == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (stop > start) {
+            PyObject *keys = keys_between(PyList_GET_ITEM(chains, g), size, start, stop);
+            if (keys == NULL) {
+                goto done;
+            }
+            if (PyList_GET_SIZE(keys) < stop - start) {
+                PyErr_Format(PyExc_RuntimeError, "no digest for a committed block of group %zd",
+                             g);
+                Py_DECREF(keys);
+                goto done;
+            }
+            PyObject *table = PyList_GET_ITEM(tables, g);
+            PyObject *blocks = PyList_GetSlice(table, (Py_ssize_t)start, (Py_ssize_t)stop);
+            PyObject *group = PyLong_FromSsize_t(g);
+            PyObject *bound_now = NULL;
+            if (blocks != NULL && group != NULL) {
+                PyObject *call[4] = {lane->keys, group, blocks, keys};
+                bound_now = PyObject_VectorcallMethod(
+                    s_bind_run, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            }
+            Py_DECREF(keys);
+            Py_XDECREF(group);
+            if (bound_now == NULL) {
+                Py_XDECREF(blocks);
+                goto done;
+            }
+            bound += PyLong_AsLongLong(bound_now);
+            Py_DECREF(bound_now);
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(blocks); k++) {
+                total += entry(blocks, k) != 0;
+            }
+            Py_DECREF(blocks);
+            PyObject *mark = PyLong_FromLongLong(stop);
+            if (mark == NULL) {
+                goto done;
+            }
+            PyList_SetItem(registered, g, mark);
+            start = stop;
+        }
+        commit_at = min_ll(commit_at, (start + 1) * size);
+    }
+    long long registered_now;
+    if (bound) {
+        if (!lane_get_ll(lane->pool, s_num_registered, &registered_now) ||
+            !lane_set_ll(lane->pool, s_num_registered, registered_now + bound)) {
+            goto done;
+        }
+    }
+    if (!lane_set_ll(request, s_commit_at, commit_at)) {
+        goto done;
+    }
+    result = PyLong_FromLongLong(total);
+done:
+    if (ids_open) {
+        PyBuffer_Release(&ids);
+    }
+    Py_XDECREF(tables);
+    Py_XDECREF(registered);
+    Py_XDECREF(unique);
+    Py_XDECREF(tokens);
+    Py_XDECREF(checkpoints);
+    Py_XDECREF(chains);
+    return result;
+}
+

@@ -1,0 +1,674 @@
+/* kvcert.reference._decodelane, a decode step: the quiet step that only appends tokens,
+ * and the step that changes tables (the plan, the release, the allocation, the bounds). */
+#include "_decodelane.h"
+
+/* ALLOC-HOLD-1: the first position kept while computing from `computed` on. */
+static long long
+first_read(const Lane *lane, Py_ssize_t g, long long computed)
+{
+    long long size = lane->size[g], span = lane->span[g];
+    switch (lane->kind[g]) {
+    case WINDOW:
+        return floordiv(computed - (span - 1) > 0 ? computed - (span - 1) : 0, size);
+    case CHUNKED:
+        return floordiv(floordiv(computed, span) * span, size);
+    default:
+        return 0;
+    }
+}
+
+/* The least `computed` whose one-token step no longer reads position `low`; -1: never. */
+static long long
+first_release(const Lane *lane, Py_ssize_t g, long long low)
+{
+    long long size = lane->size[g], span = lane->span[g];
+    switch (lane->kind[g]) {
+    case WINDOW:
+        return (low + 1) * size + span - 1;
+    case CHUNKED:
+        return cdiv((low + 1) * size, span) * span;
+    default:
+        return -1;
+    }
+}
+
+static int
+grow(long long **buffer, Py_ssize_t *capacity, Py_ssize_t needed)
+{
+    if (needed <= *capacity) {
+        return 1;
+    }
+    Py_ssize_t capacity_now = needed < 64 ? 64 : needed * 2;
+    long long *larger = PyMem_Realloc(*buffer, (size_t)capacity_now * sizeof(long long));
+    if (larger == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    *buffer = larger;
+    *capacity = capacity_now;
+    return 1;
+}
+
+/* Whether `appended` is a non-empty list or tuple of token ids (ints in 0..2**63 - 1) no
+ * longer than `budget`; its length in *count. */
+static int
+decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count)
+{
+    if (!PyList_CheckExact(appended) && !PyTuple_CheckExact(appended)) {
+        return 0;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(appended);
+    PyObject **items = PySequence_Fast_ITEMS(appended);
+    if (n == 0 || !PyLong_CheckExact(budget)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long allowed = PyLong_AsLongLongAndOverflow(budget, &overflow);
+    if (allowed == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!overflow && allowed < n) {
+        return 0;
+    }
+    if (overflow < 0) {
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!PyLong_CheckExact(items[k])) {
+            return 0;
+        }
+        long long token = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+        if (overflow || token < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    *count = n;
+    return 1;
+}
+
+/* The table positions step [computed, end) releases and wants, as the general path plans
+ * them (tables.TablePlanner.changes for attention groups); 0 on error, and *fits = 0 when
+ * the plan is too large to list. */
+typedef struct {
+    Py_ssize_t released;     /* entries in lane->released, three numbers each */
+    Py_ssize_t wanted;       /* positions in lane->wanted, group by group */
+    Py_ssize_t *per_group;   /* wanted positions per group */
+} Plan;
+
+static int
+plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
+          long long end, Plan *plan, int *fits)
+{
+    plan->released = plan->wanted = 0;
+    *fits = 1;
+    for (Py_ssize_t g = 0; g < lane->groups; g++) {
+        PyObject *table = PyList_GET_ITEM(tables, g);
+        if (!PyList_CheckExact(table)) {
+            *fits = 0;
+            return 1;
+        }
+        long long size = PyList_GET_SIZE(table), block_size = lane->size[g];
+        long long last = cdiv(end, block_size);
+        long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
+        if (low == -1 && PyErr_Occurred()) {
+            return 0;
+        }
+        if (size > last || (low < last && lane->kind[g] != FULL)) {
+            long long first = first_read(lane, g, computed);
+            /* past the new end (a shrunk lookahead), then what the step no longer reads */
+            long long bounds[2][2] = {{max_ll(last, low), size},
+                                      {low, min_ll(first, min_ll(last, size))}};
+            for (int run = 0; run < 2; run++) {
+                for (long long j = bounds[run][1] - 1; j >= bounds[run][0]; j--) {
+                    long long block = entry(table, (Py_ssize_t)j);
+                    if (block == -1 && PyErr_Occurred()) {
+                        return 0;
+                    }
+                    if (block == 0) {
+                        continue;
+                    }
+                    if (!grow(&lane->released, &lane->released_cap, 3 * (plan->released + 1))) {
+                        return 0;
+                    }
+                    long long *at = lane->released + 3 * plan->released++;
+                    at[0] = g, at[1] = j, at[2] = block;
+                }
+            }
+        }
+        long long first = floordiv(computed, block_size); /* ALLOC-WRITE-1 */
+        long long held = min_ll(last, size);
+        long long growth = max_ll(0, last - max_ll(first, held));
+        if (plan->wanted + growth + max_ll(0, held - first) > MAX_PLAN) {
+            *fits = 0;
+            return 1;
+        }
+        Py_ssize_t before = plan->wanted;
+        for (long long j = first; j < held; j++) {
+            long long block = entry(table, (Py_ssize_t)j);
+            if (block == -1 && PyErr_Occurred()) {
+                return 0;
+            }
+            if (block == 0) {
+                if (!grow(&lane->wanted, &lane->wanted_cap, plan->wanted + 1)) {
+                    return 0;
+                }
+                lane->wanted[plan->wanted++] = j;
+            }
+        }
+        if (growth) {
+            if (!grow(&lane->wanted, &lane->wanted_cap, plan->wanted + (Py_ssize_t)growth)) {
+                return 0;
+            }
+            for (long long j = last - growth; j < last; j++) {
+                lane->wanted[plan->wanted++] = j;
+            }
+        }
+        plan->per_group[g] = plan->wanted - before;
+    }
+    return 1;
+}
+
+/* How many distinct released blocks hold one reference (releasing them frees them): each
+ * such block's count is marked while counting, so a block listed twice counts once. */
+static Py_ssize_t
+freed_by(Lane *lane, const Plan *plan, int *counts)
+{
+    Py_ssize_t freed = 0;
+    for (Py_ssize_t k = 0; k < plan->released; k++) {
+        long long block = lane->released[3 * k + 2];
+        if (counts[block] == 1) {
+            counts[block] = INT_MIN;
+            freed++;
+        }
+    }
+    for (Py_ssize_t k = 0; k < plan->released; k++) {
+        long long block = lane->released[3 * k + 2];
+        if (counts[block] == INT_MIN) {
+            counts[block] = 1;
+        }
+    }
+    return freed;
+}
+
+/* ALLOC-SPEC-1's quiet bounds for attention groups (tables.TablePlanner.plan_quiet). */
+static int
+plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
+           long long computed)
+{
+    long long slots = LLONG_MAX, end = lane->limit >= 0 ? lane->limit : LLONG_MAX, floor = 0;
+    for (Py_ssize_t g = 0; g < lane->groups; g++) {
+        PyObject *table = PyList_GET_ITEM(tables, g);
+        long long held = PyList_GET_SIZE(table), size = lane->size[g];
+        long long p = floordiv(computed, size), top = held;
+        for (; p < held; p++) {
+            long long block = entry(table, (Py_ssize_t)p);
+            if (block == -1 && PyErr_Occurred()) {
+                return 0;
+            }
+            if (block == 0) {
+                break;
+            }
+        }
+        for (; top > 0; top--) {
+            long long block = entry(table, (Py_ssize_t)(top - 1));
+            if (block == -1 && PyErr_Occurred()) {
+                return 0;
+            }
+            if (block != 0) {
+                break;
+            }
+        }
+        slots = p * size < slots ? p * size : slots;
+        floor = (top - 1) * size + 1 > floor ? (top - 1) * size + 1 : floor;
+        long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
+        if (low == -1 && PyErr_Occurred()) {
+            return 0;
+        }
+        if (lane->kind[g] != FULL && low < held) {
+            long long release = first_release(lane, g, low);
+            end = release < end ? release : end;
+        }
+    }
+    long long quiet = end < slots ? end : slots;
+    PyObject *values[4] = {
+        quiet == LLONG_MAX ? Py_NewRef(lane->token_limit) : PyLong_FromLongLong(quiet),
+        Py_NewRef(lane->token_limit),
+        slots == LLONG_MAX ? Py_NewRef(lane->token_limit) : PyLong_FromLongLong(slots),
+        PyLong_FromLongLong(floor),
+    };
+    PyObject *names[4] = {s_quiet_end, s_quiet_state, s_quiet_slots, s_quiet_slots_floor};
+    int ok = 1;
+    for (int k = 0; k < 4; k++) {
+        ok = ok && values[k] != NULL && lane_set(request, names[k], values[k]) == 0;
+    }
+    for (int k = 0; k < 4; k++) {
+        Py_XDECREF(values[k]);
+    }
+    return ok;
+}
+
+/* The pool's int32 array `array` as a writable buffer; 0 on error. */
+static int
+open_ints(PyObject *array, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(array, view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        return 0;
+    }
+    if (view->itemsize != sizeof(int) || view->format == NULL || strcmp(view->format, "i") != 0) {
+        PyErr_SetString(PyExc_TypeError, "the pool's counts and links must be array('i')");
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+/* Release the planned entries (ALLOC-SKIP-1; lru: in the listed order, freed blocks join the
+ * queue's tail), then allocate the wanted positions off its head (ALLOC-EVICT-1) and fill
+ * them; the blocks per group, or NULL on error. Nothing fails half way once the pool is
+ * known to fit, but for memory. */
+static PyObject *
+apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, int *counts,
+           int *links, long long *num_free, PyObject **taken_out)
+{
+    /* release: null the entries, move each touched group's first held position, drop */
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < plan->released; k++) {
+        long long *at = lane->released + 3 * k;
+        PyObject *table = PyList_GET_ITEM(tables, at[0]);
+        PyList_SetItem(table, (Py_ssize_t)at[1], Py_NewRef(zero));
+    }
+    for (Py_ssize_t g = 0; g < lane->groups; g++) {
+        int touched = 0;
+        for (Py_ssize_t k = 0; k < plan->released && !touched; k++) {
+            touched = lane->released[3 * k] == g;
+        }
+        if (!touched) {
+            continue;
+        }
+        PyObject *table = PyList_GET_ITEM(tables, g);
+        Py_ssize_t low = (Py_ssize_t)PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
+        while (low < PyList_GET_SIZE(table) && entry(table, low) == 0) {
+            low++;
+        }
+        PyObject *number = PyLong_FromSsize_t(low);
+        if (number == NULL) {
+            Py_DECREF(zero);
+            return NULL;
+        }
+        PyList_SetItem(held_from, g, number);
+    }
+    /* the blocks whose count reaches 0, in order, then join the tail in that order (a
+     * block listed twice is stepped twice, as refcounts.drop steps it) */
+    Py_ssize_t freed = 0;
+    int *to_free = plan->released ? PyMem_Malloc((size_t)plan->released * sizeof(int)) : NULL;
+    if (plan->released && to_free == NULL) {
+        Py_DECREF(zero);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < plan->released; k++) {
+        int block = (int)lane->released[3 * k + 2];
+        if (--counts[block] == 0) {
+            to_free[freed++] = block;
+        }
+    }
+    if (freed) {
+        int last = -counts[0];
+        for (Py_ssize_t k = 0; k < freed; k++) {
+            int block = to_free[k];
+            links[last] = block;
+            counts[block] = -last;
+            last = block;
+        }
+        links[last] = 0;
+        counts[0] = -last;
+        *num_free += freed;
+    }
+    PyMem_Free(to_free);
+    /* allocate: the first blocks of the queue, unlinked as one run */
+    PyObject *taken = PyList_New((Py_ssize_t)plan->wanted);
+    if (taken == NULL) {
+        Py_DECREF(zero);
+        return NULL;
+    }
+    *taken_out = taken;
+    if (plan->wanted) {
+        int block = links[0];
+        for (Py_ssize_t k = 0; k < plan->wanted; k++) {
+            PyObject *number = PyLong_FromLong(block);
+            if (number == NULL) {
+                Py_DECREF(zero);
+                return NULL;
+            }
+            PyList_SET_ITEM(taken, k, number);
+            block = links[block];
+        }
+        links[0] = block;
+        counts[block] = 0; /* the new head (or, when none is left, the sentinel) */
+    }
+    /* fill the wanted positions, group by group */
+    PyObject *added = PyTuple_New(lane->groups);
+    if (added == NULL) {
+        Py_DECREF(zero);
+        return NULL;
+    }
+    Py_ssize_t used = 0;
+    for (Py_ssize_t g = 0; g < lane->groups; g++) {
+        Py_ssize_t n = plan->per_group[g];
+        PyObject *blocks = PyTuple_New(n);
+        if (blocks == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(added, g, blocks);
+        if (!n) {
+            continue;
+        }
+        PyObject *table = PyList_GET_ITEM(tables, g);
+        long long top = lane->wanted[used + n - 1];
+        while (PyList_GET_SIZE(table) <= top) {
+            if (PyList_Append(table, zero) < 0) {
+                goto fail;
+            }
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *number = PyList_GET_ITEM(taken, used + k);
+            PyTuple_SET_ITEM(blocks, k, Py_NewRef(number));
+            PyList_SetItem(table, (Py_ssize_t)lane->wanted[used + k], Py_NewRef(number));
+        }
+        long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
+        if (lane->wanted[used] < low) {
+            PyObject *number = PyLong_FromLongLong(lane->wanted[used]);
+            if (number == NULL) {
+                goto fail;
+            }
+            PyList_SetItem(held_from, g, number);
+        }
+        used += n;
+    }
+    Py_DECREF(zero);
+    return added;
+fail:
+    Py_DECREF(zero);
+    Py_DECREF(added);
+    return NULL;
+}
+
+/* The table-changing decode step of `request` (nothing in flight, `count` valid tokens
+ * appended after its `computed` ones, within max_model_len): the new blocks per group, or
+ * None (nothing changed: the pool cannot fit it, or the plan is too large to list). */
+static PyObject *
+advance(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_ssize_t count,
+        long long lookahead, long long computed)
+{
+    long long end = computed + count;
+    PyObject *tables = lane_get(request, s_tables);
+    PyObject *held_from = tables == NULL ? NULL : lane_get(request, s_held_from);
+    PyObject *result = NULL, *taken = NULL;
+    Py_buffer counts_view, links_view;
+    int counts_open = 0, links_open = 0;
+    Py_ssize_t *per_group = PyMem_Calloc((size_t)lane->groups + 1, sizeof(Py_ssize_t));
+    if (held_from == NULL || per_group == NULL) {
+        if (per_group == NULL) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    if (!PyList_CheckExact(tables) || !PyList_CheckExact(held_from) ||
+        PyList_GET_SIZE(tables) != lane->groups || PyList_GET_SIZE(held_from) != lane->groups) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Plan plan = {.per_group = per_group};
+    int fits;
+    if (!plan_step(lane, tables, held_from, computed, end + lookahead, &plan, &fits)) {
+        goto done;
+    }
+    long long num_free;
+    if (!fits || !lane_get_ll(lane->pool, s_num_free, &num_free)) {
+        result = fits ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    if (!open_ints(lane->counts, &counts_view)) {
+        goto done;
+    }
+    counts_open = 1;
+    if (!open_ints(lane->links, &links_view)) {
+        goto done;
+    }
+    links_open = 1;
+    Py_ssize_t freed = freed_by(lane, &plan, counts_view.buf);
+    if (freed < 0) {
+        goto done;
+    }
+    if (plan.wanted > num_free + freed) {
+        result = Py_NewRef(Py_None); /* Waiting: the general path says how much is missing */
+        goto done;
+    }
+    PyObject *added = apply_plan(lane, tables, held_from, &plan, counts_view.buf,
+                                 links_view.buf, &num_free, &taken);
+    if (added == NULL) {
+        goto done;
+    }
+    if (plan.wanted) {
+        /* the blocks taken lose their keys (ALLOC-EVICT-1), then are held once each */
+        PyObject *forgotten = PyObject_CallMethodObjArgs(
+            lane->keys, s_forget_run, taken, lane->evictions, lane->dead_evictions, NULL);
+        long long registered;
+        if (forgotten == NULL || !lane_get_ll(lane->pool, s_num_registered, &registered) ||
+            !lane_set_ll(lane->pool, s_num_registered, registered - PyLong_AsLongLong(forgotten))) {
+            Py_XDECREF(forgotten);
+            Py_DECREF(added);
+            goto done;
+        }
+        Py_DECREF(forgotten);
+        int *counts = counts_view.buf;
+        for (Py_ssize_t k = 0; k < plan.wanted; k++) {
+            counts[PyLong_AsLong(PyList_GET_ITEM(taken, k))] = 1;
+        }
+    } else {
+        Py_SETREF(added, Py_NewRef(lane->no_blocks));
+    }
+    PyObject *extended = PyObject_CallMethodOneArg(tokens, s_extend, appended);
+    if (extended == NULL || !lane_set_ll(lane->pool, s_num_free, num_free - plan.wanted) ||
+        !lane_set_ll(request, s_scheduled, count) || !lane_set_ll(request, s_lookahead, lookahead) ||
+        lane_set(request, s_decoding, Py_True) < 0 ||
+        !plan_quiet(lane, request, tables, held_from, computed + count)) {
+        Py_XDECREF(extended);
+        Py_DECREF(added);
+        goto done;
+    }
+    Py_DECREF(extended);
+    result = added;
+done:
+    if (counts_open) {
+        PyBuffer_Release(&counts_view);
+    }
+    if (links_open) {
+        PyBuffer_Release(&links_view);
+    }
+    PyMem_Free(per_group);
+    Py_XDECREF(taken);
+    Py_XDECREF(held_from);
+    Py_XDECREF(tables);
+    return result;
+}
+
+/* A Scheduled(0, scheduled, new_blocks) (tables None, copies empty), or NULL. */
+static PyObject *
+make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks)
+{
+    PyObject *values[5] = {PyLong_FromLong(0), PyLong_FromSsize_t(scheduled),
+                           Py_NewRef(new_blocks), Py_NewRef(Py_None), PyTuple_New(0)};
+    PyObject *made = lane->scheduled->tp_alloc(lane->scheduled, 0);
+    for (int k = 0; k < 5; k++) {
+        if (made != NULL && (values[k] == NULL ||
+                             PyMember_SetOne((char *)made, lane->fields[k], values[k]) < 0)) {
+            Py_CLEAR(made);
+        }
+    }
+    for (int k = 0; k < 5; k++) {
+        Py_XDECREF(values[k]);
+    }
+    return made;
+}
+
+/* An attribute bounding a quiet step: its value, or LLONG_MAX for TOKEN_LIMIT (no bound);
+ * 0 on error. */
+static int
+get_bound(PyObject *obj, PyObject *name, long long *value)
+{
+    PyObject *attr = lane_get(obj, name);
+    if (attr == NULL) {
+        return 0;
+    }
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(attr, &overflow);
+    Py_DECREF(attr);
+    if (overflow > 0) {
+        *value = LLONG_MAX;
+    }
+    return !(overflow < 0 || (*value == -1 && PyErr_Occurred()));
+}
+
+/* Whether the decode step [computed, end) holding slots up to end + lookahead changes no
+ * table: within the request's quiet bounds (TablePlanner.plan_quiet, ALLOC-SPEC-1). -1 on
+ * error. */
+static int
+is_quiet(PyObject *request, long long end, long long lookahead)
+{
+    long long quiet_end, pipelined, quiet_state, floor, slots;
+    if (!get_bound(request, s_quiet_end, &quiet_end) ||
+        !get_bound(request, s_pipelined, &pipelined) ||
+        !get_bound(request, s_quiet_state, &quiet_state) ||
+        !get_bound(request, s_quiet_slots_floor, &floor) ||
+        !get_bound(request, s_quiet_slots, &slots)) {
+        return -1;
+    }
+    if (end > quiet_end || pipelined > quiet_state) {
+        return 0;
+    }
+    return lookahead ? floor <= end + lookahead && end + lookahead <= slots : floor <= end;
+}
+
+/* The shared answer of a quiet step of `count` tokens (KVCacheManager._quiet_step). */
+static PyObject *
+quiet_answer(Lane *lane, Py_ssize_t count)
+{
+    if (count == 1 && lane->decode_step != NULL) { /* the manager's _decode_step */
+        return Py_NewRef(lane->decode_step);
+    }
+    PyObject *key = PyLong_FromSsize_t(count);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *answer = PyDict_GetItemWithError(lane->quiet_steps, key);
+    if (answer != NULL || PyErr_Occurred()) {
+        Py_DECREF(key);
+        return answer == NULL ? NULL : Py_NewRef(answer);
+    }
+    answer = make_scheduled(lane, count, lane->no_blocks);
+    if (answer != NULL && PyDict_SetItem(lane->quiet_steps, key, answer) < 0) {
+        Py_CLEAR(answer);
+    }
+    Py_DECREF(key);
+    return answer;
+}
+
+/* extend(request, rid, budget, appended, lookahead, step, checkpoint, in_flight, current)
+ * -> KVCacheManager.extend's answer for a decode step (sampled tokens after every known
+ * one, nothing in flight, no checkpoint): the quiet step that only appends them, or the
+ * step that changes tables; the chunk launched in `step` (None: `current`, the step being
+ * scheduled). None when the general path must answer (nothing changed then). */
+PyObject *
+Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !PyDict_CheckExact(args[7]) || !PyLong_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "extend(request, rid, budget, appended, lookahead, "
+                                         "step, checkpoint, in_flight: dict, current: int)");
+        return NULL;
+    }
+    PyObject *request = args[0], *rid = args[1], *appended = args[3], *ahead = args[4];
+    PyObject *step = args[5], *in_flight = args[7];
+    int checkpoint = PyObject_IsTrue(args[6]);
+    if (checkpoint != 0) { /* a checkpoint, or an argument that cannot say: general path */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int overflow = 0;
+    if (step == Py_None) {
+        step = args[8];
+    } else {
+        long long number = PyLong_CheckExact(step) ? PyLong_AsLongLongAndOverflow(step, &overflow)
+                                                   : -1;
+        if (number < 0 || overflow || number > PyLong_AsLongLong(args[8])) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t count;
+    if (!decode_tokens_valid(appended, args[2], &count) || !PyLong_CheckExact(ahead)) {
+        Py_RETURN_NONE;
+    }
+    long long lookahead = PyLong_AsLongLongAndOverflow(ahead, &overflow);
+    if (overflow || lookahead < 0 || lookahead > MAX_PLAN) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    long long computed, scheduled;
+    if (!lane_get_ll(request, s_computed, &computed) || !lane_get_ll(request, s_scheduled, &scheduled)) {
+        return NULL;
+    }
+    PyObject *tokens = lane_get(request, s_tokens);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    Py_ssize_t known = PyObject_Length(tokens);
+    PyObject *answer = NULL;
+    if (known < 0) {
+        goto done;
+    }
+    long long end = computed + count;
+    if (scheduled != 0 || computed != known || computed > MAX_PLAN) {
+        answer = Py_NewRef(Py_None); /* a chunk in flight, prompt tokens left: general path */
+        goto done;
+    }
+    int quiet = is_quiet(request, end, lookahead);
+    if (quiet < 0) {
+        goto done;
+    }
+    if (quiet) { /* only the tokens are appended (the fast path of KVCacheManager.extend) */
+        PyObject *extended = PyObject_CallMethodOneArg(tokens, s_extend, appended);
+        if (extended == NULL) {
+            goto done;
+        }
+        Py_DECREF(extended);
+        if (lane_set_ll(request, s_scheduled, count) && lane_set_ll(request, s_lookahead, lookahead) &&
+            lane_set(request, s_decoding, Py_True) == 0 &&
+            PyDict_SetItem(in_flight, rid, step) == 0) {
+            answer = quiet_answer(lane, count);
+        }
+        goto done;
+    }
+    if (lane->limit >= 0 && end > lane->limit) {
+        answer = Py_NewRef(Py_None); /* max_model_len: the general path says so */
+        goto done;
+    }
+    PyObject *added = advance(lane, request, tokens, appended, count, lookahead, computed);
+    if (added == NULL || added == Py_None) {
+        answer = added;
+        goto done;
+    }
+    if (PyDict_SetItem(in_flight, rid, step) == 0) { /* launched (KVCacheManager._launch) */
+        answer = make_scheduled(lane, count, added);
+    }
+    Py_DECREF(added);
+done:
+    Py_DECREF(tokens);
+    return answer;
+}
+
