@@ -31,7 +31,8 @@ import math
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, MutableSequence, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 from typing import Literal, TypeVar, overload
 
 from kvcert.reference.block_pool import NULL_BLOCK
@@ -269,18 +270,25 @@ class _Presence:
 
     def stretch_start(self, block: int) -> int:
         """The first of the consecutive missing blocks that end at the missing `block`
-        (within the probed range)."""
+        (within the probed range). The list ascends without repeats, so the blocks from
+        index k to `block`'s are consecutive exactly when their values span their indices:
+        a binary search over k finds the first such index."""
         missing = self._missing
-        index = bisect_left(missing, block)
-        while index and missing[index - 1] == missing[index] - 1:
-            index -= 1
-        return missing[index]
+        end = bisect_left(missing, block)
+        low, high = 0, end  # the answer lies in [low, high]
+        while low < high:
+            middle = (low + high) // 2
+            if block - missing[middle] == end - middle:
+                high = middle
+            else:
+                low = middle + 1
+        return missing[low]
 
     def _probe_below(self, first: int) -> None:
         low = max(0, min(first, self._low - self._run))
         self._run *= 2
-        found = map(self._contains, self._keys[low : self._low])
-        self._missing[:0] = [low + i for i, cached in enumerate(found) if not cached]
+        absent = map(not_, map(self._contains, self._keys[low : self._low]))
+        self._missing[:0] = compress(range(low, self._low), absent)
         self._low = low
 
 
