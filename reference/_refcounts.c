@@ -5,7 +5,8 @@
  * a finished request gives them back; one C loop over the array('i') of counts replaces a
  * Python loop per block. Every block is checked against the array's bounds before any count
  * changes. Under lru a free block's entry is its free-queue predecessor, negated, and `hold`
- * given the queue's successor array unlinks the blocks it revives in the same pass.
+ * given the queue's successor array unlinks the blocks it revives in the same pass; `link`
+ * and `unlink_head` are that queue's runs at its tail and its head.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -192,6 +193,134 @@ set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* The counts and links buffers of the lru ring, one entry per block each; 0 on error. */
+static int
+open_ring(PyObject *const *args, Py_buffer *counts, Py_buffer *links, Py_ssize_t *size)
+{
+    if (!int_buffer(args[0], counts, "counts")) {
+        return 0;
+    }
+    if (!int_buffer(args[1], links, "links")) {
+        PyBuffer_Release(counts);
+        return 0;
+    }
+    *size = counts->len / (Py_ssize_t)sizeof(int);
+    if (links->len != counts->len) {
+        PyErr_Format(PyExc_ValueError, "links has %zd entries, counts %zd: one per block",
+                     links->len / (Py_ssize_t)sizeof(int), *size);
+        PyBuffer_Release(links);
+        PyBuffer_Release(counts);
+        return 0;
+    }
+    return 1;
+}
+
+/* The lru queue's tail takes the listed blocks, in order (FreeQueue.add). */
+static PyObject *
+link_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "link(counts, links, blocks) takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer counts_view, links_view;
+    Py_ssize_t size;
+    if (!open_ring(args, &counts_view, &links_view, &size)) {
+        return NULL;
+    }
+    int *counts = counts_view.buf, *links = links_view.buf;
+    PyObject *run = PySequence_Fast(args[2], "blocks must be a sequence");
+    PyObject *result = NULL;
+    if (run == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(run);
+    PyObject **items = PySequence_Fast_ITEMS(run);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t block = PyLong_AsSsize_t(items[k]);
+        if (block == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (block < 1 || block >= size) {
+            PyErr_Format(PyExc_IndexError, "block %zd is outside the pool's blocks (1..%zd)",
+                         block, size - 1);
+            goto done;
+        }
+    }
+    if (n) {
+        long long last = -(long long)counts[0];
+        if (last < 0 || last >= size) {
+            PyErr_Format(PyExc_ValueError,
+                         "the queue's tail %lld is outside the pool: not kept by one queue",
+                         last);
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int block = (int)PyLong_AsSsize_t(items[k]);
+            links[last] = block;
+            counts[block] = (int)-last;
+            last = block;
+        }
+        links[last] = 0;
+        counts[0] = (int)-last;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(run);
+    PyBuffer_Release(&links_view);
+    PyBuffer_Release(&counts_view);
+    return result;
+}
+
+/* The first `count` blocks of the lru queue, unlinked as one run (FreeQueue.pop_many). */
+static PyObject *
+unlink_head(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "unlink_head(counts, links, count) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer counts_view, links_view;
+    Py_ssize_t size;
+    if (!open_ring(args, &counts_view, &links_view, &size)) {
+        return NULL;
+    }
+    int *counts = counts_view.buf, *links = links_view.buf;
+    PyObject *taken = PyList_New(count > 0 ? count : 0);
+    long long block = links[0];
+    for (Py_ssize_t k = 0; taken != NULL && k < count; k++) {
+        if (block < 1 || block >= size) {
+            PyErr_Format(PyExc_ValueError,
+                         "the queue holds fewer than %zd blocks, or is not one queue", count);
+            Py_CLEAR(taken);
+            break;
+        }
+        PyObject *number = PyLong_FromLongLong(block);
+        if (number == NULL) {
+            Py_CLEAR(taken);
+            break;
+        }
+        PyList_SET_ITEM(taken, k, number);
+        block = links[block];
+    }
+    if (taken != NULL && (block < 0 || block >= size)) {
+        PyErr_Format(PyExc_ValueError, "block %lld follows the run: not kept by one queue",
+                     block);
+        Py_CLEAR(taken);
+    }
+    if (taken != NULL) {
+        links[0] = (int)block;
+        counts[block] = 0; /* the new head's predecessor is the sentinel */
+    }
+    PyBuffer_Release(&links_view);
+    PyBuffer_Release(&counts_view);
+    return taken;
+}
+
 static PyMethodDef methods[] = {
     {"hold", (PyCFunction)(void (*)(void))hold, METH_FASTCALL,
      "hold(counts, blocks, links=None) -> the blocks that were free (entry 0 or less), in "
@@ -201,6 +330,11 @@ static PyMethodDef methods[] = {
      "drop(counts, blocks) -> the blocks whose count reached 0, in order; counts -= 1"},
     {"set_one", (PyCFunction)(void (*)(void))set_one, METH_FASTCALL,
      "set_one(counts, blocks): each listed block's count becomes 1"},
+    {"link", (PyCFunction)(void (*)(void))link_run, METH_FASTCALL,
+     "link(counts, links, blocks): the lru queue's tail takes the blocks, in order"},
+    {"unlink_head", (PyCFunction)(void (*)(void))unlink_head, METH_FASTCALL,
+     "unlink_head(counts, links, count) -> the first count blocks of the lru queue, "
+     "unlinked as one run"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kvcert.reference.config import Eviction, GroupConfig, Kind
+from kvcert.reference.refcounts import link, unlink_head
 
 if TYPE_CHECKING:
     from kvcert.reference.block_pool import BlockPool
@@ -101,16 +102,7 @@ class FreeQueue:
 
     def add(self, blocks: list[int], cold: bool) -> None:
         """Blocks whose count reached 0 join the tail, in order (linked as one run)."""
-        if not blocks:
-            return
-        links, counts = self._links(), self.pool.ref_count
-        last = -counts[0]
-        for block in blocks:
-            links[last] = block
-            counts[block] = -last
-            last = block
-        links[last] = 0
-        counts[0] = -last
+        link(self.pool.ref_count, self._links(), blocks)
 
     def pop(self) -> int:
         """The head of the queue. Implements ALLOC-EVICT-1 (the pool forgets its key)."""
@@ -121,15 +113,7 @@ class FreeQueue:
     def pop_many(self, count: int) -> list[int]:
         """`count` pops at once: the first `count` blocks, unlinked as one run (the caller
         has checked that the queue holds them, and counts them held next)."""
-        links = self._links()
-        taken = []
-        block = links[0]
-        for _ in range(count):
-            taken.append(block)
-            block = links[block]
-        links[0] = block
-        self.pool.ref_count[block] = 0  # the new head (or, when none is left, the sentinel)
-        return taken
+        return unlink_head(self.pool.ref_count, self._links(), count)
 
     def _links(self) -> array[int]:
         links = self.links

@@ -21,6 +21,7 @@ arrive pass a `Prompt`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from operator import itemgetter
 
@@ -221,7 +222,7 @@ class KVCacheManager(HitQueries):
         if self._tails is not None:  # ALLOC-UNIT-3: the blocks the hit ends inside are copied
             tables, request.sources = self._tails.split(hit, tables)
         # distinct: a block is registered in one group under one key
-        hits = [b for t in tables for b in t if b != NULL_BLOCK]
+        hits = list(filter(None, itertools.chain.from_iterable(tables)))  # NULL_BLOCK is 0
         hits += [b for _, _, b in request.sources]
         # free hit blocks: an entry of 0 or less (1 > entry)
         reviving = sum(map((1).__gt__, map(self.pool.ref_count.__getitem__, hits)))

@@ -7,6 +7,9 @@ negated (kvcert.reference.eviction.FreeQueue), and `links` is that queue's succe
 `hold` then unlinks the blocks it revives in the same pass. Without `links` (the hybrid
 queue, a heap) a free block's entry is 0.
 
+`link` and `unlink_head` are the lru queue's own runs: released blocks joining its tail, an
+allocation taking its head.
+
 These are the definitions; the compiled `_refcounts` (reference/_refcounts.c) does the same
 in one C loop and is used when built (kvcert.reference.native). Every block is checked
 against the array's bounds before any entry changes; a block listed twice is stepped twice;
@@ -79,6 +82,52 @@ def py_set_one(counts: array[int], blocks: Iterable[int]) -> None:
         counts[block] = 1
 
 
+def _checked_ring(counts: array[int], links: array[int]) -> int:
+    """The ring's size, once the arrays are seen to be one per block."""
+    if len(links) != len(counts):
+        raise ValueError(f"links has {len(links)} entries, counts {len(counts)}: one per block")
+    return len(counts)
+
+
+def py_link(counts: array[int], links: array[int], blocks: Iterable[int]) -> None:
+    """The lru queue's tail takes `blocks` (free now, their entries 0), in order: linked as
+    one run before the sentinel (kvcert.reference.eviction.FreeQueue.add)."""
+    size = _checked_ring(counts, links)
+    run = blocks if isinstance(blocks, list | tuple) else list(blocks)
+    for block in run:
+        if not 1 <= block < size:
+            raise IndexError(f"block {block} is outside the pool's blocks (1..{size - 1})")
+    if not run:
+        return
+    last = -counts[0]
+    if not 0 <= last < size:
+        raise ValueError(f"the queue's tail {last} is outside the pool: not kept by one queue")
+    for block in run:
+        links[last] = block
+        counts[block] = -last
+        last = block
+    links[last] = 0
+    counts[0] = -last
+
+
+def py_unlink_head(counts: array[int], links: array[int], count: int) -> list[int]:
+    """The first `count` blocks of the lru queue, unlinked as one run (the caller holds them
+    next); the queue must hold that many (FreeQueue.pop_many)."""
+    size = _checked_ring(counts, links)
+    taken = []
+    block = links[0]
+    for _ in range(count):
+        if not 1 <= block < size:
+            raise ValueError(f"the queue holds fewer than {count} blocks, or is not one queue")
+        taken.append(block)
+        block = links[block]
+    if not 0 <= block < size:
+        raise ValueError(f"block {block} follows the run: not kept by one queue")
+    links[0] = block
+    counts[block] = 0  # the new head's predecessor is the sentinel (or, empty, its own tail)
+    return taken
+
+
 Hold = Callable[["array[int]", Iterable[int], "array[int] | None"], list[int]]
 Step = Callable[["array[int]", Iterable[int]], list[int]]
 _compiled = native("_refcounts")
@@ -86,4 +135,10 @@ hold: Hold = _compiled.hold if _compiled else py_hold
 drop: Step = _compiled.drop if _compiled else py_drop
 set_one: Callable[[array[int], Iterable[int]], None] = (
     _compiled.set_one if _compiled else py_set_one
+)
+link: Callable[[array[int], array[int], Iterable[int]], None] = (
+    _compiled.link if _compiled else py_link
+)
+unlink_head: Callable[[array[int], array[int], int], list[int]] = (
+    _compiled.unlink_head if _compiled else py_unlink_head
 )

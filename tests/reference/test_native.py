@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 # gcc and Python's headers are on every machine kvcert supports; OpenSSL's are not
-ALWAYS = ["_keyindex", "_refcounts"]
+ALWAYS = ["_keyindex", "_refcounts", "_decodelane"]
 OPENSSL_HEADERS = [
     Path(root) / "openssl" / "sha.h"
     for root in ("/usr/include", "/usr/local/include", sysconfig.get_paths()["include"])

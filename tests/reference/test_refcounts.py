@@ -140,9 +140,61 @@ def test_the_counts_must_be_an_int_array():
 def test_the_compiled_steps_are_chosen():
     if native.PURE_PYTHON:
         assert refcounts.hold is refcounts.py_hold
+        assert refcounts.link is refcounts.py_link
     else:
-        assert (refcounts.hold, refcounts.drop, refcounts.set_one) == (
-            compiled.hold,
-            compiled.drop,
-            compiled.set_one,
+        assert (
+            refcounts.hold,
+            refcounts.drop,
+            refcounts.set_one,
+            refcounts.link,
+            refcounts.unlink_head,
+        ) == (compiled.hold, compiled.drop, compiled.set_one, compiled.link, compiled.unlink_head)
+
+
+@settings(max_examples=tiered(300, 5000))
+@given(
+    st.integers(1, 9).flatmap(
+        lambda size: st.tuples(
+            st.just(size),
+            st.permutations(range(1, size)).flatmap(
+                lambda p: st.integers(0, len(p)).map(lambda k: p[:k])
+            ),
+            st.lists(st.integers(-1, size), max_size=8),
+            st.integers(-1, size),
         )
+    )
+)
+def test_the_queue_runs_equal_their_definitions(case):
+    """`link` (released blocks join the tail) and `unlink_head` (an allocation takes the
+    head): the compiled ones equal the definitions (answer, error, counts and links after),
+    and both leave the queue as the lru order says."""
+    size, order, blocks, count = case
+    held = [b for b in range(1, size) if b not in order]
+    joining = list(dict.fromkeys(b for b in blocks if b in held or not 1 <= b < size))
+
+    def run(step, argument):
+        counts, links = ring(list(order), {}, size)
+        for block in joining:  # released: their count reached 0
+            if 1 <= block < size:
+                counts[block] = 0
+        try:
+            answer = ("ok", step(counts, links, argument))
+        except (IndexError, ValueError) as error:
+            answer = ("error", type(error))
+        return answer, counts.tolist(), links.tolist()
+
+    linked = [run(step, joining) for step in (compiled.link, refcounts.py_link)]
+    unlinked = [run(step, count) for step in (compiled.unlink_head, refcounts.py_unlink_head)]
+    assert linked[0] == linked[1]
+    assert unlinked[0] == unlinked[1]
+    answer, counts, links = linked[0]
+    if answer[0] == "ok":
+        assert walk(array("i", counts), array("i", links)) == [*order, *joining]
+    else:
+        assert any(not 1 <= b < size for b in joining)
+    answer, counts, links = unlinked[0]
+    if answer[0] == "ok":
+        assert answer[1] == list(order[: max(count, 0)])
+        assert walk(array("i", counts), array("i", links)) == list(order[max(count, 0) :])
+    else:
+        assert count > len(order)
