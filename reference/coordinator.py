@@ -114,9 +114,10 @@ def find_hit(
             others.append(g)
 
     refusal = _refuser([groups[g] for g in others], [_Presence(served[g], keys[g]) for g in others])
-    found = _first_two((bound // alignment) * alignment, alignment, refusal)
+    drops = config.speculative is DraftKeying.DROP and not ignore_state and limit is None
+    found = _first_accepted((bound // alignment) * alignment, alignment, refusal, 1 + drops)
     hit = found[0] if found else 0
-    if config.speculative is DraftKeying.DROP and not ignore_state and limit is None:
+    if drops:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
     tables: list[MutableSequence[int]] = []
     for g, group in enumerate(groups):
@@ -166,7 +167,7 @@ def longest_single_group(
             refusal = _refuser([group], [_Presence(served[g], keys[g])])
             length = (num_tokens - 1) // step * step
             while length > longest:  # the first accepted length that needs a block
-                found = _first_two(length, step, refusal)
+                found = _first_accepted(length, step, refusal, 1)
                 length = found[0] if found else 0
                 if first_needed(group, length) < length // group.block_size:
                     break
@@ -292,16 +293,19 @@ class _Presence:
         self._low = low
 
 
-def _first_two(top: int, alignment: int, refusal: Callable[[int], int | None]) -> list[int]:
-    """The first two accepted multiples of `alignment` from `top` down (0 is always
-    accepted), skipping the candidates each refusal rules out."""
+def _first_accepted(
+    top: int, alignment: int, refusal: Callable[[int], int | None], count: int
+) -> list[int]:
+    """The first `count` accepted multiples of `alignment` from `top` down (0 is always
+    accepted), skipping the candidates each refusal rules out: two under drop keying, whose
+    hit is the second (HIT-SPEC-2), else one."""
     found: list[int] = []
     length = top
     while length >= 0:
         limit = refusal(length)
         if limit is None:
             found.append(length)
-            if len(found) == 2:
+            if len(found) == count:
                 break
             limit = length - 1
         length = min(length - alignment, limit // alignment * alignment)

@@ -91,7 +91,12 @@ class FreeQueue:
         on); under lru without building a (group, position, block) entry per block."""
         if type(self).release_batches is not FreeQueue.release_batches:  # its own order
             return self.release_batches(groups, held_entries(tables, lows))
-        return [[b for t, low in zip(tables, lows, strict=True) for b in reversed(t[low:]) if b]]
+        held: list[int] = []
+        for table, low in zip(tables, lows, strict=True):
+            run = table[low:]
+            run.reverse()
+            held += run
+        return [list(filter(None, held))]  # the null block is 0
 
     def remove(self, block: int) -> None:
         """A free block leaves the queue (a hit's revived blocks leave it inside `hold`)."""

@@ -162,8 +162,11 @@ class KVCacheManager(HitQueries):
             table = request.tables[g]
             if len(table) <= positions[-1]:
                 table.extend([NULL_BLOCK] * (positions[-1] + 1 - len(table)))
-            for j, block in zip(positions, blocks, strict=True):
-                table[j] = block
+            if type(positions) is range:  # a run: one slice (a prompt's new blocks)
+                table[positions.start : positions.stop] = blocks
+            else:
+                for j, block in zip(positions, blocks, strict=True):
+                    table[j] = block
             request.held_from[g] = min(request.held_from[g], positions[0])
         return tuple(added)
 

@@ -73,15 +73,15 @@ def test_release_in_forward_order(monkeypatch):
 
 def test_drop_applied_twice(monkeypatch):
     """Bug: the speculative drop steps down twice (vLLM 0.16-0.19's double drop)."""
-    original = coordinator._first_two
+    original = coordinator._first_accepted
 
-    def first_three(top, alignment, refusal):
-        found = original(top, alignment, refusal)
-        if len(found) < 2 or found[1] == 0:
+    def one_more(top, alignment, refusal, count):
+        found = original(top, alignment, refusal, count)
+        if count < 2 or len(found) < 2 or found[1] == 0:
             return found
-        return found[1:] + original(found[1] - alignment, alignment, refusal)[:1]
+        return found[1:] + original(found[1] - alignment, alignment, refusal, 1)
 
-    monkeypatch.setattr(coordinator, "_first_two", first_three)
+    monkeypatch.setattr(coordinator, "_first_accepted", one_more)
     must_fail()
 
 
