@@ -28,7 +28,7 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published;
 
 /* Attributes of the objects the lane reads (Request, Chain, BlockPool: classes with
  * __slots__) go through their member descriptors, as attribute access does once it has
@@ -97,6 +97,23 @@ lane_get_ll(PyObject *obj, PyObject *name, long long *value)
         return 0;
     }
     return !(*value == -1 && PyErr_Occurred());
+}
+
+/* A bound: its value, or LLONG_MAX for TOKEN_LIMIT (none); 0 on error. */
+int
+lane_get_bound(PyObject *obj, PyObject *name, long long *value)
+{
+    PyObject *attr = lane_get(obj, name);
+    if (attr == NULL) {
+        return 0;
+    }
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(attr, &overflow);
+    Py_DECREF(attr);
+    if (overflow > 0) {
+        *value = LLONG_MAX;
+    }
+    return !(overflow < 0 || (*value == -1 && PyErr_Occurred()));
 }
 
 int
@@ -263,6 +280,9 @@ static PyMethodDef Lane_methods[] = {
      "current) -> the Scheduled of a decode step, with the request's tables, bounds, the "
      "pool and the chunks in flight moved as KVCacheManager.extend's general path moves "
      "them; None (nothing changed) when the general path must answer"},
+    {"end_chunks", (PyCFunction)(void (*)(void))Lane_end_chunks, METH_FASTCALL,
+     "end_chunks(ending, requests) -> [(rid, request, before)] of the ended chunks that may "
+     "commit a block; every ended chunk's tokens now count as computed"},
     {"register", (PyCFunction)(void (*)(void))Lane_register, METH_FASTCALL,
      "register(request, before) -> how many blocks the step ending now completed and "
      "registered, as commit.Registrar.register does; None (nothing done) when the general "
@@ -306,7 +326,7 @@ PyInit__decodelane(void)
         {&s_registered, "registered"}, {&s_commit_at, "commit_at"}, {&s_size, "size"},
         {&s_digests, "digests"}, {&s_stream, "_stream"}, {&s_fed, "_fed"},
         {&s_state, "_state"}, {&s_records, "_records"}, {&s_boundaries, "boundaries"},
-        {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"},
+        {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"}, {&s_published, "published"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

@@ -2,6 +2,7 @@
 # general path of KVCacheManager.extend and commit.Registrar.register define them
 # (kvcert.reference.decode_lane).
 from array import array
+from typing import Any
 
 from kvcert.reference.requests import Scheduled
 
@@ -41,3 +42,6 @@ class DecodeLane:
         /,
     ) -> Scheduled | None: ...
     def register(self, request: object, before: int, /) -> int | None: ...
+    def end_chunks(
+        self, ending: list[str], requests: dict[str, Any], /
+    ) -> list[tuple[str, Any, int]]: ...

@@ -56,9 +56,15 @@ extend_chain(PyObject *chain, PyObject *tokens, const long long *ids, Py_ssize_t
             Py_SETREF(stream, PyBytes_FromStringAndSize(fresh, length));
         } else {
             if (replaced) { /* shared until it grows: a copy of its own, grown at once */
-                PyObject *own = PyByteArray_FromStringAndSize(NULL, have + length);
+                /* made an eighth larger, then cut to its length: the allocation stays, so
+                 * the next blocks' tokens join it without copying the stream again */
+                Py_ssize_t room = (have + length) + (have + length) / 8;
+                PyObject *own = PyByteArray_FromStringAndSize(NULL, room);
                 if (own != NULL) {
                     memcpy(PyByteArray_AS_STRING(own), PyBytes_AS_STRING(stream), (size_t)have);
+                    if (PyByteArray_Resize(own, have + length) < 0) {
+                        Py_CLEAR(own);
+                    }
                 }
                 Py_SETREF(stream, own);
             } else if (PyByteArray_Resize(stream, have + length) < 0) {
@@ -260,3 +266,46 @@ done:
     return result;
 }
 
+
+/* end_chunks(ending, requests) -> [(rid, request, before)]: each ending chunk's tokens now
+ * count as computed (`before`: the count they started from), and the requests whose
+ * computed count reached their commit_at are listed, in `ending`'s order (the loop of
+ * KVCacheManager.end_step; a rid no longer running is skipped). */
+PyObject *
+Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "end_chunks(ending: list, requests: dict)");
+        return NULL;
+    }
+    PyObject *ending = args[0], *requests = args[1];
+    PyObject *committing = PyList_New(0);
+    for (Py_ssize_t k = 0; committing != NULL && k < PyList_GET_SIZE(ending); k++) {
+        PyObject *rid = PyList_GET_ITEM(ending, k);
+        PyObject *request = PyDict_GetItemWithError(requests, rid);
+        if (request == NULL) {
+            if (PyErr_Occurred()) {
+                Py_CLEAR(committing);
+            }
+            continue;
+        }
+        long long computed, scheduled, commit_at;
+        if (!lane_get_ll(request, s_computed, &computed) ||
+            !lane_get_ll(request, s_scheduled, &scheduled) ||
+            !lane_get_bound(request, s_commit_at, &commit_at) ||
+            !lane_set_ll(request, s_computed, computed + scheduled) ||
+            !lane_set_ll(request, s_scheduled, 0) ||
+            lane_set(request, s_published, Py_None) < 0) {
+            Py_CLEAR(committing);
+            break;
+        }
+        if (computed + scheduled >= commit_at) {
+            PyObject *entry = Py_BuildValue("(OOL)", rid, request, computed);
+            if (entry == NULL || PyList_Append(committing, entry) < 0) {
+                Py_CLEAR(committing);
+            }
+            Py_XDECREF(entry);
+        }
+    }
+    return committing;
+}

@@ -517,24 +517,6 @@ make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks)
     return made;
 }
 
-/* An attribute bounding a quiet step: its value, or LLONG_MAX for TOKEN_LIMIT (no bound);
- * 0 on error. */
-static int
-get_bound(PyObject *obj, PyObject *name, long long *value)
-{
-    PyObject *attr = lane_get(obj, name);
-    if (attr == NULL) {
-        return 0;
-    }
-    int overflow = 0;
-    *value = PyLong_AsLongLongAndOverflow(attr, &overflow);
-    Py_DECREF(attr);
-    if (overflow > 0) {
-        *value = LLONG_MAX;
-    }
-    return !(overflow < 0 || (*value == -1 && PyErr_Occurred()));
-}
-
 /* Whether the decode step [computed, end) holding slots up to end + lookahead changes no
  * table: within the request's quiet bounds (TablePlanner.plan_quiet, ALLOC-SPEC-1). -1 on
  * error. */
@@ -542,11 +524,11 @@ static int
 is_quiet(PyObject *request, long long end, long long lookahead)
 {
     long long quiet_end, pipelined, quiet_state, floor, slots;
-    if (!get_bound(request, s_quiet_end, &quiet_end) ||
-        !get_bound(request, s_pipelined, &pipelined) ||
-        !get_bound(request, s_quiet_state, &quiet_state) ||
-        !get_bound(request, s_quiet_slots_floor, &floor) ||
-        !get_bound(request, s_quiet_slots, &slots)) {
+    if (!lane_get_bound(request, s_quiet_end, &quiet_end) ||
+        !lane_get_bound(request, s_pipelined, &pipelined) ||
+        !lane_get_bound(request, s_quiet_state, &quiet_state) ||
+        !lane_get_bound(request, s_quiet_slots_floor, &floor) ||
+        !lane_get_bound(request, s_quiet_slots, &slots)) {
         return -1;
     }
     if (end > quiet_end || pipelined > quiet_state) {

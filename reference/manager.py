@@ -44,7 +44,7 @@ from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
-from kvcert.reference.tables import Released, TablePlanner, held_from
+from kvcert.reference.tables import Released, TablePlanner, held_from, wanted_count
 from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
@@ -145,7 +145,7 @@ class KVCacheManager(HitQueries):
     ) -> tuple[tuple[int, ...], ...]:
         """Give every wanted position a new block, then each keyed state block `kept` one to
         be copied out into (ALLOC-UNIT-4); returns the new blocks per group."""
-        count = sum(map(len, wanted))
+        count = wanted_count(wanted)
         if not count + len(kept):
             return self._no_blocks
         fresh = self.pool.allocate(count + len(kept))
@@ -246,7 +246,7 @@ class KVCacheManager(HitQueries):
         request.held_from = [held_from(t) for t in tables]
         _, wanted = self._planner.changes(request)  # a lookup table holds nothing to release
         wanted = with_targets(wanted, request.sources)
-        count = sum(map(len, wanted))
+        count = wanted_count(wanted)
         if fit_tokens is not None:
             whole = self._planner.to_hold(request, fit_tokens) + fit_keep_free
             if whole > self.pool.num_free - reviving:
@@ -362,7 +362,7 @@ class KVCacheManager(HitQueries):
         before = (request.lookahead, request.pipelined)
         request.lookahead, request.pipelined = lookahead, pipelined
         released, wanted = self._planner.changes(request)
-        count = sum(map(len, wanted))
+        count = wanted_count(wanted)
         if count > self.pool.num_free + self._freed_by(released):
             held = self._held_after(request, released, count)
             request.lookahead, request.pipelined = before
@@ -508,7 +508,7 @@ class KVCacheManager(HitQueries):
                 request.checkpoints = [*request.checkpoints, checkpoint]
         released, wanted = self._planner.changes(request)  # written positions are never released
         kept = self._tails.keep(request) if self._tails is not None else []  # ALLOC-UNIT-4
-        count = sum(map(len, wanted)) + len(kept)
+        count = wanted_count(wanted) + len(kept)
         freed = self._freed_by(released)
         if count > self.pool.num_free + freed:
             held = self._held_after(request, released, count)
@@ -590,23 +590,16 @@ class KVCacheManager(HitQueries):
         many blocks became hittable since the last call (same-pass publications included)."""
         self._check_step(step)
         registered, self._published_in_step = self._published_in_step, 0
-        committing = []
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}
         else:
             ending = [rid for rid, s in self._in_flight.items() if s <= step]
             for rid in ending:
                 del self._in_flight[rid]
-        for rid in ending:
-            request = self._requests.get(rid)
-            if request is None:
-                continue
-            before = request.computed
-            request.computed += request.scheduled
-            request.scheduled = 0
-            request.published = None
-            if request.computed >= request.commit_at or self._tails is not None:  # else none
-                committing.append((rid, request, before))
+        if self._lane is not None:  # _end_chunks, compiled (decode_lane)
+            committing = self._lane.end_chunks(ending, self._requests)
+        else:
+            committing = self._end_chunks(ending)
         committing.sort(key=itemgetter(0))
         if self._tails is not None:  # ALLOC-UNIT-4: kept checkpoints take their tail keys
             self._give_back(self._tails.move_kept(r for _, r, _ in committing))
@@ -621,6 +614,22 @@ class KVCacheManager(HitQueries):
         if self._tails is not None and self._tails.flying:  # what is still in flight
             self._tails.land(self.pool, [self._requests[r] for r in self._in_flight])
         return registered
+
+    def _end_chunks(self, ending: list[str]) -> list[tuple[str, Request, int]]:
+        """The ending chunks' tokens count as computed; (rid, request, computed before) of
+        the requests that may commit a block now (all of them under `unit U`)."""
+        committing = []
+        for rid in ending:
+            request = self._requests.get(rid)
+            if request is None:
+                continue
+            before = request.computed
+            request.computed += request.scheduled
+            request.scheduled = 0
+            request.published = None
+            if request.computed >= request.commit_at or self._tails is not None:  # else none
+                committing.append((rid, request, before))
+        return committing
 
     def _register(self, rid: str, request: Request, before: int) -> int:
         """Register what `request`'s step completed (commit.Registrar.register), compiled

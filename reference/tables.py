@@ -40,6 +40,11 @@ class Positions(Sequence[int]):
     def __len__(self) -> int:
         return len(self._scattered) + len(self._run)
 
+    @property
+    def size(self) -> int:
+        """len(), also past sys.maxsize (where len() of a range raises OverflowError)."""
+        return len(self._scattered) + size(self._run)
+
     def __getitem__(self, index: int) -> int:  # type: ignore[override]
         count = len(self)
         if not -count <= index < count:
@@ -51,6 +56,21 @@ class Positions(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         yield from self._scattered
         yield from self._run
+
+
+def size(positions: Sequence[int]) -> int:
+    """How many positions, counted without listing them, also past sys.maxsize: a lookahead
+    of 10**30 tokens asks for that many over 16 positions, and is answered Waiting."""
+    if type(positions) is range:  # step 1, as `changes` makes them
+        return max(0, positions.stop - positions.start)
+    if type(positions) is Positions:
+        return positions.size
+    return len(positions)
+
+
+def wanted_count(wanted: Sequence[Sequence[int]]) -> int:
+    """The new blocks `changes`' wanted positions take, every group together."""
+    return sum(map(size, wanted))
 
 
 def held_from(table: list[int]) -> int:
@@ -161,7 +181,7 @@ class TablePlanner:
         request.scheduled = max(0, min(tokens, len(request.tokens)) - request.computed)
         request.lookahead = max(0, tokens - request.computed - request.scheduled)
         try:
-            return sum(map(len, self.changes(request)[1]))
+            return wanted_count(self.changes(request)[1])
         finally:
             request.scheduled, request.lookahead = before
 

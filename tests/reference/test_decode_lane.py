@@ -61,6 +61,9 @@ class Counted:
             SERVED["lane"] += 1
         return answer
 
+    def end_chunks(self, *args: Any) -> Any:
+        return self.lane.end_chunks(*args)
+
     def register(self, *args: Any) -> Any:
         registered = self.lane.register(*args)
         SERVED["registered"] += registered or 0

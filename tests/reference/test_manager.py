@@ -78,6 +78,24 @@ def test_waiting_changes_nothing():
     assert m.stats() == before
 
 
+def test_slots_past_sys_maxsize_are_waiting_not_an_overflow():
+    """A lookahead or a reserve of 10**30 tokens is counted, not listed (len() of a range
+    that long raises OverflowError): the answer is Waiting, never fit, and nothing moves."""
+    manager = KVCacheManager(CacheConfig((GroupConfig(Kind.FULL, 4),), 16))
+    manager.admit("a", [1, 2, 3], 3)
+    answer = manager.reserve("a", 10**30)
+    assert isinstance(answer, Waiting)
+    assert answer.needed == 10**30 // 4 - 1
+    assert "can never fit" in answer.never
+    manager.end_step()
+    before = manager.block_tables("a")
+    answer = manager.extend("a", 1, [5], 10**30)
+    assert isinstance(answer, Waiting)
+    assert answer.needed == 10**30 // 4
+    assert manager.block_tables("a") == before
+    assert manager.blocks_to_reach("a", 10**30) == 10**30 // 4 - 1
+
+
 def test_stats_count_hits():
     m = manager()
     m.admit("a", PROMPT, 128)
