@@ -193,6 +193,30 @@ set_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* How many listed blocks no one holds (entry 0 or less), each listing counted. */
+static PyObject *
+count_free(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    PyObject *run;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "count_free(counts, blocks) takes 2 arguments");
+        return NULL;
+    }
+    if (!open_run(args, "count_free", &view, &run, 0)) {
+        return NULL;
+    }
+    const int *counts = view.buf;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(run), free = 0;
+    PyObject **items = PySequence_Fast_ITEMS(run);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        free += counts[PyLong_AsSsize_t(items[k])] <= 0;
+    }
+    Py_DECREF(run);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(free);
+}
+
 /* The counts and links buffers of the lru ring, one entry per block each; 0 on error. */
 static int
 open_ring(PyObject *const *args, Py_buffer *counts, Py_buffer *links, Py_ssize_t *size)
@@ -330,6 +354,8 @@ static PyMethodDef methods[] = {
      "drop(counts, blocks) -> the blocks whose count reached 0, in order; counts -= 1"},
     {"set_one", (PyCFunction)(void (*)(void))set_one, METH_FASTCALL,
      "set_one(counts, blocks): each listed block's count becomes 1"},
+    {"count_free", (PyCFunction)(void (*)(void))count_free, METH_FASTCALL,
+     "count_free(counts, blocks) -> how many listed blocks have an entry of 0 or less"},
     {"link", (PyCFunction)(void (*)(void))link_run, METH_FASTCALL,
      "link(counts, links, blocks): the lru queue's tail takes the blocks, in order"},
     {"unlink_head", (PyCFunction)(void (*)(void))unlink_head, METH_FASTCALL,

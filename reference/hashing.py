@@ -378,15 +378,19 @@ class DigestMemo:
         size, lookahead, stream = chain.size, chain.lookahead, chain._stream
         theirs = memoryview(entry.stream)
 
-        def shared(r: int) -> bool:
-            return stream.startswith(theirs[: 8 * (r * size + lookahead)])
+        def shared(low: int, r: int) -> bool:
+            """Whether the streams agree up to boundary r, given that they do up to `low`
+            (only the bytes between are compared)."""
+            start, end = 8 * (low * size + lookahead), 8 * (r * size + lookahead)
+            return stream.startswith(theirs[start:end], start)
 
-        low, high = 0, min(count, len(entry.digests))  # shared(low) holds; find the largest
-        if shared(high):
+        # the family fixes the first block's tokens, so boundary 0 is shared: find the last
+        low, high = 0, min(count, len(entry.digests))
+        if shared(0, high):
             low = high
         while high - low > 1:
             middle = (low + high) // 2
-            if shared(middle):
+            if shared(low, middle):
                 low = middle
             else:
                 high = middle

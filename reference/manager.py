@@ -43,6 +43,7 @@ from kvcert.reference.hit_queries import HitQueries
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
 from kvcert.reference.lookup import ChunksInFlight, Keying
+from kvcert.reference.refcounts import count_free
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from, wanted_count
 from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
@@ -227,8 +228,8 @@ class KVCacheManager(HitQueries):
         # distinct: a block is registered in one group under one key
         hits = list(filter(None, itertools.chain.from_iterable(tables)))  # NULL_BLOCK is 0
         hits += [b for _, _, b in request.sources]
-        # free hit blocks: an entry of 0 or less (1 > entry)
-        reviving = sum(map((1).__gt__, map(self.pool.ref_count.__getitem__, hits)))
+        # free hit blocks (an entry of 0 or less) count against the capacity
+        reviving = count_free(self.pool.ref_count, hits)
         if self._junctions:
             request.junction = self._junction(prompt, hit)
         request.computed = hit

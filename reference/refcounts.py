@@ -82,6 +82,13 @@ def py_set_one(counts: array[int], blocks: Iterable[int]) -> None:
         counts[block] = 1
 
 
+def py_count_free(counts: array[int], blocks: Iterable[int]) -> int:
+    """How many listed blocks no one holds (entry 0 or less): an admission's free hit blocks,
+    which count against the pool's capacity (ALLOC-TWO-PHASE-1)."""
+    blocks = _checked(counts, blocks)
+    return sum(1 for block in blocks if counts[block] <= 0)
+
+
 def _checked_ring(counts: array[int], links: array[int]) -> int:
     """The ring's size, once the arrays are seen to be one per block."""
     if len(links) != len(counts):
@@ -135,6 +142,9 @@ hold: Hold = _compiled.hold if _compiled else py_hold
 drop: Step = _compiled.drop if _compiled else py_drop
 set_one: Callable[[array[int], Iterable[int]], None] = (
     _compiled.set_one if _compiled else py_set_one
+)
+count_free: Callable[[array[int], Iterable[int]], int] = (
+    _compiled.count_free if _compiled else py_count_free
 )
 link: Callable[[array[int], array[int], Iterable[int]], None] = (
     _compiled.link if _compiled else py_link

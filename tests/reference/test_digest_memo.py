@@ -59,6 +59,22 @@ def test_memoized_digests_equal_recomputed_ones(size, lookahead, extras, budget,
         assert memo._used <= budget
 
 
+@settings(max_examples=tiered(40, 400), deadline=None)
+@given(size=st.integers(1, 4), lookahead=st.integers(0, 1), length=st.integers(2, 70))
+def test_one_changed_token_anywhere_is_seen(size, lookahead, length):
+    """A prompt differing from the remembered one in a single token, at every position past
+    the first block (which names the family), gets its own digests: the search for the shared
+    part compares every byte it relies on, whichever span the difference falls in."""
+    base = list(range(length))
+    for position in range(size + lookahead, length):
+        memo = DigestMemo(1 << 20)
+        digests(base, size, lookahead, (), memo)
+        changed = [*base[:position], 10**6, *base[position + 1 :]]
+        assert digests(changed, size, lookahead, (), memo) == digests(
+            changed, size, lookahead, ()
+        )
+
+
 def test_a_shared_prefix_is_reused_not_rehashed():
     """The second prompt's digests over the shared whole blocks are the first's objects; past
     the divergence they are its own, and equal to a fresh chain's."""

@@ -16,6 +16,7 @@ STEPS = [
     (compiled.hold, refcounts.py_hold),
     (compiled.drop, refcounts.py_drop),
     (compiled.set_one, refcounts.py_set_one),
+    (compiled.count_free, refcounts.py_count_free),
 ]
 
 
