@@ -70,9 +70,7 @@ def test_one_changed_token_anywhere_is_seen(size, lookahead, length):
         memo = DigestMemo(1 << 20)
         digests(base, size, lookahead, (), memo)
         changed = [*base[:position], 10**6, *base[position + 1 :]]
-        assert digests(changed, size, lookahead, (), memo) == digests(
-            changed, size, lookahead, ()
-        )
+        assert digests(changed, size, lookahead, (), memo) == digests(changed, size, lookahead, ())
 
 
 def test_a_shared_prefix_is_reused_not_rehashed():
