@@ -276,7 +276,7 @@ Lane_dealloc(Lane *lane)
 
 static PyMethodDef Lane_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Lane_extend, METH_FASTCALL,
-     "extend(request, rid, budget, appended, lookahead, step, checkpoint, in_flight, "
+     "extend(requests, rid, budget, appended, lookahead, step, checkpoint, in_flight, "
      "current) -> the Scheduled of a decode step, with the request's tables, bounds, the "
      "pool and the chunks in flight moved as KVCacheManager.extend's general path moves "
      "them; None (nothing changed) when the general path must answer"},

@@ -30,8 +30,8 @@ class DecodeLane:
     ) -> None: ...
     def extend(
         self,
-        request: object,
-        rid: str,
+        requests: dict[str, Any],
+        rid: object,
         budget: object,
         appended: object,
         lookahead: object,

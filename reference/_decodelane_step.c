@@ -561,20 +561,27 @@ quiet_answer(Lane *lane, Py_ssize_t count)
     return answer;
 }
 
-/* extend(request, rid, budget, appended, lookahead, step, checkpoint, in_flight, current)
- * -> KVCacheManager.extend's answer for a decode step (sampled tokens after every known
+/* extend(requests, rid, budget, appended, lookahead, step, checkpoint, in_flight, current)
+ * -> KVCacheManager.extend's answer for a decode step of running request `rid` (sampled tokens after every known
  * one, nothing in flight, no checkpoint): the quiet step that only appends them, or the
  * step that changes tables; the chunk launched in `step` (None: `current`, the step being
  * scheduled). None when the general path must answer (nothing changed then). */
 PyObject *
 Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 || !PyDict_CheckExact(args[7]) || !PyLong_CheckExact(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "extend(request, rid, budget, appended, lookahead, "
-                                         "step, checkpoint, in_flight: dict, current: int)");
+    if (nargs != 9 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[7]) ||
+        !PyLong_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "extend(requests: dict, rid, budget, appended, "
+                                         "lookahead, step, checkpoint, in_flight: dict, "
+                                         "current: int)");
         return NULL;
     }
-    PyObject *request = args[0], *rid = args[1], *appended = args[3], *ahead = args[4];
+    PyObject *rid = args[1], *appended = args[3], *ahead = args[4];
+    PyObject *request = PyUnicode_CheckExact(rid) ? PyDict_GetItemWithError(args[0], rid) : NULL;
+    if (request == NULL) { /* not running (or not a str): the general path says so */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     PyObject *step = args[5], *in_flight = args[7];
     int checkpoint = PyObject_IsTrue(args[6]);
     if (checkpoint != 0) { /* a checkpoint, or an argument that cannot say: general path */

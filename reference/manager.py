@@ -414,25 +414,21 @@ class KVCacheManager(HitQueries):
         an engine scheduled while the request's previous one ran; see `reserve`).
         `checkpoint`: a block boundary inside the chunk whose state the engine's kernel
         saves in passing (CKPT-INNER-1), or 0."""
-        request = self._requests.get(rid) if type(rid) is str else None
-        if (
-            request is not None
-            and self._lane is not None  # a decode step, compiled (decode_lane)
-            and (
-                done := self._lane.extend(
-                    request,
-                    rid,
-                    budget,
-                    appended,
-                    lookahead,
-                    step,
-                    checkpoint,
-                    self._in_flight,
-                    self._step,
-                )
+        if self._lane is not None and (  # a decode step, compiled (decode_lane)
+            done := self._lane.extend(
+                self._requests,
+                rid,
+                budget,
+                appended,
+                lookahead,
+                step,
+                checkpoint,
+                self._in_flight,
+                self._step,
             )
         ):
             return done
+        request = self._requests.get(rid) if type(rid) is str else None
         if (
             request is not None  # the decode fast path: sampled tokens that change no table
             and (computed := request.computed) == len(request.tokens)  # nothing in flight
