@@ -388,13 +388,24 @@ def table_floor(tables: Any) -> tuple[float, str]:
 
 
 class NullManager:
-    """The manager calls of a stream or a decode, answered with constants: their floor."""
+    """The manager calls of a stream or a decode, answered with constants: their floor (one
+    answer per budget, made once: building a Scheduled per call would cost more than the
+    reference's quiet decode step, which returns a shared one)."""
+
+    def __init__(self) -> None:
+        self._answers: dict[int, Scheduled] = {}
+
+    def _answer(self, budget: int) -> Scheduled:
+        answer = self._answers.get(budget)
+        if answer is None:
+            answer = self._answers[budget] = Scheduled(0, budget, ())
+        return answer
 
     def admit(self, rid: str, tokens: list[int], budget: int) -> Scheduled:
-        return Scheduled(0, budget, ())
+        return self._answer(budget)
 
     def extend(self, rid: str, budget: int, appended: list[int]) -> Scheduled:
-        return Scheduled(0, budget, ())
+        return self._answer(budget)
 
     def end_step(self) -> None:
         return None
