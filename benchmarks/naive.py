@@ -8,6 +8,7 @@ reference manager's bookkeeping, so both compute the same answers (the benchmark
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 
 from kvcert.reference.block_pool import NULL_BLOCK, Key
@@ -28,7 +29,7 @@ class ListBlockPool:
 
     def __init__(self, num_blocks: int, num_groups: int, order: FreeQueue) -> None:
         self.num_blocks = num_blocks
-        self.ref_count = [0] * num_blocks
+        self.ref_count = array("i", [0]) * num_blocks  # as BlockPool's: the manager reads it
         self.free = list(range(1, num_blocks))
         self.keys: list[tuple[int, bytes] | None] = [None] * num_blocks
         self.holders: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
