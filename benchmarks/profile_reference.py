@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/profile_reference.py
 
 Where the reference's time goes, function by function: the allocate/commit/free stream
-(per-call Python overhead in extend/_changes/end_step) and the 128k-token DeepSeek-V4-Flash
-hash + lookup (one SHA-256 update and digest per 4-token block of the finest group).
+(per-call Python overhead, mostly admissions' now that decode steps run compiled) and the
+128k-token DeepSeek-V4-Flash hash + lookup (one SHA-256 update and digest per 4-token block
+of the finest group).
 """
 
 from __future__ import annotations

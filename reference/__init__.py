@@ -8,6 +8,7 @@
     commit       registration and events     coordinator  the hybrid hit search
     groups       per-kind position arithmetic
     block_pool   reference counts, keys, liveness (keyindex, refcounts: C with a Python twin)
+    decode_lane  which managers take decode steps in C (their Python path is the twin)
     eviction     one free queue per profile  hashing      collision-resistant block digests
     planner      page planning               scheduling   prefill chunking and placement
     rules        which function implements each rule of kvcert.spec
