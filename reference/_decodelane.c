@@ -81,9 +81,10 @@ lane_set(PyObject *obj, PyObject *name, PyObject *value)
                   : PyObject_SetAttr(obj, name, value);
 }
 
-/* An attribute of `obj` as a C integer; 0 on error (an int outside long long included). */
-int
-lane_get_ll(PyObject *obj, PyObject *name, long long *value)
+/* An attribute of `obj` as a C integer; 0 on error. Past a long long it is an error, or with
+ * `saturate` (a bound, where TOKEN_LIMIT means none) LLONG_MAX. */
+static int
+read_ll(PyObject *obj, PyObject *name, long long *value, int saturate)
 {
     PyObject *attr = lane_get(obj, name);
     if (attr == NULL) {
@@ -92,28 +93,25 @@ lane_get_ll(PyObject *obj, PyObject *name, long long *value)
     int overflow = 0;
     *value = PyLong_AsLongLongAndOverflow(attr, &overflow);
     Py_DECREF(attr);
-    if (overflow) {
+    if (overflow > 0 && saturate) {
+        *value = LLONG_MAX;
+    } else if (overflow) {
         PyErr_SetString(PyExc_OverflowError, "a request counter is outside 64 bits");
         return 0;
     }
     return !(*value == -1 && PyErr_Occurred());
 }
 
-/* A bound: its value, or LLONG_MAX for TOKEN_LIMIT (none); 0 on error. */
+int
+lane_get_ll(PyObject *obj, PyObject *name, long long *value)
+{
+    return read_ll(obj, name, value, 0);
+}
+
 int
 lane_get_bound(PyObject *obj, PyObject *name, long long *value)
 {
-    PyObject *attr = lane_get(obj, name);
-    if (attr == NULL) {
-        return 0;
-    }
-    int overflow = 0;
-    *value = PyLong_AsLongLongAndOverflow(attr, &overflow);
-    Py_DECREF(attr);
-    if (overflow > 0) {
-        *value = LLONG_MAX;
-    }
-    return !(overflow < 0 || (*value == -1 && PyErr_Occurred()));
+    return read_ll(obj, name, value, 1);
 }
 
 int

@@ -270,7 +270,7 @@ open_ints(PyObject *array, Py_buffer *view)
  * known to fit, but for memory. */
 static PyObject *
 apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, int *counts,
-           int *links, long long *num_free, PyObject **taken_out)
+           int *links, Py_ssize_t pool_size, long long *num_free, PyObject **taken_out)
 {
     /* release: null the entries, move each touched group's first held position, drop */
     PyObject *zero = PyLong_FromLong(0);
@@ -319,6 +319,13 @@ apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, 
     }
     if (freed) {
         int last = -counts[0];
+        if (last < 0 || last >= pool_size) {
+            PyErr_Format(PyExc_ValueError, "the free queue's tail is block %d: its links were "
+                                           "not kept by one queue", last);
+            PyMem_Free(to_free);
+            Py_DECREF(zero);
+            return NULL;
+        }
         for (Py_ssize_t k = 0; k < freed; k++) {
             int block = to_free[k];
             links[last] = block;
@@ -340,6 +347,12 @@ apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, 
     if (plan->wanted) {
         int block = links[0];
         for (Py_ssize_t k = 0; k < plan->wanted; k++) {
+            if (block < 1 || block >= pool_size) { /* refused, not followed */
+                PyErr_Format(PyExc_ValueError, "the free queue reaches block %d: its links "
+                                               "were not kept by one queue", block);
+                Py_DECREF(zero);
+                return NULL;
+            }
             PyObject *number = PyLong_FromLong(block);
             if (number == NULL) {
                 Py_DECREF(zero);
@@ -347,6 +360,12 @@ apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, 
             }
             PyList_SET_ITEM(taken, k, number);
             block = links[block];
+        }
+        if (block < 0 || block >= pool_size) {
+            PyErr_Format(PyExc_ValueError, "the free queue reaches block %d: its links were "
+                                           "not kept by one queue", block);
+            Py_DECREF(zero);
+            return NULL;
         }
         links[0] = block;
         counts[block] = 0; /* the new head (or, when none is left, the sentinel) */
@@ -441,16 +460,25 @@ advance(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_
         goto done;
     }
     links_open = 1;
-    Py_ssize_t freed = freed_by(lane, &plan, counts_view.buf);
-    if (freed < 0) {
+    Py_ssize_t pool_size = counts_view.len / (Py_ssize_t)sizeof(int);
+    if (links_view.len != counts_view.len) {
+        PyErr_SetString(PyExc_ValueError, "the pool's counts and links differ in length");
         goto done;
     }
+    for (Py_ssize_t k = 0; k < plan.released; k++) { /* before anything changes */
+        if (lane->released[3 * k + 2] >= pool_size) {
+            PyErr_Format(PyExc_ValueError, "a table holds block %lld, outside the pool",
+                         lane->released[3 * k + 2]);
+            goto done;
+        }
+    }
+    Py_ssize_t freed = freed_by(lane, &plan, counts_view.buf);
     if (plan.wanted > num_free + freed) {
         result = Py_NewRef(Py_None); /* Waiting: the general path says how much is missing */
         goto done;
     }
     PyObject *added = apply_plan(lane, tables, held_from, &plan, counts_view.buf,
-                                 links_view.buf, &num_free, &taken);
+                                 links_view.buf, pool_size, &num_free, &taken);
     if (added == NULL) {
         goto done;
     }

@@ -59,8 +59,8 @@ class Positions(Sequence[int]):
 
 
 def size(positions: Sequence[int]) -> int:
-    """How many positions, counted without listing them, also past sys.maxsize: a lookahead
-    of 10**30 tokens asks for that many over 16 positions, and is answered Waiting."""
+    """How many positions, counted without listing them, also past sys.maxsize (a lookahead
+    of 10**30 tokens wants 10**30 // 16 positions of a 16-token group: answered Waiting)."""
     if type(positions) is range:  # step 1, as `changes` makes them
         return max(0, positions.stop - positions.start)
     if type(positions) is Positions:

@@ -261,3 +261,17 @@ def test_a_malformed_lane_is_refused_with_a_clear_error():
             no_blocks=((),),
             token_limit=2**63,
         )
+
+
+def test_a_table_naming_a_block_outside_the_pool_is_refused_not_followed():
+    """The lane reads block ids from the request's tables and writes the pool's arrays at
+    them: an id no pool holds (a corrupted table) raises instead of writing past them."""
+    config = CacheConfig(
+        (GroupConfig(Kind.FULL, 4), GroupConfig(Kind.SLIDING_WINDOW, 4, window=4)), 32
+    )
+    manager = with_lane(config)
+    manager.admit("a", list(range(12)), 12)
+    manager.end_step()
+    manager._requests["a"].tables[1][0] = 10**6  # a position the next step releases
+    with pytest.raises(ValueError, match="outside the pool"):
+        manager.extend("a", 1, [5])

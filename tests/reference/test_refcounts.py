@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -68,19 +69,23 @@ def walk(counts: array, links: array) -> list[int]:
     return order
 
 
-@settings(max_examples=tiered(300, 5000))
-@given(
-    st.integers(1, 9).flatmap(
+def rings(extra: Any) -> st.SearchStrategy[tuple[Any, ...]]:
+    """(size, the free queue's order, blocks in or just outside 1..size - 1, and `extra`
+    drawn for that size)."""
+    return st.integers(1, 9).flatmap(
         lambda size: st.tuples(
             st.just(size),
             st.permutations(range(1, size)).flatmap(
                 lambda p: st.integers(0, len(p)).map(lambda k: p[:k])
             ),
             st.lists(st.integers(-1, size), max_size=12),
-            st.sampled_from([list, tuple, iter]),
+            extra(size),
         )
     )
-)
+
+
+@settings(max_examples=tiered(300, 5000))
+@given(rings(lambda size: st.sampled_from([list, tuple, iter])))
 def test_holding_unlinks_the_revived_blocks_from_the_queue(case):
     """With the lru queue's links, the compiled hold equals the definition (answer, error,
     counts and links after), and both leave the queue as it was minus the revived blocks, in
@@ -153,18 +158,7 @@ def test_the_compiled_steps_are_chosen():
 
 
 @settings(max_examples=tiered(300, 5000))
-@given(
-    st.integers(1, 9).flatmap(
-        lambda size: st.tuples(
-            st.just(size),
-            st.permutations(range(1, size)).flatmap(
-                lambda p: st.integers(0, len(p)).map(lambda k: p[:k])
-            ),
-            st.lists(st.integers(-1, size), max_size=8),
-            st.integers(-1, size),
-        )
-    )
-)
+@given(rings(lambda size: st.integers(-1, size)))
 def test_the_queue_runs_equal_their_definitions(case):
     """`link` (released blocks join the tail) and `unlink_head` (an allocation takes the
     head): the compiled ones equal the definitions (answer, error, counts and links after),
