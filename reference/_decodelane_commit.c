@@ -4,7 +4,8 @@
 /* Digest every boundary of `chain` whose tokens all exist (hashing.Chain.extend without a
  * memo): the tokens it has not encoded yet join its stream, then one boundaries call of its
  * compiled SHA-256 state. A chain carrying positioned extras (records fed mid-stream) takes
- * its own Python method. 0 on error. */
+ * its own Python method, as does every chain on a big-endian machine (the stream is
+ * little-endian, the request's array native). 0 on error. */
 static int
 extend_chain(PyObject *chain, PyObject *tokens, const long long *ids, Py_ssize_t n)
 {
@@ -12,7 +13,7 @@ extend_chain(PyObject *chain, PyObject *tokens, const long long *ids, Py_ssize_t
     if (records == NULL) {
         return 0;
     }
-    int plain = PyDict_CheckExact(records) && PyDict_GET_SIZE(records) == 0;
+    int plain = !PY_BIG_ENDIAN && PyDict_CheckExact(records) && PyDict_GET_SIZE(records) == 0;
     Py_DECREF(records);
     if (!plain) {
         PyObject *done = PyObject_CallMethodOneArg(chain, s_extend, tokens);
@@ -29,7 +30,7 @@ extend_chain(PyObject *chain, PyObject *tokens, const long long *ids, Py_ssize_t
         return 0;
     }
     long long count = max_ll(0, floordiv(n - lookahead, size));
-    Py_ssize_t k = PyList_Size(digests);
+    Py_ssize_t k = PyList_Size(digests); /* -1 (an error) when it is not a list */
     int ok = k >= 0;
     PyObject *stream = NULL, *state = NULL;
     if (!ok || count <= k) {
@@ -117,6 +118,11 @@ keys_between(PyObject *chain, long long block_size, long long start, long long s
     if (digests == NULL) {
         return NULL;
     }
+    if (!PyList_CheckExact(digests)) {
+        PyErr_SetString(PyExc_TypeError, "a chain's digests must be a list");
+        Py_DECREF(digests);
+        return NULL;
+    }
     long long step = block_size / size, have = PyList_GET_SIZE(digests);
     PyObject *keys = PyList_New(0);
     for (long long j = start; keys != NULL && j < stop; j++) {
@@ -178,7 +184,8 @@ Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
     ids_open = 1;
     if (ids.itemsize != 8 || ids.format == NULL || strcmp(ids.format, "q") != 0 ||
         !PyList_CheckExact(unique) || !PyList_CheckExact(registered) ||
-        !PyList_CheckExact(tables) || PyList_GET_SIZE(registered) != lane->groups) {
+        !PyList_CheckExact(tables) || PyList_GET_SIZE(registered) != lane->groups ||
+        PyList_GET_SIZE(tables) != lane->groups) {
         PyErr_SetString(PyExc_TypeError, "a request's tokens are an array('q') and its "
                                          "chains, tables and registered marks lists");
         goto done;
