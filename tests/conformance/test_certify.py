@@ -49,6 +49,7 @@ def test_vectors_are_fresh():
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+@pytest.mark.slow  # a sweep of every vector: .ci/run's slow stage (README budget)
 def test_vectors_validate_and_ids_are_unique():
     problems = [error for _, _, error in iter_cases() if error]
     assert problems == []
@@ -124,6 +125,7 @@ def test_a_case_that_names_no_profile_of_a_family_answers_alike_under_each(famil
     assert checked > 40
 
 
+@pytest.mark.slow  # a sweep of every vector: .ci/run's slow stage (README budget)
 def test_every_rule_is_cited_by_a_vector():
     cited = {rule for c in all_cases() for rule in c["rules"] + c.get("focus", [])}
     exempt = AWAITING_KERNEL_SUITE | MEANING_ONLY | SCHEDULER_RULES
@@ -148,6 +150,7 @@ def test_every_seed_and_noted_bug_has_a_vector():
         assert origin in origins
 
 
+@pytest.mark.slow  # a sweep of every vector: .ci/run's slow stage (README budget)
 def test_the_reference_passes_every_vector():
     """kvcert.reference, an implementation independent of the spec, agrees on every case."""
     report = run_vectors(ReferenceEngine())
