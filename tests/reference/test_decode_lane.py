@@ -195,14 +195,16 @@ def decode_workload(groups, blocks, limit, drafts, reach, script):
 
 
 def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
-    """...and it takes hundreds of table-changing steps and registrations, or this proves
-    nothing (a few hundred examples draw thousands of each)."""
+    """...and it takes table-changing steps, quiet steps and registrations by the hundred,
+    or this proves nothing."""
     SERVED.update(lane=0, quiet=0, declined=0, registered=0)
     decode_workload()
-    assert SERVED["lane"] >= 100, SERVED
-    assert SERVED["quiet"] >= 100, SERVED
+    # floors far below what any draw gives (unseeded, 11 runs: 310+, 157+ and 485+), so that
+    # the test cannot pass vacuously and no draw fails it
+    assert SERVED["lane"] >= 25, SERVED
+    assert SERVED["quiet"] >= 25, SERVED
     if decode_lane.native("_chain") is not None:  # the lane registers with compiled SHA-256
-        assert SERVED["registered"] >= 100, SERVED
+        assert SERVED["registered"] >= 25, SERVED
 
 
 @pytest.mark.parametrize(
