@@ -147,14 +147,11 @@ def test_the_compiled_steps_are_chosen():
     if native.PURE_PYTHON:
         assert refcounts.hold is refcounts.py_hold
         assert refcounts.link is refcounts.py_link
+        assert refcounts.count_free is refcounts.py_count_free
     else:
-        assert (
-            refcounts.hold,
-            refcounts.drop,
-            refcounts.set_one,
-            refcounts.link,
-            refcounts.unlink_head,
-        ) == (compiled.hold, compiled.drop, compiled.set_one, compiled.link, compiled.unlink_head)
+        names = ("hold", "drop", "set_one", "count_free", "link", "unlink_head")
+        for name in names:
+            assert getattr(refcounts, name) is getattr(compiled, name), name
 
 
 @settings(max_examples=tiered(300, 5000))
