@@ -28,7 +28,7 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish;
 
 /* Attributes of the objects the lane reads (Request, Chain, BlockPool: classes with
  * __slots__) go through their member descriptors, as attribute access does once it has
@@ -136,17 +136,20 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
     static char *names[] = {"kinds", "sizes", "spans", "limit", "key_lookahead", "commit_delay",
                             "unit", "pool", "counts", "links", "keys", "evictions",
                             "dead_evictions", "no_blocks", "token_limit", "scheduled",
-                            "quiet_steps", NULL};
+                            "quiet_steps", "same_pass", "registers", "commits", NULL};
     PyObject *pool, *counts, *links, *keys, *evictions, *dead, *no_blocks, *token_limit;
-    PyObject *scheduled, *quiet_steps;
+    PyObject *scheduled, *quiet_steps, *commits;
     long long unit;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOLOOOOOOOOOO:DecodeLane", names,
+    int same_pass, registers;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOLOOOOOOOOOOppO:DecodeLane", names,
                                      &kinds, &sizes, &spans, &limit, &key_lookahead,
                                      &commit_delay, &unit, &pool, &counts, &links, &keys,
                                      &evictions, &dead, &no_blocks, &token_limit, &scheduled,
-                                     &quiet_steps)) {
+                                     &quiet_steps, &same_pass, &registers, &commits)) {
         return -1;
     }
+    lane->same_pass = same_pass, lane->registers = registers, lane->published = 0;
+    Py_XSETREF(lane->commits, Py_NewRef(commits));
     if (!PyDict_CheckExact(quiet_steps)) {
         PyErr_SetString(PyExc_TypeError, "quiet_steps must be the manager's dict");
         return -1;
@@ -269,10 +272,24 @@ Lane_dealloc(Lane *lane)
     Py_XDECREF(lane->scheduled);
     Py_XDECREF(lane->quiet_steps);
     Py_XDECREF(lane->decode_step);
+    Py_XDECREF(lane->commits);
     Py_TYPE(lane)->tp_free((PyObject *)lane);
 }
 
+/* take_published() -> the blocks this lane's launches published since the last call (the
+ * manager's end_step adds them to what it reports hittable). */
+static PyObject *
+Lane_take_published(Lane *lane, PyObject *unused)
+{
+    long long published = lane->published;
+    lane->published = 0;
+    return PyLong_FromLongLong(published);
+}
+
 static PyMethodDef Lane_methods[] = {
+    {"take_published", (PyCFunction)Lane_take_published, METH_NOARGS,
+     "take_published() -> how many blocks the lane's launches published (same-pass "
+     "visibility, ALLOC-VIS-2) since the last call"},
     {"extend", (PyCFunction)(void (*)(void))Lane_extend, METH_FASTCALL,
      "extend(requests, rid, budget, appended, lookahead, step, checkpoint, in_flight, "
      "current) -> the Scheduled of a decode step, with the request's tables, bounds, the "
@@ -288,7 +305,7 @@ static PyMethodDef Lane_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject LaneType = {
+PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._decodelane.DecodeLane",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -325,6 +342,7 @@ PyInit__decodelane(void)
         {&s_digests, "digests"}, {&s_stream, "_stream"}, {&s_fed, "_fed"},
         {&s_state, "_state"}, {&s_records, "_records"}, {&s_boundaries, "boundaries"},
         {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"}, {&s_published, "published"},
+        {&s_publish, "publish"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);
@@ -332,14 +350,15 @@ PyInit__decodelane(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&LaneType) < 0) {
+    if (PyType_Ready(&LaneType) < 0 || dropin_ready() < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "DecodeLane", (PyObject *)&LaneType) < 0) {
+    if (PyModule_AddObjectRef(m, "DecodeLane", (PyObject *)&LaneType) < 0 ||
+        PyModule_AddObjectRef(m, "DropIn", (PyObject *)&DropInType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

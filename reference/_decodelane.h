@@ -1,7 +1,8 @@
 /* kvcert.reference._decodelane's shared declarations: the lane object, the interned
- * attribute names, the arithmetic and the attribute access of its three sources
- * (_decodelane.c: the type and module; _decodelane_step.c: a decode step; and
- * _decodelane_commit.c: registering what a step completed). */
+ * attribute names, the arithmetic and the attribute access of its four sources
+ * (_decodelane.c: the type and module; _decodelane_step.c: a decode step;
+ * _decodelane_commit.c: registering what a step completed; and _decodelane_dropin.c: the
+ * vLLM drop-in's calls for a decode chunk). */
 #ifndef KVCERT_DECODELANE_H
 #define KVCERT_DECODELANE_H
 
@@ -44,6 +45,13 @@ typedef struct {
     PyMemberDef *fields[5];
     PyObject *quiet_steps; /* the manager's answers of quiet steps, per token count */
     PyObject *decode_step; /* quiet_steps[1], the usual one, or NULL */
+    /* same-pass visibility (ALLOC-VIS-2): a launch publishes the blocks its chunk completes,
+     * registered here where `registers`, else by commit.Registrar.publish (`commits`); the
+     * count is kept for the manager's end_step (take_published) */
+    int same_pass;
+    int registers;
+    PyObject *commits;
+    long long published;
     /* scratch, grown as needed: released (group, position, block) and wanted positions */
     long long *released;
     Py_ssize_t released_cap;
@@ -57,7 +65,7 @@ extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_deco
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish;
 
 static inline long long
 min_ll(long long a, long long b)
@@ -102,5 +110,10 @@ entry(PyObject *table, Py_ssize_t j)
 PyObject *Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+int lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObject *in_flight);
+
+/* the lane's type, and the vLLM drop-in's calls over it (_decodelane_dropin.c) */
+extern PyTypeObject LaneType, DropInType;
+int dropin_ready(void);
 
 #endif

@@ -2,6 +2,7 @@
 # general path of KVCacheManager.extend and commit.Registrar.register define them
 # (kvcert.reference.decode_lane).
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 from kvcert.reference.requests import Scheduled
@@ -27,6 +28,9 @@ class DecodeLane:
         token_limit: int,
         scheduled: type[Scheduled],
         quiet_steps: dict[int, Scheduled],
+        same_pass: bool,
+        registers: bool,
+        commits: object,
     ) -> None: ...
     def extend(
         self,
@@ -42,6 +46,22 @@ class DecodeLane:
         /,
     ) -> Scheduled | None: ...
     def register(self, request: object, before: int, /) -> int | None: ...
+    def take_published(self) -> int: ...
     def end_chunks(
         self, ending: list[str], requests: dict[str, Any], /
     ) -> list[tuple[str, Any, int]]: ...
+
+class DropIn:
+    """The vLLM drop-in's allocate_slots (the object, called) and start_pending for decode
+    chunks (kvcert.reference.vllm.lane)."""
+
+    def __init__(
+        self,
+        *,
+        manager: object,
+        general: Callable[..., Any],
+        pending: Callable[..., Any],
+        start_chunk: Callable[..., Any],
+    ) -> None: ...
+    def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def start_pending(self, requests: Any, /) -> None: ...

@@ -316,3 +316,81 @@ Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
     }
     return committing;
 }
+
+
+/* commit.Registrar.publish through Lane_register: the blocks the chunk in flight completes
+ * registered now (its tokens counted as computed meanwhile), and `published` set to the
+ * marks before them when any moved (commit_at then moves too, else it stays). The count, or
+ * None (nothing done) where the general path must publish, or NULL. */
+static PyObject *
+publish(Lane *lane, PyObject *request, long long computed, long long scheduled)
+{
+    PyObject *registered = lane_get(request, s_registered);
+    PyObject *commit_at = registered == NULL ? NULL : lane_get(request, s_commit_at);
+    PyObject *marks = NULL, *before = NULL, *count = NULL;
+    if (commit_at == NULL) {
+        goto done;
+    }
+    if (!PyList_CheckExact(registered)) {
+        count = Py_NewRef(Py_None);
+        goto done;
+    }
+    marks = PyList_GetSlice(registered, 0, PyList_GET_SIZE(registered));
+    before = PyLong_FromLongLong(computed);
+    if (marks == NULL || before == NULL || !lane_set_ll(request, s_computed, computed + scheduled)) {
+        goto done;
+    }
+    PyObject *call[2] = {request, before};
+    count = Lane_register(lane, call, 2);
+    if (lane_set(request, s_computed, before) < 0) {
+        Py_CLEAR(count);
+    }
+    if (count == NULL || count == Py_None) {
+        goto done;
+    }
+    int same = PyObject_RichCompareBool(marks, registered, Py_EQ);
+    if (same < 0 || lane_set(request, same ? s_commit_at : s_published, same ? commit_at : marks) < 0) {
+        Py_CLEAR(count);
+    }
+done:
+    Py_XDECREF(registered);
+    Py_XDECREF(commit_at);
+    Py_XDECREF(marks);
+    Py_XDECREF(before);
+    return count;
+}
+
+/* KVCacheManager._launch: the chunk runs in `step`; under same-pass visibility the blocks
+ * it completes are published now (ALLOC-VIS-2). 0 on error. */
+int
+lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObject *in_flight)
+{
+    if (PyDict_SetItem(in_flight, rid, step) < 0) {
+        return 0;
+    }
+    if (!lane->same_pass) {
+        return 1;
+    }
+    long long computed, scheduled, commit_at;
+    if (!lane_get_ll(request, s_computed, &computed) ||
+        !lane_get_ll(request, s_scheduled, &scheduled) ||
+        !lane_get_bound(request, s_commit_at, &commit_at)) {
+        return 0;
+    }
+    if (computed + scheduled < commit_at) {
+        return 1;
+    }
+    PyObject *count = lane->registers ? publish(lane, request, computed, scheduled)
+                                      : Py_NewRef(Py_None);
+    if (count == Py_None) {
+        Py_DECREF(count);
+        count = PyObject_CallMethodObjArgs(lane->commits, s_publish, lane->pool, rid, request, NULL);
+    }
+    long long published = count == NULL ? -1 : PyLong_AsLongLong(count);
+    Py_XDECREF(count);
+    if (published == -1 && PyErr_Occurred()) {
+        return 0;
+    }
+    lane->published += published;
+    return 1;
+}

@@ -666,7 +666,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(extended);
         if (lane_set_ll(request, s_scheduled, count) && lane_set_ll(request, s_lookahead, lookahead) &&
             lane_set(request, s_decoding, Py_True) == 0 &&
-            PyDict_SetItem(in_flight, rid, step) == 0) {
+            lane_launch(lane, rid, request, step, in_flight)) {
             answer = quiet_answer(lane, count);
         }
         goto done;
@@ -680,7 +680,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         answer = added;
         goto done;
     }
-    if (PyDict_SetItem(in_flight, rid, step) == 0) { /* launched (KVCacheManager._launch) */
+    if (lane_launch(lane, rid, request, step, in_flight)) { /* KVCacheManager._launch */
         answer = make_scheduled(lane, count, added);
     }
     Py_DECREF(added);

@@ -12,9 +12,10 @@ Python code, which tests/reference/test_decode_lane.py holds it equal to, state 
 
 It serves the layouts and pools that code then needs nothing else for: every group attention
 (full, sliding window, chunked local), no `unit U`, the lru queue, and a pool that tracks no
-liveness and records no events, under step-end visibility (a same-pass launch publishes
-blocks); it registers when, besides, every committed block is kept
-(`Registrar.keeps_every_block`) and keys are the compiled SHA-256's. Anywhere else, or
+liveness and records no events; under same-pass visibility a launch publishes the blocks its
+chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. It registers when, besides,
+every committed block is kept (`Registrar.keeps_every_block`) and keys are the compiled
+SHA-256's. Anywhere else, or
 without the extension built, or with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the
 Python code takes every step.
 """
@@ -50,7 +51,6 @@ def serves(config: CacheConfig, pool: BlockPool) -> bool:
         and not pool.tracking
         and pool.events is None
         and pool.tails is None
-        and config.visibility is not Visibility.SAME_PASS  # whose launch publishes blocks
     )
 
 
@@ -105,4 +105,7 @@ def build(
         token_limit=TOKEN_LIMIT,
         scheduled=Scheduled,
         quiet_steps=answers[1],
+        same_pass=config.visibility is Visibility.SAME_PASS,
+        registers=registers(config, commits),
+        commits=commits,
     )

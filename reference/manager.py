@@ -587,6 +587,8 @@ class KVCacheManager(HitQueries):
         many blocks became hittable since the last call (same-pass publications included)."""
         self._check_step(step)
         registered, self._published_in_step = self._published_in_step, 0
+        if self._lane is not None:  # what its launches published (same-pass)
+            registered += self._lane.take_published()
         if step is None or step == self._step:  # every chunk in flight ends
             ending, self._in_flight = list(self._in_flight), {}
         else:

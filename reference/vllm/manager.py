@@ -43,13 +43,13 @@ from vllm.v1.request import RequestStatus
 
 from kvcert.reference.config import Kind
 from kvcert.reference.manager import KVCacheManager as Core
-from kvcert.reference.manager import Progress, Prompt, Scheduled
+from kvcert.reference.manager import Progress, Prompt, Scheduled, Waiting
 from kvcert.reference.vllm.blocks import PoolBlock
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Announcer, Publishing
 from kvcert.reference.vllm.extras import request_extras
+from kvcert.reference.vllm.lane import install
 from kvcert.reference.vllm.layout import (
-    CutError,
     IntegrationError,
     UnsupportedConfigError,
     cache_config,
@@ -60,6 +60,7 @@ from kvcert.reference.vllm.layout import (
 )
 from kvcert.reference.vllm.parts import HashView, PoolView, coordinator_view
 from kvcert.reference.vllm.settings import HoldBack, Settings
+from kvcert.reference.vllm.tables import BlockTableViews
 
 
 @dataclass
@@ -78,7 +79,7 @@ class _Tracked:
     inner: int = 0  # the inner checkpoint its latest chunk reserves (0: none)
 
 
-class KVCacheManager:
+class KVCacheManager(BlockTableViews):
     """vLLM 0.33.0's KVCacheManager, served by kvcert's reference allocator."""
 
     def __init__(  # noqa: PLR0917 - vLLM's signature, positional arguments included
@@ -170,6 +171,7 @@ class KVCacheManager:
         self._copies: list[tuple[int, int, int]] = []  # `unit U`: this step's block copies
         # what vLLM's block hashes name, with settings.vllm_hash_view on (get_cached_block)
         self.hash_view = HashView(hash_block_size) if self.settings.vllm_hash_view else None
+        install(self, KVCacheManager)  # decode chunks' calls, compiled where they are served
 
     def set_retention_interval(self, interval: int | None) -> None:
         """Change the retention profile as vLLM reads an interval (`retention_profile`; None
@@ -188,6 +190,7 @@ class KVCacheManager:
             self.core = Core(unit_config(config, *self._unit_request))
         except UnsupportedConfigError as why:
             raise UnsupportedConfigError(f"retention interval {interval}: {why}") from why
+        install(self, KVCacheManager)
 
     def reserved_inner_checkpoint(self, rid: str) -> int:
         """The inner checkpoint (CKPT-INNER-1) request `rid`'s latest chunk reserves, while
@@ -234,12 +237,6 @@ class KVCacheManager:
         # digested from vLLM's view of the tokens: `prompt` packs its own copy
         tracked.prompt = self.core.prompt(request.all_token_ids, request_extras(request))
         return tracked.prompt
-
-    def _wrap(self, tables: Sequence[Sequence[int]]) -> Any:
-        if not any(tables):
-            return self.empty_kv_cache_blocks
-        blocks = self.blocks
-        return KVCacheBlocks(tuple([blocks[b] for b in t] for t in tables))
 
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None
@@ -510,33 +507,40 @@ class KVCacheManager:
             if tracked.pending
         ]
         for rid, chunks, progress in ready:
-            if progress.scheduled:
-                continue  # its chunk in flight runs in a later step
-            end, slots, step, checkpoint = chunks.popleft()
-            if chunks:  # keep the slots reserved for the later chunks (they only grow)
-                slots = chunks[-1][1]
-            request = requests.get(rid)
-            if request is None:
-                continue  # not vLLM's request any more: free() releases its blocks
-            computed, known = progress.computed, progress.known
-            real_end = min(end, request.num_tokens)
-            if real_end <= computed:
-                continue  # nothing left to compute (vLLM stopped the request); slots stay held
-            appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
-            result = self.core.extend(
-                rid,
-                real_end - computed,
-                appended,
-                max(slots - real_end, 0),
-                step=step,
-                checkpoint=(checkpoint if computed < checkpoint < real_end else 0)
-                or self._crossed(computed, real_end, appended),
+            if not progress.scheduled:  # else its chunk in flight runs in a later step
+                self._start_chunk(rid, chunks, progress, requests.get(rid))
+
+    def _start_chunk(
+        self, rid: str, chunks: deque[tuple[int, int, int, int]], progress: Progress, request: Any
+    ) -> None:
+        """start_pending's chunk of `rid` (`request`: vLLM's, or None once it is not)."""
+        end, slots, step, checkpoint = chunks.popleft()
+        if chunks:  # keep the slots reserved for the later chunks (they only grow)
+            slots = chunks[-1][1]
+        if request is None:
+            return  # not vLLM's request any more: free() releases its blocks
+        computed, known = progress.computed, progress.known
+        real_end = min(end, request.num_tokens)
+        if real_end <= computed:
+            return  # nothing left to compute (vLLM stopped the request); slots stay held
+        appended = list(request.all_token_ids[known:real_end]) if real_end > known else []
+        result = self.core.extend(
+            rid,
+            real_end - computed,
+            appended,
+            max(slots - real_end, 0),
+            step=step,
+            checkpoint=(checkpoint if computed < checkpoint < real_end else 0)
+            or self._crossed(computed, real_end, appended),
+        )
+        self._check_started(rid, result)
+
+    def _check_started(self, rid: str, result: Scheduled | Waiting) -> None:
+        if not isinstance(result, Scheduled) or any(result.new_blocks):
+            raise IntegrationError(
+                f"request {rid!r}: the chunk scheduled while its previous step ran did "
+                f"not find the blocks reserved for it ({result})"
             )
-            if not isinstance(result, Scheduled) or any(result.new_blocks):
-                raise IntegrationError(
-                    f"request {rid!r}: the chunk scheduled while its previous step ran did "
-                    f"not find the blocks reserved for it ({result})"
-                )
 
     def _progress(self, rid: str) -> Progress:
         """Where a request the facade tracks as running stands in the allocator."""
@@ -705,51 +709,6 @@ class KVCacheManager:
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
-
-    # -- block tables -----------------------------------------------------------------------
-
-    def get_blocks(self, request_id: str) -> Any:
-        if not self.core.is_running(request_id):
-            return self.empty_kv_cache_blocks
-        return self._wrap(self.core.block_tables(request_id))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        if not self.core.is_running(request_id):
-            return tuple([] for _ in range(self.num_kv_cache_groups))
-        return tuple(list(t) for t in self.core.block_tables(request_id))
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        """The blocks covering the first `num_computed_tokens` tokens, per group."""
-        return tuple(
-            ids[: -(-num_computed_tokens // group.block_size)]
-            for ids, group in zip(
-                self.get_block_ids(request_id), self.core.config.groups, strict=True
-            )
-        )
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0] * self.num_kv_cache_groups
-
-    def create_kv_cache_blocks(self, blocks: tuple[list[Any], ...]) -> Any:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
-    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
-        """A lookup result cut at `num_computed_tokens` (a multiple of every block size); an
-        attention group holding fewer blocks than the cut needs is refused (a state group's
-        list may be shorter: it names only the blocks a hit reads)."""
-        cut = []
-        for group_blocks, group in zip(blocks.blocks, self.core.config.groups, strict=True):
-            count, rest = divmod(num_computed_tokens, group.block_size)
-            if rest or (group.kind is not Kind.MAMBA and len(group_blocks) < count):
-                raise CutError(
-                    f"cannot cut a hit at {num_computed_tokens} tokens: group of block size "
-                    f"{group.block_size} holds {len(group_blocks)} blocks, and the cut needs "
-                    f"a multiple of the block size within them"
-                )
-            cut.append(list(group_blocks[:count]))
-        return self.create_kv_cache_blocks(tuple(cut))
 
     # -- what the worker is told ------------------------------------------------------------
 

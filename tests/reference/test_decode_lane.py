@@ -18,7 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcert.reference import decode_lane
-from kvcert.reference.config import CacheConfig, DraftKeying, Eviction, GroupConfig, Kind
+from kvcert.reference.config import (
+    CacheConfig,
+    DraftKeying,
+    Eviction,
+    GroupConfig,
+    Kind,
+    Visibility,
+)
 from kvcert.reference.errors import ConfigError, KVCacheError
 from kvcert.reference.manager import KVCacheManager
 from kvcert.reference.requests import Scheduled
@@ -40,7 +47,7 @@ ATTENTION = st.one_of(
         st.integers(1, 24),
     ),
 )
-SERVED = {"lane": 0, "quiet": 0, "declined": 0, "registered": 0}
+SERVED = {"lane": 0, "quiet": 0, "declined": 0, "registered": 0, "published": 0}
 
 
 class Counted:
@@ -63,6 +70,11 @@ class Counted:
 
     def end_chunks(self, *args: Any) -> Any:
         return self.lane.end_chunks(*args)
+
+    def take_published(self) -> int:
+        published = self.lane.take_published()
+        SERVED["published"] += published
+        return published
 
     def register(self, *args: Any) -> Any:
         registered = self.lane.register(*args)
@@ -106,6 +118,7 @@ REQUEST_FIELDS = (
     "quiet_state",
     "quiet_slots",
     "quiet_slots_floor",
+    "published",
 )
 
 
@@ -145,13 +158,14 @@ def both(pair: tuple[KVCacheManager, KVCacheManager], call: str, *args: Any) -> 
     limit=st.one_of(st.none(), st.integers(25, 120)),  # past every alignment (lcm 24)
     drafts=st.booleans(),
     reach=st.integers(1, 3),  # draft_reach: commits wait for reach - 1 more tokens
+    visibility=st.sampled_from(Visibility),  # same-pass: a launch publishes (ALLOC-VIS-2)
     script=st.lists(
         st.tuples(st.integers(0, 11), st.integers(1, 3), st.integers(0, 3), st.integers(1, 30)),
         min_size=10,
         max_size=80,
     ),
 )
-def decode_workload(groups, blocks, limit, drafts, reach, script):
+def decode_workload(groups, blocks, limit, drafts, reach, visibility, script):
     if drafts:  # a draft group: its keys and commits wait for the drafts (extend does not)
         groups = [*groups, GroupConfig(Kind.FULL, 4, draft=True)]
     config = CacheConfig(
@@ -161,6 +175,7 @@ def decode_workload(groups, blocks, limit, drafts, reach, script):
         draft_reach=reach if drafts else 1,
         max_model_len=limit,
         eviction=Eviction.LRU,
+        visibility=visibility,
     )
     pair = (with_lane(config), without_lane(config))
     running: list[str] = []
@@ -195,9 +210,9 @@ def decode_workload(groups, blocks, limit, drafts, reach, script):
 
 
 def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
-    """...and it takes table-changing steps, quiet steps and registrations by the hundred,
-    or this proves nothing."""
-    SERVED.update(lane=0, quiet=0, declined=0, registered=0)
+    """...and it takes table-changing steps, quiet steps, registrations and same-pass
+    publications by the hundred, or this proves nothing."""
+    SERVED.update(lane=0, quiet=0, declined=0, registered=0, published=0)
     decode_workload()
     # floors far below what any draw gives (unseeded, 11 runs: 310+, 157+ and 485+), so that
     # the test cannot pass vacuously and no draw fails it
@@ -205,6 +220,7 @@ def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
     assert SERVED["quiet"] >= 25, SERVED
     if decode_lane.native("_chain") is not None:  # the lane registers with compiled SHA-256
         assert SERVED["registered"] >= 25, SERVED
+    assert SERVED["published"] >= 25, SERVED  # same-pass launches (ALLOC-VIS-2)
 
 
 @pytest.mark.parametrize(
@@ -262,6 +278,9 @@ def test_a_malformed_lane_is_refused_with_a_clear_error():
             dead_evictions=manager.pool.dead_evictions,
             no_blocks=((),),
             token_limit=2**63,
+            same_pass=False,
+            registers=False,
+            commits=manager._commits,
         )
 
 

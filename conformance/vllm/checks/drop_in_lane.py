@@ -1,0 +1,268 @@
+"""The drop-in's compiled calls answer as its Python methods do, through vLLM 0.33.0's own
+Scheduler.
+
+    .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.drop_in_lane [--runs N]
+
+kvcert.reference.vllm.lane serves a decode chunk's `allocate_slots` and `start_pending`
+compiled (reference/_decodelane_dropin.c) over the core's decode lane; the drop-in's Python
+methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts
+and multi-module MTP included; state hybrids, which the compiled calls never serve, are
+skipped) is played through kvcert's Scheduler twice: with the compiled calls (and the core's
+compiled decode lane under them), and with every call answered by the Python methods, the
+core's too. Every call vLLM makes to the manager must get the same
+answer (block ids per group, hits, None), the two runs the same outcome, and the allocator
+the same state after each step: every request's counters, tables, bounds and registered
+marks, every block's key and count, the pool's counters. Three directed scenarios
+(`directed`) do the same for what those workloads rarely reach. So that this cannot pass
+vacuously, the compiled side must itself have answered at least a quarter of the
+`allocate_slots` calls and started some pending chunks (asynchronous seeds).
+
+Exit 0 when every seed agrees, 1 at the first difference (printed with its seed), 2 when the
+compiled calls are not built (KVCERT_PURE_PYTHON=1, or no compiler at install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvcert.conformance.campaign.workload import STATE_MODELS, Arrival, Workload, generate
+from kvcert.conformance.vllm import runtime
+from kvcert.conformance.vllm.campaign import loop
+from kvcert.conformance.vllm.campaign.build import build as campaign_build
+from kvcert.reference.native import native
+from kvcert.reference.vllm import lane
+from kvcert.reference.vllm.manager import KVCacheManager
+
+# the manager's public calls whose answers are compared (every other one is a view vLLM
+# reads or a no-op, compared through the state after each step)
+CALLS = ("allocate_slots", "get_computed_blocks", "free", "end_step", "start_pending")
+FIELDS = (
+    "computed",
+    "scheduled",
+    "lookahead",
+    "pipelined",
+    "decoding",
+    "held_from",
+    "tables",
+    "registered",
+    "commit_at",
+    "published",
+    "quiet_end",
+    "quiet_state",
+    "quiet_slots",
+    "quiet_slots_floor",
+)
+
+
+def plain(answer: Any) -> Any:
+    """An answer as comparable data: vLLM's KVCacheBlocks as block ids per group."""
+    if hasattr(answer, "blocks"):
+        return tuple(tuple(block.block_id for block in group) for group in answer.blocks)
+    if isinstance(answer, tuple):
+        return tuple(plain(item) for item in answer)
+    return answer
+
+
+def core_state(manager: KVCacheManager) -> Any:
+    """The allocator's whole state, and the facade's per-request records (copied: the
+    request's lists change in place as it runs)."""
+    core, pool = manager.core, manager.core.pool
+    requests = {
+        rid: ([getattr(request, name) for name in FIELDS], request.tokens.tolist())
+        for rid, request in core._requests.items()
+    }
+    tracked = {
+        rid: (t.seen, t.keep, list(t.pending), t.inner) for rid, t in manager._tracked.items()
+    }
+    keys = [pool.key_of(block) for block in range(pool.num_blocks)]
+    counters = (pool.num_free, pool.num_registered, pool.evictions, pool.dead_evictions)
+    state = requests, tracked, dict(core._in_flight), keys, counters, list(pool.ref_count)
+    return copy.deepcopy(state)
+
+
+class Served:
+    """How many calls the compiled side took, and how many it left to the Python methods."""
+
+    def __init__(self) -> None:
+        self.calls = self.general = self.pending = self.started = self.started_in_python = 0
+
+    def counting(self, method: Callable[..., Any], counter: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            setattr(self, counter, getattr(self, counter) + 1)
+            return method(*args, **kwargs)
+
+        return call
+
+
+def waiting(manager: KVCacheManager) -> int:
+    """The chunks queued behind chunks in flight (asynchronous scheduling)."""
+    return sum(len(tracked.pending) for tracked in manager._tracked.values())
+
+
+class Recorder:
+    """Wraps a manager's calls: their answers, the state after each step's end, and how
+    many queued chunks start_pending started."""
+
+    def __init__(self, manager: KVCacheManager, served: Served) -> None:
+        self.log: list[Any] = []
+        self.served = served
+        for name in CALLS:
+            setattr(manager, name, self._recorded(manager, name, getattr(manager, name)))
+
+    def _recorded(self, manager: KVCacheManager, name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            queued = waiting(manager)
+            answer = method(*args, **kwargs)
+            self.log.append((name, plain(answer)))
+            if name in ("end_step", "start_pending"):
+                self.log.append(("state", core_state(manager)))
+            if name == "start_pending":
+                self.served.started += queued - waiting(manager)
+            return answer
+
+        return call
+
+
+def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> Any:
+    """The campaign's `build`, whose scheduler runs the compiled calls (counted) or the
+    Python methods only, and is recorded."""
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        scheduler, *rest = campaign_build(*args, **kwargs)
+        manager = scheduler.kv_cache_manager
+        for name in ("allocate_slots", "start_pending"):
+            vars(manager).pop(name, None)
+        if not compiled:  # the core's decode lane too: Python's definitions throughout
+            manager.core._lane, manager.core._lane_registers = None, False
+        elif lane.serves(manager, KVCacheManager):
+            drop_in = native("_decodelane").DropIn(  # type: ignore[union-attr]
+                manager=manager,
+                general=served.counting(KVCacheManager.allocate_slots, "general"),
+                pending=served.counting(KVCacheManager.start_pending, "pending"),
+                start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
+            )
+            manager.allocate_slots = served.counting(drop_in, "calls")
+            manager.start_pending = drop_in.start_pending
+        recorders.append(Recorder(manager, served))
+        return (scheduler, *rest)
+
+    return build
+
+
+@contextmanager
+def wired(compiled: bool, recorders: list[Recorder], served: Served) -> Iterator[None]:
+    """Within: every scheduler the campaign's `play` builds is `instrumented`."""
+    names = vars(loop)
+    names["build"] = instrumented(compiled, recorders, served)  # this process only
+    try:
+        yield
+    finally:
+        names["build"] = campaign_build
+
+
+def played(workload: Workload, compiled: bool, served: Served) -> tuple[Any, list[Any]]:
+    recorders: list[Recorder] = []
+    with wired(compiled, recorders, served):
+        outcome = loop.play(workload, kvcert=True)
+    return vars(outcome), [entry for r in recorders for entry in r.log]
+
+
+def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
+    """A scenario the random workloads rarely or never reach, played call by call on the
+    drop-in (kvcert's Scheduler's calls: start_step, allocate_slots, end_step,
+    start_pending), and its log (answers and states; an error as its type and message):
+    `shrink`: slots held past the chunk's needs (the worker's table keeps its last block,
+    `_Tracked.keep`) as the lookahead falls from 40 to 0; `deep`: three steps in flight, so
+    two chunks queue behind one (a deeper batch queue than vLLM's two), the lookahead
+    changing; `rewind`: vLLM's count resumed below a chunk in flight, refused alike."""
+    v = runtime.vllm()
+    recorders: list[Recorder] = []
+    prompt = tuple(range(1, 41))
+    arrival = Arrival(0, "a", prompt, 0, 200)  # sizes the model's max_model_len
+    load = Workload(0, "gpt-oss-20b", "fcfs", scenario != "shrink", 64, 256, 0, (arrival,))
+    scheduler, _, hasher, _ = instrumented(compiled, recorders, served)(load, kvcert=True)
+    manager, log = scheduler.kv_cache_manager, recorders[0].log
+    params = v.SamplingParams(max_tokens=200, ignore_eos=True)
+    request = v.Request("a", list(prompt), params, None, block_hasher=hasher)
+    requests = {"a": request}
+    manager.get_computed_blocks(request)
+    ahead = 40 if scenario == "shrink" else 0
+    in_flight = [manager.start_step()]
+    manager.allocate_slots(request, 40, num_lookahead_tokens=ahead)
+    request.num_computed_tokens = 40
+    depth = {"shrink": 1, "deep": 3, "rewind": 2}[scenario]  # steps in flight at most
+    try:
+        for n in range(60):
+            if len(in_flight) >= depth:  # the oldest step's output: one sampled token
+                request.append_output_token_ids(7 + n)
+                manager.end_step(in_flight.pop(0))
+                manager.start_pending(requests)
+            if scenario == "rewind" and n == 30:
+                request.num_computed_tokens -= 1  # below the chunk in flight's end
+            in_flight.append(manager.start_step())
+            ahead = max(0, 40 - 2 * n) if scenario == "shrink" else (n * 7) % 5
+            manager.allocate_slots(request, 1, num_lookahead_tokens=ahead)
+            request.num_computed_tokens += 1
+    except Exception as error:
+        log.append((type(error).__name__, str(error)))
+    return log
+
+
+def first_difference(a: list[Any], b: list[Any]) -> str | None:
+    for index, (left, right) in enumerate(zip(a, b, strict=False)):
+        if left != right:
+            return f"entry {index}: compiled {left!r:.400}\n  python   {right!r:.400}"
+    if len(a) != len(b):
+        return f"the compiled run made {len(a)} calls, the Python one {len(b)}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=150, help="seeds to play")
+    parser.add_argument("--first", type=int, default=1, help="the first seed")
+    args = parser.parse_args(argv)
+    if native("_decodelane") is None:
+        print("the compiled calls are not built here (KVCERT_PURE_PYTHON=1 or no compiler)")
+        return 2
+    served, seeds, skipped = Served(), 0, 0
+    for seed in range(args.first, args.first + args.runs):
+        workload = generate(seed, state_drafts=True, mtp=True, families=True)
+        if workload.model in STATE_MODELS:
+            skipped += 1
+            continue
+        seeds += 1
+        compiled, python = played(workload, True, served), played(workload, False, Served())
+        difference = first_difference(compiled[1], python[1])
+        if difference is None and compiled[0] != python[0]:
+            difference = f"outcomes differ: {compiled[0]} != {python[0]}"
+        if difference is not None:
+            print(f"DIFFER seed {seed} ({workload.model}): {difference}")
+            return 1
+    for scenario in ("shrink", "deep", "rewind"):
+        difference = first_difference(
+            directed(True, served, scenario), directed(False, Served(), scenario)
+        )
+        if difference is not None:
+            print(f"DIFFER scenario {scenario}: {difference}")
+            return 1
+    by_compiled = served.calls - served.general
+    started = served.started - served.started_in_python
+    print(
+        f"drop-in lane: {seeds} seeds agree ({skipped} state hybrids skipped); the compiled "
+        f"calls answered {by_compiled} of {served.calls} allocate_slots calls and started "
+        f"{started} of {served.started} queued chunks"
+    )
+    if by_compiled * 4 < served.calls or started * 4 < served.started:
+        print("VACUOUS: the compiled side answered under a quarter of the calls")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

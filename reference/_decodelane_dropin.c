@@ -1,0 +1,649 @@
+/* kvcert.reference._decodelane, vLLM's per-step calls for a running request's decode chunk:
+ * the drop-in's `allocate_slots` (kvcert.reference.vllm.KVCacheManager) for a chunk that
+ * extends the request (synchronous scheduling) or that is scheduled behind the chunk in
+ * flight (asynchronous: its slots held, `_schedule_pending`), and `start_pending`, which
+ * starts such chunks once the step before them has ended.
+ *
+ * The drop-in's Python methods are the definitions: kvcert.reference.vllm.lane says when a
+ * manager is served here, and kvcert.conformance.vllm.checks.drop_in_lane holds the two
+ * equal, answer for answer and state for state, through vLLM's own Scheduler. A call takes
+ * the core's decode lane (Lane_extend) directly; any call outside the contract below
+ * (another argument, an admission, a prefill, a chunk whose slots need new blocks, a core
+ * or lane other than the ones this was built for) is the Python method's, which then
+ * answers it from the start: nothing here has changed anything by then. The managers served
+ * have no runner checkpoints, so a chunk's inner checkpoint (`_Tracked.inner`) is 0 on both
+ * paths and never written here. */
+#include "_decodelane.h"
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *manager;     /* the drop-in */
+    PyObject *core;        /* manager.core this serves: another (a rebuilt core) is Python's */
+    PyObject *lane;        /* core._lane this serves */
+    PyObject *requests;    /* core._requests (bound once, in the core's __init__) */
+    PyObject *tracked;     /* manager._tracked (likewise); core._in_flight is read per call:
+                            * every step's end rebinds it */
+    PyObject *empty;       /* manager.empty_kv_cache_blocks: a chunk allocating nothing */
+    PyObject *general;     /* the Python allocate_slots (the class's function) */
+    PyObject *pending;     /* the Python start_pending */
+    PyObject *start_chunk; /* the Python _start_chunk(rid, chunks, progress, request) */
+    long long max_model_len;
+} DropIn;
+
+static PyObject *s_request_id, *s_num_computed_tokens, *s_num_tokens, *s_all_token_ids,
+    *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
+    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *zero;
+
+/* `value` as a C integer when it is an int in 0..MAX_PLAN (what this serves); else 0. */
+static int
+count_of(PyObject *value, long long *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow && *out >= 0 && *out <= MAX_PLAN;
+}
+
+/* An attribute read as count_of reads it: 1 read, 0 not a count here, -1 error. */
+static int
+attr_count(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    int read = count_of(value, out);
+    Py_DECREF(value);
+    return read;
+}
+
+/* Whether the manager still runs the core and lane this was built for. */
+static int
+same_core(DropIn *self)
+{
+    PyObject *core = PyObject_GetAttr(self->manager, s_core);
+    if (core == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = core == self->core;
+    Py_DECREF(core);
+    if (!same) {
+        return 0;
+    }
+    PyObject *lane = PyObject_GetAttr(self->core, s_lane);
+    if (lane == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    same = lane == self->lane;
+    Py_DECREF(lane);
+    return same;
+}
+
+/* vLLM's tokens [known, end) of `request` (its all_token_ids), as a list. */
+static PyObject *
+tokens_between(PyObject *request, long long known, long long end)
+{
+    PyObject *all = PyObject_GetAttr(request, s_all_token_ids);
+    if (all == NULL) {
+        return NULL;
+    }
+    PyObject *part = PySequence_GetSlice(all, (Py_ssize_t)known, (Py_ssize_t)end);
+    Py_DECREF(all);
+    if (part == NULL || PyList_CheckExact(part)) {
+        return part;
+    }
+    Py_SETREF(part, PySequence_List(part));
+    return part;
+}
+
+/* Whether the lane's answer allocated nothing and copies nothing: 1, 0, or -1 on error. */
+static int
+allocated_nothing(Lane *lane, PyObject *result)
+{
+    PyObject *new_blocks = PyMember_GetOne((const char *)result, lane->fields[2]);
+    PyObject *copies = new_blocks ? PyMember_GetOne((const char *)result, lane->fields[4]) : NULL;
+    int nothing = copies != NULL && PyTuple_CheckExact(new_blocks) &&
+                  PyTuple_CheckExact(copies) && PyTuple_GET_SIZE(copies) == 0;
+    for (Py_ssize_t g = 0; nothing && g < PyTuple_GET_SIZE(new_blocks); g++) {
+        PyObject *added = PyTuple_GET_ITEM(new_blocks, g);
+        nothing = PyTuple_CheckExact(added) && PyTuple_GET_SIZE(added) == 0;
+    }
+    Py_XDECREF(new_blocks);
+    Py_XDECREF(copies);
+    return PyErr_Occurred() ? -1 : nothing;
+}
+
+/* _handed_out for a chunk the lane served: the shared empty blocks when it allocated
+ * nothing, else the Python method (looked up on the manager, as vLLM's calls would). */
+static PyObject *
+handed_out(DropIn *self, PyObject *rid, PyObject *result)
+{
+    int nothing = allocated_nothing((Lane *)self->lane, result);
+    if (nothing) {
+        return nothing < 0 ? NULL : Py_NewRef(self->empty);
+    }
+    PyObject *method = PyObject_GetAttr(self->manager, s_handed_out);
+    if (method == NULL) {
+        return NULL;
+    }
+    PyObject *answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
+    Py_DECREF(method);
+    return answer;
+}
+
+/* The core's extend of a decode chunk through the lane: its answer, None (nothing changed:
+ * the general path's) or NULL. */
+static PyObject *
+lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
+            long long lookahead, PyObject *step)
+{
+    PyObject *current = PyObject_GetAttr(self->core, s_step);
+    PyObject *in_flight = current ? PyObject_GetAttr(self->core, s_in_flight) : NULL;
+    PyObject *budget_obj = PyLong_FromLongLong(budget);
+    PyObject *ahead = PyLong_FromLongLong(lookahead);
+    PyObject *answer = NULL;
+    if (in_flight != NULL && budget_obj != NULL && ahead != NULL) {
+        PyObject *argv[9] = {self->requests, rid, budget_obj, appended, ahead,
+                             step, zero, in_flight, current};
+        answer = Lane_extend((Lane *)self->lane, argv, 9);
+    }
+    Py_XDECREF(current);
+    Py_XDECREF(in_flight);
+    Py_XDECREF(budget_obj);
+    Py_XDECREF(ahead);
+    return answer;
+}
+
+/* _extend's decode chunk: every known token computed, nothing in flight or pending. */
+static int
+extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine,
+             long long computed, long long end, long long slots, PyObject **answer)
+{
+    PyObject *tokens = lane_get(mine, s_tokens);
+    if (tokens == NULL) {
+        return -1;
+    }
+    Py_ssize_t known = PyObject_Length(tokens);
+    Py_DECREF(tokens);
+    long long count;
+    int read = attr_count(request, s_num_tokens, &count);
+    if (known < 0 || read < 0) {
+        return -1;
+    }
+    long long real_end = min_ll(end, count);
+    if (!read || known != computed || real_end <= known) {
+        return 0; /* a prefill, or drafts only (slots, nothing computed) */
+    }
+    PyObject *appended = tokens_between(request, known, real_end);
+    if (appended == NULL) {
+        return -1;
+    }
+    PyObject *result =
+        lane_extend(self, rid, real_end - computed, appended, max_ll(slots - real_end, 0), Py_None);
+    Py_DECREF(appended);
+    if (result == NULL) {
+        return -1;
+    }
+    if (result == Py_None) {
+        Py_DECREF(result);
+        return 0;
+    }
+    *answer = handed_out(self, rid, result);
+    Py_DECREF(result);
+    return *answer == NULL ? -1 : 1;
+}
+
+/* _schedule_pending's chunk when the core's reserve holds its slots already (the quiet
+ * answer of reserve: no table changes), queued for start_pending. */
+static int
+pending_chunk(DropIn *self, PyObject *mine, PyObject *tracked, long long computed,
+              long long scheduled, long long end, long long slots, PyObject **answer)
+{
+    long long held, pipelined;
+    if (!lane_get_ll(mine, s_lookahead, &held) || !lane_get_ll(mine, s_pipelined, &pipelined)) {
+        return -1;
+    }
+    long long lookahead = max_ll(held, slots - computed - scheduled);
+    long long reach = max_ll(pipelined, end);
+    Lane *lane = (Lane *)self->lane;
+    if (lookahead != held || reach != pipelined) {
+        long long last_token = computed + scheduled + lookahead; /* holds_slots' end */
+        PyObject *tables = lane_get(mine, s_tables);
+        if (tables == NULL) {
+            return -1;
+        }
+        int holds = PyList_CheckExact(tables) && PyList_GET_SIZE(tables) == lane->groups;
+        for (Py_ssize_t g = 0; holds && g < lane->groups; g++) {
+            PyObject *table = PyList_GET_ITEM(tables, g);
+            long long last = cdiv(last_token, lane->size[g]) - 1;
+            holds = PyList_CheckExact(table) && last >= 0 && last < PyList_GET_SIZE(table);
+            if (holds) {
+                long long block = entry(table, (Py_ssize_t)last);
+                if (block == -1 && PyErr_Occurred()) {
+                    Py_DECREF(tables);
+                    return -1;
+                }
+                holds = block != 0;
+            }
+        }
+        Py_DECREF(tables);
+        if (!holds) {
+            return 0; /* reserve allocates: the Python path's */
+        }
+        if (!lane_set_ll(mine, s_lookahead, lookahead) || !lane_set_ll(mine, s_pipelined, reach)) {
+            return -1;
+        }
+    }
+    PyObject *queue = PyObject_GetAttr(tracked, s_pending);
+    PyObject *step = PyObject_GetAttr(self->core, s_step);
+    PyObject *chunk = step == NULL ? NULL : Py_BuildValue("(LLOO)", end, slots, step, zero);
+    PyObject *added = queue && chunk ? PyObject_CallMethodOneArg(queue, s_append, chunk) : NULL;
+    int ok = added != NULL;
+    Py_XDECREF(queue);
+    Py_XDECREF(step);
+    Py_XDECREF(chunk);
+    Py_XDECREF(added);
+    if (!ok) {
+        return -1;
+    }
+    *answer = Py_NewRef(self->empty);
+    return 1;
+}
+
+/* allocate_slots(request, num_new_tokens, num_lookahead_tokens=) for a running request's
+ * decode chunk: 1 served (*answer, or NULL on error), 0 the Python method's, -1 error. */
+static int
+serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+               PyObject **answer)
+{
+    long long tokens, ahead = 0, vllm_computed, keep;
+    if (nargs != 2 || !count_of(args[1], &tokens)) {
+        return 0;
+    }
+    if (kwnames != NULL) {
+        PyObject *name = PyTuple_GET_SIZE(kwnames) == 1 ? PyTuple_GET_ITEM(kwnames, 0) : NULL;
+        if (name == NULL || PyUnicode_Compare(name, s_num_lookahead_tokens) != 0 ||
+            !count_of(args[2], &ahead)) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    if (!same_core(self)) {
+        return 0;
+    }
+    PyObject *request = args[0];
+    PyObject *rid = PyObject_GetAttr(request, s_request_id);
+    if (rid == NULL || !PyUnicode_CheckExact(rid)) {
+        PyErr_Clear();
+        Py_XDECREF(rid);
+        return 0;
+    }
+    int served = 0;
+    PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
+    PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
+    long long computed, scheduled, step;
+    if (tracked == NULL) { /* an admission (or a request the facade never saw) */
+        PyErr_Clear();
+        goto done;
+    }
+    Py_INCREF(mine);
+    Py_INCREF(tracked);
+    served = attr_count(request, s_num_computed_tokens, &vllm_computed);
+    if (served == 1) {
+        served = attr_count(tracked, s_keep, &keep);
+    }
+    if (served == 1) {
+        served = attr_count(self->core, s_step, &step);
+    }
+    if (served == 1 && !(lane_get_ll(mine, s_computed, &computed) &&
+                         lane_get_ll(mine, s_scheduled, &scheduled))) {
+        served = -1;
+    }
+    if (served == 1 && vllm_computed < computed + scheduled) {
+        served = 0; /* a rewind: the Python method refuses it */
+    }
+    Py_ssize_t waiting = 0;
+    if (served == 1) {
+        PyObject *queue = PyObject_GetAttr(tracked, s_pending);
+        waiting = queue == NULL ? -1 : PyObject_Length(queue);
+        Py_XDECREF(queue);
+        served = waiting < 0 ? -1 : 1;
+    }
+    if (served == 1) {
+        long long end = vllm_computed + tokens;
+        long long slots = min_ll(max_ll(end + ahead, keep), self->max_model_len);
+        if (scheduled && step == 0) {
+            served = 0; /* unnumbered steps: the Python method ends the last one first */
+        } else if (scheduled || waiting) {
+            served = pending_chunk(self, mine, tracked, computed, scheduled, end, slots, answer);
+        } else {
+            served = extend_chunk(self, request, rid, mine, computed, end, slots, answer);
+        }
+    }
+    Py_DECREF(mine);
+    Py_DECREF(tracked);
+done:
+    Py_DECREF(rid);
+    return served;
+}
+
+/* The Python definition, called with the manager before the caller's arguments. */
+static PyObject *
+call_with_manager(DropIn *self, PyObject *function, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
+{
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[16];
+    PyObject **stack = total < 16 ? small : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (stack == NULL) {
+        return PyErr_NoMemory();
+    }
+    stack[0] = self->manager;
+    if (total) {
+        memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
+    }
+    PyObject *answer = PyObject_Vectorcall(function, stack, (size_t)nargs + 1, kwnames);
+    if (stack != small) {
+        PyMem_Free(stack);
+    }
+    return answer;
+}
+
+static PyObject *
+DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *answer = NULL;
+    int served = serve_allocate(self, args, nargs, kwnames, &answer);
+    if (served < 0) {
+        return NULL;
+    }
+    return served ? answer : call_with_manager(self, self->general, args, nargs, kwnames);
+}
+
+/* start_pending's chunk of `rid`: 1 started here, 0 the Python _start_chunk's, -1 error. */
+static int
+start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject *request)
+{
+    long long computed, known, end, slots, checkpoint, count;
+    PyObject *tokens = lane_get(mine, s_tokens);
+    if (tokens == NULL || !lane_get_ll(mine, s_computed, &computed)) {
+        Py_XDECREF(tokens);
+        return -1;
+    }
+    known = PyObject_Length(tokens);
+    Py_DECREF(tokens);
+    PyObject *oldest = PySequence_GetItem(queue, 0);
+    PyObject *latest = oldest ? PySequence_GetItem(queue, -1) : NULL;
+    int served = latest != NULL && known >= 0;
+    served = served && PyTuple_CheckExact(oldest) && PyTuple_GET_SIZE(oldest) == 4 &&
+             PyTuple_CheckExact(latest) && PyTuple_GET_SIZE(latest) == 4 &&
+             count_of(PyTuple_GET_ITEM(oldest, 0), &end) &&
+             count_of(PyTuple_GET_ITEM(latest, 1), &slots) &&
+             count_of(PyTuple_GET_ITEM(oldest, 3), &checkpoint) && checkpoint == 0;
+    PyObject *step = served ? Py_NewRef(PyTuple_GET_ITEM(oldest, 2)) : NULL;
+    Py_XDECREF(oldest);
+    Py_XDECREF(latest);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(step);
+        return -1;
+    }
+    if (served && request != NULL) {
+        int read = attr_count(request, s_num_tokens, &count);
+        long long real_end = read == 1 ? min_ll(end, count) : 0;
+        served = read;
+        if (read == 1 && real_end > computed) {
+            served = 0;
+            if (real_end > known && known == computed) { /* else a prefill: Python's */
+                PyObject *appended = tokens_between(request, known, real_end);
+                PyObject *result = appended == NULL ? NULL
+                                   : lane_extend(self, rid, real_end - computed, appended,
+                                                 max_ll(slots - real_end, 0), step);
+                Py_XDECREF(appended);
+                served = result == NULL ? -1 : result != Py_None;
+                int nothing = served == 1 ? allocated_nothing((Lane *)self->lane, result) : 1;
+                if (nothing <= 0) { /* its slots were held: new blocks are an error */
+                    PyObject *checked = nothing < 0 ? NULL
+                                        : PyObject_CallMethodObjArgs(self->manager,
+                                                                     s_check_started, rid,
+                                                                     result, NULL);
+                    served = checked == NULL ? -1 : 1;
+                    Py_XDECREF(checked);
+                }
+                Py_XDECREF(result);
+            }
+        }
+    }
+    Py_XDECREF(step);
+    if (served == 1) { /* as the Python method, the chunk leaves the queue */
+        PyObject *popped = PyObject_CallMethodNoArgs(queue, s_popleft);
+        served = popped == NULL ? -1 : 1;
+        Py_XDECREF(popped);
+    }
+    return served;
+}
+
+static PyObject *
+DropIn_start_pending(DropIn *self, PyObject *requests)
+{
+    if (!PyDict_CheckExact(requests) || !same_core(self)) {
+        return PyObject_CallFunctionObjArgs(self->pending, self->manager, requests, NULL);
+    }
+    /* the requests with chunks pending, each still the core's (else Python says why) */
+    PyObject *ready = PyList_New(0);
+    PyObject *rid, *tracked;
+    Py_ssize_t at = 0;
+    while (ready != NULL && PyDict_Next(self->tracked, &at, &rid, &tracked)) {
+        PyObject *queue = PyObject_GetAttr(tracked, s_pending);
+        Py_ssize_t waiting = queue == NULL ? -1 : PyObject_Length(queue);
+        PyObject *mine = waiting > 0 ? PyDict_GetItemWithError(self->requests, rid) : NULL;
+        PyObject *pair = mine ? PyTuple_Pack(3, rid, queue, mine) : NULL;
+        if (waiting < 0 || PyErr_Occurred() || (pair != NULL && PyList_Append(ready, pair) < 0)) {
+            Py_CLEAR(ready);
+        } else if (waiting > 0 && mine == NULL) {
+            Py_XDECREF(queue);
+            Py_DECREF(ready);
+            return PyObject_CallFunctionObjArgs(self->pending, self->manager, requests, NULL);
+        }
+        Py_XDECREF(pair);
+        Py_XDECREF(queue);
+    }
+    if (ready == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ready); k++) {
+        PyObject *item = PyList_GET_ITEM(ready, k);
+        PyObject *name = PyTuple_GET_ITEM(item, 0), *queue = PyTuple_GET_ITEM(item, 1);
+        PyObject *mine = PyTuple_GET_ITEM(item, 2);
+        long long scheduled;
+        if (!lane_get_ll(mine, s_scheduled, &scheduled)) {
+            Py_DECREF(ready);
+            return NULL;
+        }
+        if (scheduled) {
+            continue; /* its chunk in flight runs in a later step */
+        }
+        PyObject *request = PyDict_GetItemWithError(requests, name);
+        int served = PyErr_Occurred() ? -1 : start_one(self, name, queue, mine, request);
+        if (served == 0) {
+            PyObject *progress = PyObject_CallMethodOneArg(self->core, s_progress_of, name);
+            PyObject *done = progress == NULL ? NULL
+                             : PyObject_CallFunctionObjArgs(self->start_chunk, self->manager, name,
+                                                            queue, progress,
+                                                            request ? request : Py_None, NULL);
+            served = done == NULL ? -1 : 1;
+            Py_XDECREF(progress);
+            Py_XDECREF(done);
+        }
+        if (served < 0) {
+            Py_DECREF(ready);
+            return NULL;
+        }
+    }
+    Py_DECREF(ready);
+    Py_RETURN_NONE;
+}
+
+static int
+DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"manager", "general", "pending", "start_chunk", NULL};
+    PyObject *manager, *general, *pending, *start_chunk;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:DropIn", names, &manager, &general,
+                                     &pending, &start_chunk)) {
+        return -1;
+    }
+    PyObject *core = PyObject_GetAttr(manager, s_core);
+    PyObject *lane = core ? PyObject_GetAttr(core, s_lane) : NULL;
+    PyObject *got[] = {
+        core ? PyObject_GetAttrString(core, "_requests") : NULL,
+        PyObject_GetAttrString(manager, "_tracked"),
+        PyObject_GetAttrString(manager, "empty_kv_cache_blocks"),
+        PyObject_GetAttrString(manager, "max_model_len"),
+    };
+    int ok = lane != NULL && got[0] && got[1] && got[2] && got[3];
+    if (ok && (!PyObject_TypeCheck(lane, &LaneType) || !PyDict_CheckExact(got[0]) ||
+               !PyDict_CheckExact(got[1]))) {
+        PyErr_SetString(PyExc_TypeError, "DropIn serves a drop-in manager whose core runs the "
+                                         "decode lane (kvcert.reference.vllm.lane)");
+        ok = 0;
+    }
+    long long limit = ok ? PyLong_AsLongLong(got[3]) : 0;
+    if (ok && (PyErr_Occurred() || limit < 1)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "the manager's max_model_len must be a positive int");
+        ok = 0;
+    }
+    if (ok) {
+        PyObject **fields[] = {&self->manager, &self->core, &self->lane, &self->requests,
+                               &self->tracked, &self->empty, &self->general, &self->pending,
+                               &self->start_chunk};
+        PyObject *values[] = {manager, core, lane, got[0], got[1], got[2], general, pending,
+                              start_chunk};
+        for (size_t k = 0; k < sizeof(values) / sizeof(values[0]); k++) {
+            Py_XSETREF(*fields[k], Py_NewRef(values[k]));
+        }
+        self->max_model_len = limit;
+        self->vectorcall = (vectorcallfunc)DropIn_call;
+    }
+    Py_XDECREF(core);
+    Py_XDECREF(lane);
+    for (size_t k = 0; k < sizeof(got) / sizeof(got[0]); k++) {
+        Py_XDECREF(got[k]);
+    }
+    return ok ? 0 : -1;
+}
+
+static int
+DropIn_traverse(DropIn *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->manager);
+    Py_VISIT(self->core);
+    Py_VISIT(self->lane);
+    Py_VISIT(self->requests);
+    Py_VISIT(self->tracked);
+    Py_VISIT(self->empty);
+    Py_VISIT(self->general);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->start_chunk);
+    return 0;
+}
+
+static int
+DropIn_clear(DropIn *self)
+{
+    Py_CLEAR(self->manager);
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->lane);
+    Py_CLEAR(self->requests);
+    Py_CLEAR(self->tracked);
+    Py_CLEAR(self->empty);
+    Py_CLEAR(self->general);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->start_chunk);
+    return 0;
+}
+
+static void
+DropIn_dealloc(DropIn *self)
+{
+    PyObject_GC_UnTrack(self);
+    DropIn_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Called before init (or after a failed one): the Python method answers every call. */
+static PyObject *
+DropIn_unready(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyErr_SetString(PyExc_TypeError, "DropIn was not initialised");
+    return NULL;
+}
+
+static PyObject *
+DropIn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    DropIn *self = (DropIn *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->vectorcall = (vectorcallfunc)DropIn_unready;
+    }
+    return (PyObject *)self;
+}
+
+static PyMethodDef DropIn_methods[] = {
+    {"start_pending", (PyCFunction)DropIn_start_pending, METH_O,
+     "start_pending(requests): the drop-in's start_pending, its decode chunks through the "
+     "core's lane"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject DropInType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._decodelane.DropIn",
+    .tp_basicsize = sizeof(DropIn),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The vLLM drop-in's allocate_slots (this object, called) and start_pending, "
+              "for decode chunks, through the core's decode lane.",
+    .tp_new = DropIn_new,
+    .tp_init = (initproc)DropIn_init,
+    .tp_traverse = (traverseproc)DropIn_traverse,
+    .tp_clear = (inquiry)DropIn_clear,
+    .tp_dealloc = (destructor)DropIn_dealloc,
+    .tp_vectorcall_offset = offsetof(DropIn, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_methods = DropIn_methods,
+};
+
+/* The interned names, at import. */
+int
+dropin_ready(void)
+{
+    struct {
+        PyObject **name;
+        const char *text;
+    } strings[] = {
+        {&s_request_id, "request_id"}, {&s_num_computed_tokens, "num_computed_tokens"},
+        {&s_num_tokens, "num_tokens"}, {&s_all_token_ids, "all_token_ids"},
+        {&s_pending, "pending"}, {&s_keep, "keep"}, {&s_core, "core"},
+        {&s_lane, "_lane"}, {&s_step, "_step"}, {&s_handed_out, "_handed_out"},
+        {&s_append, "append"}, {&s_popleft, "popleft"},
+        {&s_num_lookahead_tokens, "num_lookahead_tokens"}, {&s_progress_of, "progress_of"},
+        {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
+    };
+    for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
+        *strings[k].name = PyUnicode_InternFromString(strings[k].text);
+        if (*strings[k].name == NULL) {
+            return -1;
+        }
+    }
+    zero = PyLong_FromLong(0);
+    return zero == NULL ? -1 : PyType_Ready(&DropInType);
+}

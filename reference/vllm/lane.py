@@ -1,0 +1,63 @@
+"""Which drop-in managers answer vLLM's calls for a decode chunk compiled
+(reference/_decodelane_dropin.c).
+
+vLLM's Scheduler calls `allocate_slots` once per running request and step, and kvcert's
+scheduler `start_pending` once per step. For a decode chunk the drop-in's Python methods
+cost several microseconds a call around the core's decode lane, which itself takes a
+fraction of one. The compiled `DropIn` answers such a chunk through the core's lane
+directly: one that extends the request (synchronous scheduling), one scheduled behind the
+chunk in flight whose slots are held already (asynchronous), and the start of such a chunk.
+Every other call it passes, unchanged, to the Python method, which stays the definition;
+kvcert.conformance.vllm.checks.drop_in_lane holds the two equal through vLLM's own Scheduler.
+
+It serves a manager whose core runs its decode lane (kvcert.reference.decode_lane) and that
+computes nothing more per chunk than the lane does: no hash view (`vllm_hash_view`), no
+state groups (so no runner checkpoints and no drafts' state blocks), and the class's own
+methods (a subclass overriding them is served by them). Else, or unbuilt, or with
+KVCERT_PURE_PYTHON=1, the Python methods answer every call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvcert.reference.native import native
+
+if TYPE_CHECKING:
+    from kvcert.reference.vllm.manager import KVCacheManager
+
+# the methods the compiled calls stand for, or call back
+DEFINITIONS = ("allocate_slots", "start_pending", "_start_chunk", "_check_started", "_handed_out")
+
+
+def serves(manager: Any, definitions: type[KVCacheManager]) -> bool:
+    """Whether the compiled calls' contract covers `manager` (the module docstring's list);
+    `definitions`: the drop-in class whose methods define them."""
+    core = manager.core
+    return (
+        core._lane is not None
+        and all(getattr(type(manager), name) is getattr(definitions, name) for name in DEFINITIONS)
+        and manager.hash_view is None
+        and not manager._has_state
+        and manager._runner_checkpoints is None
+        and not manager._draft_state_block
+        and not any(group.speculative_blocks for group in core.config.groups)
+    )
+
+
+def install(manager: Any, definitions: type[KVCacheManager]) -> None:
+    """Serve `manager`'s allocate_slots and start_pending compiled where `serves` says so,
+    else by the class's methods; called again whenever the manager rebuilds its core."""
+    for name in ("allocate_slots", "start_pending"):
+        vars(manager).pop(name, None)
+    compiled = native("_decodelane")
+    if compiled is None or not serves(manager, definitions):
+        return
+    drop_in = compiled.DropIn(
+        manager=manager,
+        general=definitions.allocate_slots,
+        pending=definitions.start_pending,
+        start_chunk=definitions._start_chunk,
+    )
+    manager.allocate_slots = drop_in
+    manager.start_pending = drop_in.start_pending
