@@ -287,6 +287,10 @@ Lane_take_published(Lane *lane, PyObject *unused)
 }
 
 static PyMethodDef Lane_methods[] = {
+    {"publish", (PyCFunction)Lane_publish, METH_O,
+     "publish(request) -> how many blocks its chunk just scheduled completes, registered now "
+     "as commit.Registrar.publish does (same-pass visibility); None (nothing done) when the "
+     "general path must publish"},
     {"take_published", (PyCFunction)Lane_take_published, METH_NOARGS,
      "take_published() -> how many blocks the lane's launches published (same-pass "
      "visibility, ALLOC-VIS-2) since the last call"},

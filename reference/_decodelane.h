@@ -110,7 +110,11 @@ entry(PyObject *table, Py_ssize_t j)
 PyObject *Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Lane_publish(Lane *lane, PyObject *request);
 int lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObject *in_flight);
+PyObject *make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks);
+PyObject *lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
+                       long long lookahead, long long pipelined);
 
 /* the lane's type, and the vLLM drop-in's calls over it (_decodelane_dropin.c) */
 extern PyTypeObject LaneType, DropInType;

@@ -360,6 +360,20 @@ done:
     return count;
 }
 
+/* publish(request) -> commit.Registrar.publish for `request`'s chunk just scheduled (what
+ * it completes registered now, ALLOC-VIS-2), or None (nothing done) where the general path
+ * must publish. */
+PyObject *
+Lane_publish(Lane *lane, PyObject *request)
+{
+    long long computed, scheduled;
+    if (!lane_get_ll(request, s_computed, &computed) ||
+        !lane_get_ll(request, s_scheduled, &scheduled)) {
+        return NULL;
+    }
+    return publish(lane, request, computed, scheduled);
+}
+
 /* KVCacheManager._launch: the chunk runs in `step`; under same-pass visibility the blocks
  * it completes are published now (ALLOC-VIS-2). 0 on error. */
 int

@@ -31,7 +31,7 @@ typedef struct {
     long long max_model_len;
 } DropIn;
 
-static PyObject *s_request_id, *s_num_computed_tokens, *s_num_tokens, *s_all_token_ids,
+static PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *zero;
 
@@ -88,9 +88,11 @@ same_core(DropIn *self)
     return same;
 }
 
-/* vLLM's tokens [known, end) of `request` (its all_token_ids), as a list. */
+/* vLLM's tokens from `known` to the least of `end` and its token count (a slice of its
+ * all_token_ids, which stops at the count), as a list: one read where num_tokens and the
+ * slice would be two calls into Python. */
 static PyObject *
-tokens_between(PyObject *request, long long known, long long end)
+tokens_from(PyObject *request, long long known, long long end)
 {
     PyObject *all = PyObject_GetAttr(request, s_all_token_ids);
     if (all == NULL) {
@@ -174,18 +176,20 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine,
     }
     Py_ssize_t known = PyObject_Length(tokens);
     Py_DECREF(tokens);
-    long long count;
-    int read = attr_count(request, s_num_tokens, &count);
-    if (known < 0 || read < 0) {
+    if (known < 0) {
         return -1;
     }
-    long long real_end = min_ll(end, count);
-    if (!read || known != computed || real_end <= known) {
-        return 0; /* a prefill, or drafts only (slots, nothing computed) */
+    if (known != computed) {
+        return 0; /* a prefill */
     }
-    PyObject *appended = tokens_between(request, known, real_end);
+    PyObject *appended = tokens_from(request, known, end);
     if (appended == NULL) {
         return -1;
+    }
+    long long real_end = known + PyList_GET_SIZE(appended);
+    if (real_end == known) { /* drafts only (slots, nothing computed) */
+        Py_DECREF(appended);
+        return 0;
     }
     PyObject *result =
         lane_extend(self, rid, real_end - computed, appended, max_ll(slots - real_end, 0), Py_None);
@@ -202,10 +206,10 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine,
     return *answer == NULL ? -1 : 1;
 }
 
-/* _schedule_pending's chunk when the core's reserve holds its slots already (the quiet
- * answer of reserve: no table changes), queued for start_pending. */
+/* _schedule_pending's chunk: the core's reserve of its slots (no table changes when they
+ * are held already, else the lane's allocation), the chunk queued for start_pending. */
 static int
-pending_chunk(DropIn *self, PyObject *mine, PyObject *tracked, long long computed,
+pending_chunk(DropIn *self, PyObject *rid, PyObject *mine, PyObject *tracked, long long computed,
               long long scheduled, long long end, long long slots, PyObject **answer)
 {
     long long held, pipelined;
@@ -215,6 +219,7 @@ pending_chunk(DropIn *self, PyObject *mine, PyObject *tracked, long long compute
     long long lookahead = max_ll(held, slots - computed - scheduled);
     long long reach = max_ll(pipelined, end);
     Lane *lane = (Lane *)self->lane;
+    PyObject *result = NULL; /* the lane's Scheduled, when it allocated */
     if (lookahead != held || reach != pipelined) {
         long long last_token = computed + scheduled + lookahead; /* holds_slots' end */
         PyObject *tables = lane_get(mine, s_tables);
@@ -236,27 +241,34 @@ pending_chunk(DropIn *self, PyObject *mine, PyObject *tracked, long long compute
             }
         }
         Py_DECREF(tables);
-        if (!holds) {
-            return 0; /* reserve allocates: the Python path's */
-        }
-        if (!lane_set_ll(mine, s_lookahead, lookahead) || !lane_set_ll(mine, s_pipelined, reach)) {
-            return -1;
+        if (holds) { /* releases nothing, changes no table: the quiet bounds stand */
+            if (!lane_set_ll(mine, s_lookahead, lookahead) ||
+                !lane_set_ll(mine, s_pipelined, reach)) {
+                return -1;
+            }
+        } else {
+            result = lane_reserve(lane, mine, computed, computed + scheduled, lookahead, reach);
+            if (result == NULL || result == Py_None) {
+                Py_XDECREF(result);
+                return result == NULL ? -1 : 0; /* Waiting, or beyond the lane: Python's */
+            }
         }
     }
     PyObject *queue = PyObject_GetAttr(tracked, s_pending);
     PyObject *step = PyObject_GetAttr(self->core, s_step);
     PyObject *chunk = step == NULL ? NULL : Py_BuildValue("(LLOO)", end, slots, step, zero);
     PyObject *added = queue && chunk ? PyObject_CallMethodOneArg(queue, s_append, chunk) : NULL;
-    int ok = added != NULL;
     Py_XDECREF(queue);
     Py_XDECREF(step);
     Py_XDECREF(chunk);
-    Py_XDECREF(added);
-    if (!ok) {
+    if (added == NULL) {
+        Py_XDECREF(result);
         return -1;
     }
-    *answer = Py_NewRef(self->empty);
-    return 1;
+    Py_DECREF(added);
+    *answer = result ? handed_out(self, rid, result) : Py_NewRef(self->empty);
+    Py_XDECREF(result);
+    return *answer == NULL ? -1 : 1;
 }
 
 /* allocate_slots(request, num_new_tokens, num_lookahead_tokens=) for a running request's
@@ -324,7 +336,8 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
         if (scheduled && step == 0) {
             served = 0; /* unnumbered steps: the Python method ends the last one first */
         } else if (scheduled || waiting) {
-            served = pending_chunk(self, mine, tracked, computed, scheduled, end, slots, answer);
+            served = pending_chunk(self, rid, mine, tracked, computed, scheduled, end, slots,
+                                   answer);
         } else {
             served = extend_chunk(self, request, rid, mine, computed, end, slots, answer);
         }
@@ -374,7 +387,7 @@ DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwname
 static int
 start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject *request)
 {
-    long long computed, known, end, slots, checkpoint, count;
+    long long computed, known, end, slots, checkpoint;
     PyObject *tokens = lane_get(mine, s_tokens);
     if (tokens == NULL || !lane_get_ll(mine, s_computed, &computed)) {
         Py_XDECREF(tokens);
@@ -398,29 +411,26 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
         return -1;
     }
     if (served && request != NULL) {
-        int read = attr_count(request, s_num_tokens, &count);
-        long long real_end = read == 1 ? min_ll(end, count) : 0;
-        served = read;
-        if (read == 1 && real_end > computed) {
-            served = 0;
-            if (real_end > known && known == computed) { /* else a prefill: Python's */
-                PyObject *appended = tokens_between(request, known, real_end);
-                PyObject *result = appended == NULL ? NULL
-                                   : lane_extend(self, rid, real_end - computed, appended,
-                                                 max_ll(slots - real_end, 0), step);
-                Py_XDECREF(appended);
-                served = result == NULL ? -1 : result != Py_None;
-                int nothing = served == 1 ? allocated_nothing((Lane *)self->lane, result) : 1;
-                if (nothing <= 0) { /* its slots were held: new blocks are an error */
-                    PyObject *checked = nothing < 0 ? NULL
-                                        : PyObject_CallMethodObjArgs(self->manager,
-                                                                     s_check_started, rid,
-                                                                     result, NULL);
-                    served = checked == NULL ? -1 : 1;
-                    Py_XDECREF(checked);
-                }
-                Py_XDECREF(result);
+        served = 0;
+        if (known == computed) { /* else a prefill: Python's */
+            PyObject *appended = tokens_from(request, known, end);
+            long long real_end = appended ? known + PyList_GET_SIZE(appended) : 0;
+            PyObject *result = appended == NULL || real_end == known ? NULL
+                               : lane_extend(self, rid, real_end - computed, appended,
+                                             max_ll(slots - real_end, 0), step);
+            /* nothing to compute (vLLM stopped the request): the chunk leaves, slots held */
+            served = appended == NULL ? -1 : real_end == known ? 1
+                     : result == NULL ? -1 : result != Py_None;
+            Py_XDECREF(appended);
+            int nothing = served == 1 && result ? allocated_nothing((Lane *)self->lane, result) : 1;
+            if (nothing <= 0) { /* its slots were held: new blocks are an error */
+                PyObject *checked = nothing < 0 ? NULL
+                                    : PyObject_CallMethodObjArgs(self->manager, s_check_started,
+                                                                 rid, result, NULL);
+                served = checked == NULL ? -1 : 1;
+                Py_XDECREF(checked);
             }
+            Py_XDECREF(result);
         }
     }
     Py_XDECREF(step);
@@ -631,7 +641,7 @@ dropin_ready(void)
         const char *text;
     } strings[] = {
         {&s_request_id, "request_id"}, {&s_num_computed_tokens, "num_computed_tokens"},
-        {&s_num_tokens, "num_tokens"}, {&s_all_token_ids, "all_token_ids"},
+        {&s_all_token_ids, "all_token_ids"},
         {&s_pending, "pending"}, {&s_keep, "keep"}, {&s_core, "core"},
         {&s_lane, "_lane"}, {&s_step, "_step"}, {&s_handed_out, "_handed_out"},
         {&s_append, "append"}, {&s_popleft, "popleft"},

@@ -417,14 +417,17 @@ fail:
     return NULL;
 }
 
-/* The table-changing decode step of `request` (nothing in flight, `count` valid tokens
- * appended after its `computed` ones, within max_model_len): the new blocks per group, or
- * None (nothing changed: the pool cannot fit it, or the plan is too large to list). */
+/* The tables' changes for the chunk [computed, end) holding slots up to end + lookahead,
+ * applied: the table-changing decode step of `request` (`appended`: its `count` valid
+ * tokens after its `computed` ones, nothing in flight, within max_model_len), or with
+ * `appended` NULL the allocation of KVCacheManager.reserve (`_reserve_slow`: `end` the end
+ * of the chunk in flight, the lookahead and `pipelined` its new ones). The new blocks per
+ * group, or None (nothing changed: the pool cannot fit it, or the plan is too large to
+ * list). */
 static PyObject *
-advance(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_ssize_t count,
-        long long lookahead, long long computed)
+replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_ssize_t count,
+       long long lookahead, long long computed, long long end, long long pipelined)
 {
-    long long end = computed + count;
     PyObject *tables = lane_get(request, s_tables);
     PyObject *held_from = tables == NULL ? NULL : lane_get(request, s_held_from);
     PyObject *result = NULL, *taken = NULL;
@@ -501,16 +504,21 @@ advance(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_
     } else {
         Py_SETREF(added, Py_NewRef(lane->no_blocks));
     }
-    PyObject *extended = PyObject_CallMethodOneArg(tokens, s_extend, appended);
-    if (extended == NULL || !lane_set_ll(lane->pool, s_num_free, num_free - plan.wanted) ||
-        !lane_set_ll(request, s_scheduled, count) || !lane_set_ll(request, s_lookahead, lookahead) ||
-        lane_set(request, s_decoding, Py_True) < 0 ||
-        !plan_quiet(lane, request, tables, held_from, computed + count)) {
-        Py_XDECREF(extended);
+    PyObject *extended = appended ? PyObject_CallMethodOneArg(tokens, s_extend, appended)
+                                  : Py_NewRef(Py_None);
+    int moved = extended != NULL && lane_set_ll(lane->pool, s_num_free, num_free - plan.wanted) &&
+                lane_set_ll(request, s_lookahead, lookahead);
+    if (appended) {
+        moved = moved && lane_set_ll(request, s_scheduled, count) &&
+                lane_set(request, s_decoding, Py_True) == 0;
+    } else {
+        moved = moved && lane_set_ll(request, s_pipelined, pipelined);
+    }
+    Py_XDECREF(extended);
+    if (!moved || !plan_quiet(lane, request, tables, held_from, end)) {
         Py_DECREF(added);
         goto done;
     }
-    Py_DECREF(extended);
     result = added;
 done:
     if (counts_open) {
@@ -527,7 +535,7 @@ done:
 }
 
 /* A Scheduled(0, scheduled, new_blocks) (tables None, copies empty), or NULL. */
-static PyObject *
+PyObject *
 make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks)
 {
     PyObject *values[5] = {PyLong_FromLong(0), PyLong_FromSsize_t(scheduled),
@@ -675,7 +683,8 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         answer = Py_NewRef(Py_None); /* max_model_len: the general path says so */
         goto done;
     }
-    PyObject *added = advance(lane, request, tokens, appended, count, lookahead, computed);
+    PyObject *added =
+        replan(lane, request, tokens, appended, count, lookahead, computed, end, -1);
     if (added == NULL || added == Py_None) {
         answer = added;
         goto done;
@@ -689,3 +698,23 @@ done:
     return answer;
 }
 
+
+/* KVCacheManager.reserve's allocation (`_reserve_slow`) for `request`, whose chunk in flight
+ * ends at `end`, with its new lookahead and `pipelined` (the caller has found that reserve
+ * changes something and no state group or checkpoint is involved): its Scheduled, or None
+ * (nothing changed) where the general path must answer, Waiting included. */
+PyObject *
+lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
+             long long lookahead, long long pipelined)
+{
+    if (end > MAX_PLAN || lookahead > MAX_PLAN) {
+        Py_RETURN_NONE;
+    }
+    PyObject *added = replan(lane, request, NULL, NULL, 0, lookahead, computed, end, pipelined);
+    if (added == NULL || added == Py_None) {
+        return added;
+    }
+    PyObject *answer = make_scheduled(lane, 0, added);
+    Py_DECREF(added);
+    return answer;
+}

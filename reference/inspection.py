@@ -38,6 +38,20 @@ class Inspection:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
         return tuple(tuple(t) for t in self._running(rid).tables)
 
+    def table_tails(
+        self, rid: str, starts: Sequence[int]
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """Each group's table from `starts[g]` on (what an engine whose worker holds that
+        many entries appends), and each table's length, at a cost proportional to the tails,
+        not the tables."""
+        tables = self._running(rid).tables
+        if len(starts) != len(tables):
+            raise RequestStateError(f"{len(starts)} table starts for {len(tables)} groups")
+        for start in starts:
+            inputs.position(start, "a table start")
+        tails = tuple(tuple(t[s:]) for t, s in zip(tables, starts, strict=True))
+        return tails, tuple(map(len, tables))
+
     def cached_block(
         self, prompt: Sequence[int] | Prompt, group: int, end: int, *, after_steps: bool = False
     ) -> int | None:

@@ -524,7 +524,7 @@ class KVCacheManager(HitQueries):
         same-pass visibility the attention blocks it completes are hittable from now on."""
         self._in_flight[rid] = self._step if step is None else step
         if self._same_pass and request.computed + request.scheduled >= request.commit_at:
-            self._published_in_step += self._commits.publish(self.pool, rid, request)
+            self._published_in_step += self._publish(rid, request)
             if self._tails is not None:  # HIT-UNIT-5: no copy reads them before the pass
                 self._tails.flying.update(self._commits.withdrawn(self.pool, request))
 
@@ -638,6 +638,15 @@ class KVCacheManager(HitQueries):
             if registered is not None:
                 return registered
         return self._commits.register(self.pool, rid, request, before)
+
+    def _publish(self, rid: str, request: Request) -> int:
+        """Publish what `request`'s chunk just scheduled completes (commit.Registrar.publish),
+        compiled where the lane registers for this manager (decode_lane)."""
+        if self._lane_registers and self._lane is not None:
+            published = self._lane.publish(request)
+            if published is not None:
+                return published
+        return self._commits.publish(self.pool, rid, request)
 
     def accept(self, rid: str, tokens: Sequence[int]) -> int:
         """`tokens` come right after running request `rid`'s known tokens, and a step that

@@ -365,7 +365,7 @@ class KVCacheManager(BlockTableViews):
         tables = result.tables or ()
         self._copies += result.copies  # `unit U`: the blocks a hit ends inside
         self._check_runner_columns(request, hit, hit + num_new_tokens, checkpoint)
-        self._saw(rid, tables)
+        self._saw(rid, [len(t) for t in tables])
         self._note_new(result)
         start = [len(t) - len(n) for t, n in zip(tables, result.new_blocks, strict=True)]
         return self._wrap(
@@ -559,16 +559,15 @@ class KVCacheManager(BlockTableViews):
             return self.empty_kv_cache_blocks
         self._note_new(result)
         seen = self._tracked[rid].seen
-        tables = self.core.block_tables(rid)
-        tails = [t[s:] for t, s in zip(tables, seen, strict=True)]
-        if sum(map(len, result.new_blocks)) != sum(b != 0 for t in tails for b in t):
+        tails, lengths = self.core.table_tails(rid, seen)
+        if sum(map(len, result.new_blocks)) != sum(len(t) - t.count(0) for t in tails):
             raise IntegrationError(  # never hand vLLM's worker a table it cannot append
                 f"request {rid!r}: a new block landed inside the table vLLM's worker holds"
             )
-        self._saw(rid, tables)
+        self._saw(rid, lengths)
         return self._wrap(tails)
 
-    def _saw(self, rid: str, tables: Sequence[Sequence[int]]) -> None:
+    def _saw(self, rid: str, lengths: Sequence[int]) -> None:
         """Record the table lengths vLLM's worker now holds, and the slots that keep every
         attention table's last block. Never releasing one matters: the worker only appends
         to a block table, so a released tail position could not be handed a block again; an
@@ -576,11 +575,10 @@ class KVCacheManager(BlockTableViews):
         block_size. A state group's table only grows with its chunks' ends (ALLOC-SPEC-1's
         positions included), whatever the slots: counting it would hold attention blocks for
         slots no draft reaches."""
-        lengths = [len(t) for t in tables]
         sizes = zip(lengths, self._slot_sizes, strict=True)
         keep = max(((n - 1) * size + 1 for n, size in sizes if n and size), default=0)
         tracked = self._tracked.setdefault(rid, _Tracked())
-        tracked.seen, tracked.keep = lengths, keep
+        tracked.seen, tracked.keep = list(lengths), keep
 
     def _note_new(self, result: Scheduled) -> None:
         if self._zeroed:

@@ -27,8 +27,8 @@ class BlockTableViews:
     def _wrap(self, tables: Sequence[Sequence[int]]) -> Any:
         if not any(tables):
             return self.empty_kv_cache_blocks
-        blocks = self.blocks
-        return KVCacheBlocks(tuple([blocks[b] for b in t] for t in tables))
+        view = self.blocks.__getitem__
+        return KVCacheBlocks(tuple(list(map(view, t)) for t in tables))
 
     def get_blocks(self, request_id: str) -> Any:
         if not self.core.is_running(request_id):

@@ -71,6 +71,11 @@ class Counted:
     def end_chunks(self, *args: Any) -> Any:
         return self.lane.end_chunks(*args)
 
+    def publish(self, request: Any) -> int | None:
+        published = self.lane.publish(request)
+        SERVED["published"] += published or 0
+        return published
+
     def take_published(self) -> int:
         published = self.lane.take_published()
         SERVED["published"] += published
