@@ -5,6 +5,7 @@ all of them agree."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from kvcert.reference.hashing import ExtraKey, ExtraKind
@@ -46,3 +47,19 @@ def request_extras(request: Any) -> tuple[ExtraKey, ...]:
         digest.update(data.view(torch.uint8).numpy().tobytes())
         extras.append(ExtraKey(ExtraKind.PROMPT_EMBEDS, digest.hexdigest(), 0, len(data)))
     return tuple(extras)
+
+
+def token_view(request: Any) -> Sequence[int]:
+    """vLLM's view of a request's tokens (`all_token_ids`, a read-only view of its list),
+    or, while that list is still a copy of the prompt's token ids, that plain list, which
+    packs without listing the view first (a 52k-token prompt: 0.14 ms less). A prompt mixing
+    ids and embeddings zeroes the embedded positions in its view, so only the view serves
+    it."""
+    prompt = getattr(request, "prompt_token_ids", None)
+    if (
+        type(prompt) is list
+        and getattr(request, "prompt_is_token_ids", None) is None
+        and len(prompt) == request.num_tokens
+    ):
+        return prompt
+    return request.all_token_ids  # type: ignore[no-any-return]

@@ -47,7 +47,7 @@ from kvcert.reference.manager import Progress, Prompt, Scheduled, Waiting
 from kvcert.reference.vllm.blocks import PoolBlock
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Announcer, Publishing
-from kvcert.reference.vllm.extras import request_extras
+from kvcert.reference.vllm.extras import request_extras, token_view
 from kvcert.reference.vllm.lane import install
 from kvcert.reference.vllm.layout import (
     IntegrationError,
@@ -235,7 +235,7 @@ class KVCacheManager(BlockTableViews):
         if tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
             return tracked.prompt
         # digested from vLLM's view of the tokens: `prompt` packs its own copy
-        tracked.prompt = self.core.prompt(request.all_token_ids, request_extras(request))
+        tracked.prompt = self.core.prompt(token_view(request), request_extras(request))
         return tracked.prompt
 
     def get_computed_blocks(

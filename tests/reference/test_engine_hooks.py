@@ -464,3 +464,33 @@ def test_a_first_chunk_that_verifies_drafts_holds_their_state_blocks():
     assert all(held[running : running + spare + 1]), held
     assert not any(tables[False, True][running + 1 :]), tables[False, True]
     assert not any(tables[True, False][running:]), tables[True, False]
+
+
+@settings(max_examples=tiered(30, 300), deadline=None)
+@given(
+    steps=st.integers(0, 40),
+    starts=st.lists(st.integers(0, 12), min_size=2, max_size=2),
+)
+def test_table_tails_are_the_tables_past_each_start(steps: int, starts: list[int]) -> None:
+    """What an engine whose worker holds `starts[g]` entries appends: each table from there
+    on, and the tables' lengths (a window's released positions hold the null block)."""
+    m = KVCacheManager(CacheConfig((FULL, SW), 64))
+    m.admit("r", PROMPT, 1 << 20)
+    for token in range(steps):
+        m.end_step()
+        m.extend("r", 1, [token])
+    tables = m.block_tables("r")
+    tails, lengths = m.table_tails("r", starts)
+    assert tails == tuple(t[s:] for t, s in zip(tables, starts, strict=True))
+    assert lengths == tuple(map(len, tables))
+
+
+def test_table_tails_refuse_starts_that_do_not_name_each_group() -> None:
+    m = KVCacheManager(CacheConfig((FULL, SW), 64))
+    m.admit("r", PROMPT, 1 << 20)
+    with pytest.raises(RequestStateError, match="1 table starts for 2 groups"):
+        m.table_tails("r", [0])
+    with pytest.raises(RequestStateError, match="a table start"):
+        m.table_tails("r", [0, -1])
+    with pytest.raises(UnknownRequestError):
+        m.table_tails("nobody", [0, 0])
