@@ -33,7 +33,8 @@ typedef struct {
 
 static PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
-    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *zero;
+    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
+    *s_seen, *s_blocks, *zero;
 
 /* `value` as a C integer when it is an int in 0..MAX_PLAN (what this serves); else 0. */
 static int
@@ -124,8 +125,108 @@ allocated_nothing(Lane *lane, PyObject *result)
     return PyErr_Occurred() ? -1 : nothing;
 }
 
+/* _handed_out for a chunk whose new blocks join the tables' tails, as the Python method
+ * hands them (the tails past what vLLM's worker holds, `_Tracked.seen`, checked against
+ * the new blocks; the lengths and slots kept recorded, `_saw`; the tails as vLLM's
+ * KVCacheBlocks, `_wrap`): 1 handed out, 0 the Python method's (a check that fails, whose
+ * error it raises; blocks to zero; copies), -1 error. */
+static int
+hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
+{
+    Lane *lane = (Lane *)self->lane;
+    PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
+    PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
+    if (tracked == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *zeroed = PyObject_GetAttr(self->manager, s_zeroed);
+    PyObject *seen = zeroed ? PyObject_GetAttr(tracked, s_seen) : NULL;
+    PyObject *tables = seen ? lane_get(mine, s_tables) : NULL;
+    PyObject *new_blocks = tables ? PyMember_GetOne((const char *)result, lane->fields[2]) : NULL;
+    PyObject *copies = new_blocks ? PyMember_GetOne((const char *)result, lane->fields[4]) : NULL;
+    PyObject *blocks = copies ? PyObject_GetAttr(self->manager, s_blocks) : NULL;
+    PyObject *lengths = NULL, *tails = NULL, *keep = NULL;
+    int served = blocks == NULL ? -1 : 0;
+    Py_ssize_t groups = lane->groups;
+    if (served < 0 || zeroed != Py_False || !PyList_CheckExact(seen) ||
+        PyList_GET_SIZE(seen) != groups || !PyList_CheckExact(tables) ||
+        PyList_GET_SIZE(tables) != groups || !PyTuple_CheckExact(new_blocks) ||
+        PyTuple_GET_SIZE(new_blocks) != groups || !PyTuple_CheckExact(copies) ||
+        PyTuple_GET_SIZE(copies) != 0 || !PyList_CheckExact(blocks)) {
+        goto done;
+    }
+    Py_ssize_t added = 0, tail_held = 0;
+    long long kept = 0;
+    lengths = PyList_New(groups);
+    tails = PyTuple_New(groups);
+    if (lengths == NULL || tails == NULL) {
+        served = -1;
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        PyObject *table = PyList_GET_ITEM(tables, g);
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(seen, g));
+        if (start < 0 || !PyList_CheckExact(table)) {
+            served = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        Py_ssize_t length = PyList_GET_SIZE(table);
+        Py_ssize_t from = start < length ? (Py_ssize_t)start : length;
+        PyObject *tail = PyList_New(length - from);
+        PyObject *number = PyLong_FromSsize_t(length);
+        if (tail == NULL || number == NULL) {
+            Py_XDECREF(tail);
+            Py_XDECREF(number);
+            served = -1;
+            goto done;
+        }
+        PyTuple_SET_ITEM(tails, g, tail);
+        PyList_SET_ITEM(lengths, g, number);
+        for (Py_ssize_t j = from; j < length; j++) {
+            long long block = entry(table, j);
+            if (block < 0 || block >= PyList_GET_SIZE(blocks)) {
+                if (!PyErr_Occurred()) {
+                    PyErr_Format(PyExc_ValueError, "a table holds block %lld, outside the pool",
+                                 block);
+                }
+                served = -1;
+                goto done;
+            }
+            tail_held += block != 0;
+            PyList_SET_ITEM(tail, j - from, Py_NewRef(PyList_GET_ITEM(blocks, (Py_ssize_t)block)));
+        }
+        added += PyTuple_Size(PyTuple_GET_ITEM(new_blocks, g));
+        if (length) { /* _saw: the slots that keep the last block of the worker's table */
+            kept = max_ll(kept, (long long)(length - 1) * lane->size[g] + 1);
+        }
+    }
+    if (added != tail_held) {
+        goto done; /* a new block inside the worker's table: the Python method raises */
+    }
+    keep = PyLong_FromLongLong(kept);
+    if (keep == NULL || PyObject_SetAttr(tracked, s_seen, lengths) < 0 ||
+        PyObject_SetAttr(tracked, s_keep, keep) < 0) {
+        served = -1;
+        goto done;
+    }
+    *answer = PyObject_CallOneArg((PyObject *)Py_TYPE(self->empty), tails); /* KVCacheBlocks */
+    served = *answer == NULL ? -1 : 1;
+done:
+    Py_XDECREF(zeroed);
+    Py_XDECREF(seen);
+    Py_XDECREF(tables);
+    Py_XDECREF(new_blocks);
+    Py_XDECREF(copies);
+    Py_XDECREF(blocks);
+    Py_XDECREF(lengths);
+    Py_XDECREF(tails);
+    Py_XDECREF(keep);
+    return served;
+}
+
 /* _handed_out for a chunk the lane served: the shared empty blocks when it allocated
- * nothing, else the Python method (looked up on the manager, as vLLM's calls would). */
+ * nothing, else its new blocks (hand_out_new), or the Python method where that says so or
+ * the manager's own `_handed_out` was replaced (looked up as vLLM's calls would). */
 static PyObject *
 handed_out(DropIn *self, PyObject *rid, PyObject *result)
 {
@@ -133,11 +234,19 @@ handed_out(DropIn *self, PyObject *rid, PyObject *result)
     if (nothing) {
         return nothing < 0 ? NULL : Py_NewRef(self->empty);
     }
+    PyObject *instance = PyObject_GenericGetDict(self->manager, NULL);
+    int replaced = instance == NULL ? -1 : PyDict_Contains(instance, s_handed_out);
+    Py_XDECREF(instance);
+    PyObject *answer = NULL;
+    int served = replaced ? replaced : hand_out_new(self, rid, result, &answer);
+    if (served) {
+        return served < 0 ? NULL : answer;
+    }
     PyObject *method = PyObject_GetAttr(self->manager, s_handed_out);
     if (method == NULL) {
         return NULL;
     }
-    PyObject *answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
+    answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
     Py_DECREF(method);
     return answer;
 }
@@ -647,6 +756,7 @@ dropin_ready(void)
         {&s_append, "append"}, {&s_popleft, "popleft"},
         {&s_num_lookahead_tokens, "num_lookahead_tokens"}, {&s_progress_of, "progress_of"},
         {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
+        {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);
