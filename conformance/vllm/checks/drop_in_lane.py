@@ -176,12 +176,12 @@ def python_hand_outs_counted(served: Served) -> Iterator[None]:
     method, which the compiled calls call only where they leave them to it)."""
     method = KVCacheManager._handed_out
 
-    def counted(manager: KVCacheManager, rid: str, result: Any) -> Any:
-        answer = method(manager, rid, result)
+    def counted(self: KVCacheManager, rid: str, result: Any) -> Any:
+        answer = method(self, rid, result)
         served.handed_in_python += answer is not None and any(plain(answer))
         return answer
 
-    KVCacheManager._handed_out = counted  # type: ignore[method-assign]
+    KVCacheManager._handed_out = counted  # type: ignore[method-assign]  # this process only
     try:
         yield
     finally:
@@ -208,7 +208,7 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
         return _directed(instrumented(compiled, recorders, served), recorders, scenario)
 
 
-def _directed(build: Any, recorders: list[Any], scenario: str) -> list[Any]:
+def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]:
     v = runtime.vllm()
     prompt = tuple(range(1, 41))
     arrival = Arrival(0, "a", prompt, 0, 200)  # sizes the model's max_model_len
