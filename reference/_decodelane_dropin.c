@@ -7,10 +7,11 @@
  * The drop-in's Python methods are the definitions: kvcert.reference.vllm.lane says when a
  * manager is served here, and kvcert.conformance.vllm.checks.drop_in_lane holds the two
  * equal, answer for answer and state for state, through vLLM's own Scheduler. A call takes
- * the core's decode lane (Lane_extend) directly; any call outside the contract below
- * (another argument, an admission, a prefill, a chunk whose slots need new blocks, a core
- * or lane other than the ones this was built for) is the Python method's, which then
- * answers it from the start: nothing here has changed anything by then. The managers served
+ * the core's decode lane (Lane_extend, lane_reserve) directly; any call outside the
+ * contract below (another argument, an admission, a prefill, a pool that cannot fit the
+ * chunk, an attribute that cannot be read as a count, a core or lane other than the ones
+ * this was built for) is the Python method's, which then answers it from the start, errors
+ * included: nothing here has changed anything by then. The managers served
  * have no runner checkpoints, so a chunk's inner checkpoint (`_Tracked.inner`) is 0 on both
  * paths and never written here. */
 #include "_decodelane.h"
@@ -424,6 +425,10 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
     }
     if (served == 1) {
         served = attr_count(self->core, s_step, &step);
+    }
+    if (served < 0) { /* an attribute missing or failing: the Python method says so */
+        PyErr_Clear();
+        served = 0;
     }
     if (served == 1 && !(lane_get_ll(mine, s_computed, &computed) &&
                          lane_get_ll(mine, s_scheduled, &scheduled))) {

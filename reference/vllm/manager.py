@@ -536,6 +536,7 @@ class KVCacheManager(BlockTableViews):
         self._check_started(rid, result)
 
     def _check_started(self, rid: str, result: Scheduled | Waiting) -> None:
+        """A queued chunk's slots were reserved when it was scheduled: it takes no block."""
         if not isinstance(result, Scheduled) or any(result.new_blocks):
             raise IntegrationError(
                 f"request {rid!r}: the chunk scheduled while its previous step ran did "
