@@ -154,6 +154,21 @@ class Inspection:
         inputs.position(stop, "stop")
         return stop <= len(table) and NULL_BLOCK not in table[start:stop]
 
+    def first_unheld(self, rid: str, spans: Sequence[tuple[int, int, int]]) -> int | None:
+        """The index of the first (group, start, stop) of `spans` where running request
+        `rid` lacks a block at some position of [start, stop) (`holds` is False), or None
+        where it holds them all: one question for an engine that checks several groups'
+        columns every step."""
+        tables = self._running(rid).tables
+        for k, (group, start, stop) in enumerate(spans):
+            self._group_size(group)  # a valid group index
+            inputs.position(start, "start")
+            inputs.position(stop, "stop")
+            table = tables[group]
+            if stop > len(table) or NULL_BLOCK in table[start:stop]:
+                return k
+        return None
+
     def _group_table(self, rid: str, group: int) -> list[int]:
         request = self._running(rid)
         self._group_size(group)  # a valid group index

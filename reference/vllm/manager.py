@@ -445,15 +445,18 @@ class KVCacheManager(BlockTableViews):
         # the drafts vLLM schedules: what the chunk holds past the known and in-flight tokens
         placeholders = getattr(request, "num_output_placeholders", 0) or 0
         drafts = max(0, end - request.num_tokens - placeholders)
-        for g, group in self._state_groups:
-            running = -(-end // group.block_size) - 1
-            kept = min(drafts, group.speculative_blocks)  # the runner keeps this many drafts'
-            if not self.core.holds(rid, g, running, running + kept + 1):
-                raise IntegrationError(
-                    f"request {rid!r}: vLLM's runner puts the state of the chunk [{start}, "
-                    f"{end}) and of {kept} of its drafts in table columns {running}.."
-                    f"{running + kept}, where kvcert's table holds the null block"
-                )
+        columns = [  # per state group, the running state's column and the drafts' kept
+            (g, -(-end // group.block_size) - 1, min(drafts, group.speculative_blocks))
+            for g, group in self._state_groups
+        ]
+        lacking = self.core.first_unheld(rid, [(g, at, at + kept + 1) for g, at, kept in columns])
+        if lacking is not None:
+            _, running, kept = columns[lacking]
+            raise IntegrationError(
+                f"request {rid!r}: vLLM's runner puts the state of the chunk [{start}, "
+                f"{end}) and of {kept} of its drafts in table columns {running}.."
+                f"{running + kept}, where kvcert's table holds the null block"
+            )
         if self._runner_checkpoints is None:
             return
         saved = self._runner_checkpoints.written(start, end)

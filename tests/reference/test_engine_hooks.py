@@ -494,3 +494,29 @@ def test_table_tails_refuse_starts_that_do_not_name_each_group() -> None:
         m.table_tails("r", [0, -1])
     with pytest.raises(UnknownRequestError):
         m.table_tails("nobody", [0, 0])
+
+
+@settings(max_examples=tiered(30, 300), deadline=None)
+@given(
+    steps=st.integers(0, 40),
+    spans=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 12), st.integers(0, 14)), max_size=4
+    ),
+)
+def test_first_unheld_is_the_first_span_holds_refuses(steps: int, spans: list) -> None:
+    m = KVCacheManager(CacheConfig((FULL, SW), 64))
+    m.admit("r", PROMPT, 1 << 20)
+    for token in range(steps):
+        m.end_step()
+        m.extend("r", 1, [token])
+    refused = [k for k, (g, start, stop) in enumerate(spans) if not m.holds("r", g, start, stop)]
+    assert m.first_unheld("r", spans) == (refused[0] if refused else None)
+
+
+def test_first_unheld_refuses_a_group_or_position_outside_the_layout() -> None:
+    m = KVCacheManager(CacheConfig((FULL, SW), 64))
+    m.admit("r", PROMPT, 1 << 20)
+    with pytest.raises(RequestStateError, match="group"):
+        m.first_unheld("r", [(2, 0, 1)])
+    with pytest.raises(RequestStateError, match="start"):
+        m.first_unheld("r", [(0, -1, 1)])
