@@ -15,9 +15,8 @@ It serves the layouts and pools that code then needs nothing else for: every gro
 liveness and records no events; under same-pass visibility a launch publishes the blocks its
 chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. It registers when, besides,
 every committed block is kept (`Registrar.keeps_every_block`) and keys are the compiled
-SHA-256's. Anywhere else, or
-without the extension built, or with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the
-Python code takes every step.
+SHA-256's. Anywhere else, or without the extension built, or with KVCERT_PURE_PYTHON=1,
+`decode_lane` is None and the Python code takes every step.
 """
 
 from __future__ import annotations

@@ -45,8 +45,10 @@ class Inspection:
         many entries appends), and each table's length, at a cost proportional to the tails,
         not the tables."""
         tables = self._running(rid).tables
-        if len(starts) != len(tables):
-            raise RequestStateError(f"{len(starts)} table starts for {len(tables)} groups")
+        if type(starts) not in (list, tuple) or len(starts) != len(tables):
+            raise RequestStateError(
+                f"table starts are a list of one position per group ({len(tables)}), got {starts!r}"
+            )
         for start in starts:
             inputs.position(start, "a table start")
         tails = tuple(tuple(t[s:]) for t, s in zip(tables, starts, strict=True))
@@ -160,7 +162,12 @@ class Inspection:
         where it holds them all: one question for an engine that checks several groups'
         columns every step."""
         tables = self._running(rid).tables
-        for k, (group, start, stop) in enumerate(spans):
+        if type(spans) not in (list, tuple):
+            raise RequestStateError(f"spans are a list of (group, start, stop), got {spans!r}")
+        for k, span in enumerate(spans):
+            if type(span) not in (list, tuple) or len(span) != 3:
+                raise RequestStateError(f"a span is (group, start, stop), got {span!r}")
+            group, start, stop = span
             self._group_size(group)  # a valid group index
             inputs.position(start, "start")
             inputs.position(stop, "stop")

@@ -306,6 +306,9 @@ CALLS: dict[str, Callable[[KVCacheManager, list[Any]], Any]] = {
     "lookup_packed": lambda m, a: m.lookup_packed(a[0], a[1], a[2]),
     "block_at": lambda m, a: m.block_at("a", a[0], a[1]),
     "holds": lambda m, a: m.holds("a", a[0], a[1], a[2]),
+    "table_tails": lambda m, a: m.table_tails("a", a[0]),
+    "first_unheld": lambda m, a: m.first_unheld("a", a[0]),
+    "first_unheld_span": lambda m, a: m.first_unheld("a", [(a[0], a[1], a[2])]),
     "finish": lambda m, a: m.finish(a[0]),
 }
 

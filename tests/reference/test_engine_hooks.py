@@ -488,8 +488,10 @@ def test_table_tails_are_the_tables_past_each_start(steps: int, starts: list[int
 def test_table_tails_refuse_starts_that_do_not_name_each_group() -> None:
     m = KVCacheManager(CacheConfig((FULL, SW), 64))
     m.admit("r", PROMPT, 1 << 20)
-    with pytest.raises(RequestStateError, match="1 table starts for 2 groups"):
+    with pytest.raises(RequestStateError, match="one position per group"):
         m.table_tails("r", [0])
+    with pytest.raises(RequestStateError, match="one position per group"):
+        m.table_tails("r", None)  # type: ignore[arg-type]
     with pytest.raises(RequestStateError, match="a table start"):
         m.table_tails("r", [0, -1])
     with pytest.raises(UnknownRequestError):
@@ -520,3 +522,7 @@ def test_first_unheld_refuses_a_group_or_position_outside_the_layout() -> None:
         m.first_unheld("r", [(2, 0, 1)])
     with pytest.raises(RequestStateError, match="start"):
         m.first_unheld("r", [(0, -1, 1)])
+    with pytest.raises(RequestStateError, match="a span is"):
+        m.first_unheld("r", [(0, 1)])
+    with pytest.raises(RequestStateError, match="spans are a list"):
+        m.first_unheld("r", 3)  # type: ignore[arg-type]
