@@ -226,28 +226,34 @@ done:
 }
 
 /* _handed_out for a chunk the lane served: the shared empty blocks when it allocated
- * nothing, else its new blocks (hand_out_new), or the Python method where that says so or
- * the manager's own `_handed_out` was replaced (looked up as vLLM's calls would). */
+ * nothing, else its new blocks (hand_out_new), or the Python method where that says so.
+ * A `_handed_out` replaced on the manager (a wrapper, a broken twin) answers every chunk,
+ * as the Python `_extend` calls it for each (looked up as vLLM's calls would). */
 static PyObject *
 handed_out(DropIn *self, PyObject *rid, PyObject *result)
 {
-    int nothing = allocated_nothing((Lane *)self->lane, result);
-    if (nothing) {
-        return nothing < 0 ? NULL : Py_NewRef(self->empty);
-    }
     PyObject *instance = PyObject_GenericGetDict(self->manager, NULL);
     int replaced = instance == NULL ? -1 : PyDict_Contains(instance, s_handed_out);
     Py_XDECREF(instance);
-    PyObject *answer = NULL;
-    int served = replaced ? replaced : hand_out_new(self, rid, result, &answer);
-    if (served) {
-        return served < 0 ? NULL : answer;
+    if (replaced < 0) {
+        return NULL;
+    }
+    if (!replaced) {
+        int nothing = allocated_nothing((Lane *)self->lane, result);
+        if (nothing) {
+            return nothing < 0 ? NULL : Py_NewRef(self->empty);
+        }
+        PyObject *answer = NULL;
+        int served = hand_out_new(self, rid, result, &answer);
+        if (served) {
+            return served < 0 ? NULL : answer;
+        }
     }
     PyObject *method = PyObject_GetAttr(self->manager, s_handed_out);
     if (method == NULL) {
         return NULL;
     }
-    answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
+    PyObject *answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
     Py_DECREF(method);
     return answer;
 }

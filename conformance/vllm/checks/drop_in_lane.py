@@ -203,7 +203,9 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     `shrink`: slots held past the chunk's needs (the worker's table keeps its last block,
     `_Tracked.keep`) as the lookahead falls from 40 to 0; `deep`: three steps in flight, so
     two chunks queue behind one (a deeper batch queue than vLLM's two), the lookahead
-    changing; `rewind`: vLLM's count resumed below a chunk in flight, refused alike."""
+    changing; `rewind`: vLLM's count resumed below a chunk in flight, refused alike;
+    `replaced`: the manager's `_handed_out` replaced on the instance (as a wrapper or a
+    broken twin does), which then hands out every extension's new blocks, logged."""
     recorders: list[Recorder] = []
     with python_hand_outs_counted(served):
         return _directed(instrumented(compiled, recorders, served), recorders, scenario)
@@ -216,6 +218,15 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     load = Workload(0, "gpt-oss-20b", "fcfs", scenario != "shrink", 64, 256, 0, (arrival,))
     scheduler, _, hasher, _ = build(load, kvcert=True)
     manager, log = scheduler.kv_cache_manager, recorders[0].log
+    if scenario == "replaced":
+        hand_out = manager._handed_out
+
+        def replaced(rid: str, result: Any) -> Any:
+            answer = hand_out(rid, result)
+            log.append(("replaced _handed_out", rid, plain(answer)))
+            return answer
+
+        manager._handed_out = replaced  # type: ignore[method-assign]  # this manager only
     params = v.SamplingParams(max_tokens=200, ignore_eos=True)
     request = v.Request("a", list(prompt), params, None, block_hasher=hasher)
     requests = {"a": request}
@@ -224,7 +235,9 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     in_flight = [manager.start_step()]
     manager.allocate_slots(request, 40, num_lookahead_tokens=ahead)
     request.num_computed_tokens = 40
-    depth = {"shrink": 1, "deep": 3, "rewind": 2}[scenario]  # steps in flight at most
+    depth = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1}[
+        scenario
+    ]  # steps in flight at most
     try:
         for n in range(60):
             if len(in_flight) >= depth:  # the oldest step's output: one sampled token
@@ -273,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if difference is not None:
             print(f"DIFFER seed {seed} ({workload.model}): {difference}")
             return 1
-    for scenario in ("shrink", "deep", "rewind"):
+    for scenario in ("shrink", "deep", "rewind", "replaced"):
         difference = first_difference(
             directed(True, served, scenario), directed(False, Served(), scenario)
         )
