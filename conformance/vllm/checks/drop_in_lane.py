@@ -226,7 +226,7 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
             log.append(("replaced _handed_out", rid, plain(answer)))
             return answer
 
-        manager._handed_out = replaced  # type: ignore[method-assign]  # this manager only
+        manager._handed_out = replaced  # this manager only
     params = v.SamplingParams(max_tokens=200, ignore_eos=True)
     request = v.Request("a", list(prompt), params, None, block_hasher=hasher)
     requests = {"a": request}
