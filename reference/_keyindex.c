@@ -45,6 +45,7 @@ typedef struct {
     int wide;         /* two bytes per block */
     size_t bound;     /* the largest capacity a table needs: 3/2 of the bindable blocks */
     Table *tables;    /* per group: key -> the block serving it, then its later holders */
+    unsigned long long changes; /* calls that could change a served map (`changes`) */
 } KeyIndex;
 
 typedef struct {
@@ -393,6 +394,7 @@ KeyIndex_bind(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
 {
     int32_t block;
     Py_ssize_t group;
+    self->changes++;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "bind(block, group, key) takes 3 arguments");
         return NULL;
@@ -408,6 +410,7 @@ static PyObject *
 KeyIndex_bind_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t group;
+    self->changes++;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "bind_run(group, blocks, keys) takes 3 arguments");
         return NULL;
@@ -492,6 +495,7 @@ static PyObject *
 KeyIndex_unbind(KeyIndex *self, PyObject *arg)
 {
     int32_t block;
+    self->changes++;
     if (block_arg(self, arg, &block) < 0) {
         return NULL;
     }
@@ -525,6 +529,7 @@ add_counts(PyObject *counter, const Py_ssize_t *counts, Py_ssize_t num_groups)
 static PyObject *
 KeyIndex_forget_run(KeyIndex *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    self->changes++;
     if (nargs != 3 || !PyList_Check(args[1]) || PyList_GET_SIZE(args[1]) != self->num_groups ||
         !PyList_Check(args[2]) || PyList_GET_SIZE(args[2]) != self->num_groups) {
         PyErr_SetString(PyExc_TypeError, "forget_run(blocks, evictions, shadowed): the two "
@@ -636,6 +641,7 @@ KeyIndex_group_of(KeyIndex *self, PyObject *arg)
 static PyObject *
 KeyIndex_clear(KeyIndex *self, PyObject *Py_UNUSED(ignored))
 {
+    self->changes++;
     Table *tables = tables_new(self->num_groups);
     if (tables == NULL) {
         return NULL;
@@ -740,9 +746,19 @@ static PyMethodDef KeyIndex_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *
+KeyIndex_get_changes(KeyIndex *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->changes);
+}
+
 static PyGetSetDef KeyIndex_getset[] = {
     {"served", (getter)KeyIndex_get_served, NULL,
      "per group, a read-only mapping from key to the block serving it", NULL},
+    {"changes", (getter)KeyIndex_get_changes, NULL,
+     "how many calls could have changed a served map (bind, bind_run, unbind, forget_run, "
+     "clear): equal counts, equal maps",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -5,12 +5,13 @@ flight have ended, and where its attention prefix ends. They take nothing (the m
 
 from __future__ import annotations
 
+import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from typing import TypeAlias, TypeVar, cast
 
 from kvcert.reference import inputs
-from kvcert.reference.coordinator import BLOCK_IDS, find_hit
+from kvcert.reference.coordinator import BLOCK_IDS, Keys, Served, find_hit
 from kvcert.reference.hashing import ExtraKey
 from kvcert.reference.inspection import Inspection
 from kvcert.reference.lookup import Keying
@@ -37,6 +38,10 @@ class HitQueries(Inspection):
     search = staticmethod(find_hit)  # the hybrid hit search (a benchmark baseline swaps it)
     _keying: Keying
     _probes: int  # lookups asked (Stats)
+    # the last uncapped search: its prompt (weakly: a memo keeps no prompt alive), what
+    # else it read (search, key index, the index's changes) and its answer, tables copied
+    _last_search: tuple[weakref.ref[Prompt], tuple[object, ...], int, list[list[int]]] | None
+    _last_search = None
 
     def lookup(
         self,
@@ -74,10 +79,13 @@ class HitQueries(Inspection):
         )
         return hit, tuple(tables)
 
-    def _hit(self, prompt: Prompt, max_hit: int | None, after: Maps | None = None) -> Hit:
+    def _hit(
+        self, prompt: Prompt, max_hit: int | None, after: Maps | None = None, *, spend: bool = False
+    ) -> Hit:
         """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
         the cap that every group accepts when the hit exceeds it (find_hit's `limit`);
-        under `unit U` over the served maps `after` the steps in flight, when given."""
+        under `unit U` over the served maps `after` the steps in flight, when given.
+        `spend`: the caller takes the hit (an admission), see `_uncapped`."""
         if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
             units = self._keying.unit_keys(prompt.chains)
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
@@ -85,9 +93,35 @@ class HitQueries(Inspection):
             return find_unit_hit(self.config, top, units, maps, flying)
         keys, served = self._keying.keys(prompt.chains), self.pool.served
         return capped(
-            lambda limit: self.search(self.config, len(prompt), keys, served, limit=limit),
+            lambda limit: (
+                self._uncapped(prompt, keys, served, spend)
+                if limit is None
+                else self.search(self.config, len(prompt), keys, served, limit=limit)
+            ),
             max_hit,
         )
+
+    def _uncapped(
+        self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool
+    ) -> Hit:
+        """The search's uncapped answer for `prompt`, remembered while the key index has
+        not changed since (its `changes` count stands still exactly while every served map
+        does, and the search reads nothing else of the cache): an engine's lookup and the
+        admission right after it search once. The caller gets tables of its own; a
+        `spend`ing caller takes the remembered ones and leaves nothing remembered (a memo
+        kept after an admission would hold its tables for nothing)."""
+        index = self.pool.keys
+        asked = (self.search, index, index.changes)
+        last = self._last_search
+        if last is not None and last[0]() is prompt and last[1] == asked:
+            if spend:
+                self._last_search = None
+                return last[2], last[3]
+            return last[2], [list(table) for table in last[3]]
+        hit, tables = self.search(self.config, len(prompt), keys, served)
+        if not spend:
+            self._last_search = (weakref.ref(prompt), asked, hit, [list(t) for t in tables])
+        return hit, tables
 
     def lookup_after_steps(
         self,

@@ -48,6 +48,12 @@ class KeyMap(Protocol):
     @property
     def served(self) -> Sequence[ServedMap[bytes]]: ...
 
+    @property
+    def changes(self) -> int:
+        """Counts the calls that could change a served map: while it stands still, so do
+        they (a lookup's answer may be reused: kvcert.reference.hit_queries)."""
+        ...
+
     def bind(self, block: int, group: int, key: bytes) -> int: ...
 
     def bind_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int: ...
@@ -74,7 +80,7 @@ class PyKeyIndex:
     registration order and `served[g]` maps the key to the first of them (ALLOC-LOOKUP-1's
     earliest holder), so when it goes the next one serves the key."""
 
-    __slots__ = ("_group", "_key", "_later", "num_blocks", "served")
+    __slots__ = ("_group", "_key", "_later", "changes", "num_blocks", "served")
 
     def __init__(self, num_blocks: int, num_groups: int) -> None:
         if not 1 <= num_blocks <= 2**31 - 1:
@@ -86,6 +92,7 @@ class PyKeyIndex:
         self._group: list[int | None] = [None] * num_blocks
         self.served: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self._later: dict[tuple[int, bytes], list[int]] = {}  # a key's other holders, in order
+        self.changes = 0  # calls that could change a served map: equal counts, equal maps
 
     def _block(self, block: int) -> int:
         if not 0 <= block < self.num_blocks:
@@ -100,6 +107,7 @@ class PyKeyIndex:
     def bind(self, block: int, group: int, key: bytes) -> int:
         """Give `block` the key: -1 when it held exactly that (nothing changes), 0 when it now
         serves the key, else the holder serving it (the block joins its holders last)."""
+        self.changes += 1
         if self._block(block) == 0:
             raise ValueError("block 0 is the null block: it never holds a key")
         self._group_index(group)
@@ -122,6 +130,7 @@ class PyKeyIndex:
 
     def bind_run(self, group: int, blocks: Sequence[int], keys: Sequence[bytes]) -> int:
         """`bind` per (block, key), block 0 skipped; how many were bound anew."""
+        self.changes += 1
         self._group_index(group)
         if len(blocks) != len(keys):
             raise ValueError(f"bind_run: {len(blocks)} blocks but {len(keys)} keys")
@@ -136,6 +145,7 @@ class PyKeyIndex:
     def unbind(self, block: int) -> int:
         """Drop the block's key: -1 when it held none; else the holder that now serves the
         key in its place (0: none did, the block was not serving it or was its last holder)."""
+        self.changes += 1
         key, group = self._key[self._block(block)], self._group[block]
         if key is None or group is None:
             return -1
@@ -155,6 +165,7 @@ class PyKeyIndex:
     def forget_run(self, blocks: Sequence[int], evictions: list[int], shadowed: list[int]) -> int:
         """`unbind` each block; per group, count those that held a key in `evictions` and
         those of them that were not serving it in `shadowed`. Returns how many held one."""
+        self.changes += 1
         if len(evictions) != len(self.served) or len(shadowed) != len(self.served):
             raise TypeError("forget_run(blocks, evictions, shadowed): one count per group")
         for block in blocks:
@@ -187,6 +198,7 @@ class PyKeyIndex:
         return self._group[self._block(block)]
 
     def clear(self) -> None:
+        self.changes += 1
         for served in self.served:
             served.clear()
         self._later.clear()

@@ -221,7 +221,7 @@ class KVCacheManager(HitQueries):
                 "a positioned extra (multimodal item, prompt embeddings) "
                 "lies beyond the prompt; its span must be within the tokens"
             )
-        hit, tables = self._hit(prompt, max_hit)
+        hit, tables = self._hit(prompt, max_hit, spend=True)
         request = Request(prompt)
         if self._tails is not None:  # ALLOC-UNIT-3: the blocks the hit ends inside are copied
             tables, request.sources = self._tails.split(hit, tables)

@@ -66,7 +66,7 @@ class Prompt:
     skip the hashing (an engine hashes a prompt once, as it arrives). It keeps the ids in
     their encoding; the array of them is made when first read (a lookup never reads it)."""
 
-    __slots__ = ("_tokens", "chains", "encoded", "extras", "owner")
+    __slots__ = ("__weakref__", "_tokens", "chains", "encoded", "extras", "owner")
 
     def __init__(
         self,

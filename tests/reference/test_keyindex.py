@@ -159,6 +159,14 @@ class CompiledAgainstDefinition(RuleBasedStateMachine):
         assert served_items(self.c.served) == served_items(self.py.served)
         assert [len(m) for m in self.c.served] == [len(m) for m in self.py.served]
         assert [sorted(m) for m in self.c.served] == [sorted(m) for m in self.py.served]
+        # `changes` stands still only while the served maps do (a lookup's memo relies on it)
+        now = [(index.changes, served_items(index.served)) for index in (self.c, self.py)]
+        for (count, maps), (count_before, maps_before) in zip(
+            now, getattr(self, "before", now), strict=True
+        ):
+            assert count >= count_before
+            assert count != count_before or maps == maps_before
+        self.before = now
 
 
 CompiledAgainstDefinition.TestCase.settings = settings(
