@@ -52,8 +52,8 @@ def fresh(m: KVCacheManager, prompt: Prompt) -> tuple[int, tuple[tuple[int, ...]
 def play(m: KVCacheManager, prompts: list[Prompt], ops: list[tuple[str, int, int]]) -> None:
     """Plays `ops`: lookups, admissions and whole requests (`serve`) of the two prompts
     between chunks, step ends, finishes, other prompts' allocations (evictions: the pool
-    is small) and resets, each between two lookups of its prompt. An
-    operation the manager refuses (KVCacheError) changes nothing and is passed over."""
+    is small) and resets, each between two lookups of its prompt. An operation the
+    manager refuses (KVCacheError) changes nothing and is passed over."""
     running: list[str] = []
     for n, (op, which, size) in enumerate(ops):
         prompt = prompts[which]

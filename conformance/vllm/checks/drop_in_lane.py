@@ -235,9 +235,8 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     in_flight = [manager.start_step()]
     manager.allocate_slots(request, 40, num_lookahead_tokens=ahead)
     request.num_computed_tokens = 40
-    depth = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1}[
-        scenario
-    ]  # steps in flight at most
+    # steps in flight at most
+    depth = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1}[scenario]
     try:
         for n in range(60):
             if len(in_flight) >= depth:  # the oldest step's output: one sampled token
