@@ -35,6 +35,7 @@ class ListBlockPool:
         self.holders: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
         self.served: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self.queue = order  # only its release order is used (lru's: ALLOC-FREE-1)
+        self.changes = 0  # as BlockPool's: calls that changed a served map
 
     @property
     def num_free(self) -> int:
@@ -53,6 +54,7 @@ class ListBlockPool:
     def register(
         self, block: int, group: int, key: bytes, prerequisites: tuple[Key, ...] = ()
     ) -> None:
+        self.changes += 1
         self.keys[block] = (group, key)
         holders = self.holders[group].setdefault(key, [])
         holders.append(block)
@@ -79,6 +81,7 @@ class ListBlockPool:
             block = self.free.pop(0)
             key = self.keys[block]
             if key is not None:
+                self.changes += 1
                 group, digest = key
                 holders = self.holders[group][digest]
                 holders.remove(block)
@@ -101,6 +104,7 @@ class ListBlockPool:
         return freed
 
     def reset(self) -> None:
+        self.changes += 1
         for group in self.holders:
             group.clear()
         for served in self.served:

@@ -127,6 +127,12 @@ class BlockPool:
         """The eviction profile this pool's free queue follows."""
         return self.queue.profile
 
+    @property
+    def changes(self) -> int:
+        """The key index's count of calls that could have changed a served map: while it
+        stands still, so does every lookup's answer (kvcert.reference.hit_queries)."""
+        return self.keys.changes
+
     # -- liveness (EVICT-DEAD-1) ------------------------------------------------------------
 
     def is_dead(self, block: int) -> bool:

@@ -39,7 +39,7 @@ class HitQueries(Inspection):
     _keying: Keying
     _probes: int  # lookups asked (Stats)
     # the last uncapped search: its prompt (weakly: a memo keeps no prompt alive), what
-    # else it read (search, key index, the index's changes) and its answer, tables copied
+    # else it read (search, pool, the pool's changes) and its answer, tables copied
     _last_search: tuple[weakref.ref[Prompt], tuple[object, ...], int, list[list[int]]] | None
     _last_search = None
 
@@ -104,14 +104,14 @@ class HitQueries(Inspection):
     def _uncapped(
         self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool
     ) -> Hit:
-        """The search's uncapped answer for `prompt`, remembered while the key index has
-        not changed since (its `changes` count stands still exactly while every served map
+        """The search's uncapped answer for `prompt`, remembered while the pool's key index
+        has not changed since (its `changes` count stands still only while every served map
         does, and the search reads nothing else of the cache): an engine's lookup and the
         admission right after it search once. The caller gets tables of its own; a
         `spend`ing caller takes the remembered ones and leaves nothing remembered (a memo
         kept after an admission would hold its tables for nothing)."""
-        index = self.pool.keys
-        asked = (self.search, index, index.changes)
+        pool = self.pool
+        asked = (self.search, pool, pool.changes)
         last = self._last_search
         if last is not None and last[0]() is prompt and last[1] == asked:
             if spend:
