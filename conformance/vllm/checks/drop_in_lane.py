@@ -12,7 +12,7 @@ compiled decode lane under them), and with every call answered by the Python met
 core's too. Every call vLLM makes to the manager must get the same
 answer (block ids per group, hits, None), the two runs the same outcome, and the allocator
 the same state after each step: every request's counters, tables, bounds and registered
-marks, every block's key and count, the pool's counters. Three directed scenarios
+marks, every block's key and count, the pool's counters. Four directed scenarios
 (`directed`) do the same for what those workloads rarely reach. So that this cannot pass
 vacuously, the compiled side must itself have answered at least a quarter of the
 `allocate_slots` calls, started a quarter of the queued chunks (asynchronous seeds) and
