@@ -138,13 +138,11 @@ def read_region(pages: torch.Tensor, block: int, layout: PageLayout, part: str) 
     return raw.view(TORCH_DTYPES[layout.dtype]).squeeze(-1).to(torch.float32)
 
 
-def decode(q: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
-           seq_lens: torch.Tensor, layout: PageLayout, *, window: int,
-           sm_scale: float) -> torch.Tensor:  # fmt: skip
-    """Attention of one query token per request over its cached window, in fp32."""
-    requests, query_heads, _ = q.shape
-    group = query_heads // layout.heads
-    out = torch.zeros(requests, query_heads, layout.head_v, dtype=torch.float32)
+def window_rows(pages: torch.Tensor, table: tuple[int, ...], length: int, layout: PageLayout,
+                window: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(K [N, H, Dk], V [N, H, Dv]) of the tokens one request's decode reads: its last
+    `window` tokens (all when 0), each found through the table (PAGE-SLOT-1)."""
+    start = max(0, length - window) if window else 0
     regions: dict[tuple[int, str], torch.Tensor] = {}  # each block's regions read once
 
     def region(block: int, part: str) -> torch.Tensor:
@@ -152,17 +150,24 @@ def decode(q: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
             regions[block, part] = read_region(pages, block, layout, part)
         return regions[block, part]
 
+    keys, values = [], []
+    for position in range(start, length):
+        block, offset, _ = slot_address(table, layout.block_size, layout.page_size, position)
+        keys.append(region(block, "k")[offset])
+        values.append(region(block, "v")[offset])
+    return torch.stack(keys), torch.stack(values)
+
+
+def decode(q: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor,
+           seq_lens: torch.Tensor, layout: PageLayout, *, window: int,
+           sm_scale: float) -> torch.Tensor:  # fmt: skip
+    """Attention of one query token per request over its cached window, in fp32."""
+    requests, query_heads, _ = q.shape
+    group = query_heads // layout.heads
+    out = torch.zeros(requests, query_heads, layout.head_v, dtype=torch.float32)
     for r in range(requests):
-        length = int(seq_lens[r])
-        start = max(0, length - window) if window else 0
-        keys, values = [], []
         table = tuple(int(b) for b in block_tables[r])
-        for position in range(start, length):
-            block, offset, _ = slot_address(table, layout.block_size, layout.page_size, position)
-            keys.append(region(block, "k")[offset])
-            values.append(region(block, "v")[offset])
-        k = torch.stack(keys)  # [N, H, Dk]
-        v = torch.stack(values)
+        k, v = window_rows(pages, table, int(seq_lens[r]), layout, window)
         for h in range(query_heads):
             kv = h // group
             scores = (k[:, kv, :] @ q[r, h].to(torch.float32)) * sm_scale
