@@ -24,6 +24,9 @@ if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
   "${pip[@]}" --no-deps -r "$lock"
   echo "$stamp" > "$venv/.stamp"
 fi
+# DEPS_ONLY=1: stop before installing kvcert, whose editable install rebuilds the C extensions
+# in this checkout (.ci/run builds the venvs while tests import those extensions).
+[ "${DEPS_ONLY:-0}" = 1 ] && { echo "$venv"; exit 0; }
 # kvcert from this checkout (its only dependency is in the lock), editable, and Hypothesis at
 # the constrained version (the shipped state machine the engine checks run): installed again
 # only when its build inputs (pyproject.toml, the C extensions, this script) or the checkout
