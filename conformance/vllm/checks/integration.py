@@ -70,10 +70,12 @@ from kvcert.conformance.vllm.checks.views import (
     step_signal_checks,
     view_checks,
 )
+from kvcert.reference import tables as planning
 from kvcert.reference.config import Visibility
 from kvcert.reference.vllm import (
     AsyncScheduler,
     HoldBack,
+    IntegrationError,
     KVCacheManager,
     Scheduler,
     Settings,
@@ -594,15 +596,36 @@ def checkpoint_grid_checks() -> list[tuple[str, bool, str]]:
     ]  # fmt: skip
 
 
+def draft_steps(manager: Any, spare: int) -> list[tuple[int, int]]:
+    """Up to 12 steps as vLLM's scheduler makes them under MTP with `spare` drafts (a
+    40-token prefill, then decode steps of the sampled token and the drafts, every draft
+    accepted, `spare` lookahead slots): per step served, (attention blocks, state blocks)."""
+    req = request("r", tokens=list(range(100, 140)))
+    new, lengths = 40, []
+    for _ in range(12):
+        if manager.allocate_slots(req, new, num_lookahead_tokens=spare) is None:
+            break
+        full, states = manager.get_block_ids("r")
+        lengths.append((len(full), sum(b != 0 for b in states)))
+        # the prefill samples one token; a decode step accepts the drafts, then one more
+        sampled = 1 if new == 40 else spare + 1
+        req.num_computed_tokens += new
+        req.append_output_token_ids(list(range(900, 900 + sampled)))
+        getattr(manager, "end_step", lambda: None)()
+        new = 1 + spare  # the last sampled token and the drafts for it
+    return lengths
+
+
 def draft_checks() -> list[tuple[str, bool, str]]:
     """MTP on a full-attention + Mamba (align) model whose state group keeps 3 blocks for
     the drafts' states (num_speculative_blocks=3): kvcert's manager and vLLM's own get the
-    same calls as vLLM's scheduler makes (a 40-token prefill, then decode steps of the
-    sampled token and 3 drafts, every draft accepted, 3 lookahead slots). The attention
-    table never holds more blocks than vLLM's (the twin of before 2026-11-25 sized the
-    attention slots by the state table's speculative positions: two blocks more), while
-    every allocation passes the manager's own check that the state table holds the running
-    state's and the drafts' columns (ALLOC-SPEC-1)."""
+    same calls as vLLM's scheduler makes (draft_steps). The attention table never holds
+    more blocks than vLLM's (the twin of before 2026-11-25 sized the attention slots by the
+    state table's speculative positions: two blocks more), while every allocation passes the
+    manager's own check that the state table holds the running state's and the drafts'
+    columns (ALLOC-SPEC-1). That check's broken twin: a planner that forgets the drafts'
+    state blocks (every chunk planned as a prefill) must be refused by it, with
+    IntegrationError, on the first decode step."""
 
     spare = 3
     state = dataclasses.replace(STATE, num_speculative_blocks=spare)
@@ -610,22 +633,20 @@ def draft_checks() -> list[tuple[str, bool, str]]:
         "kvcert": KVCacheManager(config(FULL, state), 256, BLOCK, BLOCK),
         "vLLM": VllmManager(config(FULL, state), 256, BLOCK, BLOCK),
     }
-    lengths: dict[str, list[tuple[int, int]]] = {side: [] for side in managers}
-    for side, manager in managers.items():
-        req = request("r", tokens=list(range(100, 140)))
-        new = 40
-        for _ in range(12):
-            if manager.allocate_slots(req, new, num_lookahead_tokens=spare) is None:
-                break
-            full, states = manager.get_block_ids("r")
-            lengths[side].append((len(full), sum(b != 0 for b in states)))
-            # the prefill samples one token; a decode step accepts the drafts, then one more
-            sampled = 1 if new == 40 else spare + 1
-            req.num_computed_tokens += new
-            req.append_output_token_ids(list(range(900, 900 + sampled)))
-            getattr(manager, "end_step", lambda: None)()
-            new = 1 + spare  # the last sampled token and the drafts for it
+    lengths = {side: draft_steps(manager, spare) for side, manager in managers.items()}
     ours, theirs = lengths["kvcert"], lengths["vLLM"]
+    forgetful = KVCacheManager(config(FULL, state), 256, BLOCK, BLOCK)
+    planned = vars(planning)["table_end"]
+    vars(planning)["table_end"] = lambda group, end, decoding, limit=None: planned(
+        group, end, False, limit
+    )
+    caught: list[tuple[int, int]] | IntegrationError
+    try:
+        caught = draft_steps(forgetful, spare)
+    except IntegrationError as why:
+        caught = why
+    finally:
+        vars(planning)["table_end"] = planned
     return [
         (
             "12 steps of 3 drafts served by both managers",
@@ -636,6 +657,12 @@ def draft_checks() -> list[tuple[str, bool, str]]:
             "kvcert's attention table never holds more blocks than vLLM's",
             all(a[0] <= b[0] for a, b in zip(ours, theirs, strict=False)),
             f"(attention blocks, state blocks) kvcert {ours}, vLLM {theirs}",
+        ),
+        (
+            "the drafts' state blocks forgotten: the runner-columns check refuses the first "
+            "decode step",
+            isinstance(caught, IntegrationError) and "table columns" in str(caught),
+            f"served {caught}",
         ),
     ]
 
