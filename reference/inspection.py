@@ -164,13 +164,22 @@ class Inspection:
         tables = self._running(rid).tables
         if type(spans) not in (list, tuple):
             raise RequestStateError(f"spans are a list of (group, start, stop), got {spans!r}")
+        groups = len(self.config.groups)
         for k, span in enumerate(spans):
             if type(span) not in (list, tuple) or len(span) != 3:
                 raise RequestStateError(f"a span is (group, start, stop), got {span!r}")
             group, start, stop = span
-            self._group_size(group)  # a valid group index
-            inputs.position(start, "start")
-            inputs.position(stop, "stop")
+            if not (  # checked inline: engines ask this every step; the checks name the error
+                type(group) is int
+                and 0 <= group < groups
+                and type(start) is int
+                and start >= 0
+                and type(stop) is int
+                and stop >= 0
+            ):
+                self._group_size(group)
+                inputs.position(start, "start")
+                inputs.position(stop, "stop")
             table = tables[group]
             if stop > len(table) or NULL_BLOCK in table[start:stop]:
                 return k

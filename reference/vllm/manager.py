@@ -152,6 +152,11 @@ class KVCacheManager(BlockTableViews):
             for g, group in enumerate(self.core.config.groups)
             if group.kind is Kind.MAMBA
         ]
+        # per state group (index, block size, blocks kept for drafts' states), read every
+        # step by _check_runner_columns
+        self._state_columns = tuple(
+            (g, group.block_size, group.speculative_blocks) for g, group in self._state_groups
+        )
         sizes = {group.block_size for _, group in self._state_groups}
         spare = all(group.speculative_blocks for _, group in self._state_groups)
         self._draft_state_block = sizes.pop() if spare and len(sizes) == 1 else 0
@@ -442,12 +447,12 @@ class KVCacheManager(BlockTableViews):
         rid = request.request_id
         if not self._has_state:
             return
-        # the drafts vLLM schedules: what the chunk holds past the known and in-flight tokens
-        placeholders = getattr(request, "num_output_placeholders", 0) or 0
-        drafts = max(0, end - request.num_tokens - placeholders)
+        drafts = 0  # those vLLM schedules: what the chunk holds past known and in-flight tokens
+        if any(kept for _, _, kept in self._state_columns):
+            placeholders = getattr(request, "num_output_placeholders", 0) or 0
+            drafts = max(0, end - request.num_tokens - placeholders)
         columns = [  # per state group, the running state's column and the drafts' kept
-            (g, -(-end // group.block_size) - 1, min(drafts, group.speculative_blocks))
-            for g, group in self._state_groups
+            (g, -(-end // size) - 1, min(drafts, kept)) for g, size, kept in self._state_columns
         ]
         lacking = self.core.first_unheld(rid, [(g, at, at + kept + 1) for g, at, kept in columns])
         if lacking is not None:
