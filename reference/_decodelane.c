@@ -127,7 +127,8 @@ lane_set_ll(PyObject *obj, PyObject *name, long long value)
 }
 
 
-static const char *KIND_NAMES = "kinds are 0 (full), 1 (sliding window), 2 (chunked local)";
+static const char *KIND_NAMES =
+    "kinds are 0 (full), 1 (sliding window), 2 (chunked local), 3 (state)";
 
 static int
 Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
@@ -209,6 +210,7 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
         PyErr_NoMemory();
         return -1;
     }
+    int quiet_only = 0;
     for (Py_ssize_t g = 0; g < groups; g++) {
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(kinds, g));
         long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, g));
@@ -218,8 +220,8 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
         if (PyErr_Occurred()) {
             return -1;
         }
-        if (kind < FULL || kind > CHUNKED || size < 1 || size > INT_MAX || span < 0 ||
-            span > INT_MAX || (kind != FULL && span < 1) || ahead < 0 || ahead > INT_MAX ||
+        if (kind < FULL || kind > STATE || size < 1 || size > INT_MAX || span < 0 ||
+            span > INT_MAX || ((kind == WINDOW || kind == CHUNKED) && span < 1) || ahead < 0 || ahead > INT_MAX ||
             delay < 0 || delay > INT_MAX) {
             PyErr_Format(PyExc_ValueError,
                          "group %zd: %s, a block size in 1..2**31 - 1, a window or chunk in "
@@ -228,9 +230,11 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
             return -1;
         }
         lane->kind[g] = (int)kind, lane->size[g] = size, lane->span[g] = span;
+        quiet_only |= kind == STATE;
         lane->key_lookahead[g] = ahead, lane->commit_delay[g] = delay;
     }
     lane->groups = groups;
+    lane->quiet_only = quiet_only;
     lane->limit = limit == Py_None ? -1 : PyLong_AsLongLong(limit);
     if (lane->limit == -1 && PyErr_Occurred()) {
         return -1;

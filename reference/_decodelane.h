@@ -13,7 +13,9 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { FULL = 0, WINDOW = 1, CHUNKED = 2 };
+/* STATE: a state (Mamba) group; a lane holding one takes quiet steps only (`quiet_only`):
+ * a step changing a table, and every registration, is the Python code's */
+enum { FULL = 0, WINDOW = 1, CHUNKED = 2, STATE = 3 };
 
 /* The largest count a plan may hold: past it a step is the general path's (it answers
  * Waiting without listing positions). */
@@ -22,6 +24,7 @@ enum { FULL = 0, WINDOW = 1, CHUNKED = 2 };
 typedef struct {
     PyObject_HEAD
     Py_ssize_t groups;
+    int quiet_only; /* some group is STATE */
     int *kind;
     long long *size; /* block size */
     long long *span; /* window or chunk; 0 for full attention */

@@ -150,6 +150,9 @@ Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "register(request, before)");
         return NULL;
     }
+    if (lane->quiet_only) { /* a state group's registration: the general path's */
+        Py_RETURN_NONE;
+    }
     PyObject *request = args[0];
     PyObject *chains = lane_get(request, s_chains);
     PyObject *checkpoints = chains == NULL ? NULL : lane_get(request, s_checkpoints);

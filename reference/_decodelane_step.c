@@ -679,7 +679,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         }
         goto done;
     }
-    if (lane->limit >= 0 && end > lane->limit) {
+    if (lane->quiet_only || (lane->limit >= 0 && end > lane->limit)) {
         answer = Py_NewRef(Py_None); /* max_model_len: the general path says so */
         goto done;
     }
@@ -707,7 +707,7 @@ PyObject *
 lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
              long long lookahead, long long pipelined)
 {
-    if (end > MAX_PLAN || lookahead > MAX_PLAN) {
+    if (lane->quiet_only || end > MAX_PLAN || lookahead > MAX_PLAN) {
         Py_RETURN_NONE;
     }
     PyObject *added = replan(lane, request, NULL, NULL, 0, lookahead, computed, end, pipelined);

@@ -11,12 +11,16 @@ cannot fit the step (Waiting), a request with inner checkpoints. Its definitions
 Python code, which tests/reference/test_decode_lane.py holds it equal to, state for state.
 
 It serves the layouts and pools that code then needs nothing else for: every group attention
-(full, sliding window, chunked local), no `unit U`, the lru queue, and a pool that tracks no
-liveness and records no events; under same-pass visibility a launch publishes the blocks its
-chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. It registers when, besides,
-every committed block is kept (`Registrar.keeps_every_block`) and keys are the compiled
-SHA-256's. Anywhere else, or without the extension built, or with KVCERT_PURE_PYTHON=1,
-`decode_lane` is None and the Python code takes every step.
+(full, sliding window, chunked local) or state (Mamba), no `unit U`, the lru queue, and a
+pool that tracks no liveness and records no events; under same-pass visibility a launch
+publishes the blocks its chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. With
+a state group it takes only the quiet steps (those that change no table: KVCacheManager.
+extend's fast path, which holds for every kind) and ends chunks; a step that changes a table
+is the Python planner's, which alone knows a state group's tables. It registers when,
+besides, every group is attention, every committed block is kept
+(`Registrar.keeps_every_block`) and keys are the compiled SHA-256's. Anywhere else, or
+without the extension built, or with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the
+Python code takes every step.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from kvcert.reference.requests import Scheduled
 if TYPE_CHECKING:
     from kvcert.reference._decodelane import DecodeLane
 
-KIND_CODES = {Kind.FULL: 0, Kind.SLIDING_WINDOW: 1, Kind.CHUNKED_LOCAL: 2}
+ATTENTION = {Kind.FULL: 0, Kind.SLIDING_WINDOW: 1, Kind.CHUNKED_LOCAL: 2}
+KIND_CODES = {**ATTENTION, Kind.MAMBA: 3}  # a state group: quiet steps only
 SPAN_LIMIT = 2**31  # block sizes, windows and chunks the lane's arithmetic holds
 
 
@@ -57,7 +62,11 @@ def registers(config: CacheConfig, commits: Registrar) -> bool:
     """Whether the lane also registers what steps complete (the module docstring's list)."""
     compiled = native("_chain")
     sha256 = None if compiled is None else compiled.Sha256
-    return commits.keeps_every_block and hasher(config.hash_algorithm) is sha256
+    return (
+        all(g.kind in ATTENTION for g in config.groups)
+        and commits.keeps_every_block
+        and hasher(config.hash_algorithm) is sha256
+    )
 
 
 Answers = tuple[tuple[tuple[int, ...], ...], dict[int, Scheduled]]
@@ -85,7 +94,9 @@ def build(
     """A `lane` (the compiled type) over this pool (refused where `serves` says no)."""
     links = pool.queue.links
     if links is None or not serves(config, pool):
-        raise ConfigError("the decode lane serves attention layouts over a plain lru pool only")
+        raise ConfigError(
+            "the decode lane serves attention and state layouts over a plain lru pool only"
+        )
     return lane(
         kinds=tuple(KIND_CODES[g.kind] for g in config.groups),
         sizes=tuple(g.block_size for g in config.groups),
