@@ -1,8 +1,8 @@
 /* kvcert.reference._decodelane's shared declarations: the lane object, the interned
- * attribute names, the arithmetic and the attribute access of its four sources
+ * attribute names, the arithmetic and the attribute access of its five sources
  * (_decodelane.c: the type and module; _decodelane_step.c: a decode step;
- * _decodelane_commit.c: registering what a step completed; and _decodelane_dropin.c: the
- * vLLM drop-in's calls for a decode chunk). */
+ * _decodelane_commit.c: registering what a step completed; _decodelane_dropin.c: the
+ * vLLM drop-in's calls for a decode chunk; _decodelane_dropin_type.c: the drop-in's type). */
 #ifndef KVCERT_DECODELANE_H
 #define KVCERT_DECODELANE_H
 

@@ -14,28 +14,8 @@
  * included: nothing here has changed anything by then. The managers served
  * have no runner checkpoints, so a chunk's inner checkpoint (`_Tracked.inner`) is 0 on both
  * paths and never written here. */
-#include "_decodelane.h"
+#include "_decodelane_dropin.h"
 
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *manager;     /* the drop-in */
-    PyObject *core;        /* manager.core this serves: another (a rebuilt core) is Python's */
-    PyObject *lane;        /* core._lane this serves */
-    PyObject *requests;    /* core._requests (bound once, in the core's __init__) */
-    PyObject *tracked;     /* manager._tracked (likewise); core._in_flight is read per call:
-                            * every step's end rebinds it */
-    PyObject *empty;       /* manager.empty_kv_cache_blocks: a chunk allocating nothing */
-    PyObject *general;     /* the Python allocate_slots (the class's function) */
-    PyObject *pending;     /* the Python start_pending */
-    PyObject *start_chunk; /* the Python _start_chunk(rid, chunks, progress, request) */
-    long long max_model_len;
-} DropIn;
-
-static PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
-    *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
-    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
-    *s_seen, *s_blocks, *zero;
 
 /* `value` as a C integer when it is an int in 0..MAX_PLAN (what this serves); else 0. */
 static int
@@ -109,6 +89,60 @@ tokens_from(PyObject *request, long long known, long long end)
     return part;
 }
 
+/* The manager's _check_runner_columns(request, start, end, 0): 1 returned, 0 raised. */
+static int
+call_check_columns(DropIn *self, PyObject *request, long long start, long long end)
+{
+    PyObject *method = PyObject_GetAttr(self->manager, s_check_columns);
+    PyObject *checked =
+        method == NULL ? NULL : PyObject_CallFunction(method, "OLLi", request, start, end, 0);
+    Py_XDECREF(method);
+    Py_XDECREF(checked);
+    return checked != NULL;
+}
+
+/* _check_runner_columns for vLLM's chunk [start, end) of a manager with state groups and
+ * neither drafts' blocks nor runner checkpoints: every state table holds a block at the
+ * running state's column, ceil(end / block size) - 1. Where one does not, the manager's
+ * method runs, to raise its IntegrationError; one replaced on the manager (a wrapper, a
+ * broken twin) runs for every chunk, as the Python `_extend` calls it. 1 held (or the
+ * method returned), 0 on error. */
+static int
+columns_held(DropIn *self, PyObject *request, PyObject *mine, long long start, long long end)
+{
+    if (self->states == 0) {
+        return 1;
+    }
+    PyObject *instance = PyObject_GenericGetDict(self->manager, NULL);
+    int replaced = instance == NULL ? -1 : PyDict_Contains(instance, s_check_columns);
+    Py_XDECREF(instance);
+    if (replaced) {
+        return replaced < 0 ? 0 : call_check_columns(self, request, start, end);
+    }
+    PyObject *tables = lane_get(mine, s_tables);
+    if (tables == NULL) {
+        return 0;
+    }
+    int held = PyList_CheckExact(tables);
+    for (Py_ssize_t k = 0; held && k < self->states; k++) {
+        Py_ssize_t g = self->state_group[k];
+        PyObject *table = g < PyList_GET_SIZE(tables) ? PyList_GET_ITEM(tables, g) : NULL;
+        long long column = cdiv(end, self->state_size[k]) - 1;
+        held = table != NULL && PyList_CheckExact(table) && column >= 0 &&
+               column < PyList_GET_SIZE(table);
+        if (held) {
+            long long block = entry(table, (Py_ssize_t)column);
+            if (block == -1 && PyErr_Occurred()) {
+                Py_DECREF(tables);
+                return 0;
+            }
+            held = block != 0;
+        }
+    }
+    Py_DECREF(tables);
+    return held ? 1 : call_check_columns(self, request, start, end);
+}
+
 /* Whether the lane's answer allocated nothing and copies nothing: 1, 0, or -1 on error. */
 static int
 allocated_nothing(Lane *lane, PyObject *result)
@@ -135,6 +169,9 @@ static int
 hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
 {
     Lane *lane = (Lane *)self->lane;
+    if (self->states) { /* _saw counts attention groups only: the Python method's */
+        return 0;
+    }
     PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
     PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
     if (tracked == NULL) {
@@ -283,8 +320,8 @@ lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
 
 /* _extend's decode chunk: every known token computed, nothing in flight or pending. */
 static int
-extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine,
-             long long computed, long long end, long long slots, PyObject **answer)
+extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, long long computed,
+             long long start, long long end, long long slots, PyObject **answer)
 {
     PyObject *tokens = lane_get(mine, s_tokens);
     if (tokens == NULL) {
@@ -317,16 +354,25 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine,
         Py_DECREF(result);
         return 0;
     }
+    if (!columns_held(self, request, mine, start, end)) {
+        Py_DECREF(result);
+        return -1;
+    }
     *answer = handed_out(self, rid, result);
     Py_DECREF(result);
     return *answer == NULL ? -1 : 1;
 }
 
-/* _schedule_pending's chunk: the core's reserve of its slots (no table changes when they
- * are held already, else the lane's allocation), the chunk queued for start_pending. */
+/* _schedule_pending's chunk [start, end): the core's reserve of its slots (no table changes
+ * when they are held already, else the lane's allocation), the runner's columns checked, the
+ * chunk queued for start_pending. Where they are held, reserve's holds_slots: an attention
+ * group's last position up to the slots, a state group's running state at the chunk's end
+ * (`reach`) when that lies past the chunk in flight (no drafts' blocks here: table_end is
+ * the block `reach` falls in). */
 static int
-pending_chunk(DropIn *self, PyObject *rid, PyObject *mine, PyObject *tracked, long long computed,
-              long long scheduled, long long end, long long slots, PyObject **answer)
+pending_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, PyObject *tracked,
+              long long computed, long long scheduled, long long start, long long end,
+              long long slots, PyObject **answer)
 {
     long long held, pipelined;
     if (!lane_get_ll(mine, s_lookahead, &held) || !lane_get_ll(mine, s_pipelined, &pipelined)) {
@@ -344,8 +390,15 @@ pending_chunk(DropIn *self, PyObject *rid, PyObject *mine, PyObject *tracked, lo
         }
         int holds = PyList_CheckExact(tables) && PyList_GET_SIZE(tables) == lane->groups;
         for (Py_ssize_t g = 0; holds && g < lane->groups; g++) {
+            long long upto = last_token;
+            if (lane->kind[g] == STATE) {
+                if (reach <= computed + scheduled) {
+                    continue; /* its running state is the chunk in flight's */
+                }
+                upto = reach;
+            }
             PyObject *table = PyList_GET_ITEM(tables, g);
-            long long last = cdiv(last_token, lane->size[g]) - 1;
+            long long last = cdiv(upto, lane->size[g]) - 1;
             holds = PyList_CheckExact(table) && last >= 0 && last < PyList_GET_SIZE(table);
             if (holds) {
                 long long block = entry(table, (Py_ssize_t)last);
@@ -369,6 +422,10 @@ pending_chunk(DropIn *self, PyObject *rid, PyObject *mine, PyObject *tracked, lo
                 return result == NULL ? -1 : 0; /* Waiting, or beyond the lane: Python's */
             }
         }
+    }
+    if (!columns_held(self, request, mine, start, end)) {
+        Py_XDECREF(result);
+        return -1;
     }
     PyObject *queue = PyObject_GetAttr(tracked, s_pending);
     PyObject *step = PyObject_GetAttr(self->core, s_step);
@@ -456,10 +513,11 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
         if (scheduled && step == 0) {
             served = 0; /* unnumbered steps: the Python method ends the last one first */
         } else if (scheduled || waiting) {
-            served = pending_chunk(self, rid, mine, tracked, computed, scheduled, end, slots,
-                                   answer);
+            served = pending_chunk(self, request, rid, mine, tracked, computed, scheduled,
+                                   vllm_computed, end, slots, answer);
         } else {
-            served = extend_chunk(self, request, rid, mine, computed, end, slots, answer);
+            served = extend_chunk(self, request, rid, mine, computed, vllm_computed, end, slots,
+                                  answer);
         }
     }
     Py_DECREF(mine);
@@ -491,7 +549,7 @@ call_with_manager(DropIn *self, PyObject *function, PyObject *const *args, Py_ss
     return answer;
 }
 
-static PyObject *
+PyObject *
 DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -562,7 +620,7 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
     return served;
 }
 
-static PyObject *
+PyObject *
 DropIn_start_pending(DropIn *self, PyObject *requests)
 {
     if (!PyDict_CheckExact(requests) || !same_core(self)) {
@@ -621,160 +679,4 @@ DropIn_start_pending(DropIn *self, PyObject *requests)
     }
     Py_DECREF(ready);
     Py_RETURN_NONE;
-}
-
-static int
-DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
-{
-    static char *names[] = {"manager", "general", "pending", "start_chunk", NULL};
-    PyObject *manager, *general, *pending, *start_chunk;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:DropIn", names, &manager, &general,
-                                     &pending, &start_chunk)) {
-        return -1;
-    }
-    PyObject *core = PyObject_GetAttr(manager, s_core);
-    PyObject *lane = core ? PyObject_GetAttr(core, s_lane) : NULL;
-    PyObject *got[] = {
-        core ? PyObject_GetAttrString(core, "_requests") : NULL,
-        PyObject_GetAttrString(manager, "_tracked"),
-        PyObject_GetAttrString(manager, "empty_kv_cache_blocks"),
-        PyObject_GetAttrString(manager, "max_model_len"),
-    };
-    int ok = lane != NULL && got[0] && got[1] && got[2] && got[3];
-    if (ok && (!PyObject_TypeCheck(lane, &LaneType) || !PyDict_CheckExact(got[0]) ||
-               !PyDict_CheckExact(got[1]))) {
-        PyErr_SetString(PyExc_TypeError, "DropIn serves a drop-in manager whose core runs the "
-                                         "decode lane (kvcert.reference.vllm.lane)");
-        ok = 0;
-    }
-    long long limit = ok ? PyLong_AsLongLong(got[3]) : 0;
-    if (ok && (PyErr_Occurred() || limit < 1)) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "the manager's max_model_len must be a positive int");
-        ok = 0;
-    }
-    if (ok) {
-        PyObject **fields[] = {&self->manager, &self->core, &self->lane, &self->requests,
-                               &self->tracked, &self->empty, &self->general, &self->pending,
-                               &self->start_chunk};
-        PyObject *values[] = {manager, core, lane, got[0], got[1], got[2], general, pending,
-                              start_chunk};
-        for (size_t k = 0; k < sizeof(values) / sizeof(values[0]); k++) {
-            Py_XSETREF(*fields[k], Py_NewRef(values[k]));
-        }
-        self->max_model_len = limit;
-        self->vectorcall = (vectorcallfunc)DropIn_call;
-    }
-    Py_XDECREF(core);
-    Py_XDECREF(lane);
-    for (size_t k = 0; k < sizeof(got) / sizeof(got[0]); k++) {
-        Py_XDECREF(got[k]);
-    }
-    return ok ? 0 : -1;
-}
-
-static int
-DropIn_traverse(DropIn *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->manager);
-    Py_VISIT(self->core);
-    Py_VISIT(self->lane);
-    Py_VISIT(self->requests);
-    Py_VISIT(self->tracked);
-    Py_VISIT(self->empty);
-    Py_VISIT(self->general);
-    Py_VISIT(self->pending);
-    Py_VISIT(self->start_chunk);
-    return 0;
-}
-
-static int
-DropIn_clear(DropIn *self)
-{
-    Py_CLEAR(self->manager);
-    Py_CLEAR(self->core);
-    Py_CLEAR(self->lane);
-    Py_CLEAR(self->requests);
-    Py_CLEAR(self->tracked);
-    Py_CLEAR(self->empty);
-    Py_CLEAR(self->general);
-    Py_CLEAR(self->pending);
-    Py_CLEAR(self->start_chunk);
-    return 0;
-}
-
-static void
-DropIn_dealloc(DropIn *self)
-{
-    PyObject_GC_UnTrack(self);
-    DropIn_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* Called before init (or after a failed one): the Python method answers every call. */
-static PyObject *
-DropIn_unready(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    PyErr_SetString(PyExc_TypeError, "DropIn was not initialised");
-    return NULL;
-}
-
-static PyObject *
-DropIn_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    DropIn *self = (DropIn *)type->tp_alloc(type, 0);
-    if (self != NULL) {
-        self->vectorcall = (vectorcallfunc)DropIn_unready;
-    }
-    return (PyObject *)self;
-}
-
-static PyMethodDef DropIn_methods[] = {
-    {"start_pending", (PyCFunction)DropIn_start_pending, METH_O,
-     "start_pending(requests): the drop-in's start_pending, its decode chunks through the "
-     "core's lane"},
-    {NULL, NULL, 0, NULL},
-};
-
-PyTypeObject DropInType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._decodelane.DropIn",
-    .tp_basicsize = sizeof(DropIn),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "The vLLM drop-in's allocate_slots (this object, called) and start_pending, "
-              "for decode chunks, through the core's decode lane.",
-    .tp_new = DropIn_new,
-    .tp_init = (initproc)DropIn_init,
-    .tp_traverse = (traverseproc)DropIn_traverse,
-    .tp_clear = (inquiry)DropIn_clear,
-    .tp_dealloc = (destructor)DropIn_dealloc,
-    .tp_vectorcall_offset = offsetof(DropIn, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_methods = DropIn_methods,
-};
-
-/* The interned names, at import. */
-int
-dropin_ready(void)
-{
-    struct {
-        PyObject **name;
-        const char *text;
-    } strings[] = {
-        {&s_request_id, "request_id"}, {&s_num_computed_tokens, "num_computed_tokens"},
-        {&s_all_token_ids, "all_token_ids"},
-        {&s_pending, "pending"}, {&s_keep, "keep"}, {&s_core, "core"},
-        {&s_lane, "_lane"}, {&s_step, "_step"}, {&s_handed_out, "_handed_out"},
-        {&s_append, "append"}, {&s_popleft, "popleft"},
-        {&s_num_lookahead_tokens, "num_lookahead_tokens"}, {&s_progress_of, "progress_of"},
-        {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
-        {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
-    };
-    for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
-        *strings[k].name = PyUnicode_InternFromString(strings[k].text);
-        if (*strings[k].name == NULL) {
-            return -1;
-        }
-    }
-    zero = PyLong_FromLong(0);
-    return zero == NULL ? -1 : PyType_Ready(&DropInType);
 }

@@ -12,8 +12,12 @@ kvcert.conformance.vllm.checks.drop_in_lane holds the two equal through vLLM's o
 
 It serves a manager whose core runs its decode lane (kvcert.reference.decode_lane) and that
 computes nothing more per chunk than the lane does: no hash view (`vllm_hash_view`), no
-state groups (so no runner checkpoints and no drafts' state blocks), and the class's own
-methods (a subclass overriding them is served by them). Else, or unbuilt, or with
+runner checkpoints and no drafts' state blocks, and the class's own methods (a subclass
+overriding them is served by them). With state groups (a Mamba/GDN hybrid, whose core's
+lane takes quiet steps only) it serves the chunks that change no table: one that extends
+the request, one queued behind the chunk in flight whose slots and running states are held
+already, and the start of a queued one; after each it checks the running state's column of
+every state table, as `_check_runner_columns` does. Else, or unbuilt, or with
 KVCERT_PURE_PYTHON=1, the Python methods answer every call.
 """
 
@@ -27,7 +31,14 @@ if TYPE_CHECKING:
     from kvcert.reference.vllm.manager import KVCacheManager
 
 # the methods the compiled calls stand for, or call back
-DEFINITIONS = ("allocate_slots", "start_pending", "_start_chunk", "_check_started", "_handed_out")
+DEFINITIONS = (
+    "allocate_slots",
+    "start_pending",
+    "_start_chunk",
+    "_check_started",
+    "_handed_out",
+    "_check_runner_columns",
+)
 
 
 def serves(manager: Any, definitions: type[KVCacheManager]) -> bool:
@@ -38,7 +49,6 @@ def serves(manager: Any, definitions: type[KVCacheManager]) -> bool:
         core._lane is not None
         and all(getattr(type(manager), name) is getattr(definitions, name) for name in DEFINITIONS)
         and manager.hash_view is None
-        and not manager._has_state
         and manager._runner_checkpoints is None
         and not manager._draft_state_block
         and not any(group.speculative_blocks for group in core.config.groups)
@@ -58,6 +68,7 @@ def install(manager: Any, definitions: type[KVCacheManager]) -> None:
         general=definitions.allocate_slots,
         pending=definitions.start_pending,
         start_chunk=definitions._start_chunk,
+        state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
     )
     manager.allocate_slots = drop_in
     manager.start_pending = drop_in.start_pending

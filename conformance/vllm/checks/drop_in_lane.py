@@ -151,6 +151,7 @@ def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> A
                 general=served.counting(KVCacheManager.allocate_slots, "general"),
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
+                state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
             )
             manager.allocate_slots = served.counting(drop_in, "calls")
             manager.start_pending = drop_in.start_pending
@@ -205,7 +206,14 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     two chunks queue behind one (a deeper batch queue than vLLM's two), the lookahead
     changing; `rewind`: vLLM's count resumed below a chunk in flight, refused alike;
     `replaced`: the manager's `_handed_out` replaced on the instance (as a wrapper or a
-    broken twin does), which then hands out every extension's new blocks, logged."""
+    broken twin does), which then hands out every extension's new blocks, logged; `hole`
+    (Qwen3.5, a state hybrid): the block at a state table's running column nulled behind the
+    manager's back (the bug `_check_runner_columns` exists for), which must be refused with
+    the same IntegrationError; `queued hole`: the same under asynchronous scheduling, where
+    the chunk is queued behind the one in flight (there the hole fails reserve's check that
+    the slots are held, so the Python method answers and raises); `checked` (Qwen3.5): the
+    manager's `_check_runner_columns` replaced on the instance, which then checks every
+    chunk, logged."""
     recorders: list[Recorder] = []
     with python_hand_outs_counted(served):
         return _directed(instrumented(compiled, recorders, served), recorders, scenario)
@@ -215,7 +223,10 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     v = runtime.vllm()
     prompt = tuple(range(1, 41))
     arrival = Arrival(0, "a", prompt, 0, 200)  # sizes the model's max_model_len
-    load = Workload(0, "gpt-oss-20b", "fcfs", scenario != "shrink", 64, 256, 0, (arrival,))
+    hole = scenario.endswith("hole")
+    model = "qwen3.5-0.8b" if hole or scenario == "checked" else "gpt-oss-20b"
+    asynchronous = scenario not in ("shrink", "hole", "checked")
+    load = Workload(0, model, "fcfs", asynchronous, 64, 256, 0, (arrival,))
     scheduler, _, hasher, _ = build(load, kvcert=True)
     manager, log = scheduler.kv_cache_manager, recorders[0].log
     if scenario == "replaced":
@@ -227,6 +238,14 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
             return answer
 
         manager._handed_out = replaced  # this manager only
+    if scenario == "checked":
+        check = manager._check_runner_columns
+
+        def checked(request: Any, start: int, end: int, checkpoint: int) -> None:
+            log.append(("replaced _check_runner_columns", start, end, checkpoint))
+            check(request, start, end, checkpoint)
+
+        manager._check_runner_columns = checked  # this manager only
     params = v.SamplingParams(max_tokens=200, ignore_eos=True)
     request = v.Request("a", list(prompt), params, None, block_hasher=hasher)
     requests = {"a": request}
@@ -236,7 +255,8 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     manager.allocate_slots(request, 40, num_lookahead_tokens=ahead)
     request.num_computed_tokens = 40
     # steps in flight at most
-    depth = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1}[scenario]
+    depths = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1, "hole": 1, "queued hole": 2}
+    depth = depths.get(scenario, 1)
     try:
         for n in range(60):
             if len(in_flight) >= depth:  # the oldest step's output: one sampled token
@@ -245,6 +265,10 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
                 manager.start_pending(requests)
             if scenario == "rewind" and n == 30:
                 request.num_computed_tokens -= 1  # below the chunk in flight's end
+            if hole and n == 10:  # the first state group's running column
+                g, size, _ = manager._state_columns[0]
+                column = -(-(request.num_computed_tokens + 1) // size) - 1
+                manager.core._requests["a"].tables[g][column] = 0
             in_flight.append(manager.start_step())
             ahead = max(0, 40 - 2 * n) if scenario == "shrink" else (n * 7) % 5
             manager.allocate_slots(request, 1, num_lookahead_tokens=ahead)
@@ -271,39 +295,51 @@ def main(argv: list[str] | None = None) -> int:
     if native("_decodelane") is None:
         print("the compiled calls are not built here (KVCERT_PURE_PYTHON=1 or no compiler)")
         return 2
-    served, seeds, skipped = Served(), 0, 0
+    served, state_served, seeds, states = Served(), Served(), 0, 0
     for seed in range(args.first, args.first + args.runs):
         workload = generate(seed, state_drafts=True, mtp=True, families=True)
-        if workload.model in STATE_MODELS:
-            skipped += 1
-            continue
-        seeds += 1
-        compiled, python = played(workload, True, served), played(workload, False, Served())
+        hybrid = workload.model in STATE_MODELS
+        seeds, states = seeds + (not hybrid), states + hybrid
+        counted = state_served if hybrid else served
+        compiled, python = played(workload, True, counted), played(workload, False, Served())
         difference = first_difference(compiled[1], python[1])
         if difference is None and compiled[0] != python[0]:
             difference = f"outcomes differ: {compiled[0]} != {python[0]}"
         if difference is not None:
             print(f"DIFFER seed {seed} ({workload.model}): {difference}")
             return 1
-    for scenario in ("shrink", "deep", "rewind", "replaced"):
-        difference = first_difference(
-            directed(True, served, scenario), directed(False, Served(), scenario)
-        )
+    for scenario in ("shrink", "deep", "rewind", "replaced", "hole", "queued hole", "checked"):
+        compiled_log = directed(True, served, scenario)
+        difference = first_difference(compiled_log, directed(False, Served(), scenario))
         if difference is not None:
             print(f"DIFFER scenario {scenario}: {difference}")
+            return 1
+        if scenario.endswith("hole") and compiled_log[-1][0] != "IntegrationError":
+            print(
+                f"MISSED scenario {scenario}: the compiled calls served {compiled_log[-1]!r:.300}"
+            )
             return 1
     by_compiled = served.calls - served.general
     started = served.started - served.started_in_python
     handed = served.extended - served.handed_in_python
     print(
-        f"drop-in lane: {seeds} seeds agree ({skipped} state hybrids skipped); the compiled "
-        f"calls answered {by_compiled} of {served.calls} allocate_slots calls ({handed} of the "
+        f"drop-in lane: {seeds} attention seeds agree; the compiled calls answered "
+        f"{by_compiled} of {served.calls} allocate_slots calls ({handed} of the "
         f"{served.extended} extensions with new blocks) and started {started} of "
         f"{served.started} queued chunks"
     )
+    state_compiled = state_served.calls - state_served.general
+    state_started = state_served.started - state_served.started_in_python
+    print(
+        f"drop-in lane: {states} state-hybrid seeds agree; the compiled calls answered "
+        f"{state_compiled} of {state_served.calls} allocate_slots calls and started "
+        f"{state_started} of {state_served.started} queued chunks (a state layout's quiet "
+        "steps only; its new blocks are the Python method's)"
+    )
     shares = ((by_compiled, served.calls), (started, served.started), (handed, served.extended))
-    if any(part * 4 < whole for part, whole in shares):
-        print("VACUOUS: the compiled side answered under a quarter of the calls")
+    if any(part * 4 < whole for part, whole in shares) or (states and not state_compiled):
+        print("VACUOUS: the compiled side answered under a quarter of the calls, or none of a "
+              "state hybrid's")  # fmt: skip
         return 1
     return 0
 
