@@ -44,8 +44,8 @@ DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
         PyMem_Free(state_group);
         PyMem_Free(state_size);
         PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "state_columns: a tuple of (group index, block size) "
-                                         "pairs, both positive ints (the index >= 0)");
+        PyErr_SetString(PyExc_TypeError, "state_columns: a tuple of (group index >= 0, "
+                                         "block size >= 1) pairs of ints");
         return -1;
     }
     PyMem_Free(self->state_group);

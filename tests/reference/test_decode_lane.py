@@ -333,3 +333,13 @@ def test_a_table_naming_a_block_outside_the_pool_is_refused_not_followed():
     manager._requests["a"].tables[1][0] = 10**6  # a position the next step releases
     with pytest.raises(ValueError, match="outside the pool"):
         manager.extend("a", 1, [5])
+
+
+@pytest.mark.parametrize("columns", [[(0, 4)], ((0, 0),), ((-1, 4),), ((0,),), (("0", 4),)])
+def test_the_drop_ins_state_columns_are_checked_when_it_is_built(columns: Any) -> None:
+    """The vLLM drop-in's compiled calls (reference/vllm/lane.py) read the state groups'
+    columns as (index, block size) pairs: anything else is refused, naming the format."""
+    with pytest.raises(TypeError, match=r"state_columns: a tuple of \(group index"):
+        compiled.DropIn(
+            manager=None, general=None, pending=None, start_chunk=None, state_columns=columns
+        )
