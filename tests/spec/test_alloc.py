@@ -197,6 +197,21 @@ def test_a_position_released_before_its_unit_is_no_published_block():
     assert released == Released(blocks=2)
 
 
+def test_same_pass_publishes_attention_at_once_and_state_at_the_step_end():
+    """ALLOC-VIS-2's diagram: b, with a's 64-token prefix plus 8, looks up in a's step. Full
+    attention alone serves it a's four blocks; beside a state group (align) b hits 0, as the
+    state at 64 waits for the step's end (ALLOC-VIS-1); after it, c hits 64."""
+    prefix, tail = tuple(range(500, 564)), tuple(range(600, 608))
+    ops = [Admit("a", (*prefix, 1), 64), Admit("b", (*prefix, *tail), 64)]
+    alone = initial_state(PoolConfig(Layout((FullAttention(16),)), 32, visibility="same-pass"))
+    _, (_, b) = run(alone, *ops)
+    assert b.hit == 64
+    hybrid = Layout((FullAttention(16), MambaState(16, MambaMode.ALIGN)))
+    state = initial_state(PoolConfig(hybrid, 32, visibility="same-pass"))
+    _, (_, b, _, c) = run(state, *ops, EndStep(), Admit("c", (*prefix, *tail), 64))
+    assert (b.hit, c.hit) == (0, 64)
+
+
 def test_mamba_align_registers_a_checkpoint_only_where_a_step_ends_on_a_boundary():
     """ALLOC-COMMIT-1: steps ending at 16 (aligned) and 20 (not) with B=8: one checkpoint."""
     state, (_, ended1, _, ended2) = run(

@@ -18,6 +18,7 @@ from hypothesis.stateful import initialize
 
 from kvcert.spec import (
     ChunkedLocal,
+    CrossAttention,
     Extra,
     ExtraKind,
     FullAttention,
@@ -507,6 +508,15 @@ def test_mode_none_keys_nothing_and_serves_no_state_hit():
     state = written(layout=layout)
     state, (admitted,) = run(state, Admit("b", PROMPT, 96))
     assert admitted.hit == 0
+
+
+def test_cross_attention_takes_no_block_under_the_unit_profile():
+    """A cross-attention group keeps no keys and no blocks (its KV is the encoder's): the
+    unit profile serves the full group's hit and leaves the cross table empty."""
+    layout = Layout((FullAttention(64), CrossAttention(64)), hit_unit=16)
+    _, (admitted,) = run(written(layout=layout), Admit("b", PROMPT, 96))
+    assert admitted.hit == 96
+    assert admitted.tables[1] == ()
 
 
 # --- the block profile is the unit profile at U = B -----------------------------------------

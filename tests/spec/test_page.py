@@ -12,12 +12,18 @@ from hypothesis import given
 from kvcert.conformance.contract.codec import InputError
 from kvcert.conformance.contract.plans import plan_input_from_json
 from kvcert.spec import (
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
     InvalidLayout,
     InvalidPlan,
     InvalidRequest,
     MambaMode,
+    MambaState,
     NoPageLayout,
+    SlidingWindow,
     SpecError,
+    Speculative,
     hit_alignment,
 )
 from kvcert.spec.layers import (
@@ -508,3 +514,36 @@ def test_enum_inputs_take_the_member_or_its_exact_value_and_nothing_else():
     for wrong in ("Capacity", " capacity", 0, None):
         with pytest.raises(InvalidPlan, match="objective must be one of capacity"):
             PlanInput((QWEN_FULL,), KVDtype.BF16, GIB, objective=wrong)  # type: ignore[arg-type]
+
+
+def test_a_plan_names_every_kind_of_group_as_the_hit_rules_see_it():
+    """capped_plan's layout: each planned bucket becomes the spec group of its kind, a state
+    group in the plan's mode, and the plan's speculative keying (given by its value string)."""
+    gdn = StateLayer((StateTensor((3, 64), KVDtype.BF16), StateTensor((4, 16, 16), KVDtype.FP32)))
+    layers = (
+        AttentionLayer(FULL, 2, 128, 128),
+        AttentionLayer(SW, 2, 128, 128, window=128),
+        AttentionLayer(AttentionKind.CHUNKED_LOCAL, 2, 128, 128, chunk=256),
+        AttentionLayer(AttentionKind.CROSS, 2, 128, 128),
+        gdn,
+        AttentionLayer(FULL, 2, 128, 128, draft=True),
+    )
+    plan_input = PlanInput(layers, KVDtype.BF16, GIB, mamba_mode="all", speculative="exact")
+    layout = plan(plan_input).layout
+    assert layout.speculative is Speculative.EXACT
+    assert [type(g) for g in layout.groups] == [
+        FullAttention, FullAttention, SlidingWindow, ChunkedLocal, CrossAttention, MambaState
+    ]  # fmt: skip
+    assert [getattr(g, "draft", False) for g in layout.groups] == [False, True, *[False] * 4]
+    assert (layout.groups[2].window, layout.groups[3].chunk) == (128, 256)
+    assert layout.groups[5].mode is MambaMode.ALL
+
+
+def test_the_caps_weighed_in_mode_all_are_multiples_of_the_state_chunk():
+    """PAGE-ALIGN-2: under mode all a cap must also be a multiple of the state kernel's chunk;
+    mode align ignores the chunk."""
+    layers = (GDN_08B, QWEN_FULL)
+    aligned = alignment_caps(PlanInput(layers, KVDtype.BF16, GIB, state_chunk=128))
+    assert aligned == (16, 32, 64, 128, 256, 272, 512, 544)  # 544: vLLM's Qwen3.5 block
+    chunked = PlanInput(layers, KVDtype.BF16, GIB, mamba_mode=MambaMode.ALL, state_chunk=128)
+    assert alignment_caps(chunked) == (128, 256, 512, 640)  # 640: the anchor 544 made a multiple

@@ -181,6 +181,19 @@ def test_an_insert_splits_where_it_diverges_and_stamps_in_walk_order():
     assert len(stamps[-1].pages) == 1  # b's new leaf, stamped last
 
 
+def test_an_insert_splits_the_node_it_diverges_inside():
+    """RADIX-SPLIT-1 inside an insert: a and b are admitted in one step, both missing; at its
+    end a's pages go in first, so b's insert meets a's node, diverges inside it after two
+    pages and splits it. b's own first two pages are freed (RADIX-DEDUP-1): its table takes
+    a's."""
+    b_tokens = (*PROMPT[:8], 7, 7, 7, 7, 7)
+    ops = [spec.Admit("a", PROMPT[:17], 64), spec.Admit("b", b_tokens, 64), spec.EndStep()]
+    state, seen = play(fresh(12), ops)
+    assert hits(seen) == [0, 0]
+    assert sorted(len(node.pages) for node in state.nodes.values()) == [1, 2, 2]
+    assert state.requests["b"].table[:2] == state.requests["a"].table[:2]
+
+
 def test_the_allocation_over_asks_a_page():
     over = [
         *served("a", PROMPT[:9]),

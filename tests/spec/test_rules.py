@@ -249,6 +249,7 @@ def subsets(items: range) -> list[frozenset[int]]:
     return [frozenset(c) for r in range(len(items) + 1) for c in itertools.combinations(items, r)]
 
 
+@pytest.mark.sweep
 def test_every_contract_holds_on_every_small_case():
     """Bounded exhaustive: all small layouts x lengths x cached subsets, contracts enforced."""
     rule_functions = [

@@ -139,6 +139,7 @@ def _extents(group, cached, partial) -> dict[int, int]:
     return reach
 
 
+@pytest.mark.sweep
 def test_every_accepted_unit_hit_reads_only_cached_tokens():
     """Soundness at token level: every token the kind needs before an accepted L lies in a
     block whose cached content reaches past it (HIT-UNIT-2), and a state hit has a
@@ -162,6 +163,7 @@ def test_every_accepted_unit_hit_reads_only_cached_tokens():
     assert checked > 1_000
 
 
+@pytest.mark.sweep
 def test_full_attention_is_downward_closed_at_unit_granularity():
     for layout, view in _views(unit=1):
         group = layout.groups[0]
@@ -175,6 +177,7 @@ def test_full_attention_is_downward_closed_at_unit_granularity():
         assert accepted == list(range(len(accepted))), (view, accepted)
 
 
+@pytest.mark.sweep
 def test_unit_profile_never_serves_less_than_the_block_profile():
     """The same whole blocks, with or without partial keys: the unit hit is at least the
     block hit (the block profile's lengths are among the unit profile's)."""
