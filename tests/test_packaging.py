@@ -208,18 +208,22 @@ def test_setup_installs_once_and_only_what_is_missing(tmp_path):
         done = run(["bash", "scripts/setup.sh", extras], cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         calls = tmp_path / "pip-calls"
-        return calls.read_text().splitlines() if calls.exists() else []
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        return [line for line in lines if line.startswith("-m pip install")]
 
     assert len(setup("test,proofs")) == 1
     assert len(setup("test,proofs")) == 1  # nothing changed: no reinstall
     assert len(setup("")) == 1  # the main job needs no extra
     assert len(setup("proofs")) == 1  # a subset of what is installed
-    assert setup("sim")[-1].endswith("-e .[proofs,sim,test]")  # the union, not a swap
+    union = "-e .[proofs,sim,test]"  # the union of the extras, not a swap
+    assert setup("sim")[-1].endswith(f"--no-compile -c constraints.txt {union}")
     (tmp_path / "constraints.txt").write_text("z3-solver==5.4.0.0\n", encoding="utf-8")
     assert len(setup("sim")) == 3  # a changed constraint reinstalls
     with (tmp_path / "reference" / "_keyindex.c").open("a", encoding="utf-8") as source:
         source.write("/* changed */\n")
     assert len(setup("sim")) == 4  # so does a changed extension source (it must be rebuilt)
+    compiled = (tmp_path / "pip-calls").read_text().count("-m compileall -q -j 0")
+    assert compiled == 4  # each install is compiled to bytecode on every core (pip skips it)
     fake.write_text("#!/bin/sh\necho 'ERROR: no matching distribution'\nexit 1\n")
     failed = run(["bash", "scripts/setup.sh", "kernels"], cwd=tmp_path)
     assert failed.returncode != 0  # a failed pip fails the setup, and records nothing
