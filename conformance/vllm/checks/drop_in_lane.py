@@ -5,18 +5,19 @@ Scheduler.
 
 kvcert.reference.vllm.lane serves a decode chunk's `allocate_slots` and `start_pending`
 compiled (reference/_decodelane_dropin.c) over the core's decode lane; the drop-in's Python
-methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts
-and multi-module MTP included; state hybrids, which the compiled calls never serve, are
-skipped) is played through kvcert's Scheduler twice: with the compiled calls (and the core's
-compiled decode lane under them), and with every call answered by the Python methods, the
-core's too. Every call vLLM makes to the manager must get the same
-answer (block ids per group, hits, None), the two runs the same outcome, and the allocator
-the same state after each step: every request's counters, tables, bounds and registered
-marks, every block's key and count, the pool's counters. Four directed scenarios
-(`directed`) do the same for what those workloads rarely reach. So that this cannot pass
-vacuously, the compiled side must itself have answered at least a quarter of the
-`allocate_slots` calls, started a quarter of the queued chunks (asynchronous seeds) and
-handed out a quarter of the extensions' new blocks.
+methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts,
+multi-module MTP and state hybrids included) is played through kvcert's Scheduler twice:
+with the compiled calls (and the core's compiled decode lane under them), and with every
+call answered by the Python methods, the core's too. Every call vLLM makes to the manager
+must get the same answer (block ids per group, hits, None), the two runs the same outcome,
+and the allocator the same state after each step: every request's counters, tables, bounds
+and registered marks, every block's key and count, the pool's counters. Seven directed
+scenarios (`directed`) do the same for what those workloads rarely reach. So that this
+cannot pass vacuously, on the attention seeds the compiled side must itself have answered
+at least a quarter of the `allocate_slots` calls, started a quarter of the queued chunks
+(asynchronous seeds) and handed out a quarter of the extensions' new blocks, and on the
+state hybrids' seeds answered some calls (their quiet decode steps; their new blocks are
+always the Python method's).
 
 Exit 0 when every seed agrees, 1 at the first difference (printed with its seed), 2 when the
 compiled calls are not built (KVCERT_PURE_PYTHON=1, or no compiler at install).
@@ -93,6 +94,18 @@ class Served:
         self.calls = self.general = self.started = self.started_in_python = 0
         # extensions answered with new blocks, and those the Python _handed_out answered
         self.extended = self.handed_in_python = 0
+
+    @property
+    def compiled_calls(self) -> int:
+        return self.calls - self.general
+
+    @property
+    def compiled_starts(self) -> int:
+        return self.started - self.started_in_python
+
+    @property
+    def compiled_hand_outs(self) -> int:
+        return self.extended - self.handed_in_python
 
     def counting(self, method: Callable[..., Any], counter: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -319,25 +332,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"MISSED scenario {scenario}: the compiled calls served {compiled_log[-1]!r:.300}"
             )
             return 1
-    by_compiled = served.calls - served.general
-    started = served.started - served.started_in_python
-    handed = served.extended - served.handed_in_python
     print(
         f"drop-in lane: {seeds} attention seeds agree; the compiled calls answered "
-        f"{by_compiled} of {served.calls} allocate_slots calls ({handed} of the "
-        f"{served.extended} extensions with new blocks) and started {started} of "
-        f"{served.started} queued chunks"
+        f"{served.compiled_calls} of {served.calls} allocate_slots calls "
+        f"({served.compiled_hand_outs} of the {served.extended} extensions with new blocks) "
+        f"and started {served.compiled_starts} of {served.started} queued chunks"
     )
-    state_compiled = state_served.calls - state_served.general
-    state_started = state_served.started - state_served.started_in_python
     print(
         f"drop-in lane: {states} state-hybrid seeds agree; the compiled calls answered "
-        f"{state_compiled} of {state_served.calls} allocate_slots calls and started "
-        f"{state_started} of {state_served.started} queued chunks (a state layout's quiet "
-        "steps only; its new blocks are the Python method's)"
+        f"{state_served.compiled_calls} of {state_served.calls} allocate_slots calls and "
+        f"started {state_served.compiled_starts} of {state_served.started} queued chunks "
+        "(a state layout's quiet steps only; its new blocks are the Python method's)"
     )
-    shares = ((by_compiled, served.calls), (started, served.started), (handed, served.extended))
-    if any(part * 4 < whole for part, whole in shares) or (states and not state_compiled):
+    shares = (
+        (served.compiled_calls, served.calls),
+        (served.compiled_starts, served.started),
+        (served.compiled_hand_outs, served.extended),
+    )
+    vacuous_states = states > 0 and state_served.compiled_calls == 0
+    if any(part * 4 < whole for part, whole in shares) or vacuous_states:
         print("VACUOUS: the compiled side answered under a quarter of the calls, or none of a "
               "state hybrid's")  # fmt: skip
         return 1
