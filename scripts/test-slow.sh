@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole-suite sweeps the fast tier leaves out (pytest marker `slow`: each broken engine
 # against every vector, regenerating the vectors, the vectors' coverage gate, a shrunk
-# failure turned into a regression vector), with the fast tier's budgets. .ci/run runs it
+# failure turned into a regression vector) and the whole-tree checks (mypy --strict over every
+# package, a wheel built from a clean copy and installed in a fresh venv), with the fast
+# tier's budgets. .ci/run runs it
 # after scripts/test.sh; the long tier runs them inside scripts/test.sh. Any failure, and
 # pytest's exit 5 (nothing marked slow), fails the script. Extra arguments go to pytest.
 # Then the reference on its pure-Python fallbacks (KVCERT_PURE_PYTHON=1: no compiled key

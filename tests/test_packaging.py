@@ -119,6 +119,7 @@ def wheel(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel):
     packages, files = tree_contents()
     assert "kvcert.conformance.checks.proofs" in packages  # the package the wheel once lost
@@ -130,6 +131,7 @@ def test_the_wheel_holds_every_package_and_data_file_of_the_tree(wheel):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
 
+@pytest.mark.slow
 def test_a_built_wheel_installs_and_runs_outside_the_repo(wheel, tmp_path):
     """Install the wheel (not editable) into a fresh venv and run it from elsewhere: the check a
     broken folder mapping, a missing package or a missing data file cannot pass."""

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_packages_are_strictly_typed(tmp_path):
     tree = tmp_path / "kvcert"
     tree.mkdir()

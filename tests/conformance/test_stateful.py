@@ -23,7 +23,8 @@ def test_reference_passes_the_shipped_machine():
 @pytest.mark.parametrize(
     "name",
     [
-        "allocation before hits",
+        # found after 1,500 to 3,000 runs (20 s); `kvcert check` hunts it in the fast tier too
+        pytest.param("allocation before hits", marks=pytest.mark.slow),
         "per-group speculative drop",
         "salt ignored",
         "inner checkpoint ignored",
