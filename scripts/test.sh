@@ -35,6 +35,7 @@ fast=" and not slow"
 TRITON_INTERPRET=1 .venv/bin/python -m pytest tests/kernels --junitxml=.kernel-report.xml \
   -p no:cacheprovider > .kernel-tests.log 2>&1 &
 kernels=$!
+trap 'kill "$kernels" 2> /dev/null || true' EXIT  # interrupted or timed out: no stray run
 checked=0
 .venv/bin/kvcert check --tier "$tier" --json .check-report.json || checked=$?
 kernel_status=0
