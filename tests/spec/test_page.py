@@ -544,6 +544,9 @@ def test_the_caps_weighed_in_mode_all_are_multiples_of_the_state_chunk():
     mode align ignores the chunk."""
     layers = (GDN_08B, QWEN_FULL)
     aligned = alignment_caps(PlanInput(layers, KVDtype.BF16, GIB, state_chunk=128))
-    assert aligned == (16, 32, 64, 128, 256, 272, 512, 544)  # 544: vLLM's Qwen3.5 block
+    assert 544 in aligned  # vLLM's Qwen3.5 block, the anchor in mode align
+    assert any(cap % 128 for cap in aligned)  # align ignores the chunk
     chunked = PlanInput(layers, KVDtype.BF16, GIB, mamba_mode=MambaMode.ALL, state_chunk=128)
-    assert alignment_caps(chunked) == (128, 256, 512, 640)  # 640: the anchor 544 made a multiple
+    caps = alignment_caps(chunked)
+    assert all(cap % 128 == 0 for cap in caps)
+    assert -(-544 // 128) * 128 in caps  # the anchor made a multiple of the chunk: 640
