@@ -79,7 +79,20 @@ def workload(
 
 
 def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
-    """(seconds, hit tokens, steps) for the whole workload."""
+    """(seconds, hit tokens, steps) for the whole workload, served as vLLM's engine serves:
+    its EngineCore freezes the heap once the scheduler is built (`freeze_gc_heap`: collect,
+    then `gc.freeze()`), so the collector never walks what startup made, here the imports
+    and either side's scheduler; the heap is unfrozen once the round is served."""
+    from vllm.utils.gc_utils import freeze_gc_heap  # noqa: PLC0415 - the engine venv's vLLM
+
+    freeze_gc_heap()
+    try:
+        return _served(scheduler, hasher, load)
+    finally:
+        gc.unfreeze()
+
+
+def _served(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
     v = vllm()
     pending = list(load.arrivals)
     hits = steps = 0
@@ -120,12 +133,12 @@ def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]
 def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[int, float]]]:
     """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
     calls, inclusive of what it calls, over extra rounds played after the timed ones (the
-    wrappers would slow those): the sides alternate, each round starts from a collected heap
-    (so neither pays for the other's garbage), and each method's time is its least round.
-    The third side, "floor", is the least any manager answering these calls spends: each
-    method replays kvcert's answers from a recorded round, in order (the scheduler is
-    deterministic, so it asks the same calls; the round must serve the same hits in the same
-    steps, or nothing is reported)."""
+    wrappers would slow those): the sides alternate, each round starts from a collected,
+    frozen heap (`serve`: so neither pays for the other's garbage), and each method's time
+    is its least round. The third side, "floor", is the least any manager answering these
+    calls spends: each method replays kvcert's answers from a recorded round, in order (the
+    scheduler is deterministic, so it asks the same calls; the round must serve the same
+    hits in the same steps, or nothing is reported)."""
     answers, played = record_answers(load)
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     for _ in range(rounds):
@@ -204,7 +217,6 @@ def one_round_by_call(
         if replay is not None:
             method = _replayer(iter(replay.get(name, ())).__next__)
         setattr(manager, name, timed(name, method))
-    gc.collect()
     _, hits, steps = serve(scheduler, timed(HASHER, hasher), load)
     return counts, (hits, steps)
 
