@@ -246,19 +246,24 @@ def _refuser(
 
 class _Presence:
     """Which of a group's blocks are cached, probed lazily from the top down in runs that
-    double in length: the scan of step 3 descends, so each key is probed at most once."""
+    double in length: the scan of step 3 descends, so each key is probed at most once. The
+    probed window opens at the first run the scan asks about, not at the last key: the
+    blocks past the full groups' bound are never needed (a prompt's uncached tail is most
+    of its keys), and a state group's hit needs one block."""
 
     def __init__(self, served: ServedMap[K], keys: Sequence[K]) -> None:
         self._contains = served.__contains__
         self._keys = keys
         self.count = len(keys)
-        self._low = self._high = self.count  # probed: [low, high)
+        self._low = self._high = -1  # probed: [low, high); -1 until the first question
         self._missing: list[int] = []  # the missing blocks among them, ascending
-        self._run = 64
+        self._run = 8
 
     def last_missing(self, first: int, stop: int) -> int | None:
-        """The last block in [first, stop) that is not cached, or None."""
-        if stop > self._high:  # pragma: no cover - the scan never goes back up
+        """The last block in [first, stop) that is not cached, or None (stop <= count)."""
+        if self._high < 0:
+            self._low = self._high = stop
+        elif stop > self._high:  # pragma: no cover - the scan never goes back up
             raise ValueError("the hit scan probes lengths in decreasing order")
         while True:
             index = bisect_left(self._missing, stop) - 1
