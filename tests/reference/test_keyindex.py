@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvcert.reference import keyindex, native
-from kvcert.reference.coordinator import BLOCK_IDS, _cached_prefix
+from kvcert.reference.coordinator import BLOCK_IDS, _cached_prefix, _probed_prefix
 from kvcert.reference.keyindex import KEY_SIZE, PyKeyIndex, served_items
+from kvcert.reference.lookup import Layered
 from tests.tiers import tiered
 
 compiled = pytest.importorskip("kvcert.reference._keyindex")
@@ -290,6 +291,33 @@ def test_a_long_prefix_scan_equals_the_definition(bound, order, gaps, cap, odd):
     assert c.served[0].prefix(keys, cap) == _cached_prefix(py.served[0], keys, cap)
     packed = array(BLOCK_IDS, c.served[0].prefix_ids(keys, cap))
     assert packed.tolist() == _cached_prefix(py.served[0], keys, cap)
+
+
+@settings(max_examples=tiered(100, 1000))
+@given(
+    bound=st.integers(0, 120),
+    order=st.permutations(range(120)),
+    added=st.dictionaries(st.integers(0, 119), st.integers(1, 200), max_size=12),
+    gaps=st.lists(st.integers(0, 119), max_size=2),
+    cap=st.integers(-1, 125),
+)
+def test_a_layered_prefix_scan_equals_the_generic_scan(bound, order, added, gaps, cap):
+    """Layered.prefix (the index's run, then key by key through both maps) reads what the
+    generic scan reads through Layered.get, over the compiled index and the definition:
+    keys the steps in flight add anywhere (past the index's run, inside it, on keys it
+    holds: the index wins), misses anywhere."""
+    c, py = compiled.KeyIndex(122, 1), PyKeyIndex(122, 1)
+    for block, k in enumerate(order[:bound], start=1):
+        for index in (c, py):
+            index.bind(block, 0, LONG_KEYS[k])
+    pending = {LONG_KEYS[k]: block for k, block in added.items()}
+    keys = list(LONG_KEYS[:120])
+    for at in gaps:
+        keys[at] = bytes(KEY_SIZE)
+    expected = _probed_prefix(Layered(py.served[0], pending), keys, cap)
+    assert Layered(c.served[0], pending).prefix(keys, cap) == expected
+    assert Layered(py.served[0], pending).prefix(keys, cap) == expected
+    assert _cached_prefix(Layered(c.served[0], pending), keys, cap) == expected
 
 
 @pytest.mark.parametrize("num_groups", [254, 255, 300, 65534])
