@@ -153,6 +153,8 @@ class Registrar:
     def pending_keys(self, request: Request, pending: list[dict[bytes, int]]) -> None:
         """Add to `pending` (per group, key -> block) what `request`'s chunk in flight will
         register when its step ends (what `register` will do then)."""
+        if request.computed + request.scheduled < request.commit_at:
+            return  # `committed` is empty below commit_at: end_step skips it as well
         for unique in request.unique_chains:
             unique.extend(request.tokens)  # the digests end_step computes, computed early
         before = request.computed
