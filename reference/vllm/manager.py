@@ -236,8 +236,10 @@ class KVCacheManager(BlockTableViews):
 
     def _prompt(self, request: Any) -> Prompt:
         """The request's tokens digested once per admission (lookup, then allocation)."""
-        tracked = self._tracked.setdefault(request.request_id, _Tracked())
-        if tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
+        tracked = self._tracked.get(request.request_id)
+        if tracked is None:
+            tracked = self._tracked[request.request_id] = _Tracked()
+        elif tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
             return tracked.prompt
         # digested from vLLM's view of the tokens: `prompt` packs its own copy
         tracked.prompt = self.core.prompt(token_view(request), request_extras(request))
@@ -586,7 +588,9 @@ class KVCacheManager(BlockTableViews):
         slots no draft reaches."""
         sizes = zip(lengths, self._slot_sizes, strict=True)
         keep = max(((n - 1) * size + 1 for n, size in sizes if n and size), default=0)
-        tracked = self._tracked.setdefault(rid, _Tracked())
+        tracked = self._tracked.get(rid)
+        if tracked is None:
+            tracked = self._tracked[rid] = _Tracked()
         tracked.seen, tracked.keep = list(lengths), keep
 
     def _note_new(self, result: Scheduled) -> None:
