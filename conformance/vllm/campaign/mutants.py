@@ -122,8 +122,12 @@ def _kvcert_block_multiple_unregistered(wired: Any) -> None:
     """ALLOC-COMMIT-1 off by one at block multiples: a full-attention block whose chunk ends
     exactly at its end is passed over and never registered (a checkpoint skipped at an exact
     block multiple). Every read stays sound; only later hits are lost, which the
-    completeness oracle must catch."""
-    registrar = wired.scheduler.kv_cache_manager.core._commits
+    completeness oracle must catch. The core's compiled decode lane is turned off first:
+    it registers and publishes decode chunks' blocks itself, which would pass the mutant by
+    (the Python registrar it stands for is the definition, so nothing else changes)."""
+    core = wired.scheduler.kv_cache_manager.core
+    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
+    registrar = core._commits
     register_run = registrar._register_run
 
     def skipping(pool: Any, rid: str, request: Any, g: int, positions: range) -> int:
