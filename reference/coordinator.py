@@ -13,6 +13,8 @@ step down under the drop profile). This search returns that maximum without buil
    blocks ending at length // B whose start never decreases as the length grows, so a
    missing block m refuses every candidate whose run contains it: the scan jumps below
    m * B (THM-SKIP-MISSING), one jump per missing block instead of one step per candidate.
+   The largest candidate is first tested in one pass over each group's run: a shared
+   prefix's hit usually passes it, and then no scan is set up.
 4. Under the drop profile the scan continues to the next accepted candidate: one step in
    the common set, never one per group (vLLM #32802, #40624).
 
@@ -113,9 +115,14 @@ def find_hit(
         elif group.kind is not Kind.CROSS:
             others.append(g)
 
-    refusal = _refuser([groups[g] for g in others], [_Presence(served[g], keys[g]) for g in others])
     drops = config.speculative is DraftKeying.DROP and not ignore_state and limit is None
-    found = _first_accepted((bound // alignment) * alignment, alignment, refusal, 1 + drops)
+    top = (bound // alignment) * alignment
+    if not drops and all(_accepts(groups[g], served[g], keys[g], top) for g in others):
+        found = [top]  # the first candidate passes (a shared prefix's usual case): no scan
+    else:
+        presence = [_Presence(served[g], keys[g]) for g in others]
+        refusal = _refuser([groups[g] for g in others], presence)
+        found = _first_accepted(top, alignment, refusal, 1 + drops)
     hit = found[0] if found else 0
     if drops:
         hit = found[1] if len(found) > 1 and hit > 0 else 0
@@ -205,6 +212,14 @@ def _probed_prefix(served: ServedMap[K], keys: Sequence[K], cap: int) -> list[in
         blocks += found
         start, run = stop, 2 * run
     return blocks
+
+
+def _accepts(group: GroupConfig, served: ServedMap[K], keys: Sequence[K], length: int) -> bool:
+    """Whether `group` accepts `length`: it needs no block there, or every block of its run
+    [first_needed, length // B) is keyed and cached (step 3's test of one candidate, as
+    `_refuser` makes it, in one pass over the run)."""
+    first, stop = first_needed(group, length), length // group.block_size
+    return first >= stop or (stop <= len(keys) and all(map(served.__contains__, keys[first:stop])))
 
 
 def _refuser(

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from array import array
 
-from hypothesis import given
+from hypothesis import example, given
 
 from kvcert.conformance.contract.codec import layout_to_json, to_ranges
 from kvcert.conformance.engines.reference_engine import ReferenceEngine, config_from_json
 from kvcert.reference.coordinator import BLOCK_IDS, find_hit
 from kvcert.reference.unit_hits import find_unit_hit
-from kvcert.spec import NULL, MambaState, hybrid_hit
-from tests.strategies import unit_views, views
+from kvcert.spec import (
+    NULL,
+    FullAttention,
+    Layout,
+    MambaState,
+    SlidingWindow,
+    Speculative,
+    hybrid_hit,
+)
+from kvcert.spec.view import CacheView, keyable_blocks
+from tests.strategies import layouts, unit_views, views
 
 
 def config_of(layout, num_blocks):
@@ -37,6 +46,35 @@ def test_find_hit_equals_the_spec(view):
     assert packed_length == length  # the packed answer: the same blocks, int32 arrays
     assert all(isinstance(t, array) and t.typecode == BLOCK_IDS for t in packed)
     assert [t.tolist() for t in packed] == tables
+
+
+# a 3-token drafter's window group keys one of its two blocks at 10 tokens: the full
+# group's prefix (8 tokens) must not be accepted through a window run read short
+DRAFT_REACH_3 = Layout(
+    (FullAttention(block_size=4), SlidingWindow(block_size=4, window=8, draft=True)),
+    speculative=Speculative.EXACT,
+    draft_reach=3,
+)
+
+
+@given(views(layouts(reach=True)))
+@example(CacheView(DRAFT_REACH_3, 10, (frozenset({0, 1}), frozenset({0}))))
+def test_find_hit_equals_the_spec_with_only_the_keys_that_exist(view):
+    """As above, with each group holding a key for its keyable blocks only, as the manager's
+    chains do (HASH-DRAFT-1: a draft group under exact keying has none for its last
+    blocks until the draft_reach tokens after them exist; drafters reading up to 3 tokens
+    ahead): a run past a group's last key is refused, not read short."""
+    config = config_of(view.layout, 2)
+    ids = {(g, j): 1 + 1000 * g + j for g, blocks in enumerate(view.cached) for j in blocks}
+    keys = [range(keyable_blocks(view.layout, g, view.num_tokens)) for g in range(len(view.cached))]
+    served = [{j: ids[(g, j)] for j in blocks} for g, blocks in enumerate(view.cached)]
+    length, tables = find_hit(config, view.num_tokens, keys, served)
+    expected = hybrid_hit(view)
+    assert length == expected.length
+    assert tables == [
+        [0 if j is NULL else ids[(g, j)] for j in blocks]
+        for g, blocks in enumerate(expected.blocks)
+    ]
 
 
 @given(unit_views())
