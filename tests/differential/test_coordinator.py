@@ -28,12 +28,11 @@ def config_of(layout, num_blocks):
     return config_from_json(layout_to_json(layout), num_blocks)
 
 
-@given(views())
-def test_find_hit_equals_the_spec(view):
-    """Implements HIT-HYB-1/HIT-SPEC-1/HIT-SPEC-2: equal length and equal block lists."""
+def searched_as_the_spec(view, keys):
+    """find_hit over `view` with block j keyed j (`keys`: per group, the keys it holds),
+    held to the spec's hit: equal length and equal block lists; returns what it read."""
     config = config_of(view.layout, 2)
     ids = {(g, j): 1 + 1000 * g + j for g, blocks in enumerate(view.cached) for j in blocks}
-    keys = [range(view.num_tokens) for _ in view.cached]  # block j keyed by its index
     served = [{j: ids[(g, j)] for j in blocks} for g, blocks in enumerate(view.cached)]
     length, tables = find_hit(config, view.num_tokens, keys, served)
     expected = hybrid_hit(view)
@@ -42,6 +41,14 @@ def test_find_hit_equals_the_spec(view):
         [0 if j is NULL else ids[(g, j)] for j in blocks]
         for g, blocks in enumerate(expected.blocks)
     ]
+    return config, served, length, tables
+
+
+@given(views())
+def test_find_hit_equals_the_spec(view):
+    """Implements HIT-HYB-1/HIT-SPEC-1/HIT-SPEC-2: equal length and equal block lists."""
+    keys = [range(view.num_tokens) for _ in view.cached]  # block j keyed by its index
+    config, served, length, tables = searched_as_the_spec(view, keys)
     packed_length, packed = find_hit(config, view.num_tokens, keys, served, packed=True)
     assert packed_length == length  # the packed answer: the same blocks, int32 arrays
     assert all(isinstance(t, array) and t.typecode == BLOCK_IDS for t in packed)
@@ -64,17 +71,10 @@ def test_find_hit_equals_the_spec_with_only_the_keys_that_exist(view):
     chains do (HASH-DRAFT-1: a draft group under exact keying has none for its last
     blocks until the draft_reach tokens after them exist; drafters reading up to 3 tokens
     ahead): a run past a group's last key is refused, not read short."""
-    config = config_of(view.layout, 2)
-    ids = {(g, j): 1 + 1000 * g + j for g, blocks in enumerate(view.cached) for j in blocks}
-    keys = [range(keyable_blocks(view.layout, g, view.num_tokens)) for g in range(len(view.cached))]
-    served = [{j: ids[(g, j)] for j in blocks} for g, blocks in enumerate(view.cached)]
-    length, tables = find_hit(config, view.num_tokens, keys, served)
-    expected = hybrid_hit(view)
-    assert length == expected.length
-    assert tables == [
-        [0 if j is NULL else ids[(g, j)] for j in blocks]
-        for g, blocks in enumerate(expected.blocks)
-    ]
+    groups = range(len(view.cached))
+    searched_as_the_spec(
+        view, [range(keyable_blocks(view.layout, g, view.num_tokens)) for g in groups]
+    )
 
 
 @given(unit_views())
