@@ -16,6 +16,7 @@ from typing import Any
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, Kind
+from kvcert.reference.coordinator import _probed_prefix
 from kvcert.reference.hashing import Chain, ExtraKey
 from kvcert.reference.keyindex import ServedMap
 
@@ -91,18 +92,12 @@ class Layered:
     def prefix(self, keys: Sequence[bytes], cap: int) -> list[int]:
         """The blocks serving keys[0], keys[1], ... up to the first key neither map serves
         (at most `cap`), as the hit search's generic scan reads them: the first map's own
-        run in one call where it scans one (the compiled index), then key by key. A search
-        once the steps in flight end reads a long cached prefix here, and the keys those
-        steps add are few."""
+        run in one call where it scans one (the compiled index), then the generic scan
+        over both. A search once the steps in flight end reads a long cached prefix here,
+        and the keys those steps add are few."""
         scan = getattr(self._now, "prefix", None)
         blocks: list[int] = [] if scan is None else scan(keys, cap)
-        get = self.get
-        for key in keys[len(blocks) : max(cap, 0)]:
-            block = get(key, NULL_BLOCK)
-            if block == NULL_BLOCK:
-                break
-            blocks.append(block)
-        return blocks
+        return blocks + _probed_prefix(self, keys[len(blocks) :], cap - len(blocks))
 
     def __getitem__(self, key: bytes, /) -> int:
         block = self.get(key, NULL_BLOCK)
