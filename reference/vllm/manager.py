@@ -234,12 +234,18 @@ class KVCacheManager(BlockTableViews):
 
     # -- lookup -----------------------------------------------------------------------------
 
+    def _record(self, rid: str) -> _Tracked:
+        """The facade's record of `rid`, made on first use (not built per call to be
+        dropped, as a `setdefault` argument would be)."""
+        tracked = self._tracked.get(rid)
+        if tracked is None:
+            tracked = self._tracked[rid] = _Tracked()
+        return tracked
+
     def _prompt(self, request: Any) -> Prompt:
         """The request's tokens digested once per admission (lookup, then allocation)."""
-        tracked = self._tracked.get(request.request_id)
-        if tracked is None:
-            tracked = self._tracked[request.request_id] = _Tracked()
-        elif tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
+        tracked = self._record(request.request_id)
+        if tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
             return tracked.prompt
         # digested from vLLM's view of the tokens: `prompt` packs its own copy
         tracked.prompt = self.core.prompt(token_view(request), request_extras(request))
@@ -588,9 +594,7 @@ class KVCacheManager(BlockTableViews):
         slots no draft reaches."""
         sizes = zip(lengths, self._slot_sizes, strict=True)
         keep = max(((n - 1) * size + 1 for n, size in sizes if n and size), default=0)
-        tracked = self._tracked.get(rid)
-        if tracked is None:
-            tracked = self._tracked[rid] = _Tracked()
+        tracked = self._record(rid)
         tracked.seen, tracked.keep = list(lengths), keep
 
     def _note_new(self, result: Scheduled) -> None:
