@@ -28,7 +28,9 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist;
+
+static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_tokens) */
 
 /* Attributes of the objects the lane reads (Request, Chain, BlockPool: classes with
  * __slots__) go through their member descriptors, as attribute access does once it has
@@ -112,6 +114,16 @@ int
 lane_get_bound(PyObject *obj, PyObject *name, long long *value)
 {
     return read_ll(obj, name, value, 1);
+}
+
+/* tokens.extend(appended), for decode tokens (a list or tuple of valid ids) appended to a
+ * request's array: a list through array.fromlist, which sizes the array once where extend
+ * iterates. The answer (None) or NULL. */
+PyObject *
+lane_append_tokens(PyObject *tokens, PyObject *appended)
+{
+    int fromlist = Py_IS_TYPE(tokens, (PyTypeObject *)array_type) && PyList_CheckExact(appended);
+    return PyObject_CallMethodOneArg(tokens, fromlist ? s_fromlist : s_extend, appended);
 }
 
 int
@@ -350,7 +362,7 @@ PyInit__decodelane(void)
         {&s_digests, "digests"}, {&s_stream, "_stream"}, {&s_fed, "_fed"},
         {&s_state, "_state"}, {&s_records, "_records"}, {&s_boundaries, "boundaries"},
         {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"}, {&s_published, "published"},
-        {&s_publish, "publish"},
+        {&s_publish, "publish"}, {&s_fromlist, "fromlist"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);
@@ -358,7 +370,10 @@ PyInit__decodelane(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&LaneType) < 0 || dropin_ready() < 0) {
+    PyObject *arrays = PyImport_ImportModule("array");
+    array_type = arrays ? PyObject_GetAttrString(arrays, "array") : NULL;
+    Py_XDECREF(arrays);
+    if (array_type == NULL || !PyType_Check(array_type) || PyType_Ready(&LaneType) < 0 || dropin_ready() < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);

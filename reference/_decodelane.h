@@ -68,7 +68,7 @@ extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_deco
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist;
 
 static inline long long
 min_ll(long long a, long long b)
@@ -101,6 +101,7 @@ PyObject *lane_get(PyObject *obj, PyObject *name);
 int lane_set(PyObject *obj, PyObject *name, PyObject *value);
 int lane_get_ll(PyObject *obj, PyObject *name, long long *value);
 int lane_set_ll(PyObject *obj, PyObject *name, long long value);
+PyObject *lane_append_tokens(PyObject *tokens, PyObject *appended);
 int lane_get_bound(PyObject *obj, PyObject *name, long long *value);
 
 /* A table entry's block; -1 on error. */

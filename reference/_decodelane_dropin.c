@@ -74,13 +74,26 @@ same_core(DropIn *self)
 
 /* vLLM's tokens from `known` to the least of `end` and its token count (a slice of its
  * all_token_ids, which stops at the count), as a list: one read where num_tokens and the
- * slice would be two calls into Python. */
+ * slice would be two calls into Python. A ConstantList (`token_list`) is sliced through the
+ * list it keeps, as its __getitem__ would, without that Python call. */
 static PyObject *
-tokens_from(PyObject *request, long long known, long long end)
+tokens_from(DropIn *self, PyObject *request, long long known, long long end)
 {
     PyObject *all = PyObject_GetAttr(request, s_all_token_ids);
     if (all == NULL) {
         return NULL;
+    }
+    if ((PyObject *)Py_TYPE(all) == self->token_list) {
+        PyObject *kept = PyObject_GetAttr(all, s_wrapped);
+        if (kept == NULL || !PyList_CheckExact(kept)) {
+            PyErr_Clear(); /* not as lane.py found it: its own __getitem__ answers */
+            Py_XDECREF(kept);
+        } else {
+            Py_DECREF(all);
+            PyObject *part = PyList_GetSlice(kept, (Py_ssize_t)known, (Py_ssize_t)end);
+            Py_DECREF(kept);
+            return part; /* PyList_GetSlice stops at the list's end, as a slice does */
+        }
     }
     PyObject *part = PySequence_GetSlice(all, (Py_ssize_t)known, (Py_ssize_t)end);
     Py_DECREF(all);
@@ -337,7 +350,7 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, lon
     if (known != computed) {
         return 0; /* a prefill */
     }
-    PyObject *appended = tokens_from(request, known, end);
+    PyObject *appended = tokens_from(self, request, known, end);
     if (appended == NULL) {
         return -1;
     }
@@ -593,7 +606,7 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
     if (served && request != NULL) {
         served = 0;
         if (known == computed) { /* else a prefill: Python's */
-            PyObject *appended = tokens_from(request, known, end);
+            PyObject *appended = tokens_from(self, request, known, end);
             long long real_end = appended ? known + PyList_GET_SIZE(appended) : 0;
             PyObject *result = appended == NULL || real_end == known ? NULL
                                : lane_extend(self, rid, real_end - computed, appended,

@@ -18,6 +18,9 @@ typedef struct {
     PyObject *general;     /* the Python allocate_slots (the class's function) */
     PyObject *pending;     /* the Python start_pending */
     PyObject *start_chunk; /* the Python _start_chunk(rid, chunks, progress, request) */
+    /* vLLM's ConstantList, whose instances (a request's all_token_ids) slice the list they
+     * keep in `_x`, or None: every slice is then the sequence's own (lane.py checks this) */
+    PyObject *token_list;
     long long max_model_len;
     /* the state groups (index, block size): their running state's column is checked after
      * each chunk served here, as _check_runner_columns does (no drafts' blocks, no runner
@@ -31,7 +34,7 @@ typedef struct {
 extern PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
-    *s_seen, *s_blocks, *s_check_columns, *zero;
+    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *zero;
 
 /* the calls: allocate_slots (the object, called) and start_pending */
 PyObject *DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);

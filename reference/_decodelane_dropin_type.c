@@ -6,16 +6,20 @@
 PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
-    *s_seen, *s_blocks, *s_check_columns, *zero;
+    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *zero;
 
 static int
 DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"manager", "general", "pending", "start_chunk", "state_columns",
-                            NULL};
-    PyObject *manager, *general, *pending, *start_chunk, *state_columns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:DropIn", names, &manager, &general,
-                                     &pending, &start_chunk, &state_columns)) {
+                            "token_list", NULL};
+    PyObject *manager, *general, *pending, *start_chunk, *state_columns, *token_list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO:DropIn", names, &manager, &general,
+                                     &pending, &start_chunk, &state_columns, &token_list)) {
+        return -1;
+    }
+    if (token_list != Py_None && !PyType_Check(token_list)) {
+        PyErr_SetString(PyExc_TypeError, "token_list: vLLM's ConstantList class, or None");
         return -1;
     }
     Py_ssize_t states = PyTuple_Check(state_columns) ? PyTuple_GET_SIZE(state_columns) : -1;
@@ -75,9 +79,9 @@ DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
     if (ok) {
         PyObject **fields[] = {&self->manager, &self->core, &self->lane, &self->requests,
                                &self->tracked, &self->empty, &self->general, &self->pending,
-                               &self->start_chunk};
+                               &self->start_chunk, &self->token_list};
         PyObject *values[] = {manager, core, lane, got[0], got[1], got[2], general, pending,
-                              start_chunk};
+                              start_chunk, token_list};
         for (size_t k = 0; k < sizeof(values) / sizeof(values[0]); k++) {
             Py_XSETREF(*fields[k], Py_NewRef(values[k]));
         }
@@ -104,6 +108,7 @@ DropIn_traverse(DropIn *self, visitproc visit, void *arg)
     Py_VISIT(self->general);
     Py_VISIT(self->pending);
     Py_VISIT(self->start_chunk);
+    Py_VISIT(self->token_list);
     return 0;
 }
 
@@ -119,6 +124,7 @@ DropIn_clear(DropIn *self)
     Py_CLEAR(self->general);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->start_chunk);
+    Py_CLEAR(self->token_list);
     return 0;
 }
 
@@ -189,7 +195,7 @@ dropin_ready(void)
         {&s_num_lookahead_tokens, "num_lookahead_tokens"}, {&s_progress_of, "progress_of"},
         {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
         {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
-        {&s_check_columns, "_check_runner_columns"},
+        {&s_check_columns, "_check_runner_columns"}, {&s_wrapped, "_x"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

@@ -504,7 +504,7 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
     } else {
         Py_SETREF(added, Py_NewRef(lane->no_blocks));
     }
-    PyObject *extended = appended ? PyObject_CallMethodOneArg(tokens, s_extend, appended)
+    PyObject *extended = appended ? lane_append_tokens(tokens, appended)
                                   : Py_NewRef(Py_None);
     int moved = extended != NULL && lane_set_ll(lane->pool, s_num_free, num_free - plan.wanted) &&
                 lane_set_ll(request, s_lookahead, lookahead);
@@ -667,7 +667,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (quiet) { /* only the tokens are appended (the fast path of KVCacheManager.extend) */
-        PyObject *extended = PyObject_CallMethodOneArg(tokens, s_extend, appended);
+        PyObject *extended = lane_append_tokens(tokens, appended);
         if (extended == NULL) {
             goto done;
         }

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm.v1.utils import ConstantList
+
 from kvcert.reference.native import native
 
 if TYPE_CHECKING:
@@ -55,6 +57,16 @@ def serves(manager: Any, definitions: type[KVCacheManager]) -> bool:
     )
 
 
+def token_list() -> type | None:
+    """vLLM's ConstantList (a request's `all_token_ids`) when it slices the list it keeps in
+    `_x`, as 0.33.0's does: the compiled calls then slice that list without calling into
+    Python; else None, and they slice the sequence as the Python method does."""
+    kept = [3, 5, 7]
+    probe = ConstantList(kept)
+    wraps = getattr(probe, "_x", None) is kept and probe[1:9] == kept[1:9]
+    return ConstantList if wraps else None
+
+
 def install(manager: Any, definitions: type[KVCacheManager]) -> None:
     """Serve `manager`'s allocate_slots and start_pending compiled where `serves` says so,
     else by the class's methods; called again whenever the manager rebuilds its core."""
@@ -69,6 +81,7 @@ def install(manager: Any, definitions: type[KVCacheManager]) -> None:
         pending=definitions.start_pending,
         start_chunk=definitions._start_chunk,
         state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
+        token_list=token_list(),
     )
     manager.allocate_slots = drop_in
     manager.start_pending = drop_in.start_pending

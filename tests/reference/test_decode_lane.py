@@ -341,5 +341,26 @@ def test_the_drop_ins_state_columns_are_checked_when_it_is_built(columns: Any) -
     columns as (index, block size) pairs: anything else is refused, naming the format."""
     with pytest.raises(TypeError, match=r"state_columns: a tuple of \(group index"):
         compiled.DropIn(
-            manager=None, general=None, pending=None, start_chunk=None, state_columns=columns
+            manager=None,
+            general=None,
+            pending=None,
+            start_chunk=None,
+            state_columns=columns,
+            token_list=None,
+        )
+
+
+@pytest.mark.parametrize("token_list", [[], "ConstantList", 0])
+def test_the_drop_ins_token_list_is_a_class_or_none(token_list: Any) -> None:
+    """The compiled calls slice a request's all_token_ids through the list it keeps when it
+    is an instance of `token_list` (vLLM's ConstantList, lane.token_list): anything but a
+    class or None is refused, naming what it must be."""
+    with pytest.raises(TypeError, match=r"token_list: vLLM's ConstantList class, or None"):
+        compiled.DropIn(
+            manager=None,
+            general=None,
+            pending=None,
+            start_chunk=None,
+            state_columns=(),
+            token_list=token_list,
         )

@@ -165,6 +165,7 @@ def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> A
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
                 state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
+                token_list=lane.token_list(),
             )
             manager.allocate_slots = served.counting(drop_in, "calls")
             manager.start_pending = drop_in.start_pending
