@@ -373,7 +373,8 @@ PyInit__decodelane(void)
     PyObject *arrays = PyImport_ImportModule("array");
     array_type = arrays ? PyObject_GetAttrString(arrays, "array") : NULL;
     Py_XDECREF(arrays);
-    if (array_type == NULL || !PyType_Check(array_type) || PyType_Ready(&LaneType) < 0 || dropin_ready() < 0) {
+    if (array_type == NULL || !PyType_Check(array_type) || PyType_Ready(&LaneType) < 0 ||
+        dropin_ready() < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
