@@ -12,8 +12,10 @@ call answered by the Python methods, the core's too. Every call vLLM makes to th
 must get the same answer (block ids per group, hits, None), the two runs the same outcome,
 and the allocator the same state after each step: every request's counters, tables, bounds
 and registered marks, every block's key and count, the pool's counters. Seven directed
-scenarios (`directed`) do the same for what those workloads rarely reach. So that this
-cannot pass vacuously, on the attention seeds the compiled side must itself have answered
+scenarios (`directed`) do the same for what those workloads rarely reach. The compiled calls
+slice vLLM's token lists directly (`lane.token_list`) on odd seeds and in the scenarios, and
+through the lists' own `__getitem__` on even seeds, so both are held to the Python
+methods. So that this cannot pass vacuously, on the attention seeds the compiled side must itself have answered
 at least a quarter of the `allocate_slots` calls, started a quarter of the queued chunks
 (asynchronous seeds) and handed out a quarter of the extensions' new blocks, and on the
 state hybrids' seeds answered some calls (their quiet decode steps; their new blocks are
@@ -147,9 +149,12 @@ class Recorder:
         return call
 
 
-def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> Any:
-    """The campaign's `build`, whose scheduler runs the compiled calls (counted) or the
-    Python methods only, and is recorded."""
+def instrumented(
+    compiled: bool, recorders: list[Recorder], served: Served, token_list: type | None
+) -> Any:
+    """The campaign's `build`, whose scheduler runs the compiled calls (counted; slicing
+    vLLM's token lists through `token_list`, lane.token_list, or None) or the Python
+    methods only, and is recorded."""
 
     def build(*args: Any, **kwargs: Any) -> Any:
         scheduler, *rest = campaign_build(*args, **kwargs)
@@ -165,7 +170,7 @@ def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> A
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
                 state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
-                token_list=lane.token_list(),
+                token_list=token_list,
             )
             manager.allocate_slots = served.counting(drop_in, "calls")
             manager.start_pending = drop_in.start_pending
@@ -176,10 +181,12 @@ def instrumented(compiled: bool, recorders: list[Recorder], served: Served) -> A
 
 
 @contextmanager
-def wired(compiled: bool, recorders: list[Recorder], served: Served) -> Iterator[None]:
+def wired(
+    compiled: bool, recorders: list[Recorder], served: Served, token_list: type | None
+) -> Iterator[None]:
     """Within: every scheduler the campaign's `play` builds is `instrumented`."""
     names = vars(loop)
-    names["build"] = instrumented(compiled, recorders, served)  # this process only
+    names["build"] = instrumented(compiled, recorders, served, token_list)  # this process only
     try:
         yield
     finally:
@@ -204,9 +211,11 @@ def python_hand_outs_counted(served: Served) -> Iterator[None]:
         KVCacheManager._handed_out = method  # type: ignore[method-assign]
 
 
-def played(workload: Workload, compiled: bool, served: Served) -> tuple[Any, list[Any]]:
+def played(
+    workload: Workload, compiled: bool, served: Served, token_list: type | None = None
+) -> tuple[Any, list[Any]]:
     recorders: list[Recorder] = []
-    with wired(compiled, recorders, served), python_hand_outs_counted(served):
+    with wired(compiled, recorders, served, token_list), python_hand_outs_counted(served):
         outcome = loop.play(workload, kvcert=True)
     return vars(outcome), [entry for r in recorders for entry in r.log]
 
@@ -230,7 +239,8 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     chunk, logged."""
     recorders: list[Recorder] = []
     with python_hand_outs_counted(served):
-        return _directed(instrumented(compiled, recorders, served), recorders, scenario)
+        build = instrumented(compiled, recorders, served, lane.token_list())
+        return _directed(build, recorders, scenario)
 
 
 def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]:
@@ -315,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         hybrid = workload.model in STATE_MODELS
         seeds, states = seeds + (not hybrid), states + hybrid
         counted = state_served if hybrid else served
-        compiled, python = played(workload, True, counted), played(workload, False, Served())
+        # odd seeds slice vLLM's token lists directly, even ones through their __getitem__
+        token_list = lane.token_list() if seed % 2 else None
+        compiled = played(workload, True, counted, token_list)
+        python = played(workload, False, Served())
         difference = first_difference(compiled[1], python[1])
         if difference is None and compiled[0] != python[0]:
             difference = f"outcomes differ: {compiled[0]} != {python[0]}"
