@@ -14,12 +14,12 @@ and the allocator the same state after each step: every request's counters, tabl
 and registered marks, every block's key and count, the pool's counters. Seven directed
 scenarios (`directed`) do the same for what those workloads rarely reach. The compiled calls
 slice vLLM's token lists directly (`lane.token_list`) on odd seeds and in the scenarios, and
-through the lists' own `__getitem__` on even seeds, so both are held to the Python
-methods. So that this cannot pass vacuously, on the attention seeds the compiled side must itself have answered
-at least a quarter of the `allocate_slots` calls, started a quarter of the queued chunks
-(asynchronous seeds) and handed out a quarter of the extensions' new blocks, and on the
-state hybrids' seeds answered some calls (their quiet decode steps; their new blocks are
-always the Python method's).
+through the lists' own `__getitem__` on even seeds, so both are held to the Python methods.
+So that this cannot pass vacuously, on the attention seeds the compiled side must itself
+have answered at least a quarter of the `allocate_slots` calls, started a quarter of the
+queued chunks (asynchronous seeds) and handed out a quarter of the extensions' new blocks,
+and on the state hybrids' seeds answered some calls (their quiet decode steps; their new
+blocks are always the Python method's).
 
 Exit 0 when every seed agrees, 1 at the first difference (printed with its seed), 2 when the
 compiled calls are not built (KVCERT_PURE_PYTHON=1, or no compiler at install).
