@@ -335,19 +335,25 @@ def test_a_table_naming_a_block_outside_the_pool_is_refused_not_followed():
         manager.extend("a", 1, [5])
 
 
+def drop_in_without_a_manager(state_columns: Any, token_list: Any) -> None:
+    """DropIn built from its arguments alone: its argument checks run before it reads the
+    manager, so a bad argument is refused by name, not by the missing manager."""
+    compiled.DropIn(
+        manager=None,
+        general=None,
+        pending=None,
+        start_chunk=None,
+        state_columns=state_columns,
+        token_list=token_list,
+    )
+
+
 @pytest.mark.parametrize("columns", [[(0, 4)], ((0, 0),), ((-1, 4),), ((0,),), (("0", 4),)])
 def test_the_drop_ins_state_columns_are_checked_when_it_is_built(columns: Any) -> None:
     """The vLLM drop-in's compiled calls (reference/vllm/lane.py) read the state groups'
     columns as (index, block size) pairs: anything else is refused, naming the format."""
     with pytest.raises(TypeError, match=r"state_columns: a tuple of \(group index"):
-        compiled.DropIn(
-            manager=None,
-            general=None,
-            pending=None,
-            start_chunk=None,
-            state_columns=columns,
-            token_list=None,
-        )
+        drop_in_without_a_manager(columns, None)
 
 
 @pytest.mark.parametrize("token_list", [[], "ConstantList", 0])
@@ -356,11 +362,4 @@ def test_the_drop_ins_token_list_is_a_class_or_none(token_list: Any) -> None:
     is an instance of `token_list` (vLLM's ConstantList, lane.token_list): anything but a
     class or None is refused, naming what it must be."""
     with pytest.raises(TypeError, match=r"token_list: vLLM's ConstantList class, or None"):
-        compiled.DropIn(
-            manager=None,
-            general=None,
-            pending=None,
-            start_chunk=None,
-            state_columns=(),
-            token_list=token_list,
-        )
+        drop_in_without_a_manager((), token_list)
