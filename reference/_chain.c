@@ -1,4 +1,4 @@
-/* kvcert.reference._chain: the digest chain's two hot loops, compiled.
+/* kvcert.reference._chain: the digest chain's hot loops, compiled.
  *
  * The same contracts as their pure-Python definitions, which tests/reference/test_chain.py
  * holds these equal to:
@@ -6,7 +6,9 @@
  *     over a run of spans of the encoded token stream, reading the digest after each span;
  *   - `pack_tokens` is the packing half of kvcert.reference.inputs.token_ids: a list of token
  *     ids as little-endian int64, or None when one of them is not an id (the caller then
- *     finds and names it).
+ *     finds and names it);
+ *   - `first_difference` is kvcert.reference.hashing.py_first_difference: where two buffers
+ *     first differ, which the digest memo asks of a prompt and its family's last one.
  * A 128k-token prompt has 32,768 boundaries at 4 tokens; in Python each costs two calls, a
  * slice and a digest object's setup, which is nearly all of the hashing time. Here the state
  * is OpenSSL's SHA256_CTX, a plain struct: copied and finished in place per boundary.
@@ -267,9 +269,63 @@ pack_tokens(PyObject *module, PyObject *tokens)
     return out;
 }
 
+/* first_difference(a, b, start, stop): the first offset in [start, stop) at which buffers a
+ * and b differ, or stop where they agree throughout (both must hold stop bytes). The digest
+ * memo's resume asks it once where a binary search of prefix comparisons read the shared
+ * prefix about twice (a 52k-token prompt's 278 KB: 40 us then). memcmp by pages finds the
+ * page, a byte loop the offset. */
+static PyObject *
+first_difference(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "first_difference(a, b, start, stop) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t stop = start == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[3]);
+    if (stop == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer a, b;
+    if (PyObject_GetBuffer(args[0], &a, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    PyObject *answer = NULL;
+    if (start < 0 || stop < start || stop > a.len || stop > b.len) {
+        PyErr_Format(PyExc_ValueError,
+                     "first_difference: [%zd, %zd) is not within buffers of %zd and %zd bytes",
+                     start, stop, a.len, b.len);
+        goto done;
+    }
+    const unsigned char *x = a.buf, *y = b.buf;
+    Py_ssize_t at = start;
+    while (at < stop) {
+        Py_ssize_t span = stop - at < 4096 ? stop - at : 4096;
+        if (memcmp(x + at, y + at, (size_t)span) != 0) {
+            while (x[at] == y[at]) {
+                at++;
+            }
+            break;
+        }
+        at += span;
+    }
+    answer = PyLong_FromSsize_t(at);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return answer;
+}
+
 static PyMethodDef module_methods[] = {
     {"pack_tokens", pack_tokens, METH_O,
      "A list or tuple of token ids as little-endian int64 bytes; None if one is not an id."},
+    {"first_difference", (PyCFunction)(void (*)(void))first_difference, METH_FASTCALL,
+     "first_difference(a, b, start, stop): the first offset in [start, stop) where the "
+     "buffers differ, else stop."},
     {NULL, NULL, 0, NULL},
 };
 

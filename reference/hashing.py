@@ -172,6 +172,34 @@ def py_boundaries(  # noqa: PLR0917 (the compiled method's signature, bound to `
             start, first_end = first_end, first_end + step
 
 
+def py_first_difference(
+    a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview, start: int, stop: int
+) -> int:
+    """The first offset in [start, stop) at which buffers `a` and `b` differ, or `stop` where
+    they agree throughout (both must hold `stop` bytes): a binary search of prefix
+    comparisons, each one call (the compiled `first_difference` is one pass)."""
+    x, y = memoryview(a).cast("B"), memoryview(b).cast("B")
+    if not 0 <= start <= stop <= min(x.nbytes, y.nbytes):
+        raise ValueError(
+            f"first_difference: [{start}, {stop}) is not within buffers of {x.nbytes} and "
+            f"{y.nbytes} bytes"
+        )
+    with x, y:
+        if x[start:stop].tobytes() == y[start:stop].tobytes():
+            return stop
+        low, high = start, stop  # they agree on [start, low) and differ inside [low, high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if x[low:middle].tobytes() == y[low:middle].tobytes():
+                low = middle
+            else:
+                high = middle
+        return low
+
+
+first_difference = py_first_difference if _compiled is None else _compiled.first_difference
+
+
 class Chain:
     """The digests of one request's stream, at one granularity: `digests[k]` certifies tokens
     [0, (k+1)*size + lookahead) and every extra starting before that; it exists once those
@@ -377,23 +405,12 @@ class DigestMemo:
         self._entries.move_to_end(family)
         size, lookahead, stream = chain.size, chain.lookahead, chain._stream
         theirs = memoryview(entry.stream)
-
-        def shared(low: int, r: int) -> bool:
-            """Whether the streams agree up to boundary r, given that they do up to `low`
-            (only the bytes between are compared)."""
-            start, end = 8 * (low * size + lookahead), 8 * (r * size + lookahead)
-            return stream.startswith(theirs[start:end], start)
-
-        # the family fixes the first block's tokens, so boundary 0 is shared: find the last
-        low, high = 0, min(count, len(entry.digests))
-        if shared(0, high):
-            low = high
-        while high - low > 1:
-            middle = (low + high) // 2
-            if shared(low, middle):
-                low = middle
-            else:
-                high = middle
+        # the family fixes the first block's tokens: the streams agree up to boundary 1 at
+        # least, and up to the last boundary (at most `high`) before their first difference
+        high = min(count, len(entry.digests))
+        first = 8 * (size + lookahead)
+        differ = first_difference(stream, theirs, first, 8 * (high * size + lookahead))
+        low = min(high, (differ // 8 - lookahead) // size)
         if not low:
             return
         kept = [c for c in entry.checkpoints if c[0] <= low]

@@ -28,6 +28,7 @@ from kvcert.reference.hashing import (
     decode_tokens,
     encode_tokens,
     py_boundaries,
+    py_first_difference,
 )
 from tests.tiers import tiered
 
@@ -96,6 +97,49 @@ def test_boundaries_check_their_arguments():
         state.boundaries([], "text", 0, 4, 4, 1)
     with pytest.raises(TypeError, match="by position"):
         compiled.Sha256(data=b"x")
+
+
+def first_difference_or_refusal(find, a, b, start, stop):
+    try:
+        return find(a, b, start, stop)
+    except ValueError as why:
+        return f"refused: {why}"
+
+
+@settings(max_examples=tiered(300, 3000))
+@given(
+    st.binary(max_size=300),
+    st.lists(st.tuples(st.integers(0, 299), st.binary(min_size=1, max_size=9)), max_size=3),
+    st.integers(-1, 310),
+    st.integers(-1, 310),
+    st.integers(0, 5),
+    st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_first_difference_equals_the_definition(data, edits, start, stop, shorter, wrap):
+    """Where two buffers first differ in [start, stop), or stop: one of them edited anywhere
+    (so differences before, inside and after the range), maybe cut shorter; bounds outside
+    either buffer are refused by both, with the same message."""
+    other = bytearray(data)
+    for at, patch in edits:
+        other[at : at + len(patch)] = patch
+    other = other[: max(0, len(other) - shorter)]
+    a, b = wrap(data), wrap(bytes(other))
+    got = first_difference_or_refusal(compiled.first_difference, a, b, start, stop)
+    assert got == first_difference_or_refusal(py_first_difference, a, b, start, stop)
+    if isinstance(got, int):  # the answer itself, from its definition
+        assert start <= got <= stop
+        assert data[start:got] == bytes(other[start:got])
+        assert got == stop or data[got] != other[got]
+
+
+def test_first_difference_finds_a_late_difference_past_its_pages():
+    """A difference past the first 4 KiB pages the compiled search compares at once."""
+    data = bytes(range(256)) * 64
+    other = data[:12345] + b"\xff" + data[12346:]
+    assert compiled.first_difference(data, other, 8, len(data)) == 12345
+    assert compiled.first_difference(data, data, 8, len(data)) == len(data)
+    with pytest.raises(TypeError, match="4 arguments"):
+        compiled.first_difference(data, other, 0)
 
 
 ID = st.integers(0, 2**63 - 1)
@@ -201,6 +245,9 @@ def test_the_extension_is_built_and_chosen():
     KVCERT_PURE_PYTHON=1 asks for hashlib."""
     chosen = hashing.hasher(HashAlgorithm.SHA256)
     assert chosen is (hashlib.sha256 if native.PURE_PYTHON else compiled.Sha256)
+    assert hashing.first_difference is (
+        py_first_difference if native.PURE_PYTHON else compiled.first_difference
+    )
     assert (
         hashing.hasher(HashAlgorithm.BLAKE2B)(b"").digest()
         == hashlib.blake2b(b"", digest_size=32).digest()
