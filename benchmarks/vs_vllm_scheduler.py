@@ -132,7 +132,8 @@ def _served(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, in
 
 def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[int, float]]]:
     """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
-    calls, inclusive of what it calls, over extra rounds played after the timed ones (the
+    calls, inclusive of what it calls (a public method called inside another is timed as
+    part of that one, never twice), over extra rounds played after the timed ones (the
     wrappers would slow those): the sides alternate, each round starts from a collected,
     frozen heap (`serve`: so neither pays for the other's garbage), and each method's time
     is its least round. The third side, "floor", is the least any manager answering these
@@ -200,13 +201,18 @@ def one_round_by_call(
     whose other attributes the scheduler still reads)."""
     scheduler, _, hasher, _ = build(load, kvcert=kvcert)
     manager, counts = scheduler.kv_cache_manager, {}
+    inside = [False]  # a call is being timed: the public methods it calls are part of it
 
     def timed(name: str, method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
+            if inside[0]:  # e.g. vLLM's allocate_slots -> create_kv_cache_blocks: counted once
+                return method(*args, **kwargs)
+            inside[0] = True
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
+                inside[0] = False
                 calls, seconds = counts.get(name, (0, 0.0))
                 counts[name] = (calls + 1, seconds + time.perf_counter() - start)
 
