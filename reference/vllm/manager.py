@@ -613,7 +613,8 @@ class KVCacheManager(BlockTableViews):
         full blocks it and earlier steps wrote (ALLOC-COMMIT-1), never a later step's.
         Returns how many blocks became hittable."""
         registered = self.core.end_step(step)
-        self.pending_events()
+        if self.enable_kv_cache_events:  # converted while the requests' details are known
+            self.pending_events()
         return registered
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
@@ -731,7 +732,10 @@ class KVCacheManager(BlockTableViews):
         """vLLM's KV events since the last call: BlockStored when a block becomes hittable
         (the end of the step that wrote it), BlockRemoved when one is evicted,
         AllBlocksCleared on a reset, naming vLLM's own block hashes (`events.Announcer`)."""
-        events, self._events = self.pending_events(), []
+        events = self.pending_events() if self.enable_kv_cache_events else self._events
+        if not events:
+            return []
+        self._events = []
         return events
 
     def pending_events(self) -> list[Any]:
@@ -764,7 +768,10 @@ class KVCacheManager(BlockTableViews):
         """The copies this step's chunks need before the pass (`unit U`: ALLOC-UNIT-3/4),
         as vLLM's (source, target) pairs; no block to retain: the allocator holds each
         source until the step ends."""
-        copies, self._copies = self._copies, []
+        copies = self._copies
+        if not copies:  # every step but those admitting a hit inside a block
+            return [], []
+        self._copies = []
         return [KVCacheBlockCopy(src_block_id=s, dst_block_id=t) for _, s, t in copies], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
