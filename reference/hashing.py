@@ -355,6 +355,19 @@ class Chain:
         return self.digests[link] if link < len(self.digests) else None
 
 
+def copy_chains(chains: Sequence[Chain | None]) -> list[Chain | None]:
+    """Independent copies of per-group chains (None stays None): a chain several groups
+    share is copied once, and the copy is shared by the same groups."""
+    copies: dict[int, Chain] = {}
+    copied: list[Chain | None] = []
+    for chain in chains:
+        twin = None if chain is None else copies.get(id(chain))
+        if chain is not None and twin is None:
+            twin = copies[id(chain)] = chain.copy()
+        copied.append(twin)
+    return copied
+
+
 CHECKPOINT_EVERY = 16  # boundaries between saved hash states in a memo entry
 Checkpoint = tuple[int, int, Any]  # (digests before it, tokens fed, the hash state there)
 

@@ -167,6 +167,8 @@ def budget_and_lookahead(budget: object, lookahead: object) -> None:
 
 def extra_keys(extras: object) -> tuple[ExtraKey, ...]:
     """A sequence of ExtraKey values, as a tuple; anything else refused with an example."""
+    if type(extras) is tuple and not extras:  # the usual request: none
+        return ()
     example = "e.g. [ExtraKey(ExtraKind.CACHE_SALT, 'tenant-7')]"
     if isinstance(extras, str | bytes | ExtraKey) or not isinstance(extras, Sequence):
         raise RequestStateError(

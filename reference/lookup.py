@@ -17,7 +17,7 @@ from typing import Any
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, Kind
 from kvcert.reference.coordinator import _probed_prefix
-from kvcert.reference.hashing import Chain, ExtraKey
+from kvcert.reference.hashing import Chain, ExtraKey, copy_chains
 from kvcert.reference.keyindex import ServedMap
 
 
@@ -38,11 +38,20 @@ class Keying:
         ]
         # under `unit U` the shared chain is digested at every multiple of U (tail keys)
         self.base_size = math.gcd(*base, config.hit_unit or 0) if base else 0
+        self._plain: list[Chain | None] | None = None  # chains(()), copied for each prompt
 
     def chains(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         """Per group, the digest chain keying its blocks. Implements HASH-DRAFT-1: a draft
         group under exact keying gets its own chain covering draft_reach tokens past each block;
-        every other group shares one chain at the gcd of their block sizes."""
+        every other group shares one chain at the gcd of their block sizes. A prompt without
+        extras (most) gets copies of chains made once, which cost less than making them."""
+        if extras:
+            return self._made(extras)
+        if self._plain is None:
+            self._plain = self._made(())
+        return copy_chains(self._plain)
+
+    def _made(self, extras: tuple[ExtraKey, ...]) -> list[Chain | None]:
         base = Chain(self.base_size, 0, extras, self.digest) if self.base_size else None
         chains: list[Chain | None] = []
         for group, lookahead in zip(self.config.groups, self.lookahead, strict=True):

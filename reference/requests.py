@@ -8,7 +8,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvcert.reference.hashing import Chain, ExtraKey, decode_tokens
+from kvcert.reference.hashing import Chain, ExtraKey, copy_chains, decode_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +124,9 @@ class Request:
     def __init__(self, prompt: Prompt) -> None:
         self.tokens = decode_tokens(prompt.encoded)  # its own array: decoding appends to it
         self.extras = prompt.extras
-        copies: dict[int, Chain] = {}
-        self.chains = [
-            None if c is None else copies.setdefault(id(c), c.copy()) for c in prompt.chains
-        ]
-        self.unique_chains = list(copies.values())  # each extended once per new token
+        self.chains = copy_chains(prompt.chains)
+        # each extended once per new token
+        self.unique_chains = list({id(c): c for c in self.chains if c is not None}.values())
         self.computed = 0
         self.scheduled = 0
         self.lookahead = 0

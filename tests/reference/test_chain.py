@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcert.reference import hashing, inputs, native
-from kvcert.reference.config import HashAlgorithm
+from kvcert.reference.config import CacheConfig, GroupConfig, HashAlgorithm, Kind
 from kvcert.reference.errors import RequestStateError
 from kvcert.reference.hashing import (
     CHECKPOINT_EVERY,
@@ -25,11 +25,13 @@ from kvcert.reference.hashing import (
     DigestMemo,
     ExtraKey,
     ExtraKind,
+    copy_chains,
     decode_tokens,
     encode_tokens,
     py_boundaries,
     py_first_difference,
 )
+from kvcert.reference.manager import KVCacheManager
 from tests.tiers import tiered
 
 compiled = pytest.importorskip("kvcert.reference._chain")
@@ -292,3 +294,39 @@ def test_any_sequence_of_ids_packs_as_its_list_does():
             inputs.encoded_token_ids(text, "tokens")
     with pytest.raises(RequestStateError, match="position 3 holds -1"):
         inputs.encoded_token_ids(ReadOnlyView([1, 2, 3, -1] * 5), "tokens")
+
+
+def test_copied_chains_are_independent_and_keep_their_sharing():
+    """copy_chains gives each chain one copy, shared by the groups that shared it, and a copy
+    digesting more leaves its original as it was."""
+    shared, own = Chain(2, 0, (), hashlib.sha256), Chain(4, 1, (), hashlib.sha256)
+    copies = copy_chains([shared, None, shared, own])
+    assert copies[1] is None
+    assert copies[0] is copies[2]
+    assert copies[0] is not shared
+    assert copies[3] is not own
+    packed = encode_tokens(array("q", range(9)))
+    copies[0].extend_encoded(packed)
+    copies[3].extend_encoded(packed)
+    assert not shared.digests
+    assert not own.digests
+    fresh = Chain(2, 0, (), hashlib.sha256)
+    fresh.extend_encoded(packed)
+    assert copies[0].digests == fresh.digests
+
+
+def test_prompts_without_extras_get_fresh_chains_each():
+    """The chains a prompt without extras gets are copies of ones made once: each prompt's
+    chain is its own (one, shared by both groups) and keys as a chain made for it does."""
+    config = CacheConfig(
+        groups=(GroupConfig(Kind.FULL, 4), GroupConfig(Kind.SLIDING_WINDOW, 4, window=8)),
+        num_blocks=16,
+    )
+    manager = KVCacheManager(config)
+    first, second = manager.prompt(list(range(12))), manager.prompt(list(range(13, 25)))
+    assert first.chains[0] is first.chains[1]
+    assert first.chains[0] is not second.chains[0]
+    for prompt, tokens in ((first, range(12)), (second, range(13, 25))):
+        made = Chain(4, 0, (), hashing.hasher(config.hash_algorithm))
+        made.extend_encoded(encode_tokens(array("q", tokens)))
+        assert prompt.chains[0].digests == made.digests
