@@ -139,7 +139,8 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
     is its least round. The third side, "floor", is the least any manager answering these
     calls spends: each method replays kvcert's answers from a recorded round, in order (the
     scheduler is deterministic, so it asks the same calls; the round must serve the same
-    hits in the same steps, or nothing is reported)."""
+    hits in the same steps, or nothing is reported). The collector's pauses inside the timed
+    calls are counted beside them too (`PAUSES`)."""
     answers, played = record_answers(load)
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     for _ in range(rounds):
@@ -160,6 +161,11 @@ Answers = dict[str, list[Any]]  # per public manager method, its answers in call
 # outside either manager (vLLM's manager reads its hashes; kvcert's drop-in digests a
 # prompt itself, inside get_computed_blocks), timed beside the calls, never in their sum
 HASHER = "(vLLM's block hasher, outside the manager)"
+# The collector's pauses that fall inside the timed calls (already part of their times): a
+# young collection walks every container made since the last one, mostly vLLM's new prompt
+# lists, so its cost is the process's, and which call pays it is where the allocation count
+# happens to cross the threshold; reported beside the calls, never added to their sum
+PAUSES = "(collector pauses inside these calls)"
 
 
 def public_methods(manager: Any) -> list[str]:
@@ -202,6 +208,16 @@ def one_round_by_call(
     scheduler, _, hasher, _ = build(load, kvcert=kvcert)
     manager, counts = scheduler.kv_cache_manager, {}
     inside = [False]  # a call is being timed: the public methods it calls are part of it
+    paused = [0.0]  # when the collection in progress started
+
+    def collector(phase: str, info: dict[str, Any]) -> None:
+        if not inside[0]:
+            return
+        if phase == "start":
+            paused[0] = time.perf_counter()
+            return
+        calls, seconds = counts.get(PAUSES, (0, 0.0))
+        counts[PAUSES] = (calls + 1, seconds + time.perf_counter() - paused[0])
 
     def timed(name: str, method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -223,7 +239,11 @@ def one_round_by_call(
         if replay is not None:
             method = _replayer(iter(replay.get(name, ())).__next__)
         setattr(manager, name, timed(name, method))
-    _, hits, steps = serve(scheduler, timed(HASHER, hasher), load)
+    gc.callbacks.append(collector)
+    try:
+        _, hits, steps = serve(scheduler, timed(HASHER, hasher), load)
+    finally:
+        gc.callbacks.remove(collector)
     return counts, (hits, steps)
 
 
@@ -238,16 +258,21 @@ def calls_summary(spent: dict[str, dict[str, tuple[int, float]]]) -> str:
     """The by-call ratio: each side's time over every manager call, vLLM / kvcert, and the
     floor's (vLLM / floor: the most any manager answering these calls could reach)."""
     total = {
-        side: sum(seconds for name, (_, seconds) in counts.items() if name != HASHER)
+        side: sum(seconds for name, (_, seconds) in counts.items() if name not in (HASHER, PAUSES))
         for side, counts in spent.items()
     }
     ms = {side: f"{seconds * 1e3:.1f} ms" for side, seconds in total.items()}
+    pauses = {side: counts.get(PAUSES, (0, 0.0)) for side, counts in spent.items()}
+    inside = ", ".join(
+        f"{side} {seconds * 1e3:.1f} ms ({calls})" for side, (calls, seconds) in pauses.items()
+    )
     return (
         f"every manager call: vLLM {ms['vLLM']}, kvcert {ms['kvcert']}, floor {ms['floor']}; "
         f"vLLM / kvcert {total['vLLM'] / total['kvcert']:.2f}x, vLLM / floor "
         f"{total['vLLM'] / total['floor']:.1f}x, kvcert / floor "
-        f"{total['kvcert'] / total['floor']:.1f}x; vLLM's block hasher beside them, on "
-        f"vLLM's side {spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
+        f"{total['kvcert'] / total['floor']:.1f}x; of these, the collector's pauses (least "
+        f"round): {inside}; vLLM's block hasher beside them, on vLLM's side "
+        f"{spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
     )
 
 
