@@ -145,20 +145,23 @@ static const char *KIND_NAMES =
 static int
 Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
 {
-    PyObject *kinds, *sizes, *spans, *limit, *key_lookahead, *commit_delay;
-    static char *names[] = {"kinds", "sizes", "spans", "limit", "key_lookahead", "commit_delay",
-                            "unit", "pool", "counts", "links", "keys", "evictions",
-                            "dead_evictions", "no_blocks", "token_limit", "scheduled",
-                            "quiet_steps", "same_pass", "registers", "commits", NULL};
+    PyObject *kinds, *sizes, *spans, *spares, *every_state, *limit, *key_lookahead;
+    PyObject *commit_delay;
+    static char *names[] = {"kinds", "sizes", "spans", "spares", "every_state", "limit",
+                            "key_lookahead", "commit_delay", "unit", "pool", "counts", "links",
+                            "keys", "evictions", "dead_evictions", "no_blocks", "token_limit",
+                            "scheduled", "quiet_steps", "same_pass", "registers", "commits",
+                            NULL};
     PyObject *pool, *counts, *links, *keys, *evictions, *dead, *no_blocks, *token_limit;
     PyObject *scheduled, *quiet_steps, *commits;
     long long unit;
     int same_pass, registers;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOLOOOOOOOOOOppO:DecodeLane", names,
-                                     &kinds, &sizes, &spans, &limit, &key_lookahead,
-                                     &commit_delay, &unit, &pool, &counts, &links, &keys,
-                                     &evictions, &dead, &no_blocks, &token_limit, &scheduled,
-                                     &quiet_steps, &same_pass, &registers, &commits)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOLOOOOOOOOOOppO:DecodeLane", names,
+                                     &kinds, &sizes, &spans, &spares, &every_state, &limit,
+                                     &key_lookahead, &commit_delay, &unit, &pool, &counts,
+                                     &links, &keys, &evictions, &dead, &no_blocks, &token_limit,
+                                     &scheduled, &quiet_steps, &same_pass, &registers,
+                                     &commits)) {
         return -1;
     }
     lane->same_pass = same_pass, lane->registers = registers, lane->published = 0;
@@ -194,13 +197,15 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
         }
     }
     Py_XSETREF(lane->scheduled, (PyTypeObject *)Py_NewRef(scheduled));
-    PyObject *per_group[] = {kinds, sizes, spans, key_lookahead, commit_delay};
+    PyObject *per_group[] = {kinds, sizes, spans, spares, every_state, key_lookahead,
+                             commit_delay};
     Py_ssize_t groups = PyTuple_Check(kinds) ? PyTuple_GET_SIZE(kinds) : 0;
     for (size_t k = 0; k < sizeof(per_group) / sizeof(per_group[0]); k++) {
         if (!PyTuple_CheckExact(per_group[k]) || PyTuple_GET_SIZE(per_group[k]) != groups ||
             groups == 0) {
-            PyErr_SetString(PyExc_TypeError, "kinds, sizes, spans, key_lookahead and "
-                                             "commit_delay are tuples, one item per group");
+            PyErr_SetString(PyExc_TypeError, "kinds, sizes, spans, spares, every_state, "
+                                             "key_lookahead and commit_delay are tuples, one "
+                                             "item per group");
             return -1;
         }
     }
@@ -209,7 +214,7 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
         return -1;
     }
     lane->unit = unit;
-    long long **columns[] = {&lane->size, &lane->span, &lane->key_lookahead,
+    long long **columns[] = {&lane->size, &lane->span, &lane->spare, &lane->key_lookahead,
                              &lane->commit_delay};
     for (size_t k = 0; k < sizeof(columns) / sizeof(columns[0]); k++) {
         PyMem_Free(*columns[k]);
@@ -217,19 +222,32 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
     }
     PyMem_Free(lane->kind);
     lane->kind = PyMem_Calloc((size_t)groups, sizeof(int));
-    if (lane->kind == NULL || lane->size == NULL || lane->span == NULL ||
-        lane->key_lookahead == NULL || lane->commit_delay == NULL) {
+    PyMem_Free(lane->every_state);
+    lane->every_state = PyMem_Calloc((size_t)groups, sizeof(int));
+    if (lane->kind == NULL || lane->size == NULL || lane->span == NULL || lane->spare == NULL ||
+        lane->every_state == NULL || lane->key_lookahead == NULL || lane->commit_delay == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    int quiet_only = 0;
+    int has_state = 0;
     for (Py_ssize_t g = 0; g < groups; g++) {
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(kinds, g));
         long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, g));
         long long span = PyLong_AsLongLong(PyTuple_GET_ITEM(spans, g));
         long long ahead = PyLong_AsLongLong(PyTuple_GET_ITEM(key_lookahead, g));
         long long delay = PyLong_AsLongLong(PyTuple_GET_ITEM(commit_delay, g));
+        long long spare = PyLong_AsLongLong(PyTuple_GET_ITEM(spares, g));
+        long every = PyLong_AsLong(PyTuple_GET_ITEM(every_state, g));
         if (PyErr_Occurred()) {
+            return -1;
+        }
+        /* drafts' positions belong to a state group with a running state (mode align) */
+        if (spare < 0 || spare > INT_MAX || every < 0 || every > 1 ||
+            (kind != STATE && (spare || every)) || (spare && every)) {
+            PyErr_Format(PyExc_ValueError,
+                         "group %zd: spares in 0..2**31 - 1 and every_state 0 or 1, both 0 "
+                         "unless the group is a state group (3), and spares 0 where "
+                         "every_state is 1", g);
             return -1;
         }
         if (kind < FULL || kind > STATE || size < 1 || size > INT_MAX || span < 0 ||
@@ -242,11 +260,12 @@ Lane_init(Lane *lane, PyObject *args, PyObject *kwargs)
             return -1;
         }
         lane->kind[g] = (int)kind, lane->size[g] = size, lane->span[g] = span;
-        quiet_only |= kind == STATE;
+        lane->spare[g] = spare, lane->every_state[g] = (int)every;
+        has_state |= kind == STATE;
         lane->key_lookahead[g] = ahead, lane->commit_delay[g] = delay;
     }
     lane->groups = groups;
-    lane->quiet_only = quiet_only;
+    lane->has_state = has_state;
     lane->limit = limit == Py_None ? -1 : PyLong_AsLongLong(limit);
     if (lane->limit == -1 && PyErr_Occurred()) {
         return -1;
@@ -273,6 +292,8 @@ Lane_dealloc(Lane *lane)
     PyMem_Free(lane->kind);
     PyMem_Free(lane->size);
     PyMem_Free(lane->span);
+    PyMem_Free(lane->spare);
+    PyMem_Free(lane->every_state);
     PyMem_Free(lane->key_lookahead);
     PyMem_Free(lane->commit_delay);
     PyMem_Free(lane->released);

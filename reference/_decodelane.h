@@ -13,8 +13,9 @@
 #include <stdint.h>
 #include <string.h>
 
-/* STATE: a state (Mamba) group; a lane holding one takes quiet steps only (`quiet_only`):
- * a step changing a table, and every registration, is the Python code's */
+/* STATE: a state (Mamba) group; a lane holding one (`has_state`) plans a decode step's
+ * table changes for it too (its running state's blocks, tables.TablePlanner.changes), but
+ * leaves every registration, and `reserve`'s allocation, to the Python code */
 enum { FULL = 0, WINDOW = 1, CHUNKED = 2, STATE = 3 };
 
 /* The largest count a plan may hold: past it a step is the general path's (it answers
@@ -24,10 +25,15 @@ enum { FULL = 0, WINDOW = 1, CHUNKED = 2, STATE = 3 };
 typedef struct {
     PyObject_HEAD
     Py_ssize_t groups;
-    int quiet_only; /* some group is STATE */
+    int has_state; /* some group is STATE */
     int *kind;
     long long *size; /* block size */
     long long *span; /* window or chunk; 0 for full attention */
+    /* state groups: the positions a decode chunk holds for its drafts' states (ALLOC-SPEC-1,
+     * GroupConfig.speculative_blocks), and whether the group keeps a state at every boundary
+     * (mode all: no running state, its positions held as full attention's are) */
+    long long *spare;
+    int *every_state;
     long long limit; /* max_model_len, or -1 */
     PyObject *pool;  /* num_free, num_registered */
     PyObject *counts;

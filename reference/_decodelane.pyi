@@ -14,6 +14,8 @@ class DecodeLane:
         kinds: tuple[int, ...],
         sizes: tuple[int, ...],
         spans: tuple[int, ...],
+        spares: tuple[int, ...],
+        every_state: tuple[int, ...],
         limit: int | None,
         key_lookahead: tuple[int, ...],
         commit_delay: tuple[int, ...],

@@ -150,7 +150,7 @@ Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "register(request, before)");
         return NULL;
     }
-    if (lane->quiet_only) { /* a state group's registration: the general path's */
+    if (lane->has_state) { /* a state group's registration: the general path's */
         Py_RETURN_NONE;
     }
     PyObject *request = args[0];

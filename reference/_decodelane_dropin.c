@@ -13,9 +13,9 @@
  * this was built for) is the Python method's, which then answers it from the start, errors
  * included: nothing here has changed anything by then. The managers served
  * have no runner checkpoints, so a chunk's inner checkpoint (`_Tracked.inner`) is 0 on both
- * paths and never written here. A state hybrid's core lane takes quiet steps only, so here
- * its chunks that change a table are the Python method's too, and each chunk served runs
- * the runner-columns check (columns_held) where the Python method would. */
+ * paths and never written here. For a state hybrid each chunk served runs the runner-columns
+ * check (columns_held) where the Python method would, and the new blocks a chunk gives it
+ * are handed out by the Python `_handed_out` (hand_out_new serves attention layouts). */
 #include "_decodelane_dropin.h"
 
 

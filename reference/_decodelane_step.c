@@ -2,9 +2,10 @@
  * and the step that changes tables (the plan, the release, the allocation, the bounds). */
 #include "_decodelane.h"
 
-/* ALLOC-HOLD-1: the first position kept while computing from `computed` on. */
+/* ALLOC-HOLD-1: the first position kept while computing [computed, end) (groups.first_read;
+ * `end` is read by a state group only, one that has computed nothing yet). */
 static long long
-first_read(const Lane *lane, Py_ssize_t g, long long computed)
+first_read(const Lane *lane, Py_ssize_t g, long long computed, long long end)
 {
     long long size = lane->size[g], span = lane->span[g];
     switch (lane->kind[g]) {
@@ -12,12 +13,18 @@ first_read(const Lane *lane, Py_ssize_t g, long long computed)
         return floordiv(computed - (span - 1) > 0 ? computed - (span - 1) : 0, size);
     case CHUNKED:
         return floordiv(floordiv(computed, span) * span, size);
+    case STATE: /* the state after `computed` tokens, carried into the running state */
+        if (lane->every_state[g]) {
+            return 0;
+        }
+        return computed ? floordiv(computed - 1, size) : cdiv(end, size) - 1;
     default:
         return 0;
     }
 }
 
-/* The least `computed` whose one-token step no longer reads position `low`; -1: never. */
+/* The least `computed` whose one-token step no longer reads position `low`; -1: never
+ * (groups.first_release). */
 static long long
 first_release(const Lane *lane, Py_ssize_t g, long long low)
 {
@@ -27,9 +34,29 @@ first_release(const Lane *lane, Py_ssize_t g, long long low)
         return (low + 1) * size + span - 1;
     case CHUNKED:
         return cdiv((low + 1) * size, span) * span;
+    case STATE:
+        return lane->every_state[g] ? -1 : (low + 1) * size + 1;
     default:
         return -1;
     }
+}
+
+/* ALLOC-SPEC-1: how many positions a state group's chunk ending at `end` spans (groups.
+ * table_end): for a decode chunk of a group with drafts' positions, every position a
+ * verifying step ending up to `spare` tokens later (never past max_model_len) puts its
+ * running state in, and the `spare` after it. */
+static long long
+state_table_end(const Lane *lane, Py_ssize_t g, long long end, int decoding)
+{
+    long long spare = lane->spare[g], size = lane->size[g];
+    if (!(spare && decoding)) {
+        return cdiv(end, size);
+    }
+    long long reach = end + spare;
+    if (lane->limit >= 0) {
+        reach = max_ll(end, min_ll(end + spare, lane->limit));
+    }
+    return cdiv(reach, size) + spare;
 }
 
 static int
@@ -88,9 +115,15 @@ decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count)
     return 1;
 }
 
-/* The table positions step [computed, end) releases and wants, as the general path plans
- * them (tables.TablePlanner.changes for attention groups); 0 on error, and *fits = 0 when
- * the plan is too large to list. */
+/* The table positions the chunk [computed, in_flight) releases and wants, as the general
+ * path plans them (tables.TablePlanner.changes): attention groups hold slots up to `end`
+ * (the chunk's end and its lookahead), state groups their running state at `state_end` (the
+ * chunk's end, or where a chunk reserved behind it ends), a decode chunk's with its drafts'
+ * positions when `decoding`. An inner checkpoint still open (CKPT-INNER-1, of a chunk
+ * reserved behind) changes none of it: its position, the block ending at a boundary past
+ * `computed`, lies at or past the first one read and below that chunk's running state, and
+ * its block is held since the reserve (`changes`' `saving` keeps what this keeps anyway).
+ * 0 on error, and *fits = 0 when the plan is too large to list. */
 typedef struct {
     Py_ssize_t released;     /* entries in lane->released, three numbers each */
     Py_ssize_t wanted;       /* positions in lane->wanted, group by group */
@@ -99,7 +132,8 @@ typedef struct {
 
 static int
 plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
-          long long end, Plan *plan, int *fits)
+          long long in_flight, long long end, long long state_end, int decoding, Plan *plan,
+          int *fits)
 {
     plan->released = plan->wanted = 0;
     *fits = 1;
@@ -109,14 +143,17 @@ plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
             *fits = 0;
             return 1;
         }
+        int state = lane->kind[g] == STATE;
         long long size = PyList_GET_SIZE(table), block_size = lane->size[g];
-        long long last = cdiv(end, block_size);
+        long long last = state ? state_table_end(lane, g, state_end, decoding)
+                               : cdiv(end, block_size);
         long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
         if (low == -1 && PyErr_Occurred()) {
             return 0;
         }
         if (size > last || (low < last && lane->kind[g] != FULL)) {
-            long long first = first_read(lane, g, computed);
+            /* a state group reads where the chunk starts, whatever follows it */
+            long long first = first_read(lane, g, computed, state ? in_flight : end);
             /* past the new end (a shrunk lookahead), then what the step no longer reads */
             long long bounds[2][2] = {{max_ll(last, low), size},
                                       {low, min_ll(first, min_ll(last, size))}};
@@ -137,7 +174,9 @@ plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
                 }
             }
         }
-        long long first = floordiv(computed, block_size); /* ALLOC-WRITE-1 */
+        /* ALLOC-WRITE-1 (groups.first_written): a running state only where the chunk ends */
+        long long first = state && !lane->every_state[g] ? cdiv(state_end, block_size) - 1
+                                                         : floordiv(computed, block_size);
         long long held = min_ll(last, size);
         long long growth = max_ll(0, last - max_ll(first, held));
         if (plan->wanted + growth + max_ll(0, held - first) > MAX_PLAN) {
@@ -192,12 +231,13 @@ freed_by(Lane *lane, const Plan *plan, int *counts)
     return freed;
 }
 
-/* ALLOC-SPEC-1's quiet bounds for attention groups (tables.TablePlanner.plan_quiet). */
+/* ALLOC-SPEC-1's quiet bounds (tables.TablePlanner.plan_quiet). */
 static int
 plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
            long long computed)
 {
     long long slots = LLONG_MAX, end = lane->limit >= 0 ? lane->limit : LLONG_MAX, floor = 0;
+    long long state_end = LLONG_MAX;
     for (Py_ssize_t g = 0; g < lane->groups; g++) {
         PyObject *table = PyList_GET_ITEM(tables, g);
         long long held = PyList_GET_SIZE(table), size = lane->size[g];
@@ -211,6 +251,11 @@ plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
                 break;
             }
         }
+        if (lane->kind[g] == STATE) { /* its running state's positions, drafts' after them */
+            long long spare = lane->spare[g];
+            state_end = min_ll(state_end, spare ? (p - spare) * size - spare : p * size);
+            top = 0;
+        }
         for (; top > 0; top--) {
             long long block = entry(table, (Py_ssize_t)(top - 1));
             if (block == -1 && PyErr_Occurred()) {
@@ -220,21 +265,23 @@ plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
                 break;
             }
         }
-        slots = p * size < slots ? p * size : slots;
-        floor = (top - 1) * size + 1 > floor ? (top - 1) * size + 1 : floor;
+        if (lane->kind[g] != STATE) { /* an attention group's slots */
+            slots = p * size < slots ? p * size : slots;
+            floor = (top - 1) * size + 1 > floor ? (top - 1) * size + 1 : floor;
+        }
         long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
         if (low == -1 && PyErr_Occurred()) {
             return 0;
         }
         if (lane->kind[g] != FULL && low < held) {
             long long release = first_release(lane, g, low);
-            end = release < end ? release : end;
+            end = release >= 0 && release < end ? release : end;
         }
     }
-    long long quiet = end < slots ? end : slots;
+    long long quiet = min_ll(end, min_ll(slots, state_end));
     PyObject *values[4] = {
         quiet == LLONG_MAX ? Py_NewRef(lane->token_limit) : PyLong_FromLongLong(quiet),
-        Py_NewRef(lane->token_limit),
+        state_end == LLONG_MAX ? Py_NewRef(lane->token_limit) : PyLong_FromLongLong(state_end),
         slots == LLONG_MAX ? Py_NewRef(lane->token_limit) : PyLong_FromLongLong(slots),
         PyLong_FromLongLong(floor),
     };
@@ -445,9 +492,29 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
         result = Py_NewRef(Py_None);
         goto done;
     }
+    /* a state group's running state: where the chunk ends, or a chunk reserved behind it
+     * (`reserve` passes it; a decode step's request may keep one from an earlier reserve) */
+    long long state_end = end;
+    int decoding = 1; /* a decode step; `reserve` keeps the request's */
+    if (appended != NULL && lane->has_state) {
+        long long behind;
+        if (!lane_get_ll(request, s_pipelined, &behind)) {
+            goto done;
+        }
+        state_end = max_ll(end, behind);
+    } else if (appended == NULL) {
+        state_end = max_ll(end, pipelined);
+        PyObject *flag = lane->has_state ? lane_get(request, s_decoding) : NULL;
+        decoding = flag == NULL ? 0 : PyObject_IsTrue(flag);
+        Py_XDECREF(flag);
+        if (decoding < 0 || (lane->has_state && flag == NULL)) {
+            goto done;
+        }
+    }
     Plan plan = {.per_group = per_group};
     int fits;
-    if (!plan_step(lane, tables, held_from, computed, end + lookahead, &plan, &fits)) {
+    if (!plan_step(lane, tables, held_from, computed, end, end + lookahead, state_end,
+                   decoding, &plan, &fits)) {
         goto done;
     }
     long long num_free;
@@ -679,7 +746,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         }
         goto done;
     }
-    if (lane->quiet_only || (lane->limit >= 0 && end > lane->limit)) {
+    if (lane->limit >= 0 && end > lane->limit) {
         answer = Py_NewRef(Py_None); /* max_model_len: the general path says so */
         goto done;
     }
@@ -701,13 +768,14 @@ done:
 
 /* KVCacheManager.reserve's allocation (`_reserve_slow`) for `request`, whose chunk in flight
  * ends at `end`, with its new lookahead and `pipelined` (the caller has found that reserve
- * changes something and no state group or checkpoint is involved): its Scheduled, or None
- * (nothing changed) where the general path must answer, Waiting included. */
+ * changes something, its `decoding` stays as it is and no checkpoint is added): its
+ * Scheduled, or None (nothing changed) where the general path must answer, Waiting
+ * included. */
 PyObject *
 lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
              long long lookahead, long long pipelined)
 {
-    if (lane->quiet_only || end > MAX_PLAN || lookahead > MAX_PLAN) {
+    if (end > MAX_PLAN || lookahead > MAX_PLAN || pipelined > MAX_PLAN) {
         Py_RETURN_NONE;
     }
     PyObject *added = replan(lane, request, NULL, NULL, 0, lookahead, computed, end, pipelined);

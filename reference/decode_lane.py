@@ -7,20 +7,21 @@ KVCacheManager.extend's general path and commit.Registrar.register, about ten mi
 each per request. The compiled lane takes each in one call over the request's lists, its
 digest chains and the pool's arrays, and answers None (changing nothing) whenever the Python
 code must answer instead: a malformed call, a chunk in flight, max_model_len, a pool that
-cannot fit the step (Waiting), a request with inner checkpoints. Its definitions are that
-Python code, which tests/reference/test_decode_lane.py holds it equal to, state for state.
+cannot fit the step (Waiting), a step naming an inner checkpoint, a registration while one
+is open. Its definitions are that Python code, which tests/reference/test_decode_lane.py
+holds it equal to, state for state.
 
 It serves the layouts and pools that code then needs nothing else for: every group attention
 (full, sliding window, chunked local) or state (Mamba), no `unit U`, the lru queue, and a
 pool that tracks no liveness and records no events; under same-pass visibility a launch
-publishes the blocks its chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. With
-a state group it takes only the quiet steps (those that change no table: KVCacheManager.
-extend's fast path, which holds for every kind) and ends chunks; a step that changes a table
-is the Python planner's, which alone knows a state group's tables. It registers when,
-besides, every group is attention, every committed block is kept
-(`Registrar.keeps_every_block`) and keys are the compiled SHA-256's. Anywhere else, or
-without the extension built, or with KVCERT_PURE_PYTHON=1, `decode_lane` is None and the
-Python code takes every step.
+publishes the blocks its chunk completes (ALLOC-VIS-2), as KVCacheManager._launch does. A
+state group's tables change at a decode step too (the running state moves to the block the
+step ends in, drafts' positions after it, the block it leaves released: TablePlanner.
+changes, groups.table_end); the lane plans them as that code does. With a state group,
+registration and `reserve`'s allocation stay the Python code's. It registers when, besides,
+every group is attention, every committed block is kept (`Registrar.keeps_every_block`) and
+keys are the compiled SHA-256's. Anywhere else, or without the extension built, or with
+KVCERT_PURE_PYTHON=1, `decode_lane` is None and the Python code takes every step.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from kvcert.reference.block_pool import BlockPool
 from kvcert.reference.commit import Registrar
-from kvcert.reference.config import CacheConfig, Kind, Visibility
+from kvcert.reference.config import CacheConfig, Kind, MambaMode, Visibility
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.eviction import FreeQueue
 from kvcert.reference.hashing import hasher
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from kvcert.reference._decodelane import DecodeLane
 
 ATTENTION = {Kind.FULL: 0, Kind.SLIDING_WINDOW: 1, Kind.CHUNKED_LOCAL: 2}
-KIND_CODES = {**ATTENTION, Kind.MAMBA: 3}  # a state group: quiet steps only
+KIND_CODES = {**ATTENTION, Kind.MAMBA: 3}  # a state group: no registration, no reserve
 SPAN_LIMIT = 2**31  # block sizes, windows and chunks the lane's arithmetic holds
 
 
@@ -101,6 +102,10 @@ def build(
         kinds=tuple(KIND_CODES[g.kind] for g in config.groups),
         sizes=tuple(g.block_size for g in config.groups),
         spans=tuple(g.window or g.chunk for g in config.groups),
+        spares=tuple(g.speculative_blocks for g in config.groups),
+        every_state=tuple(
+            int(g.kind is Kind.MAMBA and g.mode is MambaMode.ALL) for g in config.groups
+        ),
         limit=config.max_model_len,
         key_lookahead=tuple(commits.lookahead),
         commit_delay=tuple(commits.commit_delay),

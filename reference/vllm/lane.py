@@ -13,12 +13,11 @@ kvcert.conformance.vllm.checks.drop_in_lane holds the two equal through vLLM's o
 It serves a manager whose core runs its decode lane (kvcert.reference.decode_lane) and that
 computes nothing more per chunk than the lane does: no hash view (`vllm_hash_view`), no
 runner checkpoints and no drafts' state blocks, and the class's own methods (a subclass
-overriding them is served by them). With state groups (a Mamba/GDN hybrid, whose core's
-lane takes quiet steps only) it serves the chunks that change no table: one that extends
-the request, one queued behind the chunk in flight whose slots and running states are held
-already, and the start of a queued one; after each it checks the running state's column of
-every state table, as `_check_runner_columns` does. Else, or unbuilt, or with
-KVCERT_PURE_PYTHON=1, the Python methods answer every call.
+overriding them is served by them). With state groups (a Mamba/GDN hybrid) it serves the
+same chunks, each checked after it for the running state's column of every state table, as
+`_check_runner_columns` checks it; a chunk that gives a state layout new blocks has them
+handed out by the Python `_handed_out`. Else, or unbuilt, or with KVCERT_PURE_PYTHON=1, the
+Python methods answer every call.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ class Served:
 
     def __init__(self) -> None:
         self.calls = self.general = self.started = self.started_in_python = 0
-        # extensions answered with new blocks, and those the Python _handed_out answered
-        self.extended = self.handed_in_python = 0
+        # extensions answered with new blocks, those the Python allocate_slots answered, and
+        # those the Python _handed_out answered
+        self.extended = self.extended_in_python = self.handed_in_python = 0
 
     @property
     def compiled_calls(self) -> int:
@@ -108,6 +109,22 @@ class Served:
     @property
     def compiled_hand_outs(self) -> int:
         return self.extended - self.handed_in_python
+
+    @property
+    def compiled_extensions(self) -> int:
+        return self.extended - self.extended_in_python
+
+    def counting_general(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """The Python allocate_slots, counting its calls and its extensions with new blocks."""
+
+        def call(manager: KVCacheManager, request: Any, *args: Any, **kwargs: Any) -> Any:
+            self.general += 1
+            running = manager.core.is_running(request.request_id)
+            answer = method(manager, request, *args, **kwargs)
+            self.extended_in_python += running and answer is not None and any(plain(answer))
+            return answer
+
+        return call
 
     def counting(self, method: Callable[..., Any], counter: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -166,7 +183,7 @@ def instrumented(
         elif lane.serves(manager, KVCacheManager):
             drop_in = native("_decodelane").DropIn(  # type: ignore[union-attr]
                 manager=manager,
-                general=served.counting(KVCacheManager.allocate_slots, "general"),
+                general=served.counting_general(KVCacheManager.allocate_slots),
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
                 state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
@@ -355,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"drop-in lane: {states} state-hybrid seeds agree; the compiled calls answered "
         f"{state_served.compiled_calls} of {state_served.calls} allocate_slots calls and "
-        f"started {state_served.compiled_starts} of {state_served.started} queued chunks "
-        "(a state layout's quiet steps only; its new blocks are the Python method's)"
+        f"started {state_served.compiled_starts} of {state_served.started} queued chunks; "
+        f"{state_served.compiled_extensions} of the {state_served.extended} extensions with new "
+        "blocks allocated compiled (the Python _handed_out hands a state layout's out)"
     )
     shares = (
         (served.compiled_calls, served.calls),
