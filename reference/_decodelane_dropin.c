@@ -14,8 +14,7 @@
  * included: nothing here has changed anything by then. The managers served
  * have no runner checkpoints, so a chunk's inner checkpoint (`_Tracked.inner`) is 0 on both
  * paths and never written here. For a state hybrid each chunk served runs the runner-columns
- * check (columns_held) where the Python method would, and the new blocks a chunk gives it
- * are handed out by the Python `_handed_out` (hand_out_new serves attention layouts). */
+ * check (columns_held) where the Python method would. */
 #include "_decodelane_dropin.h"
 
 
@@ -177,16 +176,15 @@ allocated_nothing(Lane *lane, PyObject *result)
 
 /* _handed_out for a chunk whose new blocks join the tables' tails, as the Python method
  * hands them (the tails past what vLLM's worker holds, `_Tracked.seen`, checked against
- * the new blocks; the lengths and slots kept recorded, `_saw`; the tails as vLLM's
+ * the new blocks; where the worker zeroes new blocks, the attention groups' ones listed for
+ * it, `_note_new`; the lengths and the slots that keep every attention table's last block
+ * recorded, `_saw`, where a state group's table bounds no slots; the tails as vLLM's
  * KVCacheBlocks, `_wrap`): 1 handed out, 0 the Python method's (a check that fails, whose
- * error it raises; blocks to zero; copies), -1 error. */
+ * error it raises; copies), -1 error. */
 static int
 hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
 {
     Lane *lane = (Lane *)self->lane;
-    if (self->states) { /* _saw counts attention groups only: the Python method's */
-        return 0;
-    }
     PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
     PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
     if (tracked == NULL) {
@@ -198,10 +196,13 @@ hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
     PyObject *new_blocks = tables ? PyMember_GetOne((const char *)result, lane->fields[2]) : NULL;
     PyObject *copies = new_blocks ? PyMember_GetOne((const char *)result, lane->fields[4]) : NULL;
     PyObject *blocks = copies ? PyObject_GetAttr(self->manager, s_blocks) : NULL;
+    PyObject *new_ids = blocks && zeroed == Py_True ? PyObject_GetAttr(self->manager, s_new_ids)
+                                                     : NULL;
     PyObject *lengths = NULL, *tails = NULL, *keep = NULL;
-    int served = blocks == NULL ? -1 : 0;
+    int served = blocks == NULL || (zeroed == Py_True && new_ids == NULL) ? -1 : 0;
     Py_ssize_t groups = lane->groups;
-    if (served < 0 || zeroed != Py_False || !PyList_CheckExact(seen) ||
+    if (served < 0 || (zeroed != Py_False && zeroed != Py_True) ||
+        (new_ids != NULL && !PyList_CheckExact(new_ids)) || !PyList_CheckExact(seen) ||
         PyList_GET_SIZE(seen) != groups || !PyList_CheckExact(tables) ||
         PyList_GET_SIZE(tables) != groups || !PyTuple_CheckExact(new_blocks) ||
         PyTuple_GET_SIZE(new_blocks) != groups || !PyTuple_CheckExact(copies) ||
@@ -249,12 +250,21 @@ hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
             PyList_SET_ITEM(tail, j - from, Py_NewRef(PyList_GET_ITEM(blocks, (Py_ssize_t)block)));
         }
         added += PyTuple_Size(PyTuple_GET_ITEM(new_blocks, g));
-        if (length) { /* _saw: the slots that keep the last block of the worker's table */
+        if (length && lane->kind[g] != STATE) { /* _saw: the slots keeping its last block */
             kept = max_ll(kept, (long long)(length - 1) * lane->size[g] + 1);
         }
     }
     if (added != tail_held) {
         goto done; /* a new block inside the worker's table: the Python method raises */
+    }
+    for (Py_ssize_t g = 0; new_ids != NULL && g < groups; g++) { /* the blocks to zero */
+        PyObject *ids = PyTuple_GET_ITEM(new_blocks, g);
+        for (Py_ssize_t k = 0; lane->kind[g] != STATE && k < PyTuple_Size(ids); k++) {
+            if (PyList_Append(new_ids, PyTuple_GET_ITEM(ids, k)) < 0) {
+                served = -1;
+                goto done;
+            }
+        }
     }
     keep = PyLong_FromLongLong(kept);
     if (keep == NULL || PyObject_SetAttr(tracked, s_seen, lengths) < 0 ||
@@ -266,6 +276,7 @@ hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
     served = *answer == NULL ? -1 : 1;
 done:
     Py_XDECREF(zeroed);
+    Py_XDECREF(new_ids);
     Py_XDECREF(seen);
     Py_XDECREF(tables);
     Py_XDECREF(new_blocks);

@@ -6,7 +6,7 @@
 PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
-    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *zero;
+    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *zero;
 
 static int
 DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
@@ -196,6 +196,7 @@ dropin_ready(void)
         {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
         {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
         {&s_check_columns, "_check_runner_columns"}, {&s_wrapped, "_x"},
+        {&s_new_ids, "_new_ids"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

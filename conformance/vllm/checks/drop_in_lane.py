@@ -43,8 +43,16 @@ from kvcert.reference.vllm import lane
 from kvcert.reference.vllm.manager import KVCacheManager
 
 # the manager's public calls whose answers are compared (every other one is a view vLLM
-# reads or a no-op, compared through the state after each step)
-CALLS = ("allocate_slots", "get_computed_blocks", "free", "end_step", "start_pending")
+# reads or a no-op, compared through the state after each step); take_new_block_ids: the
+# attention blocks handed out that a worker zeroing new blocks (a state hybrid's) zeroes
+CALLS = (
+    "allocate_slots",
+    "get_computed_blocks",
+    "free",
+    "end_step",
+    "start_pending",
+    "take_new_block_ids",
+)
 FIELDS = (
     "computed",
     "scheduled",
@@ -114,18 +122,6 @@ class Served:
     def compiled_extensions(self) -> int:
         return self.extended - self.extended_in_python
 
-    def counting_general(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        """The Python allocate_slots, counting its calls and its extensions with new blocks."""
-
-        def call(manager: KVCacheManager, request: Any, *args: Any, **kwargs: Any) -> Any:
-            self.general += 1
-            running = manager.core.is_running(request.request_id)
-            answer = method(manager, request, *args, **kwargs)
-            self.extended_in_python += running and answer is not None and any(plain(answer))
-            return answer
-
-        return call
-
     def counting(self, method: Callable[..., Any], counter: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             setattr(self, counter, getattr(self, counter) + 1)
@@ -183,7 +179,7 @@ def instrumented(
         elif lane.serves(manager, KVCacheManager):
             drop_in = native("_decodelane").DropIn(  # type: ignore[union-attr]
                 manager=manager,
-                general=served.counting_general(KVCacheManager.allocate_slots),
+                general=served.counting(KVCacheManager.allocate_slots, "general"),
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
                 state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
@@ -212,20 +208,31 @@ def wired(
 
 @contextmanager
 def python_hand_outs_counted(served: Served) -> Iterator[None]:
-    """Within: the Python `_handed_out` counts the new blocks it hands out (the class's
-    method, which the compiled calls call only where they leave them to it)."""
-    method = KVCacheManager._handed_out
+    """Within: the Python `allocate_slots` counts the extensions it gives new blocks, and
+    `_handed_out` the new blocks it hands out (the class's methods, which the compiled calls
+    call only where they leave a chunk to them, and which a manager the compiled calls do not
+    serve runs for every chunk)."""
+    allocate, hand_out = KVCacheManager.allocate_slots, KVCacheManager._handed_out
+
+    def allocated(self: KVCacheManager, request: Any, *args: Any, **kwargs: Any) -> Any:
+        running = self.core.is_running(request.request_id)
+        answer = allocate(self, request, *args, **kwargs)
+        served.extended_in_python += running and answer is not None and any(plain(answer))
+        return answer
 
     def counted(self: KVCacheManager, rid: str, result: Any) -> Any:
-        answer = method(self, rid, result)
+        answer = hand_out(self, rid, result)
         served.handed_in_python += answer is not None and any(plain(answer))
         return answer
 
-    KVCacheManager._handed_out = counted  # type: ignore[method-assign]  # this process only
+    # this process only
+    KVCacheManager.allocate_slots = allocated  # type: ignore[method-assign]
+    KVCacheManager._handed_out = counted  # type: ignore[method-assign]
     try:
         yield
     finally:
-        KVCacheManager._handed_out = method  # type: ignore[method-assign]
+        KVCacheManager.allocate_slots = allocate  # type: ignore[method-assign]
+        KVCacheManager._handed_out = hand_out  # type: ignore[method-assign]
 
 
 def played(
@@ -372,19 +379,24 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"drop-in lane: {states} state-hybrid seeds agree; the compiled calls answered "
         f"{state_served.compiled_calls} of {state_served.calls} allocate_slots calls and "
-        f"started {state_served.compiled_starts} of {state_served.started} queued chunks; "
-        f"{state_served.compiled_extensions} of the {state_served.extended} extensions with new "
-        "blocks allocated compiled (the Python _handed_out hands a state layout's out)"
+        f"started {state_served.compiled_starts} of {state_served.started} queued chunks; of "
+        f"the {state_served.extended} extensions with new blocks, "
+        f"{state_served.compiled_extensions} allocated and {state_served.compiled_hand_outs} "
+        "handed out compiled"
     )
     shares = (
         (served.compiled_calls, served.calls),
         (served.compiled_starts, served.started),
         (served.compiled_hand_outs, served.extended),
     )
-    vacuous_states = states > 0 and state_served.compiled_calls == 0
+    vacuous_states = states > 0 and 0 in (
+        state_served.compiled_calls,
+        state_served.compiled_extensions,
+        state_served.compiled_hand_outs,
+    )
     if any(part * 4 < whole for part, whole in shares) or vacuous_states:
         print("VACUOUS: the compiled side answered under a quarter of the calls, or none of a "
-              "state hybrid's")  # fmt: skip
+              "state hybrid's calls, extensions or hand-outs")  # fmt: skip
         return 1
     return 0
 
