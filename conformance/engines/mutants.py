@@ -187,13 +187,19 @@ class CheckpointIgnoredEngine(Mutant):
 class SpeculativeBlocksIgnoredEngine(Mutant):
     """MTP/EAGLE on a state model without the drafts' state blocks (ALLOC-SPEC-1): a decode
     chunk holds its running state's block alone, so a verifying step's drafts' states land
-    in blocks the request does not hold."""
+    in blocks the request does not hold. Its managers run without the compiled decode lane,
+    which plans a state group's decode steps with its own table_end."""
 
-    def injected(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def injected(self) -> Iterator[None]:
         def running_state_only(group: Any, end: int, decoding: bool, limit: Any = None) -> int:
             return groups.table_end(group, end, False, limit)  # every chunk as a prefill one
 
-        return patched(tables, "table_end", running_state_only)
+        with (
+            patched(tables, "table_end", running_state_only),
+            patched(manager, "decode_lane", lambda *_: None),
+        ):
+            yield
 
 
 class DraftReachIgnoredEngine(Mutant):

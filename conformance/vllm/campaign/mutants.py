@@ -48,7 +48,11 @@ def _no_aligned_split(wired: Any) -> None:
 def _kvcert_state_source_released(wired: Any) -> None:
     """ALLOC-HOLD-1 as kvcert stated it before 2026-11-24: a state group in align mode holds
     only its running state's position, releasing the one vLLM's runner copies the state from
-    (the hit's checkpoint, or the previous step's running state) before that copy runs."""
+    (the hit's checkpoint, or the previous step's running state) before that copy runs. The
+    core's compiled decode lane is turned off first: it plans a state group's decode steps
+    with its own first_read."""
+    core = wired.scheduler.kv_cache_manager.core
+    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
 
     def running_state_only(group: GroupConfig, computed: int, end: int) -> int:
         if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
@@ -97,7 +101,11 @@ def _kvcert_checkpoint_a_block_early(wired: Any) -> None:
 
 def _kvcert_no_draft_state_blocks(wired: Any) -> None:
     """ALLOC-SPEC-1 forgotten: a decode chunk holds its running state's block only, and the
-    integration's own check of the runner's columns is off, so the oracle must catch it."""
+    integration's own check of the runner's columns is off, so the oracle must catch it. The
+    core's compiled decode lane is turned off first: it plans a state group's decode steps
+    itself (its own table_end), which would mix the mutant's tables with correct ones."""
+    core = wired.scheduler.kv_cache_manager.core
+    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
 
     def running_state_only(
         group: GroupConfig, end: int, decoding: bool, limit: int | None = None

@@ -636,6 +636,8 @@ def draft_checks() -> list[tuple[str, bool, str]]:
     lengths = {side: draft_steps(manager, spare) for side, manager in managers.items()}
     ours, theirs = lengths["kvcert"], lengths["vLLM"]
     forgetful = KVCacheManager(config(FULL, state), 256, BLOCK, BLOCK)
+    # its compiled decode lane off: the lane plans a state group's decode steps itself
+    forgetful.core._lane, forgetful.core._lane_registers = None, False
     planned = vars(planning)["table_end"]
     vars(planning)["table_end"] = lambda group, end, decoding, limit=None: planned(
         group, end, False, limit
