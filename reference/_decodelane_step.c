@@ -511,6 +511,10 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
             goto done;
         }
     }
+    if (state_end > MAX_PLAN) { /* a running state that far: the general path's */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     Plan plan = {.per_group = per_group};
     int fits;
     if (!plan_step(lane, tables, held_from, computed, end, end + lookahead, state_end,
