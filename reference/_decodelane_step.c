@@ -504,11 +504,14 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
         state_end = max_ll(end, behind);
     } else if (appended == NULL) {
         state_end = max_ll(end, pipelined);
-        PyObject *flag = lane->has_state ? lane_get(request, s_decoding) : NULL;
-        decoding = flag == NULL ? 0 : PyObject_IsTrue(flag);
-        Py_XDECREF(flag);
-        if (decoding < 0 || (lane->has_state && flag == NULL)) {
-            goto done;
+        decoding = 0; /* read by state groups only */
+        if (lane->has_state) {
+            PyObject *flag = lane_get(request, s_decoding);
+            decoding = flag == NULL ? -1 : PyObject_IsTrue(flag);
+            Py_XDECREF(flag);
+            if (decoding < 0) {
+                goto done;
+            }
         }
     }
     if (state_end > MAX_PLAN) { /* a running state that far: the general path's */

@@ -328,16 +328,26 @@ def test_the_lane_serves_attention_layouts_under_plain_lru_only(change, served):
             )
 
 
-def test_a_malformed_lane_is_refused_with_a_clear_error():
+@pytest.mark.parametrize(
+    ("kind", "spare", "every", "message"),
+    [
+        (7, 0, 0, "kinds are 0"),
+        (0, 1, 0, "both 0 unless the group is a state group"),  # drafts' positions on attention
+        (0, 0, 1, "both 0 unless the group is a state group"),
+        (3, 1, 1, "spares 0 where every_state is 1"),  # mode all keeps no drafts' positions
+        (3, 0, 2, "every_state 0 or 1"),
+    ],
+)
+def test_a_malformed_lane_is_refused_with_a_clear_error(kind, spare, every, message):
     config = CacheConfig((GroupConfig(Kind.FULL, 8),), 16)
     manager = KVCacheManager(config)
-    with pytest.raises(ValueError, match="kinds are 0"):
+    with pytest.raises(ValueError, match=message):
         compiled.DecodeLane(
-            kinds=(7,),
+            kinds=(kind,),
             sizes=(8,),
             spans=(0,),
-            spares=(0,),
-            every_state=(0,),
+            spares=(spare,),
+            every_state=(every,),
             limit=None,
             key_lookahead=(0,),
             commit_delay=(0,),

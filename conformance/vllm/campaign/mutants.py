@@ -45,14 +45,21 @@ def _no_aligned_split(wired: Any) -> None:
     wired.scheduler.need_mamba_block_aligned_split = False
 
 
+def _without_compiled_lane(wired: Any) -> None:
+    """Turn the core's compiled decode lane off (the drop-in's compiled calls then pass to
+    the Python methods too): a twin that breaks a Python definition the lane computes for
+    itself must run on that definition everywhere, not mixed with the lane's correct one."""
+    core = wired.scheduler.kv_cache_manager.core
+    core._lane, core._lane_registers = None, False
+
+
 def _kvcert_state_source_released(wired: Any) -> None:
     """ALLOC-HOLD-1 as kvcert stated it before 2026-11-24: a state group in align mode holds
     only its running state's position, releasing the one vLLM's runner copies the state from
     (the hit's checkpoint, or the previous step's running state) before that copy runs. The
     core's compiled decode lane is turned off first: it plans a state group's decode steps
     with its own first_read."""
-    core = wired.scheduler.kv_cache_manager.core
-    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
+    _without_compiled_lane(wired)
 
     def running_state_only(group: GroupConfig, computed: int, end: int) -> int:
         if group.kind is Kind.MAMBA and group.mode is not MambaMode.ALL:
@@ -104,8 +111,7 @@ def _kvcert_no_draft_state_blocks(wired: Any) -> None:
     integration's own check of the runner's columns is off, so the oracle must catch it. The
     core's compiled decode lane is turned off first: it plans a state group's decode steps
     itself (its own table_end), which would mix the mutant's tables with correct ones."""
-    core = wired.scheduler.kv_cache_manager.core
-    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
+    _without_compiled_lane(wired)
 
     def running_state_only(
         group: GroupConfig, end: int, decoding: bool, limit: int | None = None
@@ -133,9 +139,8 @@ def _kvcert_block_multiple_unregistered(wired: Any) -> None:
     completeness oracle must catch. The core's compiled decode lane is turned off first:
     it registers and publishes decode chunks' blocks itself, which would pass the mutant by
     (the Python registrar it stands for is the definition, so nothing else changes)."""
-    core = wired.scheduler.kv_cache_manager.core
-    core._lane, core._lane_registers = None, False  # the drop-in's compiled calls then pass too
-    registrar = core._commits
+    _without_compiled_lane(wired)
+    registrar = wired.scheduler.kv_cache_manager.core._commits
     register_run = registrar._register_run
 
     def skipping(pool: Any, rid: str, request: Any, g: int, positions: range) -> int:
