@@ -320,14 +320,28 @@ class KVCacheManager(HitQueries):
         has ended, with the same slots; nothing is computed or registered here. `chunk_end`:
         where the chunk so scheduled will end its computation, so that a state group holds
         the running state's position there too (its table's ALLOC-WRITE-1 position); state
-        groups hold no slots for lookahead. `checkpoint`: that chunk's inner checkpoint
-        (CKPT-INNER-1; it starts where the chunks before it end), held from now on."""
+        groups hold no slots for lookahead. That chunk ends within the slots held and within
+        max_model_len (else RequestStateError, MaxLengthError). `checkpoint`: that chunk's
+        inner checkpoint (CKPT-INNER-1; it starts where the chunks before it end), held from
+        now on."""
         if self._tails is not None:
             self._tails.refuse("reserve")
         request = self._running(rid)
         inputs.token_count(tokens)
         inputs.token_count(chunk_end, "a chunk end")
         lookahead = max(request.lookahead, tokens - request.computed - request.scheduled)
+        limit = self.config.max_model_len
+        if limit is not None and chunk_end > limit:
+            raise MaxLengthError(
+                f"a chunk ending at token {chunk_end} exceeds max_model_len={limit}; "
+                "schedule no token past it"
+            )
+        slots_end = request.computed + request.scheduled + lookahead
+        if chunk_end > slots_end:
+            raise RequestStateError(
+                f"request {rid!r}: a chunk ending at token {chunk_end} computes tokens past "
+                f"the {slots_end} it holds slots for; reserve tokens >= chunk_end"
+            )
         pipelined = max(request.pipelined, chunk_end)
         start = max(request.computed + request.scheduled, request.pipelined)
         # a chunk that starts past every known token appends sampled ones: a decode chunk,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
-from kvcert.reference.errors import RequestStateError, UnknownRequestError
+from kvcert.reference.errors import MaxLengthError, RequestStateError, UnknownRequestError
 from kvcert.reference.manager import KVCacheManager, Scheduled, Waiting
 from tests.tiers import tiered
 
@@ -169,6 +169,22 @@ def test_reserve_holds_a_state_group_where_the_next_chunk_leaves_its_running_sta
     assert m.block_tables("r")[1] == (0, 0, 0, 6, 8)  # the state at 64 read from 3
     with pytest.raises(RequestStateError):
         m.reserve("r", 80, chunk_end=-1)
+
+
+def test_reserve_refuses_a_chunk_end_past_its_slots_or_max_model_len() -> None:
+    """A chunk computes only tokens it holds slots for and none past max_model_len: a chunk
+    end beyond either is refused with the table unchanged (before, a state group held the
+    running state's position there, a table of chunk_end / block_size entries)."""
+    m = KVCacheManager(CacheConfig((FULL, STATE), 64, max_model_len=128))
+    m.admit("r", PROMPT[:40], 40)
+    m.end_step()
+    tables = m.block_tables("r")
+    with pytest.raises(MaxLengthError, match="max_model_len=128"):
+        m.reserve("r", 129, chunk_end=129)
+    with pytest.raises(RequestStateError, match="reserve tokens >= chunk_end"):
+        m.reserve("r", 41, chunk_end=64)
+    assert m.block_tables("r") == tables
+    assert m.reserve("r", 128, chunk_end=128).new_blocks == ((5, 6, 7, 8, 9), (10,))
 
 
 def _chunk_ends(chunks: list[int]) -> list[int]:
