@@ -8,8 +8,6 @@ register. Implements ALLOC-COMMIT-1 (`committed`), CKPT-INNER-1's registration
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
 from kvcert.reference.events import Stored
@@ -180,14 +178,16 @@ class Registrar:
         finally:
             request.computed = before
 
-    def served_after(
-        self, pool: BlockPool, chunks: Sequence[Request]
+    def no_pending(self) -> list[dict[bytes, int]]:
+        """Per group, no key pending: what `pending_keys` adds to."""
+        return [{} for _ in self.config.groups]
+
+    @staticmethod
+    def served_with(
+        pool: BlockPool, pending: list[dict[bytes, int]]
     ) -> list[ServedMap[bytes]] | None:
-        """Per group, the served map once the `chunks` in flight have ended: the pool's, with
-        the keys they will register (`pending_keys`); None when they register none."""
-        pending: list[dict[bytes, int]] = [{} for _ in self.config.groups]
-        for request in chunks:
-            self.pending_keys(request, pending)
+        """Per group, the pool's served map with the `pending` keys (`pending_keys`) of the
+        chunks in flight: the map once they have ended; None when they register none."""
         if not any(pending):
             return None
         return [

@@ -80,9 +80,6 @@ class Keying:
         ]
 
 
-ChunksInFlight = tuple[int, tuple[tuple[str, int, int], ...]]
-
-
 class Layered:
     """One group's served map read through two: the first wins a key both hold. The hit
     search reads the pool's map over the keys steps in flight will register (the cached block

@@ -42,13 +42,19 @@ from kvcert.reference.hashing import DigestMemo, ExtraKey, hasher
 from kvcert.reference.hit_queries import HitQueries
 from kvcert.reference.inputs import LIST_OR_TUPLE, TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
-from kvcert.reference.lookup import ChunksInFlight, Keying
+from kvcert.reference.lookup import Keying
 from kvcert.reference.refcounts import count_free
 from kvcert.reference.requests import Progress, Prompt, Request, Scheduled, Stats, Waiting
 from kvcert.reference.tables import Released, TablePlanner, held_from, wanted_count
 from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
+
+
+# a chunk in flight as the keys it will register depend on it: its id, the request (the
+# object: a request admitted again is another chunk), and the chunk's bounds (computed,
+# scheduled); a reserve while it is in flight holds slots past it and moves none of its blocks
+ChunkInFlight = tuple[str, Request, int, int]
 
 
 class KVCacheManager(HitQueries):
@@ -74,9 +80,6 @@ class KVCacheManager(HitQueries):
         self._requests: dict[str, Request] = {}
         # running requests with a chunk in flight -> the step it was scheduled in
         self._in_flight: dict[str, int] = {}
-        # the served maps once the steps in flight end, with what they were made for: the
-        # admissions so far and (rid, computed, scheduled) of each chunk in flight
-        self._after_steps: tuple[ChunksInFlight, list[ServedMap[bytes]] | None] | None = None
         self._step = 0  # the step being scheduled (start_step); 0 until an engine pipelines
         exact = config.speculative is DraftKeying.EXACT
         # per group, the tokens past a block its keys cover (HASH-DRAFT-1) and the computed
@@ -87,6 +90,11 @@ class KVCacheManager(HitQueries):
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
+        # the served maps once the steps in flight end: the chunks in flight they were made
+        # for, per group the keys those chunks will register, and the maps
+        self._after_steps: tuple[
+            list[ChunkInFlight], list[dict[bytes, int]], list[ServedMap[bytes]] | None
+        ] = ([], self._commits.no_pending(), None)
         self._same_pass = config.visibility is Visibility.SAME_PASS
         self._junctions = config.retention is Retention.SPARSE  # RET-JUNCTION-1 is kept
         self._published_in_step = 0  # blocks published (ALLOC-VIS-2) since the last end_step
@@ -126,17 +134,24 @@ class KVCacheManager(HitQueries):
         return longest if longest > hit else 0
 
     def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
-        """The served maps once every step in flight has ended (None: they complete none)."""
-        chunks = []
-        for rid in self._in_flight:
-            request = self._requests.get(rid)
-            if request is not None and request.scheduled:
-                chunks.append((rid, request.computed, request.scheduled, request))
-        state = (self._admissions, tuple(chunk[:3] for chunk in chunks))
-        if self._after_steps is not None and self._after_steps[0] == state:
-            return self._after_steps[1]  # a step's admissions ask this once each
-        served = self._commits.served_after(self.pool, [chunk[3] for chunk in chunks])
-        self._after_steps = (state, served)
+        """The served maps once every step in flight has ended (None: they complete none).
+        Each of a step's admissions asks this with one chunk more in flight than the one
+        before: the keys of the chunks asked about before are kept, and only the new
+        chunks' keys are added (all are recomputed when any earlier chunk changed)."""
+        chunks = [
+            (rid, r, r.computed, r.scheduled)
+            for rid in self._in_flight
+            if (r := self._requests.get(rid)) is not None and r.scheduled
+        ]
+        known, pending, served = self._after_steps
+        if chunks == known:
+            return served
+        if chunks[: len(known)] != known:
+            known, pending = [], self._commits.no_pending()
+        for chunk in chunks[len(known) :]:
+            self._commits.pending_keys(chunk[1], pending)
+        served = self._commits.served_with(self.pool, pending)
+        self._after_steps = (chunks, pending, served)
         return served
 
     # -- allocation -------------------------------------------------------------------------

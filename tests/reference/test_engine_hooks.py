@@ -387,6 +387,100 @@ def test_the_hit_after_the_steps_in_flight_is_the_hit_once_they_end(
     assert branch_later == m.branch_point(query)
 
 
+def _served_afresh(m: KVCacheManager) -> list[dict[bytes, int]]:
+    """Per group, what the served maps once the steps in flight end hold, built from
+    nothing: the pool's keys with those of every chunk in flight, in the order they were
+    scheduled (the first to register a key keeps it)."""
+    pending = m._commits.no_pending()
+    for rid in m._in_flight:
+        request = m._requests[rid]
+        if request.scheduled:
+            m._commits.pending_keys(request, pending)
+    return [
+        {**extra, **dict(now.items())} for now, extra in zip(m.pool.served, pending, strict=True)
+    ]
+
+
+def _served_asked(m: KVCacheManager) -> list[dict[bytes, int]]:
+    served = m._served_after_steps() or m.pool.served
+    return [dict(group.items()) for group in served]
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "extend", "reserve", "preempt", "finish", "end_step", "ask"]),
+        st.integers(0, 2),  # request
+        st.integers(0, 2),  # prompt (admit)
+        st.sampled_from([7, 16, 20, 32, 48]),  # chunk
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=tiered(100, 1000), deadline=None)
+@given(ops=OPS, state=st.booleans())
+def test_the_maps_after_the_steps_kept_between_admissions_are_the_maps_built_afresh(
+    ops: list[tuple[str, int, int, int]], state: bool
+) -> None:
+    """Each admission of a step asks for the served maps once the steps in flight end, and
+    the manager keeps the keys of the chunks it was asked about, adding only new chunks':
+    after any sequence of admissions, extensions, reserves, preemptions (a request admitted
+    again under its id with another prompt included) and step ends, asked at any point,
+    the kept maps are those built from nothing."""
+    groups = (FULL, SW) + ((STATE,) if state else ())
+    m = KVCacheManager(CacheConfig(groups, 256))
+    prompts = [PROMPT, PROMPT[:40] + list(range(900, 957)), list(range(300, 397))]
+    for op, r, p, chunk in ops:
+        rid = f"r{r}"
+        if op == "admit" and not m.is_running(rid):
+            assert _served_asked(m) == _served_afresh(m)  # an engine asks before admitting
+            m.admit(rid, prompts[p], chunk)
+        elif op == "extend" and m.is_running(rid) and not m.in_flight(rid):
+            computed, known = m.progress(rid)
+            if computed < known:
+                m.extend(rid, chunk)
+        elif op == "reserve" and m.is_running(rid) and m.in_flight(rid):
+            computed, scheduled, _ = m.progress_of(rid)
+            end = min(computed + scheduled + chunk, len(m._requests[rid].tokens))
+            m.reserve(rid, end, end)
+        elif op in ("preempt", "finish") and m.is_running(rid):
+            getattr(m, op)(rid)
+        elif op == "end_step":
+            m.end_step()
+        elif op == "ask":  # as an admission asks: what is kept stays until the next ask
+            assert _served_asked(m) == _served_afresh(m)
+    assert _served_asked(m) == _served_afresh(m)
+
+
+def test_a_request_extended_by_a_chunk_of_the_same_size_is_a_new_chunk_in_flight() -> None:
+    """Asked while a request's first chunk is in flight, then after it ended and the request
+    was extended by a chunk as long: same id, same size, other blocks registered."""
+    m = KVCacheManager(CacheConfig((FULL, SW), 128))
+    m.admit("a", PROMPT, 16)
+    assert _served_asked(m) == _served_afresh(m)
+    m.end_step()
+    m.extend("a", 16)
+    assert _served_asked(m) == _served_afresh(m)
+    assert m.lookup_after_steps([*PROMPT[:32], 1]) == 32
+
+
+def test_a_request_admitted_again_under_its_id_is_a_new_chunk_in_flight() -> None:
+    """The last chunk asked about is preempted and its id admitted again with another
+    prompt in the same step: same id, same chunk bounds, other keys; the maps after the
+    steps hold the new prompt's keys, not the withdrawn one's."""
+    m = KVCacheManager(CacheConfig((FULL, SW), 128))
+    other = list(range(300, 397))
+    m.admit("a", PROMPT, 48)
+    m.admit("b", PROMPT[:40] + list(range(900, 957)), 48)
+    assert m.lookup_after_steps([*PROMPT[:48], 1]) == 48
+    m.preempt("b")
+    m.admit("b", other, 48)
+    assert _served_asked(m) == _served_afresh(m)
+    assert m.lookup_after_steps([*other[:48], 1]) == 48
+    assert m.lookup_after_steps([*PROMPT[:40], *range(900, 908), 1]) == 32
+
+
 def _last_boundary(start: int, end: int) -> int:
     """The inner checkpoint an engine like vLLM's runner saves in a chunk: the last block
     boundary strictly inside it past the state it starts from (CKPT-INNER-1), or 0."""
