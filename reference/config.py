@@ -7,7 +7,7 @@ tests compare two independent implementations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
@@ -113,15 +113,15 @@ class GroupConfig:
     def __post_init__(self) -> None:
         label = self.name or str(self.kind)
         object.__setattr__(self, "kind", as_choice(Kind, self.kind, f"group {label!r}: kind"))
-        for field, value, kind in (
+        for name, value, kind in (
             ("window", self.window, Kind.SLIDING_WINDOW),
             ("chunk", self.chunk, Kind.CHUNKED_LOCAL),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"group {label!r}: {field} must be an integer, got {value!r}")
+                raise ConfigError(f"group {label!r}: {name} must be an integer, got {value!r}")
             if value and self.kind is not kind:
                 raise ConfigError(
-                    f"group {label!r}: {field}={value} applies to {kind.value} groups only, "
+                    f"group {label!r}: {name}={value} applies to {kind.value} groups only, "
                     f"not {self.kind.value}; drop it or change the kind"
                 )
         if self.mode is not None and self.kind is not Kind.MAMBA:
@@ -190,6 +190,9 @@ class CacheConfig:
     # the hit-granularity profile: None is `block` (hits end on every group's block boundary);
     # U is `unit U` (a hit may end at any multiple of U, inside a block too; spec HIT-UNIT-1)
     hit_unit: int | None = None
+    # every hit is a multiple of this: the lcm of the cacheable block sizes, or the hit unit
+    # when one is set (derived once: each hit search reads it)
+    alignment: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple | list) or not self.groups:
@@ -198,6 +201,8 @@ class CacheConfig:
             raise ConfigError(f"groups must be GroupConfig values, got {self.groups!r}")
         object.__setattr__(self, "groups", tuple(self.groups))
         self._check_hit_unit()
+        unit = self.hit_unit
+        object.__setattr__(self, "alignment", unit or hit_alignment(self.groups))
         if self.speculative is not None:
             object.__setattr__(
                 self, "speculative", as_choice(DraftKeying, self.speculative, "speculative")
@@ -306,12 +311,6 @@ class CacheConfig:
                 f"retention_interval={interval} is not a multiple of the hit alignment "
                 f"{self.alignment} (the lcm of the block sizes); no hit could end at it"
             )
-
-    @property
-    def alignment(self) -> int:
-        """Every hit is a multiple of this: the lcm of the cacheable block sizes, or the
-        hit unit when one is set."""
-        return self.hit_unit if self.hit_unit is not None else hit_alignment(self.groups)
 
 
 def hit_alignment(groups: tuple[GroupConfig, ...]) -> int:
