@@ -145,14 +145,16 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     for _ in range(rounds):
         for side in ("vLLM", "kvcert", "floor"):
-            best = spent.setdefault(side, {})
             replay = answers if side == "floor" else None
             timings, served = one_round_by_call(load, side != "vLLM", replay)
             if replay is not None and served != played:
                 raise SystemExit(f"the replayed round served {served}, the recorded {played}")
-            for name, (calls, seconds) in timings.items():
-                earlier = best.get(name)
-                best[name] = (calls, seconds if earlier is None else min(seconds, earlier[1]))
+            for label, counts in ((side, timings[0]), (side + UNPAUSED, timings[1])):
+                best = spent.setdefault(label, {})
+                for name, (calls, seconds) in counts.items():
+                    earlier = best.get(name)
+                    least = seconds if earlier is None else min(seconds, earlier[1])
+                    best[name] = (calls, least)
     return spent
 
 
@@ -166,6 +168,9 @@ HASHER = "(vLLM's block hasher, outside the manager)"
 # lists, so its cost is the process's, and which call pays it is where the allocation count
 # happens to cross the threshold; reported beside the calls, never added to their sum
 PAUSES = "(collector pauses inside these calls)"
+# A side's calls timed without the collector's pauses inside each (a second view of the same
+# rounds, each method's least round again): the calls' own cost, wherever a collection fell
+UNPAUSED = " without pauses"
 
 
 def public_methods(manager: Any) -> list[str]:
@@ -199,16 +204,20 @@ def record_answers(load: Workload) -> tuple[Answers, tuple[int, int]]:
     return answers, (hits, steps)
 
 
+Timings = dict[str, tuple[int, float]]  # per method (calls, seconds)
+
+
 def one_round_by_call(
     load: Workload, kvcert: bool, replay: Answers | None = None
-) -> tuple[dict[str, tuple[int, float]], tuple[int, int]]:
-    """(calls, seconds) per public manager method over one round of `load`, and the round's
-    (hits, steps); with `replay`, every method answers from it instead (on kvcert's manager,
-    whose other attributes the scheduler still reads)."""
+) -> tuple[tuple[Timings, Timings], tuple[int, int]]:
+    """(calls, seconds) per public manager method over one round of `load`, with and without
+    the collector's pauses inside each call, and the round's (hits, steps); with `replay`,
+    every method answers from it instead (on kvcert's manager, whose other attributes the
+    scheduler still reads)."""
     scheduler, _, hasher, _ = build(load, kvcert=kvcert)
-    manager, counts = scheduler.kv_cache_manager, {}
-    inside = [False]  # a call is being timed: the public methods it calls are part of it
-    paused = [0.0]  # when the collection in progress started
+    manager, counts, unpaused = scheduler.kv_cache_manager, {}, {}
+    inside = [""]  # the call being timed: the public methods it calls are part of it
+    paused = [0.0, 0.0]  # when the collection in progress started; pauses in this call
 
     def collector(phase: str, info: dict[str, Any]) -> None:
         if not inside[0]:
@@ -216,21 +225,26 @@ def one_round_by_call(
         if phase == "start":
             paused[0] = time.perf_counter()
             return
+        pause = time.perf_counter() - paused[0]
+        paused[1] += pause
         calls, seconds = counts.get(PAUSES, (0, 0.0))
-        counts[PAUSES] = (calls + 1, seconds + time.perf_counter() - paused[0])
+        counts[PAUSES] = (calls + 1, seconds + pause)
 
     def timed(name: str, method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             if inside[0]:  # e.g. vLLM's allocate_slots -> create_kv_cache_blocks: counted once
                 return method(*args, **kwargs)
-            inside[0] = True
+            inside[0], paused[1] = name, 0.0
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                inside[0] = False
+                taken = time.perf_counter() - start
+                inside[0] = ""
                 calls, seconds = counts.get(name, (0, 0.0))
-                counts[name] = (calls + 1, seconds + time.perf_counter() - start)
+                counts[name] = (calls + 1, seconds + taken)
+                calls, seconds = unpaused.get(name, (0, 0.0))
+                unpaused[name] = (calls + 1, seconds + taken - paused[1])
 
         return call
 
@@ -244,7 +258,7 @@ def one_round_by_call(
         _, hits, steps = serve(scheduler, timed(HASHER, hasher), load)
     finally:
         gc.callbacks.remove(collector)
-    return counts, (hits, steps)
+    return (counts, unpaused), (hits, steps)
 
 
 def _replayer(next_answer: Any) -> Any:
@@ -262,16 +276,21 @@ def calls_summary(spent: dict[str, dict[str, tuple[int, float]]]) -> str:
         for side, counts in spent.items()
     }
     ms = {side: f"{seconds * 1e3:.1f} ms" for side, seconds in total.items()}
-    pauses = {side: counts.get(PAUSES, (0, 0.0)) for side, counts in spent.items()}
+    sides = ("vLLM", "kvcert", "floor")
+    pauses = {side: spent[side].get(PAUSES, (0, 0.0)) for side in sides}
     inside = ", ".join(
         f"{side} {seconds * 1e3:.1f} ms ({calls})" for side, (calls, seconds) in pauses.items()
     )
+    bare = {side: total[side + UNPAUSED] for side in sides}
     return (
         f"every manager call: vLLM {ms['vLLM']}, kvcert {ms['kvcert']}, floor {ms['floor']}; "
         f"vLLM / kvcert {total['vLLM'] / total['kvcert']:.2f}x, vLLM / floor "
         f"{total['vLLM'] / total['floor']:.1f}x, kvcert / floor "
         f"{total['kvcert'] / total['floor']:.1f}x; of these, the collector's pauses (least "
-        f"round): {inside}; vLLM's block hasher beside them, on vLLM's side "
+        f"round): {inside}; without the pauses inside each call: vLLM "
+        f"{bare['vLLM'] * 1e3:.1f} ms, kvcert {bare['kvcert'] * 1e3:.1f} ms, floor "
+        f"{bare['floor'] * 1e3:.1f} ms, vLLM / kvcert {bare['vLLM'] / bare['kvcert']:.2f}x; "
+        f"vLLM's block hasher beside them, on vLLM's side "
         f"{spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
     )
 
@@ -330,7 +349,7 @@ def main() -> int:
         if args.by_call:
             spent = time_by_call(load)
             for side, counts in spent.items():
-                if side == "floor":  # each call well under 0.5 ms: its sum, below
+                if side == "floor" or side.endswith(UNPAUSED):  # in the summary, below
                     continue
                 ranked = sorted(counts.items(), key=lambda item: -item[1][1])
                 label = f"  {side}, ms in each manager method (calls), least of 3 rounds: "
