@@ -178,23 +178,6 @@ class Registrar:
         finally:
             request.computed = before
 
-    def no_pending(self) -> list[dict[bytes, int]]:
-        """Per group, no key pending: what `pending_keys` adds to."""
-        return [{} for _ in self.config.groups]
-
-    @staticmethod
-    def served_with(
-        pool: BlockPool, pending: list[dict[bytes, int]]
-    ) -> list[ServedMap[bytes]] | None:
-        """Per group, the pool's served map with the `pending` keys (`pending_keys`) of the
-        chunks in flight: the map once they have ended; None when they register none."""
-        if not any(pending):
-            return None
-        return [
-            Layered(now, extra) if extra else now
-            for now, extra in zip(pool.served, pending, strict=True)
-        ]
-
     @staticmethod
     def inner_done(request: Request, before: int) -> tuple[int, ...]:
         """The inner checkpoints (CKPT-INNER-1) the computation from `before` to `computed`
@@ -295,3 +278,43 @@ class Registrar:
                 aligned = request.computed % size == 0 and request.computed > before
                 return range(stop - 1, stop) if aligned and stop - 1 >= start else range(0)
         return range(start, max(start, stop))
+
+
+# a chunk in flight as the keys it will register depend on it: its id, the request (the
+# object: a request admitted again is another chunk), and the chunk's bounds (computed,
+# scheduled); a reserve while it is in flight holds slots past it and moves none of its blocks
+ChunkInFlight = tuple[str, Request, int, int]
+
+
+class MapsAfterSteps:
+    """The served maps once every step in flight has ended: the pool's, with the keys the
+    chunks in flight will register (`Registrar.pending_keys`). Each of a step's admissions
+    asks with one chunk more in flight than the one before: the keys of the chunks asked
+    about before are kept and only the new chunks' are added (all are rebuilt when an
+    earlier chunk changed)."""
+
+    __slots__ = ("_commits", "_known", "_pending", "_served")
+
+    def __init__(self, commits: Registrar) -> None:
+        self._commits = commits
+        self._known: list[ChunkInFlight] = []
+        self._pending: list[dict[bytes, int]] = [{} for _ in commits.config.groups]
+        self._served: list[ServedMap[bytes]] | None = None
+
+    def served(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:
+        """Per group, the map once `chunks` (in the order they were scheduled) have ended;
+        None when they register nothing."""
+        if chunks == self._known:
+            return self._served
+        if chunks[: len(self._known)] != self._known:
+            self._known, self._pending = [], [{} for _ in self._pending]
+        for chunk in chunks[len(self._known) :]:
+            self._commits.pending_keys(chunk[1], self._pending)
+        self._known = chunks
+        self._served = None
+        if any(self._pending):
+            self._served = [
+                Layered(now, extra) if extra else now
+                for now, extra in zip(pool.served, self._pending, strict=True)
+            ]
+        return self._served

@@ -27,7 +27,7 @@ from operator import itemgetter
 
 from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
-from kvcert.reference.commit import Registrar
+from kvcert.reference.commit import MapsAfterSteps, Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
 from kvcert.reference.coordinator import longest_single_group
 from kvcert.reference.decode_lane import decode_lane, registers
@@ -49,12 +49,6 @@ from kvcert.reference.tables import Released, TablePlanner, held_from, wanted_co
 from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_targets
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
-
-
-# a chunk in flight as the keys it will register depend on it: its id, the request (the
-# object: a request admitted again is another chunk), and the chunk's bounds (computed,
-# scheduled); a reserve while it is in flight holds slots past it and moves none of its blocks
-ChunkInFlight = tuple[str, Request, int, int]
 
 
 class KVCacheManager(HitQueries):
@@ -90,11 +84,7 @@ class KVCacheManager(HitQueries):
         self._keying = Keying(config, hasher(config.hash_algorithm), lookahead)
         self._planner = TablePlanner(config)
         self._commits = Registrar(config, lookahead, commit_delay)
-        # the served maps once the steps in flight end: the chunks in flight they were made
-        # for, per group the keys those chunks will register, and the maps
-        self._after_steps: tuple[
-            list[ChunkInFlight], list[dict[bytes, int]], list[ServedMap[bytes]] | None
-        ] = ([], self._commits.no_pending(), None)
+        self._after_steps = MapsAfterSteps(self._commits)  # the maps once steps end
         self._same_pass = config.visibility is Visibility.SAME_PASS
         self._junctions = config.retention is Retention.SPARSE  # RET-JUNCTION-1 is kept
         self._published_in_step = 0  # blocks published (ALLOC-VIS-2) since the last end_step
@@ -134,25 +124,13 @@ class KVCacheManager(HitQueries):
         return longest if longest > hit else 0
 
     def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
-        """The served maps once every step in flight has ended (None: they complete none).
-        Each of a step's admissions asks this with one chunk more in flight than the one
-        before: the keys of the chunks asked about before are kept, and only the new
-        chunks' keys are added (all are recomputed when any earlier chunk changed)."""
+        """The served maps once every step in flight has ended (None: they complete none)."""
         chunks = [
             (rid, r, r.computed, r.scheduled)
             for rid in self._in_flight
             if (r := self._requests.get(rid)) is not None and r.scheduled
         ]
-        known, pending, served = self._after_steps
-        if chunks == known:
-            return served
-        if chunks[: len(known)] != known:
-            known, pending = [], self._commits.no_pending()
-        for chunk in chunks[len(known) :]:
-            self._commits.pending_keys(chunk[1], pending)
-        served = self._commits.served_with(self.pool, pending)
-        self._after_steps = (chunks, pending, served)
-        return served
+        return self._after_steps.served(self.pool, chunks)
 
     # -- allocation -------------------------------------------------------------------------
 

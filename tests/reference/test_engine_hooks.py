@@ -391,7 +391,7 @@ def _served_afresh(m: KVCacheManager) -> list[dict[bytes, int]]:
     """Per group, what the served maps once the steps in flight end hold, built from
     nothing: the pool's keys with those of every chunk in flight, in the order they were
     scheduled (the first to register a key keeps it)."""
-    pending = m._commits.no_pending()
+    pending: list[dict[bytes, int]] = [{} for _ in m.config.groups]
     for rid in m._in_flight:
         request = m._requests[rid]
         if request.scheduled:
