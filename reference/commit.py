@@ -280,10 +280,10 @@ class Registrar:
         return range(start, max(start, stop))
 
 
-# a chunk in flight as the keys it will register depend on it: its id, the request (the
-# object: a request admitted again is another chunk), and the chunk's bounds (computed,
-# scheduled); a reserve while it is in flight holds slots past it and moves none of its blocks
-ChunkInFlight = tuple[str, Request, int, int]
+# a chunk in flight as the keys it will register depend on it: the request (the object: a
+# request admitted again is another chunk) and the chunk's bounds (computed, scheduled); a
+# reserve while it is in flight holds slots past it and moves none of its blocks
+ChunkInFlight = tuple[Request, int, int]
 
 
 class MapsAfterSteps:
@@ -309,7 +309,7 @@ class MapsAfterSteps:
         if chunks[: len(self._known)] != self._known:
             self._known, self._pending = [], [{} for _ in self._pending]
         for chunk in chunks[len(self._known) :]:
-            self._commits.pending_keys(chunk[1], self._pending)
+            self._commits.pending_keys(chunk[0], self._pending)
         self._known = chunks
         self._served = None
         if any(self._pending):

@@ -125,11 +125,7 @@ class KVCacheManager(HitQueries):
 
     def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
         """The served maps once every step in flight has ended (None: they complete none)."""
-        chunks = [
-            (rid, r, r.computed, r.scheduled)
-            for rid in self._in_flight
-            if (r := self._requests.get(rid)) is not None and r.scheduled
-        ]
+        chunks = [(r, r.computed, r.scheduled) for r in self._chunks_in_flight()]
         return self._after_steps.served(self.pool, chunks)
 
     # -- allocation -------------------------------------------------------------------------

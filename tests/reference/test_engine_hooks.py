@@ -184,6 +184,8 @@ def test_reserve_refuses_a_chunk_end_past_its_slots_or_max_model_len() -> None:
     with pytest.raises(RequestStateError, match="reserve tokens >= chunk_end"):
         m.reserve("r", 41, chunk_end=64)
     assert m.block_tables("r") == tables
+    # blocks 1-3 hold the prompt's positions 0-2, block 4 the state at 40 (position 2): the
+    # 128 slots take positions 3-7 and the running state at 128 position 7
     assert m.reserve("r", 128, chunk_end=128).new_blocks == ((5, 6, 7, 8, 9), (10,))
 
 
