@@ -28,7 +28,7 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take;
 
 static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_tokens) */
 
@@ -336,6 +336,11 @@ static PyMethodDef Lane_methods[] = {
      "current) -> the Scheduled of a decode step, with the request's tables, bounds, the "
      "pool and the chunks in flight moved as KVCacheManager.extend's general path moves "
      "them; None (nothing changed) when the general path must answer"},
+    {"admit", (PyCFunction)(void (*)(void))Lane_admit, METH_FASTCALL,
+     "admit(request, rid, hits, reviving, keep_free, fit_tokens, fit_keep_free, requests, "
+     "in_flight, current) -> the Scheduled of an admission whose hit `request` holds, its "
+     "first chunk's blocks given and launched as KVCacheManager.admit's general path gives "
+     "them; None (nothing changed) when the general path must answer"},
     {"end_chunks", (PyCFunction)(void (*)(void))Lane_end_chunks, METH_FASTCALL,
      "end_chunks(ending, requests) -> [(rid, request, before)] of the ended chunks that may "
      "commit a block; every ended chunk's tokens now count as computed"},
@@ -383,7 +388,7 @@ PyInit__decodelane(void)
         {&s_digests, "digests"}, {&s_stream, "_stream"}, {&s_fed, "_fed"},
         {&s_state, "_state"}, {&s_records, "_records"}, {&s_boundaries, "boundaries"},
         {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"}, {&s_published, "published"},
-        {&s_publish, "publish"}, {&s_fromlist, "fromlist"},
+        {&s_publish, "publish"}, {&s_fromlist, "fromlist"}, {&s_take, "take"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

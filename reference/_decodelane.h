@@ -1,6 +1,7 @@
 /* kvcert.reference._decodelane's shared declarations: the lane object, the interned
- * attribute names, the arithmetic and the attribute access of its five sources
- * (_decodelane.c: the type and module; _decodelane_step.c: a decode step;
+ * attribute names, the arithmetic and the attribute access of its six sources
+ * (_decodelane.c: the type and module; _decodelane_step.c: a decode step, planned;
+ * _decodelane_alloc.c: a plan carried out on the pool, and an admission's first chunk;
  * _decodelane_commit.c: registering what a step completed; _decodelane_dropin.c: the
  * vLLM drop-in's calls for a decode chunk; _decodelane_dropin_type.c: the drop-in's type). */
 #ifndef KVCERT_DECODELANE_H
@@ -74,7 +75,7 @@ extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_deco
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take;
 
 static inline long long
 min_ll(long long a, long long b)
@@ -102,6 +103,22 @@ floordiv(long long a, long long b)
 }
 
 
+/* `value` as a C integer when it is an int in 0..MAX_PLAN (what this serves); else 0. */
+static inline int
+count_of(PyObject *value, long long *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (*out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow && *out >= 0 && *out <= MAX_PLAN;
+}
+
 /* attribute access through the slots' member descriptors (see _decodelane.c) */
 PyObject *lane_get(PyObject *obj, PyObject *name);
 int lane_set(PyObject *obj, PyObject *name, PyObject *value);
@@ -122,9 +139,35 @@ PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_publish(Lane *lane, PyObject *request);
 int lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObject *in_flight);
-PyObject *make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks);
+PyObject *make_answer(Lane *lane, long long hit, Py_ssize_t scheduled, PyObject *new_blocks,
+                      PyObject *tables);
 PyObject *lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
                        long long lookahead, long long pipelined);
+PyObject *Lane_admit(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+
+/* A step's answer: Scheduled(0, scheduled, new_blocks) (tables None, copies empty). */
+static inline PyObject *
+make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks)
+{
+    return make_answer(lane, 0, scheduled, new_blocks, Py_None);
+}
+
+/* A chunk's table changes (_decodelane_step.c plans them, _decodelane_alloc.c carries them
+ * out on the pool): the table positions it releases and wants. */
+typedef struct {
+    Py_ssize_t released;     /* entries in lane->released, three numbers each */
+    Py_ssize_t wanted;       /* positions in lane->wanted, group by group */
+    Py_ssize_t *per_group;   /* wanted positions per group */
+} Plan;
+
+long long first_read(const Lane *lane, Py_ssize_t g, long long computed, long long end);
+long long state_table_end(const Lane *lane, Py_ssize_t g, long long end, int decoding);
+int plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
+              long long in_flight, long long end, long long state_end, int decoding, Plan *plan,
+              int *fits);
+int plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
+               long long computed);
+PyObject *carry_out(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan);
 
 /* the lane's type, and the vLLM drop-in's calls over it (_decodelane_dropin.c) */
 extern PyTypeObject LaneType, DropInType;

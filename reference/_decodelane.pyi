@@ -1,6 +1,6 @@
-# Decode steps' table changes and registrations, compiled (reference/_decodelane.c); the
-# general path of KVCacheManager.extend and commit.Registrar.register define them
-# (kvcert.reference.decode_lane).
+# Decode steps' table changes and registrations, and an admission's first chunk, compiled
+# (reference/_decodelane.c); the general paths of KVCacheManager.extend and admit and
+# commit.Registrar.register define them (kvcert.reference.decode_lane).
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +43,20 @@ class DecodeLane:
         lookahead: object,
         step: object,
         checkpoint: object,
+        in_flight: dict[str, int],
+        current: int,
+        /,
+    ) -> Scheduled | None: ...
+    def admit(
+        self,
+        request: Any,
+        rid: str,
+        hits: list[int],
+        reviving: int,
+        keep_free: int,
+        fit_tokens: int | None,
+        fit_keep_free: int,
+        requests: dict[str, Any],
         in_flight: dict[str, int],
         current: int,
         /,

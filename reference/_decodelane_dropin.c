@@ -18,22 +18,6 @@
 #include "_decodelane_dropin.h"
 
 
-/* `value` as a C integer when it is an int in 0..MAX_PLAN (what this serves); else 0. */
-static int
-count_of(PyObject *value, long long *out)
-{
-    if (!PyLong_CheckExact(value)) {
-        return 0;
-    }
-    int overflow = 0;
-    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (*out == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return !overflow && *out >= 0 && *out <= MAX_PLAN;
-}
-
 /* An attribute read as count_of reads it: 1 read, 0 not a count here, -1 error. */
 static int
 attr_count(PyObject *obj, PyObject *name, long long *out)

@@ -1,10 +1,11 @@
 /* kvcert.reference._decodelane, a decode step: the quiet step that only appends tokens,
- * and the step that changes tables (the plan, the release, the allocation, the bounds). */
+ * and the step that changes tables (its plan and bounds here; the release and allocation
+ * in _decodelane_alloc.c). */
 #include "_decodelane.h"
 
 /* ALLOC-HOLD-1: the first position kept while computing [computed, end) (groups.first_read;
  * `end` is read by a state group only, one that has computed nothing yet). */
-static long long
+long long
 first_read(const Lane *lane, Py_ssize_t g, long long computed, long long end)
 {
     long long size = lane->size[g], span = lane->span[g];
@@ -45,7 +46,7 @@ first_release(const Lane *lane, Py_ssize_t g, long long low)
  * table_end): for a decode chunk of a group with drafts' positions, every position a
  * verifying step ending up to `spare` tokens later (never past max_model_len) puts its
  * running state in, and the `spare` after it. */
-static long long
+long long
 state_table_end(const Lane *lane, Py_ssize_t g, long long end, int decoding)
 {
     long long spare = lane->spare[g], size = lane->size[g];
@@ -124,13 +125,7 @@ decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count)
  * `computed`, lies at or past the first one read and below that chunk's running state, and
  * its block is held since the reserve (`changes`' `saving` keeps what this keeps anyway).
  * 0 on error, and *fits = 0 when the plan is too large to list. */
-typedef struct {
-    Py_ssize_t released;     /* entries in lane->released, three numbers each */
-    Py_ssize_t wanted;       /* positions in lane->wanted, group by group */
-    Py_ssize_t *per_group;   /* wanted positions per group */
-} Plan;
-
-static int
+int
 plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
           long long in_flight, long long end, long long state_end, int decoding, Plan *plan,
           int *fits)
@@ -209,30 +204,8 @@ plan_step(Lane *lane, PyObject *tables, PyObject *held_from, long long computed,
     return 1;
 }
 
-/* How many distinct released blocks hold one reference (releasing them frees them): each
- * such block's count is marked while counting, so a block listed twice counts once. */
-static Py_ssize_t
-freed_by(Lane *lane, const Plan *plan, int *counts)
-{
-    Py_ssize_t freed = 0;
-    for (Py_ssize_t k = 0; k < plan->released; k++) {
-        long long block = lane->released[3 * k + 2];
-        if (counts[block] == 1) {
-            counts[block] = INT_MIN;
-            freed++;
-        }
-    }
-    for (Py_ssize_t k = 0; k < plan->released; k++) {
-        long long block = lane->released[3 * k + 2];
-        if (counts[block] == INT_MIN) {
-            counts[block] = 1;
-        }
-    }
-    return freed;
-}
-
 /* ALLOC-SPEC-1's quiet bounds (tables.TablePlanner.plan_quiet). */
-static int
+int
 plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
            long long computed)
 {
@@ -296,174 +269,6 @@ plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
     return ok;
 }
 
-/* The pool's int32 array `array` as a writable buffer; 0 on error. */
-static int
-open_ints(PyObject *array, Py_buffer *view)
-{
-    if (PyObject_GetBuffer(array, view, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
-        return 0;
-    }
-    if (view->itemsize != sizeof(int) || view->format == NULL || strcmp(view->format, "i") != 0) {
-        PyErr_SetString(PyExc_TypeError, "the pool's counts and links must be array('i')");
-        PyBuffer_Release(view);
-        return 0;
-    }
-    return 1;
-}
-
-/* Release the planned entries (ALLOC-SKIP-1; lru: in the listed order, freed blocks join the
- * queue's tail), then allocate the wanted positions off its head (ALLOC-EVICT-1) and fill
- * them; the blocks per group, or NULL on error. Nothing fails half way once the pool is
- * known to fit, but for memory. */
-static PyObject *
-apply_plan(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan, int *counts,
-           int *links, Py_ssize_t pool_size, long long *num_free, PyObject **taken_out)
-{
-    /* release: null the entries, move each touched group's first held position, drop */
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < plan->released; k++) {
-        long long *at = lane->released + 3 * k;
-        PyObject *table = PyList_GET_ITEM(tables, at[0]);
-        PyList_SetItem(table, (Py_ssize_t)at[1], Py_NewRef(zero));
-    }
-    for (Py_ssize_t g = 0; g < lane->groups; g++) {
-        int touched = 0;
-        for (Py_ssize_t k = 0; k < plan->released && !touched; k++) {
-            touched = lane->released[3 * k] == g;
-        }
-        if (!touched) {
-            continue;
-        }
-        PyObject *table = PyList_GET_ITEM(tables, g);
-        Py_ssize_t low = (Py_ssize_t)PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
-        while (low < PyList_GET_SIZE(table) && entry(table, low) == 0) {
-            low++;
-        }
-        PyObject *number = PyLong_FromSsize_t(low);
-        if (number == NULL) {
-            Py_DECREF(zero);
-            return NULL;
-        }
-        PyList_SetItem(held_from, g, number);
-    }
-    /* the blocks whose count reaches 0, in order, then join the tail in that order (a
-     * block listed twice is stepped twice, as refcounts.drop steps it) */
-    Py_ssize_t freed = 0;
-    int *to_free = plan->released ? PyMem_Malloc((size_t)plan->released * sizeof(int)) : NULL;
-    if (plan->released && to_free == NULL) {
-        Py_DECREF(zero);
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < plan->released; k++) {
-        int block = (int)lane->released[3 * k + 2];
-        if (--counts[block] == 0) {
-            to_free[freed++] = block;
-        }
-    }
-    if (freed) {
-        int last = -counts[0];
-        if (last < 0 || last >= pool_size) {
-            PyErr_Format(PyExc_ValueError, "the free queue's tail is block %d: its links were "
-                                           "not kept by one queue", last);
-            PyMem_Free(to_free);
-            Py_DECREF(zero);
-            return NULL;
-        }
-        for (Py_ssize_t k = 0; k < freed; k++) {
-            int block = to_free[k];
-            links[last] = block;
-            counts[block] = -last;
-            last = block;
-        }
-        links[last] = 0;
-        counts[0] = -last;
-        *num_free += freed;
-    }
-    PyMem_Free(to_free);
-    /* allocate: the first blocks of the queue, unlinked as one run */
-    PyObject *taken = PyList_New((Py_ssize_t)plan->wanted);
-    if (taken == NULL) {
-        Py_DECREF(zero);
-        return NULL;
-    }
-    *taken_out = taken;
-    if (plan->wanted) {
-        int block = links[0];
-        for (Py_ssize_t k = 0; k < plan->wanted; k++) {
-            if (block < 1 || block >= pool_size) { /* refused, not followed */
-                PyErr_Format(PyExc_ValueError, "the free queue reaches block %d: its links "
-                                               "were not kept by one queue", block);
-                Py_DECREF(zero);
-                return NULL;
-            }
-            PyObject *number = PyLong_FromLong(block);
-            if (number == NULL) {
-                Py_DECREF(zero);
-                return NULL;
-            }
-            PyList_SET_ITEM(taken, k, number);
-            block = links[block];
-        }
-        if (block < 0 || block >= pool_size) {
-            PyErr_Format(PyExc_ValueError, "the free queue reaches block %d: its links were "
-                                           "not kept by one queue", block);
-            Py_DECREF(zero);
-            return NULL;
-        }
-        links[0] = block;
-        counts[block] = 0; /* the new head (or, when none is left, the sentinel) */
-    }
-    /* fill the wanted positions, group by group */
-    PyObject *added = PyTuple_New(lane->groups);
-    if (added == NULL) {
-        Py_DECREF(zero);
-        return NULL;
-    }
-    Py_ssize_t used = 0;
-    for (Py_ssize_t g = 0; g < lane->groups; g++) {
-        Py_ssize_t n = plan->per_group[g];
-        PyObject *blocks = PyTuple_New(n);
-        if (blocks == NULL) {
-            goto fail;
-        }
-        PyTuple_SET_ITEM(added, g, blocks);
-        if (!n) {
-            continue;
-        }
-        PyObject *table = PyList_GET_ITEM(tables, g);
-        long long top = lane->wanted[used + n - 1];
-        while (PyList_GET_SIZE(table) <= top) {
-            if (PyList_Append(table, zero) < 0) {
-                goto fail;
-            }
-        }
-        for (Py_ssize_t k = 0; k < n; k++) {
-            PyObject *number = PyList_GET_ITEM(taken, used + k);
-            PyTuple_SET_ITEM(blocks, k, Py_NewRef(number));
-            PyList_SetItem(table, (Py_ssize_t)lane->wanted[used + k], Py_NewRef(number));
-        }
-        long long low = PyLong_AsLongLong(PyList_GET_ITEM(held_from, g));
-        if (lane->wanted[used] < low) {
-            PyObject *number = PyLong_FromLongLong(lane->wanted[used]);
-            if (number == NULL) {
-                goto fail;
-            }
-            PyList_SetItem(held_from, g, number);
-        }
-        used += n;
-    }
-    Py_DECREF(zero);
-    return added;
-fail:
-    Py_DECREF(zero);
-    Py_DECREF(added);
-    return NULL;
-}
-
 /* The tables' changes for the chunk [computed, end) holding slots up to end + lookahead,
  * applied: the table-changing decode step of `request` (`appended`: its `count` valid
  * tokens after its `computed` ones, nothing in flight, within max_model_len), or with
@@ -477,9 +282,7 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
 {
     PyObject *tables = lane_get(request, s_tables);
     PyObject *held_from = tables == NULL ? NULL : lane_get(request, s_held_from);
-    PyObject *result = NULL, *taken = NULL;
-    Py_buffer counts_view, links_view;
-    int counts_open = 0, links_open = 0;
+    PyObject *result = NULL;
     Py_ssize_t *per_group = PyMem_Calloc((size_t)lane->groups + 1, sizeof(Py_ssize_t));
     if (held_from == NULL || per_group == NULL) {
         if (per_group == NULL) {
@@ -524,64 +327,18 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
                    decoding, &plan, &fits)) {
         goto done;
     }
-    long long num_free;
-    if (!fits || !lane_get_ll(lane->pool, s_num_free, &num_free)) {
-        result = fits ? NULL : Py_NewRef(Py_None);
+    if (!fits) {
+        result = Py_NewRef(Py_None);
         goto done;
     }
-    if (!open_ints(lane->counts, &counts_view)) {
+    PyObject *added = carry_out(lane, tables, held_from, &plan);
+    if (added == NULL || added == Py_None) {
+        result = added;
         goto done;
-    }
-    counts_open = 1;
-    if (!open_ints(lane->links, &links_view)) {
-        goto done;
-    }
-    links_open = 1;
-    Py_ssize_t pool_size = counts_view.len / (Py_ssize_t)sizeof(int);
-    if (links_view.len != counts_view.len) {
-        PyErr_SetString(PyExc_ValueError, "the pool's counts and links differ in length");
-        goto done;
-    }
-    for (Py_ssize_t k = 0; k < plan.released; k++) { /* before anything changes */
-        if (lane->released[3 * k + 2] >= pool_size) {
-            PyErr_Format(PyExc_ValueError, "a table holds block %lld, outside the pool",
-                         lane->released[3 * k + 2]);
-            goto done;
-        }
-    }
-    Py_ssize_t freed = freed_by(lane, &plan, counts_view.buf);
-    if (plan.wanted > num_free + freed) {
-        result = Py_NewRef(Py_None); /* Waiting: the general path says how much is missing */
-        goto done;
-    }
-    PyObject *added = apply_plan(lane, tables, held_from, &plan, counts_view.buf,
-                                 links_view.buf, pool_size, &num_free, &taken);
-    if (added == NULL) {
-        goto done;
-    }
-    if (plan.wanted) {
-        /* the blocks taken lose their keys (ALLOC-EVICT-1), then are held once each */
-        PyObject *forgotten = PyObject_CallMethodObjArgs(
-            lane->keys, s_forget_run, taken, lane->evictions, lane->dead_evictions, NULL);
-        long long registered;
-        if (forgotten == NULL || !lane_get_ll(lane->pool, s_num_registered, &registered) ||
-            !lane_set_ll(lane->pool, s_num_registered, registered - PyLong_AsLongLong(forgotten))) {
-            Py_XDECREF(forgotten);
-            Py_DECREF(added);
-            goto done;
-        }
-        Py_DECREF(forgotten);
-        int *counts = counts_view.buf;
-        for (Py_ssize_t k = 0; k < plan.wanted; k++) {
-            counts[PyLong_AsLong(PyList_GET_ITEM(taken, k))] = 1;
-        }
-    } else {
-        Py_SETREF(added, Py_NewRef(lane->no_blocks));
     }
     PyObject *extended = appended ? lane_append_tokens(tokens, appended)
                                   : Py_NewRef(Py_None);
-    int moved = extended != NULL && lane_set_ll(lane->pool, s_num_free, num_free - plan.wanted) &&
-                lane_set_ll(request, s_lookahead, lookahead);
+    int moved = extended != NULL && lane_set_ll(request, s_lookahead, lookahead);
     if (appended) {
         moved = moved && lane_set_ll(request, s_scheduled, count) &&
                 lane_set(request, s_decoding, Py_True) == 0;
@@ -595,25 +352,19 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
     }
     result = added;
 done:
-    if (counts_open) {
-        PyBuffer_Release(&counts_view);
-    }
-    if (links_open) {
-        PyBuffer_Release(&links_view);
-    }
     PyMem_Free(per_group);
-    Py_XDECREF(taken);
     Py_XDECREF(held_from);
     Py_XDECREF(tables);
     return result;
 }
 
-/* A Scheduled(0, scheduled, new_blocks) (tables None, copies empty), or NULL. */
+/* A Scheduled(hit, scheduled, new_blocks, tables) (copies empty), or NULL. */
 PyObject *
-make_scheduled(Lane *lane, Py_ssize_t scheduled, PyObject *new_blocks)
+make_answer(Lane *lane, long long hit, Py_ssize_t scheduled, PyObject *new_blocks,
+            PyObject *tables)
 {
-    PyObject *values[5] = {PyLong_FromLong(0), PyLong_FromSsize_t(scheduled),
-                           Py_NewRef(new_blocks), Py_NewRef(Py_None), PyTuple_New(0)};
+    PyObject *values[5] = {PyLong_FromLongLong(hit), PyLong_FromSsize_t(scheduled),
+                           Py_NewRef(new_blocks), Py_NewRef(tables), PyTuple_New(0)};
     PyObject *made = lane->scheduled->tp_alloc(lane->scheduled, 0);
     for (int k = 0; k < 5; k++) {
         if (made != NULL && (values[k] == NULL ||

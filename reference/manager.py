@@ -50,6 +50,8 @@ from kvcert.reference.tails import Source, Tails, copies, unit_refusal, with_tar
 
 __all__ = ["KVCacheManager", "Progress", "Prompt", "Scheduled", "Stats", "Waiting"]
 
+_Fit = tuple[int, int | None, int]  # admit's keep_free, fit_tokens, fit_keep_free
+
 
 class KVCacheManager(HitQueries):
     """A hybrid KV-cache allocator with prefix caching over one shared block pool."""
@@ -234,25 +236,43 @@ class KVCacheManager(HitQueries):
         request.registered = [len(t) for t in tables]
         request.commit_at = self._commits.commit_at(request)
         request.held_from = [held_from(t) for t in tables]
+        fit = (keep_free, fit_tokens, fit_keep_free)
+        done = self._first_chunk(rid, request, hits, reviving, fit)
+        if isinstance(done, Waiting):
+            return done
+        self._admissions += 1
+        self._admitted_tokens += len(prompt)
+        self._hit_tokens += hit
+        return done
+
+    def _first_chunk(
+        self, rid: str, request: Request, hits: list[int], reviving: int, fit: _Fit
+    ) -> Scheduled | Waiting:
+        """An admission's first chunk once its hit is known (`hits`, not taken yet, `reviving`
+        of them free; `fit`: admit's keep_free, fit_tokens, fit_keep_free): the fit checks,
+        then ALLOC-TWO-PHASE-1's order; compiled where the lane serves it (decode_lane)."""
+        if self._lane is not None and not request.checkpoints:
+            running = (self._requests, self._in_flight, self._step)
+            done = self._lane.admit(request, rid, hits, reviving, *fit, *running)
+            if done is not None:
+                return done
+        keep_free, fit_tokens, fit_keep_free = fit
         _, wanted = self._planner.changes(request)  # a lookup table holds nothing to release
         wanted = with_targets(wanted, request.sources)
         count = wanted_count(wanted)
+        free = self.pool.num_free
         if fit_tokens is not None:
             whole = self._planner.to_hold(request, fit_tokens) + fit_keep_free
-            if whole > self.pool.num_free - reviving:
-                return self._waiting(whole + reviving, self.pool.num_free, whole + len(set(hits)))
-        if count + keep_free > self.pool.num_free - reviving:
-            needed = count + keep_free + reviving
-            return self._waiting(needed, self.pool.num_free, count + len(set(hits)))
+            if whole > free - reviving:
+                return self._waiting(whole + reviving, free, whole + len(set(hits)))
+        if count + keep_free > free - reviving:
+            return self._waiting(count + keep_free + reviving, free, count + len(set(hits)))
         added = self._take_then_fill(hits, request, wanted)
         self._planner.plan_quiet(request)
         self._requests[rid] = request
         self._launch(rid, request, None)
-        self._admissions += 1
-        self._admitted_tokens += len(prompt)
-        self._hit_tokens += hit
         tables_after = tuple(tuple(t) for t in request.tables)
-        return Scheduled(hit, request.scheduled, added, tables_after, copies(request))
+        return Scheduled(request.computed, request.scheduled, added, tables_after, copies(request))
 
     def _waiting(self, needed: int, free: int, held: int) -> Waiting:
         """Waiting, saying so when the request would hold `held` blocks at once, more than

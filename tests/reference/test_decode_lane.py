@@ -1,12 +1,14 @@
 """The compiled decode lane equals the general path it replaces, state for state.
 
 Two managers take the same calls: one with the lane (reference/_decodelane.c), one whose
-lane is off, so that the general path of `extend` takes every step the quiet fast path does
-not. Every answer must be equal, and after every call every request's fields (tables, first
-held positions, counters, quiet bounds, tokens) and the pool's whole state (counts and the
-lru ring, free and registered counts, eviction counters, every block's key). The workloads
-are decode-heavy over small pools: boundaries, window and chunk releases, evictions, Waiting,
-lookahead grown and shrunk, budgets short of the tokens, max_model_len, malformed tokens.
+lane is off, so that the general paths of `extend` and `admit` take every step the quiet
+fast path does not and every admission's first chunk. Every answer must be equal, and
+after every call every request's fields (tables, first held positions, counters, quiet
+bounds, tokens) and the pool's whole state (counts and the lru ring, free and registered
+counts, eviction counters, every block's key). The workloads are decode-heavy over small
+pools: boundaries, window and chunk releases, evictions, Waiting, lookahead grown and
+shrunk, budgets short of the tokens, max_model_len, malformed tokens; admissions with hits
+(capped at times), lookahead, blocks kept free and vLLM's whole-prompt gate.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ ATTENTION = st.one_of(
     ),
 )
 SERVED = {
+    "admitted": 0,
+    "admit_declined": 0,
     "lane": 0,
     "quiet": 0,
     "declined": 0,
@@ -82,6 +86,11 @@ class Counted:
 
     def end_chunks(self, *args: Any) -> Any:
         return self.lane.end_chunks(*args)
+
+    def admit(self, *args: Any) -> Any:
+        answer = self.lane.admit(*args)
+        SERVED["admitted" if answer is not None else "admit_declined"] += 1
+        return answer
 
     def publish(self, request: Any) -> int | None:
         published = self.lane.publish(request)
@@ -157,15 +166,15 @@ def state(manager: KVCacheManager) -> Any:
     return requests, dict(manager._in_flight), keys, counters, ring
 
 
-def both(pair: tuple[KVCacheManager, KVCacheManager], call: str, *args: Any) -> Any:
+def both(pair: tuple[KVCacheManager, KVCacheManager], call: str, *args: Any, **kw: Any) -> Any:
     answers = []
     for manager in pair:
         try:
-            answers.append(getattr(manager, call)(*args))
+            answers.append(getattr(manager, call)(*args, **kw))
         except KVCacheError as error:
             answers.append((type(error), str(error)))
-    assert answers[0] == answers[1], (call, args, answers)
-    assert state(pair[0]) == state(pair[1]), (call, args)
+    assert answers[0] == answers[1], (call, args, kw, answers)
+    assert state(pair[0]) == state(pair[1]), (call, args, kw)
     return answers[0]
 
 
@@ -232,7 +241,18 @@ def play(groups, blocks, limit, drafts, reach, visibility, script):
         if roll == 0 or not running:  # a new request; prompts share a prefix
             rid = f"r{serial}"
             serial += 1
-            if hasattr(both(pair, "admit", rid, [*range(size), serial], size % 9 + 1), "hit"):
+            # vLLM's whole-prompt gate (at times asking for more than the prompt), blocks kept
+            # free, lookahead, a first chunk verifying drafts
+            options = {
+                "lookahead": lookahead,
+                "keep_free": lookahead * (count - 1),
+                "fit_tokens": size + count - 1 if count > 1 else None,
+                "fit_keep_free": lookahead if count == 3 else 0,
+                "verifies_drafts": count == 2,
+                "max_hit": max(size - lookahead, 0) if lookahead > 1 else None,  # capped
+            }
+            tokens = [*range(size), serial]
+            if hasattr(both(pair, "admit", rid, tokens, size % 9 + 1, **options), "hit"):
                 running.append(rid)
             continue
         rid = running[size % len(running)]
@@ -269,9 +289,9 @@ def play(groups, blocks, limit, drafts, reach, visibility, script):
 
 
 def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
-    """...and it takes table-changing steps, quiet steps, registrations and same-pass
-    publications by the hundred, or this proves nothing."""
-    SERVED.update(lane=0, quiet=0, declined=0, registered=0, published=0, state=0, state_changes=0)
+    """...and it takes table-changing steps, quiet steps, admissions' first chunks,
+    registrations and same-pass publications by the hundred, or this proves nothing."""
+    SERVED.update(dict.fromkeys(SERVED, 0))
     decode_workload()
     # floors far below what any draw gives (unseeded, 11 runs: 310+, 157+ and 485+), so that
     # the test cannot pass vacuously and no draw fails it
@@ -280,6 +300,10 @@ def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
     if decode_lane.native("_chain") is not None:  # the lane registers with compiled SHA-256
         assert SERVED["registered"] >= 25, SERVED
     assert SERVED["published"] >= 25, SERVED  # same-pass launches (ALLOC-VIS-2)
+    # admissions' first chunks (3 runs: 361+), and admissions left to the general path,
+    # each one Waiting (269+)
+    assert SERVED["admitted"] >= 25, SERVED
+    assert SERVED["admit_declined"] >= 25, SERVED
 
 
 def test_with_a_state_group_the_lane_takes_decode_steps_and_leaves_registration():
@@ -288,11 +312,12 @@ def test_with_a_state_group_the_lane_takes_decode_steps_and_leaves_registration(
     to a new block and release the one it leaves (by the dozen each, or this proves
     nothing), each answer and state equal to the general path's; registration stays the
     general path's."""
-    SERVED.update(lane=0, quiet=0, declined=0, registered=0, published=0, state=0, state_changes=0)
+    SERVED.update(dict.fromkeys(SERVED, 0))
     state_decode_workload()
     assert SERVED["state"] >= 25, SERVED
     assert SERVED["state_changes"] >= 25, SERVED
     assert SERVED["registered"] == 0, SERVED  # a state layout's registrations are Python's
+    assert SERVED["admitted"] >= 25, SERVED  # its admissions' first chunks (3 runs: 390+)
 
 
 @pytest.mark.parametrize(
