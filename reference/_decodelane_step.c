@@ -269,16 +269,21 @@ plan_quiet(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
     return ok;
 }
 
+/* What a replanned chunk is: a decode step appending sampled tokens, a prompt's next chunk
+ * (prefill), or `reserve`'s slots for a chunk scheduled behind the one in flight. */
+enum Chunk { DECODE, PREFILL, RESERVE };
+
 /* The tables' changes for the chunk [computed, end) holding slots up to end + lookahead,
  * applied: the table-changing decode step of `request` (`appended`: its `count` valid
- * tokens after its `computed` ones, nothing in flight, within max_model_len), or with
- * `appended` NULL the allocation of KVCacheManager.reserve (`_reserve_slow`: `end` the end
- * of the chunk in flight, the lookahead and `pipelined` its new ones). The new blocks per
- * group, or None (nothing changed: the pool cannot fit it, or the plan is too large to
- * list). */
+ * tokens after its `computed` ones, nothing in flight, within max_model_len), a prefill
+ * chunk of `count` known tokens (nothing in flight), or `reserve`'s allocation
+ * (`_reserve_slow`: `end` the end of the chunk in flight, the lookahead and `pipelined` its
+ * new ones). The new blocks per group, or None (nothing changed: the pool cannot fit it, or
+ * the plan is too large to list). */
 static PyObject *
-replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_ssize_t count,
-       long long lookahead, long long computed, long long end, long long pipelined)
+replan(Lane *lane, PyObject *request, enum Chunk chunk, PyObject *tokens, PyObject *appended,
+       Py_ssize_t count, long long lookahead, long long computed, long long end,
+       long long pipelined)
 {
     PyObject *tables = lane_get(request, s_tables);
     PyObject *held_from = tables == NULL ? NULL : lane_get(request, s_held_from);
@@ -296,17 +301,19 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
         goto done;
     }
     /* a state group's running state: where the chunk ends, or a chunk reserved behind it
-     * (`reserve` passes it; a decode step's request may keep one from an earlier reserve) */
+     * (`reserve` passes it; a running request may keep one from an earlier reserve) */
     long long state_end = end;
-    int decoding = 1; /* a decode step; `reserve` keeps the request's */
-    if (appended != NULL && lane->has_state) {
+    int decoding = 1; /* a decode step; a prefill chunk and `reserve` keep the request's */
+    if (chunk != RESERVE && lane->has_state) {
         long long behind;
         if (!lane_get_ll(request, s_pipelined, &behind)) {
             goto done;
         }
         state_end = max_ll(end, behind);
-    } else if (appended == NULL) {
+    } else if (chunk == RESERVE) {
         state_end = max_ll(end, pipelined);
+    }
+    if (chunk != DECODE) {
         decoding = 0; /* read by state groups only */
         if (lane->has_state) {
             PyObject *flag = lane_get(request, s_decoding);
@@ -336,12 +343,14 @@ replan(Lane *lane, PyObject *request, PyObject *tokens, PyObject *appended, Py_s
         result = added;
         goto done;
     }
-    PyObject *extended = appended ? lane_append_tokens(tokens, appended)
-                                  : Py_NewRef(Py_None);
+    PyObject *extended = chunk == DECODE ? lane_append_tokens(tokens, appended)
+                                         : Py_NewRef(Py_None);
     int moved = extended != NULL && lane_set_ll(request, s_lookahead, lookahead);
-    if (appended) {
+    if (chunk == DECODE) {
         moved = moved && lane_set_ll(request, s_scheduled, count) &&
                 lane_set(request, s_decoding, Py_True) == 0;
+    } else if (chunk == PREFILL) {
+        moved = moved && lane_set_ll(request, s_scheduled, count);
     } else {
         moved = moved && lane_set_ll(request, s_pipelined, pipelined);
     }
@@ -422,11 +431,41 @@ quiet_answer(Lane *lane, Py_ssize_t count)
     return answer;
 }
 
+/* KVCacheManager.extend's general path for a prompt's next chunk of running `request`
+ * (`known` tokens, `computed` of them computed, `scheduled` in flight): up to `budget` of the
+ * tokens left, its slots `lookahead` past them, launched in `step`. None where that path
+ * must answer: a chunk in flight, nothing left to compute, max_model_len passed (each
+ * refused there), a pool that cannot fit it (Waiting), a plan too large to list. */
+static PyObject *
+prefill_chunk(Lane *lane, PyObject *request, PyObject *rid, PyObject *tokens, long long known,
+              long long computed, long long scheduled, long long budget, long long lookahead,
+              PyObject *step, PyObject *in_flight)
+{
+    if (scheduled != 0 || computed >= known || (lane->limit >= 0 && known > lane->limit)) {
+        Py_RETURN_NONE;
+    }
+    long long count = min_ll(budget, known - computed), end = computed + count;
+    if (end > MAX_PLAN) {
+        Py_RETURN_NONE;
+    }
+    PyObject *added = replan(lane, request, PREFILL, tokens, NULL, (Py_ssize_t)count, lookahead,
+                             computed, end, -1);
+    if (added == NULL || added == Py_None) {
+        return added;
+    }
+    PyObject *answer = lane_launch(lane, rid, request, step, in_flight) /* _launch */
+                           ? make_scheduled(lane, (Py_ssize_t)count, added)
+                           : NULL;
+    Py_DECREF(added);
+    return answer;
+}
+
 /* extend(requests, rid, budget, appended, lookahead, step, checkpoint, in_flight, current)
- * -> KVCacheManager.extend's answer for a decode step of running request `rid` (sampled tokens after every known
- * one, nothing in flight, no checkpoint): the quiet step that only appends them, or the
- * step that changes tables; the chunk launched in `step` (None: `current`, the step being
- * scheduled). None when the general path must answer (nothing changed then). */
+ * -> KVCacheManager.extend's answer for a decode step of running request `rid` (sampled
+ * tokens after every known one, nothing in flight, no checkpoint): the quiet step that only
+ * appends them, or the step that changes tables; or for its prompt's next chunk (nothing
+ * appended); the chunk launched in `step` (None: `current`, the step being scheduled). None
+ * when the general path must answer (nothing changed then). */
 PyObject *
 Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -460,8 +499,14 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         }
     }
-    Py_ssize_t count;
-    if (!decode_tokens_valid(appended, args[2], &count) || !PyLong_CheckExact(ahead)) {
+    /* a prompt's next chunk appends nothing: its budget, at least 1, bounds it */
+    int prefill = (PyList_CheckExact(appended) || PyTuple_CheckExact(appended)) &&
+                  PySequence_Fast_GET_SIZE(appended) == 0;
+    long long budget = 0;
+    Py_ssize_t count = 0;
+    if ((prefill ? !count_of(args[2], &budget) || budget < 1
+                 : !decode_tokens_valid(appended, args[2], &count)) ||
+        !PyLong_CheckExact(ahead)) {
         Py_RETURN_NONE;
     }
     long long lookahead = PyLong_AsLongLongAndOverflow(ahead, &overflow);
@@ -480,6 +525,11 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t known = PyObject_Length(tokens);
     PyObject *answer = NULL;
     if (known < 0) {
+        goto done;
+    }
+    if (prefill) {
+        answer = prefill_chunk(lane, request, rid, tokens, known, computed, scheduled, budget,
+                               lookahead, step, in_flight);
         goto done;
     }
     long long end = computed + count;
@@ -509,7 +559,7 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     PyObject *added =
-        replan(lane, request, tokens, appended, count, lookahead, computed, end, -1);
+        replan(lane, request, DECODE, tokens, appended, count, lookahead, computed, end, -1);
     if (added == NULL || added == Py_None) {
         answer = added;
         goto done;
@@ -536,7 +586,8 @@ lane_reserve(Lane *lane, PyObject *request, long long computed, long long end,
     if (end > MAX_PLAN || lookahead > MAX_PLAN || pipelined > MAX_PLAN) {
         Py_RETURN_NONE;
     }
-    PyObject *added = replan(lane, request, NULL, NULL, 0, lookahead, computed, end, pipelined);
+    PyObject *added =
+        replan(lane, request, RESERVE, NULL, NULL, 0, lookahead, computed, end, pipelined);
     if (added == NULL || added == Py_None) {
         return added;
     }

@@ -1,12 +1,13 @@
-"""Which managers run their decode steps' table changes, their registrations and their
-admissions' first chunks compiled (reference/_decodelane.c).
+"""Which managers run their decode steps' table changes, their registrations, their prompts'
+chunks and their admissions' first chunks compiled (reference/_decodelane.c).
 
 A decode step that crosses a block boundary, or moves a window past a block, changes the
 request's tables, and the step's end registers the block it completed: in Python these are
 KVCacheManager.extend's general path and commit.Registrar.register, about ten microseconds
-each per request. An admission, once its hit is found, plans its first chunk, checks that
-it fits, takes the hit and allocates (KVCacheManager._first_chunk: 37 microseconds of
-Python a GPT-OSS admission, 56 a Qwen3.5 one). The compiled lane takes each in one call over
+each per request. A prompt's next chunk takes that general path too. An admission, once its
+hit is found, plans its first chunk, checks that it fits, takes the hit and allocates
+(KVCacheManager._first_chunk: 37 microseconds of Python a GPT-OSS admission, 56 a Qwen3.5
+one). The compiled lane takes each in one call over
 the request's lists, its digest chains and the pool's arrays, and answers None (changing
 nothing) whenever the Python code must answer instead: a malformed call, a chunk in flight,
 max_model_len, a pool that cannot fit the step or the admission (Waiting), a step or first

@@ -437,7 +437,7 @@ class KVCacheManager(HitQueries):
         an engine scheduled while the request's previous one ran; see `reserve`).
         `checkpoint`: a block boundary inside the chunk whose state the engine's kernel
         saves in passing (CKPT-INNER-1), or 0."""
-        if self._lane is not None and (  # a decode step, compiled (decode_lane)
+        if self._lane is not None and (  # a decode step or prompt chunk, compiled (decode_lane)
             done := self._lane.extend(
                 self._requests,
                 rid,

@@ -2,13 +2,14 @@
 
 Two managers take the same calls: one with the lane (reference/_decodelane.c), one whose
 lane is off, so that the general paths of `extend` and `admit` take every step the quiet
-fast path does not and every admission's first chunk. Every answer must be equal, and
-after every call every request's fields (tables, first held positions, counters, quiet
-bounds, tokens) and the pool's whole state (counts and the lru ring, free and registered
-counts, eviction counters, every block's key). The workloads are decode-heavy over small
-pools: boundaries, window and chunk releases, evictions, Waiting, lookahead grown and
-shrunk, budgets short of the tokens, max_model_len, malformed tokens; admissions with hits
-(capped at times), lookahead, blocks kept free and vLLM's whole-prompt gate.
+fast path does not, every prompt's next chunk and every admission's first chunk. Every
+answer must be equal, and after every call every request's fields (tables, first held
+positions, counters, quiet bounds, tokens) and the pool's whole state (counts and the lru
+ring, free and registered counts, eviction counters, every block's key). The workloads are
+decode-heavy over small pools: boundaries, window and chunk releases, evictions, Waiting,
+lookahead grown and shrunk, budgets short of the tokens, max_model_len, malformed tokens;
+admissions with hits (capped at times), lookahead, blocks kept free and vLLM's whole-prompt
+gate.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ ATTENTION = st.one_of(
     ),
 )
 SERVED = {
+    "prefill": 0,
     "admitted": 0,
     "admit_declined": 0,
     "lane": 0,
@@ -75,7 +77,9 @@ class Counted:
     def extend(self, *args: Any) -> Any:
         answer = self.lane.extend(*args)
         if answer is None:
-            SERVED["declined"] += bool(args[3])  # a prefill chunk is always the general path's
+            SERVED["declined"] += 1
+        elif not args[3]:  # a prompt's next chunk
+            SERVED["prefill"] += 1
         elif answer.new_blocks is self.quiet:
             SERVED["quiet"] += 1
             SERVED["state"] += self.stateful
@@ -289,8 +293,9 @@ def play(groups, blocks, limit, drafts, reach, visibility, script):
 
 
 def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
-    """...and it takes table-changing steps, quiet steps, admissions' first chunks,
-    registrations and same-pass publications by the hundred, or this proves nothing."""
+    """...and it takes table-changing steps, quiet steps, admissions' first chunks, prompts'
+    next chunks, registrations and same-pass publications by the hundred, or this proves
+    nothing."""
     SERVED.update(dict.fromkeys(SERVED, 0))
     decode_workload()
     # floors far below what any draw gives (unseeded, 11 runs: 310+, 157+ and 485+), so that
@@ -304,6 +309,7 @@ def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
     # each one Waiting (269+)
     assert SERVED["admitted"] >= 25, SERVED
     assert SERVED["admit_declined"] >= 25, SERVED
+    assert SERVED["prefill"] >= 25, SERVED  # prompts' next chunks (284+)
 
 
 def test_with_a_state_group_the_lane_takes_decode_steps_and_leaves_registration():
@@ -318,6 +324,7 @@ def test_with_a_state_group_the_lane_takes_decode_steps_and_leaves_registration(
     assert SERVED["state_changes"] >= 25, SERVED
     assert SERVED["registered"] == 0, SERVED  # a state layout's registrations are Python's
     assert SERVED["admitted"] >= 25, SERVED  # its admissions' first chunks (3 runs: 390+)
+    assert SERVED["prefill"] >= 25, SERVED  # and prompts' next chunks (225+)
 
 
 @pytest.mark.parametrize(
@@ -461,3 +468,23 @@ def test_a_decode_step_with_an_inner_checkpoint_open_keeps_its_block_as_the_gene
     assert SERVED["state_changes"] >= 1, SERVED  # a state block released as the state moved on
     checkpoint_block = pair[0]._requests["a"].tables[1][2]  # position 12 // 4 - 1
     assert checkpoint_block != 0
+
+
+def test_a_prefill_chunk_behind_a_reserved_one_keeps_the_state_where_that_one_ends():
+    """A chunk reserved behind the one in flight (`reserve`'s chunk_end, `pipelined`) puts the
+    running state where it ends. A shorter prompt chunk started after it (an engine that
+    shrank its budget) keeps the state there, as the general path's `changes` does (state
+    end = the later of the two ends), and the lane takes that chunk too."""
+    config = CacheConfig(
+        (GroupConfig(Kind.FULL, 4), GroupConfig(Kind.MAMBA, 4, mode=MambaMode.ALIGN)),
+        40,
+        eviction=Eviction.LRU,
+    )
+    pair = (with_lane(config), without_lane(config))
+    both(pair, "admit", "a", list(range(20)), 4)  # [0, 4) in flight
+    both(pair, "reserve", "a", 12, 12)  # a chunk behind it ends at 12: its state at 8..12
+    both(pair, "end_step")
+    SERVED.update(prefill=0)
+    both(pair, "extend", "a", 4)  # [4, 8): the state stays at position 12 // 4 - 1 = 2
+    assert SERVED["prefill"] == 1, SERVED
+    assert pair[0]._requests["a"].tables[1][2] != 0
