@@ -53,7 +53,8 @@ class HitQueries(Inspection):
         prompt = self._prepared(tokens, extras)
         inputs.counts(max_hit=max_hit)
         self._probes += 1
-        hit, tables = self._hit(prompt, max_hit)
+        # a Prompt made here dies with this call: nothing could take its search later
+        hit, tables = self._hit(prompt, max_hit, spend=prompt is not tokens)
         return hit, tuple(tuple(t) for t in tables)
 
     def lookup_packed(
@@ -85,7 +86,8 @@ class HitQueries(Inspection):
         """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
         the cap that every group accepts when the hit exceeds it (find_hit's `limit`);
         under `unit U` over the served maps `after` the steps in flight, when given.
-        `spend`: the caller takes the hit (an admission), see `_uncapped`."""
+        `spend`: the caller takes the hit (an admission), or nobody can ask again of this
+        Prompt (one made for the call), see `_uncapped`."""
         if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
             units = self._keying.unit_keys(prompt.chains)
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)

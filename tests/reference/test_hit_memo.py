@@ -208,3 +208,34 @@ def explore(chosen: settings) -> None:
         play(m, prompts, ops)
 
     played()
+
+
+def test_a_lookup_of_plain_tokens_leaves_the_remembered_search_of_a_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lookup given token ids makes its own Prompt, which nobody can pass again: its
+    search is not remembered (its tables are not copied for nothing), and the search an
+    engine's Prompt left stays for that Prompt's admission."""
+    m = KVCacheManager(CacheConfig((FULL, WINDOW), 64))
+    m.admit("a", SHARED[:80], 80)
+    m.end_step()
+    m.finish("a")
+    calls = []
+    search = coordinator.find_hit
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("limit"))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(KVCacheManager, "search", staticmethod(counted))
+    mine = m.prompt([*SHARED[:80], 600])
+    hit, _ = m.lookup(mine)
+    remembered = m._last_search
+    plain = [*SHARED[:48], 700]
+    assert m.lookup(plain) == fresh(m, m.prompt(plain))
+    assert m._last_search is remembered  # the plain lookup remembered nothing
+    result = m.admit("b", mine, 16)
+    assert isinstance(result, Scheduled)
+    assert result.hit == hit == 80
+    assert calls == [None, None]  # mine's search, the plain one's: the admission took mine's
+    assert m._last_search is None
