@@ -146,15 +146,16 @@ def test_a_remembered_search_is_the_search_now(checked_memo, monkeypatch, index)
     assert checked_memo[0] >= tiered(300, 3000), checked_memo
 
 
-def test_a_lookup_then_its_admission_search_once(monkeypatch):
-    """The pattern the memo is for: lookup, then admit the same Prompt; the admission takes
-    the remembered search (one search call), and leaves nothing remembered."""
+def cached_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[KVCacheManager, list[int | None]]:
+    """A manager holding SHARED[:80] cached, and the searches it makes from now on (each
+    one's `limit`)."""
     m = KVCacheManager(CacheConfig((FULL, WINDOW), 64))
-    first = m.prompt(SHARED[:80])
-    m.admit("a", first, 80)
+    m.admit("a", m.prompt(SHARED[:80]), 80)
     m.end_step()
     m.finish("a")
-    calls = []
+    calls: list[int | None] = []
     search = coordinator.find_hit
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -162,6 +163,13 @@ def test_a_lookup_then_its_admission_search_once(monkeypatch):
         return search(*args, **kwargs)
 
     monkeypatch.setattr(KVCacheManager, "search", staticmethod(counted))
+    return m, calls
+
+
+def test_a_lookup_then_its_admission_search_once(monkeypatch):
+    """The pattern the memo is for: lookup, then admit the same Prompt; the admission takes
+    the remembered search (one search call), and leaves nothing remembered."""
+    m, calls = cached_and_counted(monkeypatch)
     again = m.prompt([*SHARED[:80], 600, 601])
     hit, _ = m.lookup(again)
     result = m.admit("b", again, 16)
@@ -216,18 +224,7 @@ def test_a_lookup_of_plain_tokens_leaves_the_remembered_search_of_a_prompt(
     """A lookup given token ids makes its own Prompt, which nobody can pass again: its
     search is not remembered (its tables are not copied for nothing), and the search an
     engine's Prompt left stays for that Prompt's admission."""
-    m = KVCacheManager(CacheConfig((FULL, WINDOW), 64))
-    m.admit("a", SHARED[:80], 80)
-    m.end_step()
-    m.finish("a")
-    calls = []
-    search = coordinator.find_hit
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs.get("limit"))
-        return search(*args, **kwargs)
-
-    monkeypatch.setattr(KVCacheManager, "search", staticmethod(counted))
+    m, calls = cached_and_counted(monkeypatch)
     mine = m.prompt([*SHARED[:80], 600])
     hit, _ = m.lookup(mine)
     remembered = m._last_search
