@@ -204,7 +204,8 @@ carry_out(Lane *lane, PyObject *tables, PyObject *held_from, const Plan *plan)
 {
     Py_buffer counts_view, links_view;
     long long num_free;
-    if (!lane_get_ll(lane->pool, s_num_free, &num_free) || !open_ints(lane->counts, &counts_view)) {
+    if (!lane_get_ll(lane->pool, s_num_free, &num_free) ||
+        !open_ints(lane->counts, &counts_view)) {
         return NULL;
     }
     PyObject *result = NULL, *taken = NULL;

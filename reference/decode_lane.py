@@ -7,12 +7,12 @@ KVCacheManager.extend's general path and commit.Registrar.register, about ten mi
 each per request. A prompt's next chunk takes that general path too. An admission, once its
 hit is found, plans its first chunk, checks that it fits, takes the hit and allocates
 (KVCacheManager._first_chunk: 37 microseconds of Python a GPT-OSS admission, 56 a Qwen3.5
-one). The compiled lane takes each in one call over
-the request's lists, its digest chains and the pool's arrays, and answers None (changing
-nothing) whenever the Python code must answer instead: a malformed call, a chunk in flight,
-max_model_len, a pool that cannot fit the step or the admission (Waiting), a step or first
-chunk naming an inner checkpoint, a registration while one is open. Its definitions are that
-Python code, which tests/reference/test_decode_lane.py holds it equal to, state for state.
+one). The compiled lane takes each in one call over the request's lists, its digest chains
+and the pool's arrays, and answers None (changing nothing) whenever the Python code must
+answer instead: a malformed call, a chunk in flight, max_model_len, a pool that cannot fit
+the step or the admission (Waiting), a step or first chunk naming an inner checkpoint, a
+registration while one is open. Its definitions are that Python code, which
+tests/reference/test_decode_lane.py holds it equal to, state for state.
 
 It serves the layouts and pools that code then needs nothing else for: every group attention
 (full, sliding window, chunked local) or state (Mamba), no `unit U`, the lru queue, and a
