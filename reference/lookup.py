@@ -16,7 +16,6 @@ from typing import Any
 
 from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, Kind
-from kvcert.reference.coordinator import _probed_prefix
 from kvcert.reference.hashing import Chain, ExtraKey, copy_chains
 from kvcert.reference.keyindex import ServedMap
 
@@ -97,13 +96,20 @@ class Layered:
 
     def prefix(self, keys: Sequence[bytes], cap: int) -> list[int]:
         """The blocks serving keys[0], keys[1], ... up to the first key neither map serves
-        (at most `cap`), as the hit search's generic scan reads them: the first map's own
-        run in one call where it scans one (the compiled index), then the generic scan
-        over both. A search once the steps in flight end reads a long cached prefix here,
-        and the keys those steps add are few."""
+        (at most `cap`), as the hit search's generic scan reads them through `get`: the
+        first map's own run in one call where it scans one (the compiled index), then key
+        by key through both maps' own `get`, up to the first miss. A search once the steps
+        in flight end reads a long cached prefix here, and the keys those steps add are
+        few: the generic scan's runs of 64 would call `get` here past that miss."""
         scan = getattr(self._now, "prefix", None)
         blocks: list[int] = [] if scan is None else scan(keys, cap)
-        return blocks + _probed_prefix(self, keys[len(blocks) :], cap - len(blocks))
+        now, pending = self._now.get, self._pending.get
+        for key in keys[len(blocks) : max(cap, 0)]:
+            block = now(key, NULL_BLOCK) or pending(key, NULL_BLOCK)
+            if block == NULL_BLOCK:
+                break
+            blocks.append(block)
+        return blocks
 
     def __getitem__(self, key: bytes, /) -> int:
         block = self.get(key, NULL_BLOCK)

@@ -17,7 +17,7 @@ from array import array
 from functools import partial
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -301,6 +301,9 @@ def test_a_long_prefix_scan_equals_the_definition(bound, order, gaps, cap, odd):
     gaps=st.lists(st.integers(0, 119), max_size=2),
     cap=st.integers(-1, 125),
 )
+# the index's run ends where the steps in flight go on (keys 10 and 11): random draws meet
+# this about once in 30, so it is asked every time
+@example(bound=10, order=list(range(120)), added={10: 150, 11: 151, 13: 152}, gaps=[], cap=125)
 def test_a_layered_prefix_scan_equals_the_generic_scan(bound, order, added, gaps, cap):
     """Layered.prefix (the index's run, then key by key through both maps) reads what the
     generic scan reads through Layered.get, over the compiled index and the definition:
