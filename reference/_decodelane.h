@@ -119,6 +119,15 @@ count_of(PyObject *value, long long *out)
     return !overflow && *out >= 0 && *out <= MAX_PLAN;
 }
 
+/* Whether a request's tables and first held positions are lists, one item per group (its
+ * tables' items are checked where they are read: plan_step). */
+static inline int
+lists_per_group(const Lane *lane, PyObject *tables, PyObject *held_from)
+{
+    return PyList_CheckExact(tables) && PyList_CheckExact(held_from) &&
+           PyList_GET_SIZE(tables) == lane->groups && PyList_GET_SIZE(held_from) == lane->groups;
+}
+
 /* attribute access through the slots' member descriptors (see _decodelane.c) */
 PyObject *lane_get(PyObject *obj, PyObject *name);
 int lane_set(PyObject *obj, PyObject *name, PyObject *value);

@@ -295,22 +295,6 @@ to_hold(Lane *lane, PyObject *tables, long long computed, long long scheduled, i
     return count;
 }
 
-/* Whether the request's tables and first held positions are lists, one per group. */
-static int
-per_group_lists(Lane *lane, PyObject *tables, PyObject *held_from)
-{
-    if (!PyList_CheckExact(tables) || !PyList_CheckExact(held_from) ||
-        PyList_GET_SIZE(tables) != lane->groups || PyList_GET_SIZE(held_from) != lane->groups) {
-        return 0;
-    }
-    for (Py_ssize_t g = 0; g < lane->groups; g++) {
-        if (!PyList_CheckExact(PyList_GET_ITEM(tables, g))) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* The plan's scratch lists past a decode step's size go once an admission has used them: a
  * long prompt's positions would stay held for the lane's life (16 bytes a block). */
 static void
@@ -328,10 +312,12 @@ trim_scratch(Lane *lane)
 }
 
 /* The admission's checks and allocation for `request` (the caller's, read below): 1 done,
- * 0 the general path's (nothing changed), -1 error. `*added`: the new blocks per group. */
+ * 0 the general path's (nothing changed), -1 error. `*added`: the new blocks per group;
+ * `*computed` and `*scheduled`: the request's hit and first chunk. */
 static int
 admit_first_chunk(Lane *lane, PyObject *request, PyObject *tables, PyObject *held_from,
-                  PyObject *const *args, PyObject **added)
+                  PyObject *const *args, PyObject **added, long long *computed,
+                  long long *scheduled)
 {
     long long reviving, keep_free, fit_keep_free, tokens = 0;
     int fit = args[5] != Py_None;
@@ -339,9 +325,9 @@ admit_first_chunk(Lane *lane, PyObject *request, PyObject *tables, PyObject *hel
         !count_of(args[6], &fit_keep_free) || (fit && (!count_of(args[5], &tokens) || !tokens))) {
         return 0;
     }
-    long long computed, scheduled, lookahead, pipelined, num_free;
-    if (!lane_get_ll(request, s_computed, &computed) ||
-        !lane_get_ll(request, s_scheduled, &scheduled) ||
+    long long lookahead, pipelined, num_free;
+    if (!lane_get_ll(request, s_computed, computed) ||
+        !lane_get_ll(request, s_scheduled, scheduled) ||
         !lane_get_bound(request, s_lookahead, &lookahead) ||
         !lane_get_ll(request, s_pipelined, &pipelined) ||
         !lane_get_ll(lane->pool, s_num_free, &num_free)) {
@@ -353,7 +339,7 @@ admit_first_chunk(Lane *lane, PyObject *request, PyObject *tables, PyObject *hel
     if (decoding < 0) {
         return -1;
     }
-    long long in_flight = computed + scheduled;
+    long long in_flight = *computed + *scheduled;
     if (pipelined || lookahead > MAX_PLAN || in_flight + lookahead > MAX_PLAN) {
         return 0;
     }
@@ -364,18 +350,22 @@ admit_first_chunk(Lane *lane, PyObject *request, PyObject *tables, PyObject *hel
     }
     Plan plan = {.per_group = per_group};
     int fits, done = -1;
-    if (!plan_step(lane, tables, held_from, computed, in_flight, in_flight + lookahead,
+    if (!plan_step(lane, tables, held_from, *computed, in_flight, in_flight + lookahead,
                    in_flight, decoding, &plan, &fits)) {
+        goto out;
+    }
+    if (!fits) { /* a table not a list (plan_step checks each), or a plan too large */
+        done = 0;
         goto out;
     }
     plan.released = 0; /* find_hit's tables hold only what the hit reads: admit drops none */
     /* vLLM's whole-prompt gate, then the first chunk beside the blocks kept free; free hit
      * blocks count against both (ALLOC-TWO-PHASE-1): Waiting is the general path's */
-    long long whole = fit ? to_hold(lane, tables, computed, scheduled, decoding, tokens) : 0;
+    long long whole = fit ? to_hold(lane, tables, *computed, *scheduled, decoding, tokens) : 0;
     if (whole == -2) {
         goto out;
     }
-    if (!fits || whole < 0 || whole + fit_keep_free > num_free - reviving ||
+    if (whole < 0 || whole + fit_keep_free > num_free - reviving ||
         plan.wanted + keep_free > num_free - reviving) {
         done = 0;
         goto out;
@@ -424,19 +414,18 @@ Lane_admit(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
     if (held_from == NULL) {
         goto done;
     }
-    if (!per_group_lists(lane, tables, held_from)) {
+    if (!lists_per_group(lane, tables, held_from)) {
         answer = Py_NewRef(Py_None);
         goto done;
     }
-    int admitted = admit_first_chunk(lane, request, tables, held_from, args, &added);
+    long long computed, scheduled;
+    int admitted =
+        admit_first_chunk(lane, request, tables, held_from, args, &added, &computed, &scheduled);
     if (admitted <= 0) {
         answer = admitted ? NULL : Py_NewRef(Py_None);
         goto done;
     }
-    long long computed, scheduled;
-    if (!lane_get_ll(request, s_computed, &computed) ||
-        !lane_get_ll(request, s_scheduled, &scheduled) ||
-        !plan_quiet(lane, request, tables, held_from, computed + scheduled) ||
+    if (!plan_quiet(lane, request, tables, held_from, computed + scheduled) ||
         PyDict_SetItem(args[7], rid, request) < 0 ||
         !lane_launch(lane, rid, request, args[9], args[8])) {
         goto done;

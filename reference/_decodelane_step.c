@@ -295,8 +295,7 @@ replan(Lane *lane, PyObject *request, enum Chunk chunk, PyObject *tokens, PyObje
         }
         goto done;
     }
-    if (!PyList_CheckExact(tables) || !PyList_CheckExact(held_from) ||
-        PyList_GET_SIZE(tables) != lane->groups || PyList_GET_SIZE(held_from) != lane->groups) {
+    if (!lists_per_group(lane, tables, held_from)) {
         result = Py_NewRef(Py_None);
         goto done;
     }
