@@ -11,7 +11,9 @@
  *     first differ, which the digest memo asks of a prompt and its family's last one.
  * A 128k-token prompt has 32,768 boundaries at 4 tokens; in Python each costs two calls, a
  * slice and a digest object's setup, which is nearly all of the hashing time. Here the state
- * is OpenSSL's SHA256_CTX, a plain struct: copied and finished in place per boundary.
+ * is OpenSSL's SHA256_CTX, a plain struct: copied and finished in place per boundary, or,
+ * where the CPU has SHA extensions, finished in lanes beside the chain's next block
+ * (_chain_lanes.c says how and what it saves).
  */
 #define PY_SSIZE_T_CLEAN
 #define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_CTX is deprecated for EVP, which cannot be copied cheaply */
@@ -19,6 +21,12 @@
 #include <openssl/sha.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_chain_lanes.h"
+
+/* Whether `boundaries` finishes its digests in lanes (_chain_lanes.c): on where the CPU
+ * allows it; `use_lanes` switches it so the tests hold both loops to the definition. */
+static int lanes_on = 0;
 
 typedef struct {
     PyObject_HEAD
@@ -165,12 +173,18 @@ Sha256_boundaries(Sha256Object *self, PyObject *const *args, Py_ssize_t nargs)
     /* The new digest objects are in `out` but no Python code runs before they are written. */
     const unsigned char *at = (const unsigned char *)view.buf + start;
     Py_ssize_t span = first_end - start;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        SHA256_Update(&self->ctx, at, (size_t)span);
-        at += span;
-        span = step;
-        SHA256_CTX finished = self->ctx;
-        SHA256_Final((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(digests, k)), &finished);
+    if (lanes_on) {
+        lanes_boundaries(&self->ctx, at, (size_t)span, (size_t)step, (size_t)count,
+                         PySequence_Fast_ITEMS(digests));
+    } else {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            SHA256_Update(&self->ctx, at, (size_t)span);
+            at += span;
+            span = step;
+            SHA256_CTX finished = self->ctx;
+            SHA256_Final((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(digests, k)),
+                         &finished);
+        }
     }
 done:
     PyBuffer_Release(&view);
@@ -320,12 +334,37 @@ done:
     return answer;
 }
 
+/* use_lanes(on): switch `boundaries` to its lanes (True) or to one SHA256_Final a digest
+ * (False); answers the previous setting. Lanes where the CPU lacks them: ValueError. */
+static PyObject *
+use_lanes(PyObject *Py_UNUSED(module), PyObject *on)
+{
+    if (!PyBool_Check(on)) {
+        PyErr_Format(PyExc_TypeError, "use_lanes(on) takes True or False, not %.100s",
+                     Py_TYPE(on)->tp_name);
+        return NULL;
+    }
+    int want = on == Py_True;
+    if (want && !lanes_supported()) {
+        PyErr_SetString(PyExc_ValueError,
+                        "use_lanes(True): this CPU or build has no SHA extensions for the "
+                        "lanes; the one-at-a-time loop serves");
+        return NULL;
+    }
+    int before = lanes_on;
+    lanes_on = want;
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef module_methods[] = {
     {"pack_tokens", pack_tokens, METH_O,
      "A list or tuple of token ids as little-endian int64 bytes; None if one is not an id."},
     {"first_difference", (PyCFunction)(void (*)(void))first_difference, METH_FASTCALL,
      "first_difference(a, b, start, stop): the first offset in [start, stop) where the "
      "buffers differ, else stop."},
+    {"use_lanes", use_lanes, METH_O,
+     "use_lanes(on): finish boundaries' digests in lanes or one at a time; the previous "
+     "setting."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -340,6 +379,7 @@ PyInit__chain(void)
     if (PyType_Ready(&Sha256Type) < 0) {
         return NULL;
     }
+    lanes_on = lanes_supported();
     PyObject *module = PyModule_Create(&chain_module);
     if (module == NULL) {
         return NULL;

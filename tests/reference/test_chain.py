@@ -5,12 +5,13 @@ the same on either state, with records of positioned extras, lookahead and the m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 import subprocess
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -67,6 +68,28 @@ def run_boundaries(run, state, data, bounds):
     return "ran", out, state.digest()
 
 
+def lanes_or_skip(on: bool) -> contextlib.AbstractContextManager[None]:
+    """`boundaries` finishing its digests in lanes (on) or one at a time, for the block; a
+    CPU without the SHA extensions skips the lanes."""
+    try:
+        before = compiled.use_lanes(on)
+    except ValueError:
+        pytest.skip("this CPU has no SHA extensions: the lanes are never used here")
+
+    @contextlib.contextmanager
+    def restored() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            compiled.use_lanes(before)
+
+    return restored()
+
+
+LOOPS = pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "one-at-a-time"])
+
+
+@LOOPS
 @settings(max_examples=tiered(300, 3000))
 @given(
     st.binary(max_size=200),
@@ -76,17 +99,67 @@ def run_boundaries(run, state, data, bounds):
     st.integers(-1, 12),
     st.sampled_from([bytes, bytearray, memoryview]),
 )
-def test_boundaries_equal_the_definition(data, start, first_end, step, count, wrap):
+def test_boundaries_equal_the_definition(lanes, data, start, first_end, step, count, wrap):
     """The same digests appended after what `out` held, the same state after; bounds that
     do not fit are refused by both before anything moves."""
     ours, theirs = compiled.Sha256(b"h"), hashlib.sha256(b"h")
     bounds = (start, first_end, step, count)
-    got = run_boundaries(ours.boundaries, ours, wrap(data), bounds)
+    with lanes_or_skip(lanes):
+        got = run_boundaries(ours.boundaries, ours, wrap(data), bounds)
     want = run_boundaries(lambda *a: py_boundaries(theirs, *a), theirs, wrap(data), bounds)
     assert got == want
     if got[0] == "refused":
         assert got[1] == [b"earlier"]
         assert got[2] == hashlib.sha256(b"h").digest()
+
+
+@LOOPS
+@settings(max_examples=tiered(300, 3000))
+@given(st.binary(max_size=130), st.binary(max_size=1200), st.integers(0, 200), st.integers(1, 150))
+def test_long_runs_equal_the_definition(lanes, head, data, first, step):
+    """Runs long enough for several blocks between boundaries and for many boundaries in one
+    block (the lanes' queue full), from a state part-way into a block (`head`), and a state
+    that keeps running after: the digests and the state equal hashlib's."""
+    count = 0 if first > len(data) else 1 + (len(data) - first) // step
+    ours, theirs = compiled.Sha256(head), hashlib.sha256(head)
+    out: list[bytes] = []
+    with lanes_or_skip(lanes):
+        ours.boundaries(out, data, 0, first, step, count)
+    want: list[bytes] = []
+    py_boundaries(theirs, want, data, 0, first, step, count)
+    assert out == want
+    ours.update(b"tail")
+    theirs.update(b"tail")
+    assert ours.digest() == theirs.digest()
+
+
+@LOOPS
+def test_every_partial_block_at_a_boundary_is_finished_right(lanes):
+    """Each length a boundary can leave in the partial block (0-63 bytes: under 56 the
+    padding fits it, from 56 on it takes a second block), under steps that complete a block
+    every few boundaries, every boundary, and every second one."""
+    data = bytes(range(256)) * 3
+    for head in range(64):
+        for step in (1, 8, 24, 32, 56, 60, 64, 72, 120, 128, 200):
+            ours, theirs = compiled.Sha256(bytes(head)), hashlib.sha256(bytes(head))
+            count = 1 + (len(data) - step) // step
+            out: list[bytes] = []
+            with lanes_or_skip(lanes):
+                ours.boundaries(out, data, 0, step, step, count)
+            want: list[bytes] = []
+            py_boundaries(theirs, want, data, 0, step, step, count)
+            assert (head, step, out) == (head, step, want)
+            assert ours.digest() == theirs.digest()
+
+
+def test_the_loop_switch_takes_a_bool_and_answers_the_previous_setting():
+    with lanes_or_skip(True):
+        assert compiled.use_lanes(False) is True
+        assert compiled.use_lanes(True) is False
+        for wrong in (1, "yes", None):
+            with pytest.raises(TypeError, match="True or False"):
+                compiled.use_lanes(wrong)
+        assert compiled.use_lanes(True) is True
 
 
 def test_boundaries_check_their_arguments():
