@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import platform
 import struct
 import subprocess
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -160,6 +162,30 @@ def test_the_loop_switch_takes_a_bool_and_answers_the_previous_setting():
             with pytest.raises(TypeError, match="True or False"):
                 compiled.use_lanes(wrong)
         assert compiled.use_lanes(True) is True
+
+
+def test_the_lanes_are_on_exactly_where_the_cpu_has_sha_extensions():
+    """A fresh import chooses the lanes where the kernel reports the SHA extensions (and
+    SSSE3, SSE4.1), and refuses them elsewhere: a detection that never finds them would
+    leave every machine on the slower loop without a word."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() != "x86_64" or not cpuinfo.exists():
+        pytest.skip("the lanes are built for x86-64 only; CPU flags are read from Linux here")
+    flags = set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    has = {"sha_ni", "ssse3", "sse4_1"} <= flags
+    probe = (
+        "from kvcert.reference import _chain\n"
+        "try:\n    print(_chain.use_lanes(True))\n"
+        "except ValueError:\n    print('refused')"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert answer == ("True" if has else "refused")
 
 
 def test_boundaries_check_their_arguments():
