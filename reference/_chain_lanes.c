@@ -129,7 +129,8 @@ write_digest(const uint32_t h[8], unsigned char *out)
 
 /* Queue the digest of the state so far. The padding (0x80, zeros, the length) fits the
  * partial block when fewer than 56 bytes wait there; otherwise it takes two blocks and the
- * digest is finished here, as SHA256_Final would (a boundary every 7 mod 8 tokens). */
+ * digest is finished here, as SHA256_Final would (a boundary whose stream ends 56-63 bytes
+ * into a block: one in eight at 15-token blocks). */
 static LANES_TARGET void
 queue_finish(const SHA256_CTX *ctx, Finish *pending, int *waiting, unsigned char *out)
 {
@@ -204,9 +205,9 @@ feed(SHA256_CTX *ctx, const unsigned char *at, size_t len, Finish *pending, int 
     }
 }
 
-static LANES_TARGET void
-run_boundaries(SHA256_CTX *ctx, const unsigned char *at, size_t first_span, size_t step,
-               size_t count, PyObject *const *digests)
+LANES_TARGET void
+lanes_boundaries(SHA256_CTX *ctx, const unsigned char *at, size_t first_span, size_t step,
+                 size_t count, PyObject *const *digests)
 {
     Finish pending[MAX_LANES - 1];
     int waiting = 0;
@@ -234,13 +235,6 @@ lanes_supported(void)
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA);
 }
 
-void
-lanes_boundaries(SHA256_CTX *ctx, const unsigned char *at, size_t first_span, size_t step,
-                 size_t count, PyObject *const *digests)
-{
-    run_boundaries(ctx, at, first_span, step, count, digests);
-}
-
 #else
 
 int
@@ -249,6 +243,7 @@ lanes_supported(void)
     return 0;
 }
 
+/* Never called: lanes_supported() is 0, so `use_lanes` never switches the lanes on. */
 void
 lanes_boundaries(SHA256_CTX *ctx, const unsigned char *at, size_t first_span, size_t step,
                  size_t count, PyObject *const *digests)
