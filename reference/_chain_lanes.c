@@ -47,6 +47,14 @@ static const uint32_t ROUND_CONSTANTS[64] = {
 
 #define LANES_TARGET __attribute__((target("sha,sse4.1,ssse3")))
 
+/* The 32-bit words of a vector with their bytes reversed: SHA-256 reads and writes its words
+ * big-endian, x86 holds them little-endian. */
+static inline __attribute__((always_inline)) LANES_TARGET __m128i
+swap_words(__m128i words)
+{
+    return _mm_shuffle_epi8(words, _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL));
+}
+
 /* One SHA-256 block for each of `n` states, the lanes' rounds interleaved. The SHA
  * instructions keep the state as (a, b, e, f) and (c, d, g, h); each quad of rounds takes
  * four schedule words, the first four loaded big-endian, the rest made by msg1/msg2 from
@@ -54,7 +62,6 @@ static const uint32_t ROUND_CONSTANTS[64] = {
 static inline __attribute__((always_inline)) LANES_TARGET void
 compress(int n, uint32_t *const state[], const unsigned char *const block[])
 {
-    const __m128i big_endian = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
     __m128i abef[MAX_LANES], cdgh[MAX_LANES], abef_in[MAX_LANES], cdgh_in[MAX_LANES];
     __m128i words[MAX_LANES][4];
     for (int l = 0; l < n; l++) {
@@ -69,8 +76,7 @@ compress(int n, uint32_t *const state[], const unsigned char *const block[])
         for (int l = 0; l < n; l++) {
             __m128i *w = words[l];
             if (quad < 4) {
-                w[quad] = _mm_shuffle_epi8(
-                    _mm_loadu_si128((const __m128i *)(block[l] + 16 * quad)), big_endian);
+                w[quad] = swap_words(_mm_loadu_si128((const __m128i *)(block[l] + 16 * quad)));
             } else { /* w[t] = s1(w[t-2]) + w[t-7] + s0(w[t-15]) + w[t-16], four at a time */
                 __m128i older = _mm_sha256msg1_epu32(w[quad % 4], w[(quad + 1) % 4]);
                 __m128i seventh = _mm_alignr_epi8(w[(quad + 3) % 4], w[(quad + 2) % 4], 4);
@@ -120,10 +126,9 @@ bits_of(const SHA256_CTX *ctx)
 static inline LANES_TARGET void
 write_digest(const uint32_t h[8], unsigned char *out)
 {
-    const __m128i big_endian = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
     for (int half = 0; half < 2; half++) {
         __m128i words = _mm_loadu_si128((const __m128i *)&h[4 * half]);
-        _mm_storeu_si128((__m128i *)(out + 16 * half), _mm_shuffle_epi8(words, big_endian));
+        _mm_storeu_si128((__m128i *)(out + 16 * half), swap_words(words));
     }
 }
 

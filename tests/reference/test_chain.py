@@ -70,22 +70,18 @@ def run_boundaries(run, state, data, bounds):
     return "ran", out, state.digest()
 
 
-def lanes_or_skip(on: bool) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def lanes_or_skip(on: bool) -> Iterator[None]:
     """`boundaries` finishing its digests in lanes (on) or one at a time, for the block; a
     CPU without the SHA extensions skips the lanes."""
     try:
         before = compiled.use_lanes(on)
     except ValueError:
         pytest.skip("this CPU has no SHA extensions: the lanes are never used here")
-
-    @contextlib.contextmanager
-    def restored() -> Iterator[None]:
-        try:
-            yield
-        finally:
-            compiled.use_lanes(before)
-
-    return restored()
+    try:
+        yield
+    finally:
+        compiled.use_lanes(before)
 
 
 LOOPS = pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "one-at-a-time"])
