@@ -8,17 +8,16 @@
  *     ids as little-endian int64, or None when one of them is not an id (the caller then
  *     finds and names it);
  *   - `first_difference` is kvcert.reference.hashing.py_first_difference: where two buffers
- *     first differ, which the digest memo asks of a prompt and its family's last one.
+ *     first differ, which the digest memo asks of a prompt and its family's last one;
+ *   - `memo_digest` (_chain_memo.c) is kvcert.reference.hashing.DigestMemo.digest.
  * A 128k-token prompt has 32,768 boundaries at 4 tokens; in Python each costs two calls, a
  * slice and a digest object's setup, which is nearly all of the hashing time. Here the state
  * is OpenSSL's SHA256_CTX, a plain struct: copied and finished in place per boundary, or,
  * where the CPU has SHA extensions, finished in lanes beside the chain's next block
  * (_chain_lanes.c says how and what it saves).
  */
-#define PY_SSIZE_T_CLEAN
-#define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_CTX is deprecated for EVP, which cannot be copied cheaply */
-#include <Python.h>
-#include <openssl/sha.h>
+#include "_chain.h"
+
 #include <stdint.h>
 #include <string.h>
 
@@ -28,14 +27,7 @@
  * allows it; `use_lanes` switches it so the tests hold both loops to the definition. */
 static int lanes_on = 0;
 
-typedef struct {
-    PyObject_HEAD
-    SHA256_CTX ctx;
-} Sha256Object;
-
-static PyTypeObject Sha256Type;
-
-static Sha256Object *
+Sha256Object *
 new_state(void)
 {
     return PyObject_New(Sha256Object, &Sha256Type);
@@ -114,10 +106,56 @@ Sha256_copy(Sha256Object *self, PyObject *Py_UNUSED(ignored))
     return (PyObject *)twin;
 }
 
-/* boundaries(out, data, start, first_end, step, count): feed data[start:first_end] and
- * append the digest to `out`, then `count - 1` times feed the next `step` bytes and append
- * the digest. Every bound is checked, every digest object made and `out` grown before the
- * state moves, so an error leaves the state and `out` as they were. */
+int
+run_boundaries(Sha256Object *self, PyObject *out, const unsigned char *data, Py_ssize_t len,
+               Py_ssize_t start, Py_ssize_t first_end, Py_ssize_t step, Py_ssize_t count)
+{
+    if (count < 0 || step <= 0 || start < 0 || first_end < start
+        || (count > 0 && (first_end > len || (len - first_end) / step < count - 1))) {
+        PyErr_Format(PyExc_ValueError,
+                     "boundaries: spans from %zd to %zd then %zd x %zd bytes do not fit in "
+                     "%zd bytes",
+                     start, first_end, count > 0 ? count - 1 : 0, step, len);
+        return 0;
+    }
+    PyObject *digests = PyList_New(count);
+    if (digests == NULL) {
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *digest = PyBytes_FromStringAndSize(NULL, SHA256_DIGEST_LENGTH);
+        if (digest == NULL) {
+            Py_DECREF(digests);
+            return 0;
+        }
+        PyList_SET_ITEM(digests, k, digest);
+    }
+    Py_ssize_t size = PyList_GET_SIZE(out); /* grow `out` first: then nothing can fail */
+    if (PyList_SetSlice(out, size, size, digests) < 0) {
+        Py_DECREF(digests);
+        return 0;
+    }
+    /* The new digest objects are in `out` but no Python code runs before they are written. */
+    const unsigned char *at = data + start;
+    Py_ssize_t span = first_end - start;
+    if (lanes_on) {
+        lanes_boundaries(&self->ctx, at, (size_t)span, (size_t)step, (size_t)count,
+                         PySequence_Fast_ITEMS(digests));
+    } else {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            SHA256_Update(&self->ctx, at, (size_t)span);
+            at += span;
+            span = step;
+            SHA256_CTX finished = self->ctx;
+            SHA256_Final((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(digests, k)),
+                         &finished);
+        }
+    }
+    Py_DECREF(digests);
+    return 1;
+}
+
+/* boundaries(out, data, start, first_end, step, count): run_boundaries on a buffer. */
 static PyObject *
 Sha256_boundaries(Sha256Object *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -138,60 +176,16 @@ Sha256_boundaries(Sha256Object *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_ssize_t start = bounds[0], first_end = bounds[1], step = bounds[2], count = bounds[3];
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyObject *digests = NULL;
-    if (count < 0 || step <= 0 || start < 0 || first_end < start
-        || (count > 0
-            && (first_end > view.len || (view.len - first_end) / step < count - 1))) {
-        PyErr_Format(PyExc_ValueError,
-                     "boundaries: spans from %zd to %zd then %zd x %zd bytes do not fit in "
-                     "%zd bytes",
-                     start, first_end, count > 0 ? count - 1 : 0, step, view.len);
-        goto done;
-    }
-    digests = PyList_New(count);
-    if (digests == NULL) {
-        goto done;
-    }
-    for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *digest = PyBytes_FromStringAndSize(NULL, SHA256_DIGEST_LENGTH);
-        if (digest == NULL) {
-            Py_CLEAR(digests);
-            goto done;
-        }
-        PyList_SET_ITEM(digests, k, digest);
-    }
-    Py_ssize_t size = PyList_GET_SIZE(out); /* grow `out` first: then nothing can fail */
-    if (PyList_SetSlice(out, size, size, digests) < 0) {
-        Py_CLEAR(digests);
-        goto done;
-    }
-    /* The new digest objects are in `out` but no Python code runs before they are written. */
-    const unsigned char *at = (const unsigned char *)view.buf + start;
-    Py_ssize_t span = first_end - start;
-    if (lanes_on) {
-        lanes_boundaries(&self->ctx, at, (size_t)span, (size_t)step, (size_t)count,
-                         PySequence_Fast_ITEMS(digests));
-    } else {
-        for (Py_ssize_t k = 0; k < count; k++) {
-            SHA256_Update(&self->ctx, at, (size_t)span);
-            at += span;
-            span = step;
-            SHA256_CTX finished = self->ctx;
-            SHA256_Final((unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(digests, k)),
-                         &finished);
-        }
-    }
-done:
+    int done = run_boundaries(self, out, view.buf, view.len, bounds[0], bounds[1], bounds[2],
+                              bounds[3]);
     PyBuffer_Release(&view);
-    if (digests == NULL) {
+    if (!done) {
         return NULL;
     }
-    Py_DECREF(digests);
     Py_RETURN_NONE;
 }
 
@@ -217,7 +211,7 @@ static PyGetSetDef Sha256_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject Sha256Type = {
+PyTypeObject Sha256Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._chain.Sha256",
     .tp_basicsize = sizeof(Sha256Object),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -288,6 +282,24 @@ pack_tokens(PyObject *module, PyObject *tokens)
  * memo's resume asks it once where a binary search of prefix comparisons read the shared
  * prefix about twice (a 52k-token prompt's 278 KB: 40 us then). memcmp by pages finds the
  * page, a byte loop the offset. */
+Py_ssize_t
+bytes_first_difference(const unsigned char *x, const unsigned char *y, Py_ssize_t start,
+                       Py_ssize_t stop)
+{
+    Py_ssize_t at = start;
+    while (at < stop) {
+        Py_ssize_t span = stop - at < 4096 ? stop - at : 4096;
+        if (memcmp(x + at, y + at, (size_t)span) != 0) {
+            while (x[at] == y[at]) {
+                at++;
+            }
+            break;
+        }
+        at += span;
+    }
+    return at;
+}
+
 static PyObject *
 first_difference(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -315,19 +327,7 @@ first_difference(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      start, stop, a.len, b.len);
         goto done;
     }
-    const unsigned char *x = a.buf, *y = b.buf;
-    Py_ssize_t at = start;
-    while (at < stop) {
-        Py_ssize_t span = stop - at < 4096 ? stop - at : 4096;
-        if (memcmp(x + at, y + at, (size_t)span) != 0) {
-            while (x[at] == y[at]) {
-                at++;
-            }
-            break;
-        }
-        at += span;
-    }
-    answer = PyLong_FromSsize_t(at);
+    answer = PyLong_FromSsize_t(bytes_first_difference(a.buf, b.buf, start, stop));
 done:
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
@@ -362,6 +362,12 @@ static PyMethodDef module_methods[] = {
     {"first_difference", (PyCFunction)(void (*)(void))first_difference, METH_FASTCALL,
      "first_difference(a, b, start, stop): the first offset in [start, stop) where the "
      "buffers differ, else stop."},
+    {"memo_definitions", (PyCFunction)(void (*)(void))memo_definitions, METH_FASTCALL,
+     "memo_definitions(memo_class, chain_class, entry_class, checkpoint_every, digest_cost, "
+     "checkpoint_cost): what memo_digest serves and follows (hashing.py names them)."},
+    {"memo_digest", (PyCFunction)(void (*)(void))memo_digest, METH_FASTCALL,
+     "memo_digest(memo, chain, count): DigestMemo.digest compiled; False (nothing changed) "
+     "where it does not serve them."},
     {"use_lanes", use_lanes, METH_O,
      "use_lanes(on): finish boundaries' digests in lanes or one at a time; the previous "
      "setting."},

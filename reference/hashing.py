@@ -273,14 +273,10 @@ class Chain:
         self._stream += encoded
 
     def _digest(self, count: int, memo: DigestMemo | None) -> None:
-        memo = memo if memo is not None and not self._records and not self.digests else None
-        if memo is not None:
-            memo.resume(self, count)
-            if not memo.could_keep(len(self._stream), count):
-                memo = None  # too large to remember: no checkpoints to save
-        self._digest_to(count, memo is not None)
-        if memo is not None:
-            memo.record(self)
+        if memo is None or self._records or self.digests:  # the memo keeps fresh prompts
+            self._digest_to(count, False)
+        elif _memo_digest is None or not _memo_digest(memo, self, count):
+            memo.digest(self, count)
 
     def _digest_to(self, count: int, checkpoints: bool) -> None:
         """Digest boundaries len(digests) .. count - 1 in runs: a run stops where a record of
@@ -379,9 +375,12 @@ class _Entry:
     checkpoints: list[Checkpoint]
 
 
+DIGEST_COST, CHECKPOINT_COST = 100, 400  # bytes a digest object, a saved hash state keep
+
+
 def _cost(stream_bytes: int, digests: int, checkpoints: int) -> int:
     """Bytes a memo entry keeps alive, roughly: the stream, digest objects, hash states."""
-    return stream_bytes + 100 * digests + 400 * checkpoints
+    return stream_bytes + DIGEST_COST * digests + CHECKPOINT_COST * checkpoints
 
 
 class DigestMemo:
@@ -407,6 +406,17 @@ class DigestMemo:
     def _family(chain: Chain) -> tuple[int, bytes, bytes]:
         first = 8 * (chain.size + chain.lookahead)
         return chain.size, chain._header, bytes(chain._stream[:first])
+
+    def digest(self, chain: Chain, count: int) -> None:
+        """Digest a fresh chain without records up to `count` boundaries through the memo:
+        resume from its family's entry, digest the rest (saving a hash state every
+        CHECKPOINT_EVERY boundaries when the prompt could be kept), then remember it. With
+        the extension built, reference/_chain_memo.c runs these same steps in one call."""
+        self.resume(chain, count)
+        keep = self.could_keep(len(chain._stream), count)  # else no checkpoints to save
+        chain._digest_to(count, keep)
+        if keep:
+            self.record(chain)
 
     def resume(self, chain: Chain, count: int) -> None:
         """Give a fresh chain the digests (at most `count`) it shares with its family's entry,
@@ -460,3 +470,17 @@ class DigestMemo:
         while self._used > self.budget:
             _, dropped = self._entries.popitem(last=False)
             self._used -= _cost(len(dropped.stream), len(dropped.digests), len(dropped.checkpoints))
+
+
+def _compiled_memo() -> Callable[[DigestMemo, Chain, int], bool] | None:
+    """DigestMemo.digest compiled (reference/_chain_memo.c): it answers False, changing
+    nothing, for what it does not serve (another state than the compiled SHA-256)."""
+    if _compiled is None:
+        return None
+    _compiled.memo_definitions(
+        DigestMemo, Chain, _Entry, CHECKPOINT_EVERY, DIGEST_COST, CHECKPOINT_COST
+    )
+    return _compiled.memo_digest  # type: ignore[no-any-return]
+
+
+_memo_digest = _compiled_memo()

@@ -1,14 +1,19 @@
-"""The digest memo: reused digests are exactly the recomputed ones, reuse really happens, and
-the byte budget holds."""
+"""The digest memo: reused digests are exactly the recomputed ones, reuse really happens, the
+byte budget holds, and its compiled path leaves the chain and the memo as the definition
+(`DigestMemo.digest`) leaves them."""
 
 from __future__ import annotations
 
+import hashlib
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcert.reference import hashing
 from kvcert.reference.config import CacheConfig, GroupConfig, HashAlgorithm, Kind
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.hashing import (
@@ -117,6 +122,150 @@ def test_the_budget_evicts_the_least_recently_used_family_and_skips_oversized_pr
     assert memo._used <= memo.budget
     digests(list(range(10_000)), 4, 0, (), memo)  # larger than the whole budget
     assert len(memo._entries) == 2
+
+
+compiled_memo = pytest.mark.skipif(
+    hashing._memo_digest is None, reason="the _chain extension is not built (or not wanted)"
+)
+
+
+@contextmanager
+def memo_path(compiled: bool) -> Iterator[list[bool]]:
+    """Serve the memo by its compiled path (each answer recorded, so a test can see it served)
+    or by the definition alone."""
+    answers: list[bool] = []
+    served = hashing._memo_digest
+
+    def recorded(memo, chain, count):
+        answers.append(served(memo, chain, count))
+        return answers[-1]
+
+    hashing._memo_digest = recorded if compiled else None
+    try:
+        yield answers
+    finally:
+        hashing._memo_digest = served
+
+
+def chain_state(chain: Chain) -> tuple:
+    saved = [(k, fed, state.digest()) for k, fed, state in chain._checkpoints]
+    return chain.digests, chain._fed, chain._state.digest(), bytes(chain._stream), saved
+
+
+def memo_state(memo: DigestMemo) -> tuple:
+    entries = [
+        (family, entry.stream, entry.digests, [(k, f, s.digest()) for k, f, s in entry.checkpoints])
+        for family, entry in memo._entries.items()
+    ]
+    return entries, memo._used
+
+
+def through(memo: DigestMemo, tokens: list[int], cuts: list[int], size, lookahead, extras) -> Chain:
+    """A fresh chain extended over growing prefixes of `tokens` through `memo` (a cut that
+    completes no boundary leaves the stream growing: a bytearray when the memo sees it)."""
+    chain = Chain(size, lookahead, extras, NEW)
+    for cut in [*sorted(cuts), len(tokens)]:
+        chain.extend_encoded(encode_tokens(array("q", tokens[:cut])), memo)
+    return chain
+
+
+@compiled_memo
+@settings(max_examples=tiered(150, 2000), deadline=None)
+@given(
+    size=st.integers(1, 4),
+    lookahead=st.integers(0, 1),
+    extras=SALTS,
+    budget=st.sampled_from([0, 200, 1_500, 5_000, 1 << 20]),
+    shared=st.lists(st.integers(0, 3), max_size=150),
+    tails=st.lists(st.lists(st.integers(0, 3), max_size=40), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(0, 8), max_size=2),
+    turns=st.lists(st.booleans(), min_size=7, max_size=7),
+)
+def test_the_compiled_path_leaves_what_the_definition_leaves(
+    size, lookahead, extras, budget, shared, tails, cuts, turns
+):
+    """Prompts sharing a prefix (diverging anywhere: inside the first block, a checkpoint's
+    span, past the remembered prompt), each through two memos: one served by the definition
+    alone, one by either path in turn. Every chain and both memos end alike: digests, hash
+    states, checkpoints, entries in their order, the bytes counted; and the compiled path
+    served every prompt it was given."""
+    alone, mixed = DigestMemo(budget), DigestMemo(budget)
+    for tail, compiled in zip(tails + tails[:1], turns, strict=False):  # the first re-sent
+        tokens = shared + tail
+        kept = [remembered(alone), remembered(mixed)]
+        with memo_path(False):
+            expected = through(alone, tokens, cuts, size, lookahead, extras)
+        with memo_path(compiled) as answers:
+            got = through(mixed, tokens, cuts, size, lookahead, extras)
+        assert all(answers)
+        assert chain_state(got) == chain_state(expected)
+        assert memo_state(mixed) == memo_state(alone)
+        assert got.digests == digests(tokens, size, lookahead, extras)
+        # the same digests reused (not recomputed): a re-sent prompt takes them all
+        assert reused(got, kept[1]) == reused(expected, kept[0])
+
+
+def remembered(memo: DigestMemo) -> dict[int, bytes]:
+    """The digest objects the memo holds, by id (held here, so no id is reused meanwhile)."""
+    return {id(d): d for entry in memo._entries.values() for d in entry.digests}
+
+
+def reused(chain: Chain, before: dict[int, bytes]) -> int:
+    return sum(before.get(id(d)) is d for d in chain.digests)
+
+
+@compiled_memo
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_resumed_prompt_too_large_to_keep_still_counts_as_recently_used(compiled):
+    """Family A is resumed by a prompt too large to remember: A stays (not re-recorded) but
+    is the most recently used, so a third family evicts B, under either path."""
+    size = 4
+    entry = 8 * 32 + 100 * 8 + 400 * 0  # a 32-token prompt: 8 digests, no checkpoint
+    memo = DigestMemo(2 * entry + 50)
+    with memo_path(compiled) as answers:
+        for first in (1, 2):
+            digests([first, *range(31)], size, 0, (), memo)
+        digests([1, *range(31), *range(400)], size, 0, (), memo)  # A again, past the budget
+        digests([3, *range(31)], size, 0, (), memo)
+    assert [family[2][0] for family in memo._entries] == [1, 3]
+    assert all(answers)
+    assert len(answers) == 4 * compiled
+
+
+@compiled_memo
+def test_the_compiled_path_serves_only_what_it_follows():
+    """Another hash state (hashlib's), a subclass of either class: answered False with the
+    chain and the memo untouched, so the definition serves them."""
+    tokens = encode_tokens(list(range(40)))
+    memo = DigestMemo(1 << 20)
+    digests(list(range(40)), 4, 0, (), memo)  # an entry of the family
+    before = memo_state(memo)
+    foreign = Chain(4, 0, (), hashlib.sha256)
+    foreign._append(tokens)
+
+    class Memo(DigestMemo):
+        pass
+
+    class Twig(Chain):
+        pass
+
+    own = Twig(4, 0, (), NEW)
+    own._append(tokens)
+    for memo_, chain in ((memo, foreign), (Memo(1 << 20), Chain(4, 0, (), NEW)), (memo, own)):
+        state = (chain.digests[:], chain._fed, chain._state.digest())
+        assert hashing._memo_digest(memo_, chain, 10) is False
+        assert (chain.digests, chain._fed, chain._state.digest()) == state
+    assert memo_state(memo) == before
+
+
+@compiled_memo
+def test_the_compiled_path_is_wired_in():
+    """A fresh chain through a memo takes the compiled path (a prompt through the manager's
+    memo is served there), and the path is DigestMemo.digest's twin, named to the extension
+    once at import."""
+    with memo_path(True) as answers:
+        digests(list(range(64)), 4, 0, (), DigestMemo(1 << 20))
+    assert answers == [True]
 
 
 def config(**fields) -> CacheConfig:
