@@ -362,11 +362,19 @@ PyTypeObject LaneType = {
     .tp_methods = Lane_methods,
 };
 
+static PyMethodDef module_methods[] = {
+    {"wrap_blocks", (PyCFunction)(void (*)(void))wrap_blocks, METH_FASTCALL,
+     "wrap_blocks(views, tables, blocks_class, empty): the vLLM drop-in's _wrap for tables of "
+     "block ids within views; None where the definition must answer."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "kvcert.reference._decodelane",
     .m_doc = "Decode steps that change tables, compiled (see kvcert.reference.decode_lane).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

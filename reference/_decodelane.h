@@ -181,5 +181,7 @@ PyObject *carry_out(Lane *lane, PyObject *tables, PyObject *held_from, const Pla
 /* the lane's type, and the vLLM drop-in's calls over it (_decodelane_dropin.c) */
 extern PyTypeObject LaneType, DropInType;
 int dropin_ready(void);
+/* the vLLM drop-in's _wrap, a module function (_decodelane_dropin.c) */
+PyObject *wrap_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

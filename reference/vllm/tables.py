@@ -9,11 +9,16 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from kvcert.reference.config import Kind
+from kvcert.reference.native import native
 from kvcert.reference.vllm.layout import CutError
 
 if TYPE_CHECKING:
     from kvcert.reference.manager import KVCacheManager as Core
     from kvcert.reference.vllm.blocks import PoolBlock
+
+
+_lane = native("_decodelane")
+_wrap_blocks = None if _lane is None else _lane.wrap_blocks
 
 
 class BlockTableViews:
@@ -25,6 +30,12 @@ class BlockTableViews:
     num_kv_cache_groups: int
 
     def _wrap(self, tables: Sequence[Sequence[int]]) -> Any:
+        """vLLM's KVCacheBlocks of the tables' blocks (the empty one when they hold none);
+        compiled where the tables are lists or tuples of ids (`wrap_blocks`)."""
+        if _wrap_blocks is not None:
+            wrapped = _wrap_blocks(self.blocks, tables, KVCacheBlocks, self.empty_kv_cache_blocks)
+            if wrapped is not None:
+                return wrapped
         if not any(tables):
             return self.empty_kv_cache_blocks
         view = self.blocks.__getitem__

@@ -8,7 +8,9 @@ compiled (reference/_decodelane_dropin.c) over the core's decode lane; the drop-
 methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts,
 multi-module MTP and state hybrids included) is played through kvcert's Scheduler twice:
 with the compiled calls (and the core's compiled decode lane under them), and with every
-call answered by the Python methods, the core's too. Every call vLLM makes to the manager
+call answered by the Python methods, the core's too (and the drop-in's `_wrap` and the
+digest memo by their definitions: reference/_decodelane_dropin.c's `wrap_blocks` and
+reference/_chain_memo.c are held to them here too). Every call vLLM makes to the manager
 must get the same answer (block ids per group, hits, None), the two runs the same outcome,
 and the allocator the same state after each step: every request's counters, tables, bounds
 and registered marks, every block's key and count, the pool's counters. Seven directed
@@ -38,8 +40,9 @@ from kvcert.conformance.campaign.workload import STATE_MODELS, Arrival, Workload
 from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.campaign import loop
 from kvcert.conformance.vllm.campaign.build import build as campaign_build
+from kvcert.reference import hashing
 from kvcert.reference.native import native
-from kvcert.reference.vllm import lane
+from kvcert.reference.vllm import lane, tables
 from kvcert.reference.vllm.manager import KVCacheManager
 
 # the manager's public calls whose answers are compared (every other one is a view vLLM
@@ -201,9 +204,23 @@ def wired(
     names = vars(loop)
     names["build"] = instrumented(compiled, recorders, served, token_list)  # this process only
     try:
-        yield
+        with definitions_only(not compiled):
+            yield
     finally:
         names["build"] = campaign_build
+
+
+@contextmanager
+def definitions_only(on: bool) -> Iterator[None]:
+    """Within, when `on`: the drop-in's `_wrap` and the digest memo run their definitions,
+    not their compiled twins (this process only)."""
+    wrap, memo = tables._wrap_blocks, hashing._memo_digest
+    if on:
+        tables._wrap_blocks, hashing._memo_digest = None, None
+    try:
+        yield
+    finally:
+        tables._wrap_blocks, hashing._memo_digest = wrap, memo
 
 
 @contextmanager
@@ -262,7 +279,7 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     manager's `_check_runner_columns` replaced on the instance, which then checks every
     chunk, logged."""
     recorders: list[Recorder] = []
-    with python_hand_outs_counted(served):
+    with python_hand_outs_counted(served), definitions_only(not compiled):
         build = instrumented(compiled, recorders, served, lane.token_list())
         return _directed(build, recorders, scenario)
 
