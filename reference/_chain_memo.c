@@ -5,7 +5,8 @@
  * memo's OrderedDict of _Entry records, the chain's slots), so either path leaves the chain
  * and the memo exactly as the other would, and the two can serve one memo in turn
  * (tests/reference/test_digest_memo.py holds them equal). What it saves is the method's
- * Python: about 10 us a prompt, more than hashing a 1,024-token shared prefix costs.
+ * Python, about 7 us a prompt: a 1,536-token prompt sharing 1,024 tokens took 17.5 us through
+ * the Python memo and 15.7 us with no memo at all, 10.5 us here.
  *
  * It serves a Chain and a DigestMemo of the classes `memo_definitions` names, on the compiled
  * Sha256 state; anything else (hashlib's BLAKE2b, a subclass) it leaves to the definition by
@@ -465,6 +466,10 @@ memo_digest(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t budget, used;
     if ((entries = PyObject_GetAttr(args[0], s_entries)) == NULL ||
         !get_size(args[0], s_budget, &budget) || !get_size(args[0], s_used, &used)) {
+        goto done;
+    }
+    if (!PyDict_Check(entries)) {
+        PyErr_SetString(PyExc_TypeError, "a DigestMemo keeps its entries in an OrderedDict");
         goto done;
     }
     /* the family: block size, chain header and the first block's bytes (DigestMemo._family) */
