@@ -630,42 +630,60 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
     return served;
 }
 
+/* A request with chunks pending, as start_pending lists them before starting any. */
+typedef struct {
+    PyObject *rid, *queue, *mine;
+} Ready;
+
+static void
+ready_release(Ready *ready, Py_ssize_t count)
+{
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_DECREF(ready[k].rid);
+        Py_DECREF(ready[k].queue);
+        Py_DECREF(ready[k].mine);
+    }
+    PyMem_Free(ready);
+}
+
 PyObject *
 DropIn_start_pending(DropIn *self, PyObject *requests)
 {
     if (!PyDict_CheckExact(requests) || !same_core(self)) {
         return PyObject_CallFunctionObjArgs(self->pending, self->manager, requests, NULL);
     }
-    /* the requests with chunks pending, each still the core's (else Python says why) */
-    PyObject *ready = PyList_New(0);
+    /* the requests with chunks pending, each still the core's (else Python says why), listed
+     * first: a chunk started below may end a request (the Python _start_chunk), and the
+     * definition lists them all before starting any. Held in a C array: no tuple a request. */
+    Py_ssize_t size = PyDict_GET_SIZE(self->tracked), count = 0;
+    Ready *ready = PyMem_Malloc((size_t)(size ? size : 1) * sizeof(Ready));
+    if (ready == NULL) {
+        return PyErr_NoMemory();
+    }
     PyObject *rid, *tracked;
     Py_ssize_t at = 0;
-    while (ready != NULL && PyDict_Next(self->tracked, &at, &rid, &tracked)) {
+    int failed = 0;
+    while (!failed && PyDict_Next(self->tracked, &at, &rid, &tracked)) {
         PyObject *queue = PyObject_GetAttr(tracked, s_pending);
         Py_ssize_t waiting = queue == NULL ? -1 : PyObject_Length(queue);
         PyObject *mine = waiting > 0 ? PyDict_GetItemWithError(self->requests, rid) : NULL;
-        PyObject *pair = mine ? PyTuple_Pack(3, rid, queue, mine) : NULL;
-        if (waiting < 0 || PyErr_Occurred() || (pair != NULL && PyList_Append(ready, pair) < 0)) {
-            Py_CLEAR(ready);
+        if (waiting < 0 || PyErr_Occurred()) {
+            failed = 1;
         } else if (waiting > 0 && mine == NULL) {
-            Py_XDECREF(queue);
-            Py_DECREF(ready);
+            Py_DECREF(queue);
+            ready_release(ready, count);
             return PyObject_CallFunctionObjArgs(self->pending, self->manager, requests, NULL);
+        } else if (mine != NULL) {
+            ready[count++] = (Ready){Py_NewRef(rid), Py_NewRef(queue), Py_NewRef(mine)};
         }
-        Py_XDECREF(pair);
         Py_XDECREF(queue);
     }
-    if (ready == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ready); k++) {
-        PyObject *item = PyList_GET_ITEM(ready, k);
-        PyObject *name = PyTuple_GET_ITEM(item, 0), *queue = PyTuple_GET_ITEM(item, 1);
-        PyObject *mine = PyTuple_GET_ITEM(item, 2);
+    for (Py_ssize_t k = 0; !failed && k < count; k++) {
+        PyObject *name = ready[k].rid, *queue = ready[k].queue, *mine = ready[k].mine;
         long long scheduled;
         if (!lane_get_ll(mine, s_scheduled, &scheduled)) {
-            Py_DECREF(ready);
-            return NULL;
+            failed = 1;
+            break;
         }
         if (scheduled) {
             continue; /* its chunk in flight runs in a later step */
@@ -682,12 +700,12 @@ DropIn_start_pending(DropIn *self, PyObject *requests)
             Py_XDECREF(progress);
             Py_XDECREF(done);
         }
-        if (served < 0) {
-            Py_DECREF(ready);
-            return NULL;
-        }
+        failed = served < 0;
     }
-    Py_DECREF(ready);
+    ready_release(ready, count);
+    if (failed) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
