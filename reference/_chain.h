@@ -29,7 +29,7 @@ int run_boundaries(Sha256Object *self, PyObject *out, const unsigned char *data,
 Py_ssize_t bytes_first_difference(const unsigned char *x, const unsigned char *y,
                                   Py_ssize_t start, Py_ssize_t stop);
 
-/* The memo's compiled path (_chain_memo.c): module functions, and the names it interns. */
+/* The memo's compiled path (_chain_memo.c), two module functions. */
 PyObject *memo_definitions(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *memo_digest(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

@@ -259,6 +259,28 @@ def test_the_compiled_path_serves_only_what_it_follows():
 
 
 @compiled_memo
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ((DigestMemo, Chain, hashing._Entry, 16, 100), TypeError),  # one missing
+        ((DigestMemo, Chain, "entry", 16, 100, 400), TypeError),  # not a class
+        ((DigestMemo, Chain, hashing._Entry, 0, 100, 400), ValueError),  # no cadence
+        ((DigestMemo, Chain, hashing._Entry, 16, -1, 400), ValueError),
+    ],
+)
+def test_the_compiled_path_refuses_bad_definitions(arguments, error):
+    """What hashing.py names at import is checked; a refusal changes nothing (the path still
+    serves, as the wiring test below sees)."""
+    with pytest.raises(error):
+        hashing._compiled.memo_definitions(*arguments)
+    with memo_path(True) as answers:
+        digests(list(range(64)), 4, 0, (), DigestMemo(1 << 20))
+    assert answers == [True]
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        hashing._memo_digest(DigestMemo(1), Chain(4, 0, (), NEW))
+
+
+@compiled_memo
 def test_the_compiled_path_is_wired_in():
     """A fresh chain through a memo takes the compiled path (a prompt through the manager's
     memo is served there), and the path is DigestMemo.digest's twin, named to the extension
