@@ -157,8 +157,8 @@ run_release(Run *run)
 }
 
 /* Read the chain; 1 when it is one memo_digest serves (a fresh chain of the class named, no
- * records, on the compiled state, a bytes or bytearray stream), 0 when it is not (nothing
- * raised), -1 on an error. */
+ * records, on the compiled state, a bytes or bytearray stream, lists of digests and
+ * checkpoints), 0 when it is not (nothing raised), -1 on an error. */
 static int
 run_open(Run *run, PyObject *chain)
 {
@@ -194,6 +194,9 @@ run_open(Run *run, PyObject *chain)
     }
     if ((run->checkpoints = PyObject_GetAttr(chain, s_chain_checkpoints)) == NULL) {
         return -1;
+    }
+    if (!PyList_CheckExact(run->checkpoints)) { /* read and grown as a list below */
+        return 0;
     }
     return PyObject_GetBuffer(run->stream, &run->view, PyBUF_SIMPLE) < 0 ? -1 : 1;
 }

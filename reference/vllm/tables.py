@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from kvcert.reference.vllm.blocks import PoolBlock
 
 
-_lane = native("_decodelane")
-_wrap_blocks = None if _lane is None else _lane.wrap_blocks
+_compiled = native("_decodelane")
+_wrap_blocks = None if _compiled is None else _compiled.wrap_blocks
 
 
 class BlockTableViews:

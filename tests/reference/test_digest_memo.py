@@ -234,8 +234,9 @@ def test_a_resumed_prompt_too_large_to_keep_still_counts_as_recently_used(compil
 
 @compiled_memo
 def test_the_compiled_path_serves_only_what_it_follows():
-    """Another hash state (hashlib's), a subclass of either class: answered False with the
-    chain and the memo untouched, so the definition serves them."""
+    """Another hash state (hashlib's), a subclass of either class, checkpoints not kept in a
+    list: answered False with the chain and the memo untouched, so the definition serves
+    them."""
     tokens = encode_tokens(list(range(40)))
     memo = DigestMemo(1 << 20)
     digests(list(range(40)), 4, 0, (), memo)  # an entry of the family
@@ -251,7 +252,11 @@ def test_the_compiled_path_serves_only_what_it_follows():
 
     own = Twig(4, 0, (), NEW)
     own._append(tokens)
-    for memo_, chain in ((memo, foreign), (Memo(1 << 20), Chain(4, 0, (), NEW)), (memo, own)):
+    odd = Chain(4, 0, (), NEW)  # checkpoints kept in something other than a list
+    odd._append(tokens)
+    odd._checkpoints = ()  # type: ignore[assignment]
+    cases = ((memo, foreign), (Memo(1 << 20), Chain(4, 0, (), NEW)), (memo, own), (memo, odd))
+    for memo_, chain in cases:
         state = (chain.digests[:], chain._fed, chain._state.digest())
         assert hashing._memo_digest(memo_, chain, 10) is False
         assert (chain.digests, chain._fed, chain._state.digest()) == state
