@@ -28,7 +28,9 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take,
+    *s_step, *s_in_flight, *s_tails, *s_requests, *s_lane_registers, *s_published_in_step,
+    *s_register, *s_give_back, *s_sources;
 
 static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_tokens) */
 
@@ -344,6 +346,10 @@ static PyMethodDef Lane_methods[] = {
     {"end_chunks", (PyCFunction)(void (*)(void))Lane_end_chunks, METH_FASTCALL,
      "end_chunks(ending, requests) -> [(rid, request, before)] of the ended chunks that may "
      "commit a block; every ended chunk's tokens now count as computed"},
+    {"end_step", (PyCFunction)(void (*)(void))Lane_end_step, METH_FASTCALL,
+     "end_step(core, step) -> KVCacheManager.end_step(step) for the core this lane serves, "
+     "one without `unit U`: how many blocks became hittable; None (nothing done) when the "
+     "definition must answer, an invalid step included"},
     {"register", (PyCFunction)(void (*)(void))Lane_register, METH_FASTCALL,
      "register(request, before) -> how many blocks the step ending now completed and "
      "registered, as commit.Registrar.register does; None (nothing done) when the general "
@@ -397,6 +403,10 @@ PyInit__decodelane(void)
         {&s_state, "_state"}, {&s_records, "_records"}, {&s_boundaries, "boundaries"},
         {&s_bind_run, "bind_run"}, {&s_pipelined, "pipelined"}, {&s_published, "published"},
         {&s_publish, "publish"}, {&s_fromlist, "fromlist"}, {&s_take, "take"},
+        {&s_step, "_step"}, {&s_in_flight, "_in_flight"}, {&s_tails, "_tails"},
+        {&s_requests, "_requests"}, {&s_lane_registers, "_lane_registers"},
+        {&s_published_in_step, "_published_in_step"}, {&s_register, "_register"},
+        {&s_give_back, "_give_back"}, {&s_sources, "sources"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

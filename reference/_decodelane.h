@@ -75,7 +75,9 @@ extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_deco
     *s_tables, *s_held_from, *s_quiet_end, *s_quiet_state, *s_quiet_slots, *s_quiet_slots_floor,
     *s_num_free, *s_num_registered, *s_forget_run, *s_extend, *s_unique_chains, *s_chains,
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
-    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take;
+    *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take,
+    *s_step, *s_in_flight, *s_tails, *s_requests, *s_lane_registers, *s_published_in_step,
+    *s_register, *s_give_back, *s_sources;
 
 static inline long long
 min_ll(long long a, long long b)
@@ -146,6 +148,7 @@ entry(PyObject *table, Py_ssize_t j)
 PyObject *Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_publish(Lane *lane, PyObject *request);
 int lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObject *in_flight);
 PyObject *make_answer(Lane *lane, long long hit, Py_ssize_t scheduled, PyObject *new_blocks,

@@ -67,6 +67,7 @@ class DecodeLane:
     def end_chunks(
         self, ending: list[str], requests: dict[str, Any], /
     ) -> list[tuple[str, Any, int]]: ...
+    def end_step(self, core: object, step: int | None, /) -> int | None: ...
 
 class DropIn:
     """The vLLM drop-in's allocate_slots (the object, called) and start_pending for decode

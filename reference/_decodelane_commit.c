@@ -411,3 +411,155 @@ lane_launch(Lane *lane, PyObject *rid, PyObject *request, PyObject *step, PyObje
     lane->published += published;
     return 1;
 }
+
+
+/* The chunks in flight that end with step `step` (None: every one) and leave `in_flight`:
+ * the whole dict's keys, the dict rebound empty on the core, or those scheduled in `step`
+ * or earlier, deleted from it. NULL on error. */
+static PyObject *
+take_ending(PyObject *core, PyObject *in_flight, PyObject *step, int every)
+{
+    if (every) {
+        PyObject *ending = PyDict_Keys(in_flight);
+        PyObject *empty = ending ? PyDict_New() : NULL;
+        int rebound = empty != NULL && PyObject_SetAttr(core, s_in_flight, empty) == 0;
+        Py_XDECREF(empty);
+        if (!rebound) {
+            Py_XDECREF(ending);
+            return NULL;
+        }
+        return ending;
+    }
+    PyObject *ending = PyList_New(0);
+    PyObject *rid, *started;
+    Py_ssize_t at = 0;
+    while (ending != NULL && PyDict_Next(in_flight, &at, &rid, &started)) {
+        int earlier = PyObject_RichCompareBool(started, step, Py_LE);
+        if (earlier < 0 || (earlier && PyList_Append(ending, rid) < 0)) {
+            Py_CLEAR(ending);
+        }
+    }
+    for (Py_ssize_t k = 0; ending != NULL && k < PyList_GET_SIZE(ending); k++) {
+        if (PyDict_DelItem(in_flight, PyList_GET_ITEM(ending, k)) < 0) {
+            Py_CLEAR(ending);
+        }
+    }
+    return ending;
+}
+
+/* One committing request's registration, as the core's _register makes it: through
+ * Lane_register where the lane registers for the core, else (or where that declines) the
+ * core's own method. Then its copy sources go back (none without `unit U`, whose cores
+ * this never serves; kept as the definition's loop has it). How many blocks; -1 on error. */
+static long long
+register_one(Lane *lane, PyObject *core, int lane_registers, PyObject *entry)
+{
+    PyObject *rid = PyTuple_GET_ITEM(entry, 0), *request = PyTuple_GET_ITEM(entry, 1);
+    PyObject *answer = NULL;
+    if (lane_registers) {
+        PyObject *args[2] = {request, PyTuple_GET_ITEM(entry, 2)};
+        answer = Lane_register(lane, args, 2);
+        if (answer == Py_None) {
+            Py_CLEAR(answer);
+        } else if (answer == NULL) {
+            return -1;
+        }
+    }
+    if (answer == NULL) {
+        answer = PyObject_CallMethodObjArgs(core, s_register, rid, request,
+                                            PyTuple_GET_ITEM(entry, 2), NULL);
+        if (answer == NULL) {
+            return -1;
+        }
+    }
+    long long count = PyLong_AsLongLong(answer);
+    Py_DECREF(answer);
+    return count == -1 && PyErr_Occurred() ? -1 : count;
+}
+
+/* end_step(core, step) -> KVCacheManager.end_step(step) for a core whose decode lane this
+ * is and that copies nothing (`_tails` None, no `unit U`): how many blocks became hittable,
+ * or None (nothing done) where the definition must answer, an invalid step included (it
+ * says why). The definition's steps, in its order: the same-pass publications taken, the
+ * ending chunks leave `_in_flight` and count as computed (Lane_end_chunks), then the
+ * requests that may commit register in request-id order, each returning its copy sources
+ * after all have registered. */
+PyObject *
+Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "end_step(core, step)");
+        return NULL;
+    }
+    PyObject *core = args[0], *step = args[1];
+    PyObject *current = PyObject_GetAttr(core, s_step);
+    PyObject *tails = current ? PyObject_GetAttr(core, s_tails) : NULL;
+    PyObject *in_flight = tails ? PyObject_GetAttr(core, s_in_flight) : NULL;
+    PyObject *requests = in_flight ? PyObject_GetAttr(core, s_requests) : NULL;
+    PyObject *flag = requests ? PyObject_GetAttr(core, s_lane_registers) : NULL;
+    PyObject *published = flag ? PyObject_GetAttr(core, s_published_in_step) : NULL;
+    PyObject *ending = NULL, *committing = NULL, *answer = NULL;
+    if (published == NULL) {
+        goto done;
+    }
+    long long now, number = -1, already;
+    int valid = tails == Py_None && PyDict_CheckExact(in_flight) && PyDict_CheckExact(requests) &&
+                PyBool_Check(flag) && count_of(current, &now) && count_of(published, &already);
+    if (valid && step != Py_None) { /* else _check_step raises (or the general path serves) */
+        valid = count_of(step, &number) && number <= now;
+    }
+    if (!valid) {
+        answer = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *none_yet = PyLong_FromLong(0);
+    int reset = none_yet != NULL && PyObject_SetAttr(core, s_published_in_step, none_yet) == 0;
+    Py_XDECREF(none_yet);
+    if (!reset) {
+        goto done;
+    }
+    long long registered = already + lane->published;
+    lane->published = 0;
+    ending = take_ending(core, in_flight, step, step == Py_None || number == now);
+    PyObject *call[2] = {ending, requests};
+    committing = ending ? Lane_end_chunks(lane, call, 2) : NULL;
+    if (committing == NULL || PyList_Sort(committing) < 0) { /* rids are distinct: by rid */
+        goto done;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(committing);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        long long added = register_one(lane, core, flag == Py_True,
+                                       PyList_GET_ITEM(committing, k));
+        if (added < 0) {
+            goto done;
+        }
+        registered += added;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *request = PyTuple_GET_ITEM(PyList_GET_ITEM(committing, k), 1);
+        PyObject *sources = lane_get(request, s_sources);
+        int some = sources == NULL ? -1 : PyObject_IsTrue(sources);
+        if (some > 0) {
+            PyObject *back = PyObject_CallMethodOneArg(core, s_give_back, sources);
+            PyObject *none = back ? PyList_New(0) : NULL;
+            some = none == NULL || lane_set(request, s_sources, none) < 0 ? -1 : 0;
+            Py_XDECREF(back);
+            Py_XDECREF(none);
+        }
+        Py_XDECREF(sources);
+        if (some < 0) {
+            goto done;
+        }
+    }
+    answer = PyLong_FromLongLong(registered);
+done:
+    Py_XDECREF(current);
+    Py_XDECREF(tails);
+    Py_XDECREF(in_flight);
+    Py_XDECREF(requests);
+    Py_XDECREF(flag);
+    Py_XDECREF(published);
+    Py_XDECREF(ending);
+    Py_XDECREF(committing);
+    return answer;
+}

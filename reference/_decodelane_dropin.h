@@ -32,8 +32,8 @@ typedef struct {
 
 /* interned names (made once, in dropin_ready) */
 extern PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
-    *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
-    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
+    *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
+    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
     *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *zero;
 
 /* the calls: allocate_slots (the object, called) and start_pending */

@@ -4,8 +4,8 @@
 #include "_decodelane_dropin.h"
 
 PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
-    *s_pending, *s_keep, *s_core, *s_lane, *s_step, *s_handed_out, *s_append,
-    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_in_flight, *s_zeroed,
+    *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
+    *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
     *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *zero;
 
 static int
@@ -190,10 +190,10 @@ dropin_ready(void)
         {&s_request_id, "request_id"}, {&s_num_computed_tokens, "num_computed_tokens"},
         {&s_all_token_ids, "all_token_ids"},
         {&s_pending, "pending"}, {&s_keep, "keep"}, {&s_core, "core"},
-        {&s_lane, "_lane"}, {&s_step, "_step"}, {&s_handed_out, "_handed_out"},
+        {&s_lane, "_lane"}, {&s_handed_out, "_handed_out"},
         {&s_append, "append"}, {&s_popleft, "popleft"},
         {&s_num_lookahead_tokens, "num_lookahead_tokens"}, {&s_progress_of, "progress_of"},
-        {&s_check_started, "_check_started"}, {&s_in_flight, "_in_flight"},
+        {&s_check_started, "_check_started"},
         {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
         {&s_check_columns, "_check_runner_columns"}, {&s_wrapped, "_x"},
         {&s_new_ids, "_new_ids"},

@@ -608,6 +608,10 @@ class KVCacheManager(HitQueries):
         from `start_step`) ends the chunks scheduled in that step and earlier ones, and
         leaves later steps' chunks in flight; None ends every chunk in flight. Returns how
         many blocks became hittable since the last call (same-pass publications included)."""
+        if self._lane is not None and self._tails is None:  # compiled (decode_lane)
+            done: int | None = self._lane.end_step(self, step)
+            if done is not None:
+                return done
         self._check_step(step)
         registered, self._published_in_step = self._published_in_step, 0
         if self._lane is not None:  # what its launches published (same-pass)

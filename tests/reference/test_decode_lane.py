@@ -62,6 +62,8 @@ SERVED = {
     "published": 0,
     "state": 0,
     "state_changes": 0,
+    "ended": 0,
+    "end_declined": 0,
 }
 
 
@@ -90,6 +92,22 @@ class Counted:
 
     def end_chunks(self, *args: Any) -> Any:
         return self.lane.end_chunks(*args)
+
+    def end_step(self, core: Any, step: Any) -> Any:
+        # every other step, the same-pass publications are taken first (counted) and left
+        # to the core as if published outside the lane, which the compiled end_step adds
+        # alike; the other steps it takes them from the lane itself
+        counting = SERVED["ended"] % 2 == 0
+        published = self.take_published() if counting else 0
+        core._published_in_step += published
+        answer = self.lane.end_step(core, step)
+        if answer is None:  # the definition then answers, the publications counted in
+            SERVED["end_declined"] += 1
+            return None
+        SERVED["ended"] += 1
+        if counting and not self.stateful:  # the lane's registrations (a state layout's
+            SERVED["registered"] += answer - published  # are Python's)
+        return answer
 
     def admit(self, *args: Any) -> Any:
         answer = self.lane.admit(*args)
@@ -278,7 +296,11 @@ def play(groups, blocks, limit, drafts, reach, visibility, script):
                 chunk_end = checkpoint + 1 + size % 4
             both(pair, "reserve", rid, computed + lookahead + count, chunk_end, checkpoint)
         else:  # a step: the sampled tokens, or the prompt's next chunk
+            # numbered (roll 10, 11): a step that may end while a later one runs
+            step = both(pair, "start_step") if roll >= 10 else 0
             for each in list(running):
+                if each in pair[0]._in_flight:  # its chunk from a numbered step runs on
+                    continue
                 computed, known = pair[0].progress(each)
                 if computed < known:
                     both(pair, "extend", each, size)
@@ -289,7 +311,12 @@ def play(groups, blocks, limit, drafts, reach, visibility, script):
                     appended[-1] = [-1, "7", 2**63, True][size % 4]
                 budget = count - 1 if roll == 4 else count  # short budgets schedule fewer
                 both(pair, "extend", each, max(budget, 1), appended, lookahead if roll > 8 else 0)
-            both(pair, "end_step")
+            if step and size % 7 == 0:  # a step not started yet: refused alike
+                both(pair, "end_step", step + 1)
+            if step and size % 2 == 0:  # the steps before it end; its chunks run on
+                both(pair, "end_step", step - 1)
+            else:
+                both(pair, "end_step", step or None)
 
 
 def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
@@ -310,6 +337,10 @@ def test_the_lane_leaves_every_answer_and_state_as_the_general_path():
     assert SERVED["admitted"] >= 25, SERVED
     assert SERVED["admit_declined"] >= 25, SERVED
     assert SERVED["prefill"] >= 25, SERVED  # prompts' next chunks (284+)
+    # steps ended compiled (numbered ones among them, some ending only earlier steps), and
+    # steps not started yet, which the compiled end_step leaves to the definition to refuse
+    assert SERVED["ended"] >= 25, SERVED
+    assert SERVED["end_declined"] >= 5, SERVED
 
 
 def test_with_a_state_group_the_lane_takes_decode_steps_and_leaves_registration():
