@@ -70,8 +70,8 @@ class DecodeLane:
     def end_step(self, core: object, step: int | None, /) -> int | None: ...
 
 class DropIn:
-    """The vLLM drop-in's allocate_slots (the object, called) and start_pending for decode
-    chunks (kvcert.reference.vllm.lane)."""
+    """The vLLM drop-in's allocate_slots (the object, called), start_pending and end_step for
+    decode chunks (kvcert.reference.vllm.lane)."""
 
     def __init__(
         self,
@@ -80,11 +80,13 @@ class DropIn:
         general: Callable[..., Any],
         pending: Callable[..., Any],
         start_chunk: Callable[..., Any],
+        end_step: Callable[..., Any],
         state_columns: tuple[tuple[int, int], ...],
         token_list: type | None,
     ) -> None: ...
     def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any: ...
     def start_pending(self, requests: Any, /) -> None: ...
+    def end_step(self, step: int | None = None) -> int: ...
 
 def wrap_blocks(
     views: list[Any],

@@ -709,6 +709,33 @@ DropIn_start_pending(DropIn *self, PyObject *requests)
     Py_RETURN_NONE;
 }
 
+/* end_step(step=None): the drop-in's end_step for a manager publishing no events (the
+ * decode lane serves no core that records them), through the lane's end_step: the facade's
+ * and the core's Python frames skipped. Any other call, a manager with events on, a core
+ * or lane other than the ones this was built for, or a step the lane leaves to the
+ * definition (which then says why it is invalid) is the Python method's. */
+PyObject *
+DropIn_end_step(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL && nargs <= 1 && same_core(self)) {
+        PyObject *events = PyObject_GetAttr(self->manager, s_events);
+        if (events == NULL) {
+            return NULL;
+        }
+        Py_DECREF(events);
+        if (events == Py_False) {
+            PyObject *call[2] = {self->core, nargs ? args[0] : Py_None};
+            PyObject *answer = Lane_end_step((Lane *)self->lane, call, 2);
+            if (answer != Py_None) {
+                return answer; /* the count, or NULL: an error the definition would raise */
+            }
+            Py_DECREF(answer);
+        }
+    }
+    return call_with_manager(self, self->end_step, args, nargs, kwnames);
+}
+
 /* wrap_blocks(views, tables, blocks_class, empty): the drop-in's `_wrap` (kvcert.reference.
  * vllm.tables.BlockTableViews._wrap) for tables that are lists or tuples of block ids within
  * `views`: `empty` when every table is empty, else blocks_class(tuple of one list per table,

@@ -18,6 +18,7 @@ typedef struct {
     PyObject *general;     /* the Python allocate_slots (the class's function) */
     PyObject *pending;     /* the Python start_pending */
     PyObject *start_chunk; /* the Python _start_chunk(rid, chunks, progress, request) */
+    PyObject *end_step;    /* the Python end_step */
     /* vLLM's ConstantList, whose instances (a request's all_token_ids) slice the list they
      * keep in `_x`, or None: every slice is then the sequence's own (lane.py checks this) */
     PyObject *token_list;
@@ -34,10 +35,11 @@ typedef struct {
 extern PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
-    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *zero;
+    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *s_events, *zero;
 
-/* the calls: allocate_slots (the object, called) and start_pending */
+/* the calls: allocate_slots (the object, called), start_pending and end_step */
 PyObject *DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *DropIn_start_pending(DropIn *self, PyObject *requests);
+PyObject *DropIn_end_step(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 #endif

@@ -6,16 +6,17 @@
 PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
-    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *zero;
+    *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *s_events, *zero;
 
 static int
 DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"manager", "general", "pending", "start_chunk", "state_columns",
-                            "token_list", NULL};
-    PyObject *manager, *general, *pending, *start_chunk, *state_columns, *token_list;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO:DropIn", names, &manager, &general,
-                                     &pending, &start_chunk, &state_columns, &token_list)) {
+    static char *names[] = {"manager", "general", "pending", "start_chunk", "end_step",
+                            "state_columns", "token_list", NULL};
+    PyObject *manager, *general, *pending, *start_chunk, *end_step, *state_columns, *token_list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO:DropIn", names, &manager, &general,
+                                     &pending, &start_chunk, &end_step, &state_columns,
+                                     &token_list)) {
         return -1;
     }
     if (token_list != Py_None && !PyType_Check(token_list)) {
@@ -77,11 +78,12 @@ DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
         ok = 0;
     }
     if (ok) {
-        PyObject **fields[] = {&self->manager, &self->core, &self->lane, &self->requests,
-                               &self->tracked, &self->empty, &self->general, &self->pending,
-                               &self->start_chunk, &self->token_list};
-        PyObject *values[] = {manager, core, lane, got[0], got[1], got[2], general, pending,
-                              start_chunk, token_list};
+        PyObject **fields[] = {&self->manager, &self->core,     &self->lane,
+                               &self->requests, &self->tracked, &self->empty,
+                               &self->general, &self->pending,  &self->start_chunk,
+                               &self->end_step, &self->token_list};
+        PyObject *values[] = {manager, core,    lane,        got[0],   got[1],    got[2],
+                              general, pending, start_chunk, end_step, token_list};
         for (size_t k = 0; k < sizeof(values) / sizeof(values[0]); k++) {
             Py_XSETREF(*fields[k], Py_NewRef(values[k]));
         }
@@ -108,6 +110,7 @@ DropIn_traverse(DropIn *self, visitproc visit, void *arg)
     Py_VISIT(self->general);
     Py_VISIT(self->pending);
     Py_VISIT(self->start_chunk);
+    Py_VISIT(self->end_step);
     Py_VISIT(self->token_list);
     return 0;
 }
@@ -124,6 +127,7 @@ DropIn_clear(DropIn *self)
     Py_CLEAR(self->general);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->start_chunk);
+    Py_CLEAR(self->end_step);
     Py_CLEAR(self->token_list);
     return 0;
 }
@@ -160,6 +164,8 @@ static PyMethodDef DropIn_methods[] = {
     {"start_pending", (PyCFunction)DropIn_start_pending, METH_O,
      "start_pending(requests): the drop-in's start_pending, its decode chunks through the "
      "core's lane"},
+    {"end_step", (PyCFunction)(void (*)(void))DropIn_end_step, METH_FASTCALL | METH_KEYWORDS,
+     "end_step(step=None): the drop-in's end_step, through the core's lane"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -167,8 +173,8 @@ PyTypeObject DropInType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcert.reference._decodelane.DropIn",
     .tp_basicsize = sizeof(DropIn),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "The vLLM drop-in's allocate_slots (this object, called) and start_pending, "
-              "for decode chunks, through the core's decode lane.",
+    .tp_doc = "The vLLM drop-in's allocate_slots (this object, called), start_pending and "
+              "end_step, for decode chunks, through the core's decode lane.",
     .tp_new = DropIn_new,
     .tp_init = (initproc)DropIn_init,
     .tp_traverse = (traverseproc)DropIn_traverse,
@@ -196,7 +202,7 @@ dropin_ready(void)
         {&s_check_started, "_check_started"},
         {&s_zeroed, "_zeroed"}, {&s_seen, "seen"}, {&s_blocks, "blocks"},
         {&s_check_columns, "_check_runner_columns"}, {&s_wrapped, "_x"},
-        {&s_new_ids, "_new_ids"},
+        {&s_new_ids, "_new_ids"}, {&s_events, "enable_kv_cache_events"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

@@ -2,11 +2,12 @@
 (reference/_decodelane_dropin.c).
 
 vLLM's Scheduler calls `allocate_slots` once per running request and step, and kvcert's
-scheduler `start_pending` once per step. For a decode chunk the drop-in's Python methods
-cost several microseconds a call around the core's decode lane, which itself takes a
-fraction of one. The compiled `DropIn` answers such a chunk through the core's lane
+scheduler `start_pending` and `end_step` once per step. For a decode chunk the drop-in's
+Python methods cost several microseconds a call around the core's decode lane, which itself
+takes a fraction of one. The compiled `DropIn` answers such a chunk through the core's lane
 directly: one that extends the request (synchronous scheduling), one scheduled behind the
-chunk in flight whose slots are held already (asynchronous), and the start of such a chunk.
+chunk in flight whose slots are held already (asynchronous), the start of such a chunk, and
+the end of a step (the core's end_step through the lane, with no events to publish).
 Every other call it passes, unchanged, to the Python method, which stays the definition;
 kvcert.conformance.vllm.checks.drop_in_lane holds the two equal through vLLM's own Scheduler.
 
@@ -31,10 +32,13 @@ from kvcert.reference.native import native
 if TYPE_CHECKING:
     from kvcert.reference.vllm.manager import KVCacheManager
 
+# the drop-in's methods the compiled calls answer (set on the manager, instance-wide)
+COMPILED = ("allocate_slots", "start_pending", "end_step")
 # the methods the compiled calls stand for, or call back
 DEFINITIONS = (
     "allocate_slots",
     "start_pending",
+    "end_step",
     "_start_chunk",
     "_check_started",
     "_handed_out",
@@ -69,7 +73,7 @@ def token_list() -> type | None:
 def install(manager: Any, definitions: type[KVCacheManager]) -> None:
     """Serve `manager`'s allocate_slots and start_pending compiled where `serves` says so,
     else by the class's methods; called again whenever the manager rebuilds its core."""
-    for name in ("allocate_slots", "start_pending"):
+    for name in COMPILED:
         vars(manager).pop(name, None)
     compiled = native("_decodelane")
     if compiled is None or not serves(manager, definitions):
@@ -79,8 +83,10 @@ def install(manager: Any, definitions: type[KVCacheManager]) -> None:
         general=definitions.allocate_slots,
         pending=definitions.start_pending,
         start_chunk=definitions._start_chunk,
+        end_step=definitions.end_step,
         state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
         token_list=token_list(),
     )
     manager.allocate_slots = drop_in
     manager.start_pending = drop_in.start_pending
+    manager.end_step = drop_in.end_step

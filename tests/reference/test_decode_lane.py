@@ -453,6 +453,7 @@ def drop_in_without_a_manager(state_columns: Any, token_list: Any) -> None:
         general=None,
         pending=None,
         start_chunk=None,
+        end_step=None,
         state_columns=state_columns,
         token_list=token_list,
     )

@@ -41,6 +41,7 @@ from kvcert.conformance.vllm import runtime
 from kvcert.conformance.vllm.campaign import loop
 from kvcert.conformance.vllm.campaign.build import build as campaign_build
 from kvcert.reference import hashing
+from kvcert.reference.errors import KVCacheError
 from kvcert.reference.native import native
 from kvcert.reference.vllm import lane, tables
 from kvcert.reference.vllm.manager import KVCacheManager
@@ -105,6 +106,7 @@ class Served:
 
     def __init__(self) -> None:
         self.calls = self.general = self.started = self.started_in_python = 0
+        self.ended = self.ended_in_python = 0  # end_step calls, those the Python one took
         # extensions answered with new blocks, those the Python allocate_slots answered, and
         # those the Python _handed_out answered
         self.extended = self.extended_in_python = self.handed_in_python = 0
@@ -112,6 +114,10 @@ class Served:
     @property
     def compiled_calls(self) -> int:
         return self.calls - self.general
+
+    @property
+    def compiled_ends(self) -> int:
+        return self.ended - self.ended_in_python
 
     @property
     def compiled_starts(self) -> int:
@@ -175,7 +181,7 @@ def instrumented(
     def build(*args: Any, **kwargs: Any) -> Any:
         scheduler, *rest = campaign_build(*args, **kwargs)
         manager = scheduler.kv_cache_manager
-        for name in ("allocate_slots", "start_pending"):
+        for name in lane.COMPILED:
             vars(manager).pop(name, None)
         if not compiled:  # the core's decode lane too: Python's definitions throughout
             manager.core._lane, manager.core._lane_registers = None, False
@@ -185,11 +191,13 @@ def instrumented(
                 general=served.counting(KVCacheManager.allocate_slots, "general"),
                 pending=KVCacheManager.start_pending,
                 start_chunk=served.counting(KVCacheManager._start_chunk, "started_in_python"),
+                end_step=served.counting(KVCacheManager.end_step, "ended_in_python"),
                 state_columns=tuple((g, size) for g, size, _ in manager._state_columns),
                 token_list=token_list,
             )
             manager.allocate_slots = served.counting(drop_in, "calls")
             manager.start_pending = drop_in.start_pending
+            manager.end_step = served.counting(drop_in.end_step, "ended")
         recorders.append(Recorder(manager, served))
         return (scheduler, *rest)
 
@@ -277,7 +285,8 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     the chunk is queued behind the one in flight (there the hole fails reserve's check that
     the slots are held, so the Python method answers and raises); `checked` (Qwen3.5): the
     manager's `_check_runner_columns` replaced on the instance, which then checks every
-    chunk, logged."""
+    chunk, logged; `steps`: end_step asked by keyword every other step, and for a step
+    never started and a bool (refused alike) and with no step (every one ends)."""
     recorders: list[Recorder] = []
     with python_hand_outs_counted(served), definitions_only(not compiled):
         build = instrumented(compiled, recorders, served, lane.token_list())
@@ -321,12 +330,13 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     request.num_computed_tokens = 40
     # steps in flight at most
     depths = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1, "hole": 1, "queued hole": 2}
+    depths["steps"] = 2
     depth = depths.get(scenario, 1)
     try:
         for n in range(60):
             if len(in_flight) >= depth:  # the oldest step's output: one sampled token
                 request.append_output_token_ids(7 + n)
-                manager.end_step(in_flight.pop(0))
+                _end_oldest(manager, in_flight, n if scenario == "steps" else None, log)
                 manager.start_pending(requests)
             if scenario == "rewind" and n == 30:
                 request.num_computed_tokens -= 1  # below the chunk in flight's end
@@ -341,6 +351,22 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     except Exception as error:
         log.append((type(error).__name__, str(error)))
     return log
+
+
+def _end_oldest(manager: Any, in_flight: list[int], n: int | None, log: list[Any]) -> None:
+    """The oldest step in flight ends. Under `steps` (n: the step's index), every other one
+    is asked by keyword, and first end_step is asked for a step never started, for a bool
+    (both refused alike, logged) and with no step (every step ends)."""
+    if n in (20, 21, 22):
+        odd: tuple[Any, ...] = {20: (in_flight[-1] + 9,), 21: (True,), 22: ()}[n]
+        try:
+            manager.end_step(*odd)
+        except KVCacheError as error:
+            log.append((type(error).__name__, str(error)))
+    if n is not None and n % 2:
+        manager.end_step(step=in_flight.pop(0))
+    else:
+        manager.end_step(in_flight.pop(0))
 
 
 def first_difference(a: list[Any], b: list[Any]) -> str | None:
@@ -376,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         if difference is not None:
             print(f"DIFFER seed {seed} ({workload.model}): {difference}")
             return 1
-    for scenario in ("shrink", "deep", "rewind", "replaced", "hole", "queued hole", "checked"):
+    scenarios = ("shrink", "deep", "rewind", "replaced", "hole", "queued hole", "checked", "steps")
+    for scenario in scenarios:
         compiled_log = directed(True, served, scenario)
         difference = first_difference(compiled_log, directed(False, Served(), scenario))
         if difference is not None:
@@ -391,12 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         f"drop-in lane: {seeds} attention seeds agree; the compiled calls answered "
         f"{served.compiled_calls} of {served.calls} allocate_slots calls "
         f"({served.compiled_hand_outs} of the {served.extended} extensions with new blocks) "
-        f"and started {served.compiled_starts} of {served.started} queued chunks"
+        f"and started {served.compiled_starts} of {served.started} queued chunks; it ended "
+        f"{served.compiled_ends} of {served.ended} steps"
     )
     print(
         f"drop-in lane: {states} state-hybrid seeds agree; the compiled calls answered "
         f"{state_served.compiled_calls} of {state_served.calls} allocate_slots calls and "
-        f"started {state_served.compiled_starts} of {state_served.started} queued chunks; of "
+        f"started {state_served.compiled_starts} of {state_served.started} queued chunks, "
+        f"ended {state_served.compiled_ends} of {state_served.ended} steps; of "
         f"the {state_served.extended} extensions with new blocks, "
         f"{state_served.compiled_extensions} allocated and {state_served.compiled_hand_outs} "
         "handed out compiled"
@@ -405,15 +434,17 @@ def main(argv: list[str] | None = None) -> int:
         (served.compiled_calls, served.calls),
         (served.compiled_starts, served.started),
         (served.compiled_hand_outs, served.extended),
+        (served.compiled_ends, served.ended),
     )
     vacuous_states = states > 0 and 0 in (
         state_served.compiled_calls,
         state_served.compiled_extensions,
         state_served.compiled_hand_outs,
+        state_served.compiled_ends,
     )
     if any(part * 4 < whole for part, whole in shares) or vacuous_states:
         print("VACUOUS: the compiled side answered under a quarter of the calls, or none of a "
-              "state hybrid's calls, extensions or hand-outs")  # fmt: skip
+              "state hybrid's calls, extensions, hand-outs or step ends")  # fmt: skip
         return 1
     return 0
 
