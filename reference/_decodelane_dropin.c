@@ -57,10 +57,11 @@ same_core(DropIn *self)
 
 /* vLLM's tokens from `known` to the least of `end` and its token count (a slice of its
  * all_token_ids, which stops at the count), as a list: one read where num_tokens and the
- * slice would be two calls into Python. A ConstantList (`token_list`) is sliced through the
- * list it keeps, as its __getitem__ would, without that Python call. */
+ * slice would be two calls into Python; `*count`, when asked, is that token count. A
+ * ConstantList (`token_list`) is sliced through the list it keeps, as its __getitem__
+ * would, without that Python call. */
 static PyObject *
-tokens_from(DropIn *self, PyObject *request, long long known, long long end)
+tokens_from(DropIn *self, PyObject *request, long long known, long long end, Py_ssize_t *count)
 {
     PyObject *all = PyObject_GetAttr(request, s_all_token_ids);
     if (all == NULL) {
@@ -73,10 +74,17 @@ tokens_from(DropIn *self, PyObject *request, long long known, long long end)
             Py_XDECREF(kept);
         } else {
             Py_DECREF(all);
+            if (count != NULL) {
+                *count = PyList_GET_SIZE(kept);
+            }
             PyObject *part = PyList_GetSlice(kept, (Py_ssize_t)known, (Py_ssize_t)end);
             Py_DECREF(kept);
             return part; /* PyList_GetSlice stops at the list's end, as a slice does */
         }
+    }
+    if (count != NULL && (*count = PyObject_Length(all)) < 0) {
+        Py_DECREF(all);
+        return NULL;
     }
     PyObject *part = PySequence_GetSlice(all, (Py_ssize_t)known, (Py_ssize_t)end);
     Py_DECREF(all);
@@ -328,7 +336,10 @@ lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
     return answer;
 }
 
-/* _extend's decode chunk: every known token computed, nothing in flight or pending. */
+/* _extend's chunk with nothing in flight or pending: a decode chunk (every known token
+ * computed; the sampled ones appended) or a prompt's next chunk (known tokens only; one
+ * reaching past them is the Python method's). No served manager has runner checkpoints
+ * or drafts' state blocks, so the chunk's checkpoint is 0 on both paths. */
 static int
 extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, long long computed,
              long long start, long long end, long long slots, PyObject **answer)
@@ -342,16 +353,17 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, lon
     if (known < 0) {
         return -1;
     }
-    if (known != computed) {
-        return 0; /* a prefill */
+    if (known < computed) {
+        return 0; /* not a state the core makes: the Python method says what is wrong */
     }
-    PyObject *appended = tokens_from(self, request, known, end);
+    Py_ssize_t count;
+    PyObject *appended = tokens_from(self, request, known, end, &count);
     if (appended == NULL) {
         return -1;
     }
-    long long real_end = known + PyList_GET_SIZE(appended);
-    if (real_end == known) { /* drafts only (slots, nothing computed) */
-        Py_DECREF(appended);
+    long long real_end = min_ll(end, (long long)count);
+    if (real_end - computed < 1 || (known != computed && PyList_GET_SIZE(appended))) {
+        Py_DECREF(appended); /* drafts only (slots, nothing computed), or prompt and samples */
         return 0;
     }
     PyObject *result =
@@ -601,7 +613,7 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
     if (served && request != NULL) {
         served = 0;
         if (known == computed) { /* else a prefill: Python's */
-            PyObject *appended = tokens_from(self, request, known, end);
+            PyObject *appended = tokens_from(self, request, known, end, NULL);
             long long real_end = appended ? known + PyList_GET_SIZE(appended) : 0;
             PyObject *result = appended == NULL || real_end == known ? NULL
                                : lane_extend(self, rid, real_end - computed, appended,

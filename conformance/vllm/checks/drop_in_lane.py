@@ -286,7 +286,9 @@ def directed(compiled: bool, served: Served, scenario: str) -> list[Any]:
     the slots are held, so the Python method answers and raises); `checked` (Qwen3.5): the
     manager's `_check_runner_columns` replaced on the instance, which then checks every
     chunk, logged; `steps`: end_step asked by keyword every other step, and for a step
-    never started and a bool (refused alike) and with no step (every one ends)."""
+    never started and a bool (refused alike) and with no step (every one ends); `padded`:
+    the prompt in two chunks, the second padded with 9 rows past the prompt (as vLLM pads a
+    prefill reaching the last token with draft rows), which hold slots, nothing computed."""
     recorders: list[Recorder] = []
     with python_hand_outs_counted(served), definitions_only(not compiled):
         build = instrumented(compiled, recorders, served, lane.token_list())
@@ -299,7 +301,7 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     arrival = Arrival(0, "a", prompt, 0, 200)  # sizes the model's max_model_len
     hole = scenario.endswith("hole")
     model = "qwen3.5-0.8b" if hole or scenario == "checked" else "gpt-oss-20b"
-    asynchronous = scenario not in ("shrink", "hole", "checked")
+    asynchronous = scenario not in ("shrink", "hole", "checked", "padded")
     load = Workload(0, model, "fcfs", asynchronous, 64, 256, 0, (arrival,))
     scheduler, _, hasher, _ = build(load, kvcert=True)
     manager, log = scheduler.kv_cache_manager, recorders[0].log
@@ -326,8 +328,7 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     manager.get_computed_blocks(request)
     ahead = 40 if scenario == "shrink" else 0
     in_flight = [manager.start_step()]
-    manager.allocate_slots(request, 40, num_lookahead_tokens=ahead)
-    request.num_computed_tokens = 40
+    _admitted(manager, request, in_flight, ahead, padded=scenario == "padded")
     # steps in flight at most
     depths = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1, "hole": 1, "queued hole": 2}
     depths["steps"] = 2
@@ -351,6 +352,21 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     except Exception as error:
         log.append((type(error).__name__, str(error)))
     return log
+
+
+def _admitted(
+    manager: Any, request: Any, in_flight: list[int], ahead: int, *, padded: bool
+) -> None:
+    """The 40-token prompt scheduled: in one chunk, or `padded`, in two, the second ending 9
+    rows past it (block 3 of a 16-token block, which only those rows reach)."""
+    first = 20 if padded else 40
+    manager.allocate_slots(request, first, num_lookahead_tokens=ahead)
+    request.num_computed_tokens = first
+    if padded:
+        manager.end_step(in_flight.pop(0))
+        in_flight.append(manager.start_step())
+        manager.allocate_slots(request, 29)
+        request.num_computed_tokens = 40
 
 
 def _end_oldest(manager: Any, in_flight: list[int], n: int | None, log: list[Any]) -> None:
@@ -402,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         if difference is not None:
             print(f"DIFFER seed {seed} ({workload.model}): {difference}")
             return 1
-    scenarios = ("shrink", "deep", "rewind", "replaced", "hole", "queued hole", "checked", "steps")
+    scenarios = (
+        *("shrink", "deep", "rewind", "replaced", "hole", "queued hole", "checked"),
+        *("steps", "padded"),
+    )
     for scenario in scenarios:
         compiled_log = directed(True, served, scenario)
         difference = first_difference(compiled_log, directed(False, Served(), scenario))
