@@ -1,9 +1,10 @@
 /* kvcert.reference._decodelane's shared declarations: the lane object, the interned
- * attribute names, the arithmetic and the attribute access of its six sources
+ * attribute names, the arithmetic and the attribute access of its seven sources
  * (_decodelane.c: the type and module; _decodelane_step.c: a decode step, planned;
  * _decodelane_alloc.c: a plan carried out on the pool, and an admission's first chunk;
- * _decodelane_commit.c: registering what a step completed; _decodelane_dropin.c: the
- * vLLM drop-in's calls for a decode chunk; _decodelane_dropin_type.c: the drop-in's type). */
+ * _decodelane_commit.c: registering what a step completed, and a step's end;
+ * _decodelane_dropin.c: the vLLM drop-in's calls for a decode chunk and a step's end;
+ * _decodelane_dropin_type.c: the drop-in's type; _decodelane_wrap.c: the drop-in's _wrap). */
 #ifndef KVCERT_DECODELANE_H
 #define KVCERT_DECODELANE_H
 
@@ -184,7 +185,7 @@ PyObject *carry_out(Lane *lane, PyObject *tables, PyObject *held_from, const Pla
 /* the lane's type, and the vLLM drop-in's calls over it (_decodelane_dropin.c) */
 extern PyTypeObject LaneType, DropInType;
 int dropin_ready(void);
-/* the vLLM drop-in's _wrap, a module function (_decodelane_dropin.c) */
+/* the vLLM drop-in's _wrap, a module function (_decodelane_wrap.c) */
 PyObject *wrap_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -3,25 +3,26 @@ Scheduler.
 
     .engines/vllm-0.33.0/bin/python -m kvcert.conformance.vllm.checks.drop_in_lane [--runs N]
 
-kvcert.reference.vllm.lane serves a decode chunk's `allocate_slots` and `start_pending`
-compiled (reference/_decodelane_dropin.c) over the core's decode lane; the drop-in's Python
+kvcert.reference.vllm.lane serves a decode chunk's or a prompt chunk's `allocate_slots`,
+`start_pending` and `end_step` compiled (reference/_decodelane_dropin.c) over the core's
+decode lane; the drop-in's Python
 methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts,
 multi-module MTP and state hybrids included) is played through kvcert's Scheduler twice:
 with the compiled calls (and the core's compiled decode lane under them), and with every
 call answered by the Python methods, the core's too (and the drop-in's `_wrap` and the
-digest memo by their definitions: reference/_decodelane_dropin.c's `wrap_blocks` and
+digest memo by their definitions: reference/_decodelane_wrap.c's `wrap_blocks` and
 reference/_chain_memo.c are held to them here too). Every call vLLM makes to the manager
 must get the same answer (block ids per group, hits, None), the two runs the same outcome,
 and the allocator the same state after each step: every request's counters, tables, bounds
-and registered marks, every block's key and count, the pool's counters. Seven directed
+and registered marks, every block's key and count, the pool's counters. Nine directed
 scenarios (`directed`) do the same for what those workloads rarely reach. The compiled calls
 slice vLLM's token lists directly (`lane.token_list`) on odd seeds and in the scenarios, and
 through the lists' own `__getitem__` on even seeds, so both are held to the Python methods.
 So that this cannot pass vacuously, on the attention seeds the compiled side must itself
 have answered at least a quarter of the `allocate_slots` calls, started a quarter of the
-queued chunks (asynchronous seeds) and handed out a quarter of the extensions' new blocks,
-and on the state hybrids' seeds answered some calls (their quiet decode steps; their new
-blocks are always the Python method's).
+queued chunks (asynchronous seeds), handed out a quarter of the extensions' new blocks and
+ended a quarter of the steps, and on the state hybrids' seeds answered some calls,
+extensions, hand-outs and step ends.
 
 Exit 0 when every seed agrees, 1 at the first difference (printed with its seed), 2 when the
 compiled calls are not built (KVCERT_PURE_PYTHON=1, or no compiler at install).
