@@ -449,8 +449,7 @@ take_ending(PyObject *core, PyObject *in_flight, PyObject *step, int every)
 
 /* One committing request's registration, as the core's _register makes it: through
  * Lane_register where the lane registers for the core, else (or where that declines) the
- * core's own method. Then its copy sources go back (none without `unit U`, whose cores
- * this never serves; kept as the definition's loop has it). How many blocks; -1 on error. */
+ * core's own method. How many blocks; -1 on error. */
 static long long
 register_one(Lane *lane, PyObject *core, int lane_registers, PyObject *entry)
 {
@@ -535,7 +534,7 @@ Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         }
         registered += added;
     }
-    for (Py_ssize_t k = 0; k < count; k++) {
+    for (Py_ssize_t k = 0; k < count; k++) { /* copy sources: none without `unit U` */
         PyObject *request = PyTuple_GET_ITEM(PyList_GET_ITEM(committing, k), 1);
         PyObject *sources = lane_get(request, s_sources);
         int some = sources == NULL ? -1 : PyObject_IsTrue(sources);

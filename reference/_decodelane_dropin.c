@@ -727,9 +727,8 @@ DropIn_start_pending(DropIn *self, PyObject *requests)
  * or lane other than the ones this was built for, or a step the lane leaves to the
  * definition (which then says why it is invalid) is the Python method's. */
 PyObject *
-DropIn_end_step(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+DropIn_end_step(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames == NULL && nargs <= 1 && same_core(self)) {
         PyObject *events = PyObject_GetAttr(self->manager, s_events);
         if (events == NULL) {

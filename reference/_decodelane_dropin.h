@@ -40,6 +40,7 @@ extern PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
 /* the calls: allocate_slots (the object, called), start_pending and end_step */
 PyObject *DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 PyObject *DropIn_start_pending(DropIn *self, PyObject *requests);
-PyObject *DropIn_end_step(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+PyObject *DropIn_end_step(DropIn *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 
 #endif

@@ -71,8 +71,9 @@ def token_list() -> type | None:
 
 
 def install(manager: Any, definitions: type[KVCacheManager]) -> None:
-    """Serve `manager`'s allocate_slots and start_pending compiled where `serves` says so,
-    else by the class's methods; called again whenever the manager rebuilds its core."""
+    """Serve `manager`'s allocate_slots, start_pending and end_step compiled where `serves`
+    says so, else by the class's methods; called again whenever the manager rebuilds its
+    core."""
     for name in COMPILED:
         vars(manager).pop(name, None)
     compiled = native("_decodelane")
