@@ -30,7 +30,7 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
     *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take,
     *s_step, *s_in_flight, *s_tails, *s_requests, *s_lane_registers, *s_published_in_step,
-    *s_register, *s_give_back, *s_sources;
+    *s_register;
 
 static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_tokens) */
 
@@ -406,7 +406,6 @@ PyInit__decodelane(void)
         {&s_step, "_step"}, {&s_in_flight, "_in_flight"}, {&s_tails, "_tails"},
         {&s_requests, "_requests"}, {&s_lane_registers, "_lane_registers"},
         {&s_published_in_step, "_published_in_step"}, {&s_register, "_register"},
-        {&s_give_back, "_give_back"}, {&s_sources, "sources"},
     };
     for (size_t k = 0; k < sizeof(strings) / sizeof(strings[0]); k++) {
         *strings[k].name = PyUnicode_InternFromString(strings[k].text);

@@ -78,7 +78,7 @@ extern PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_deco
     *s_registered, *s_commit_at, *s_size, *s_digests, *s_stream, *s_fed, *s_state, *s_records,
     *s_boundaries, *s_bind_run, *s_pipelined, *s_published, *s_publish, *s_fromlist, *s_take,
     *s_step, *s_in_flight, *s_tails, *s_requests, *s_lane_registers, *s_published_in_step,
-    *s_register, *s_give_back, *s_sources;
+    *s_register;
 
 static inline long long
 min_ll(long long a, long long b)

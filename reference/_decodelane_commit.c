@@ -481,8 +481,9 @@ register_one(Lane *lane, PyObject *core, int lane_registers, PyObject *entry)
  * or None (nothing done) where the definition must answer, an invalid step included (it
  * says why). The definition's steps, in its order: the same-pass publications taken, the
  * ending chunks leave `_in_flight` and count as computed (Lane_end_chunks), then the
- * requests that may commit register in request-id order, each returning its copy sources
- * after all have registered. */
+ * requests that may commit register in request-id order. Its last step, giving back the
+ * blocks those requests' chunks copied from, has nothing to do here: only `unit U` (Tails)
+ * gives a request copy sources. */
 PyObject *
 Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -533,22 +534,6 @@ Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         registered += added;
-    }
-    for (Py_ssize_t k = 0; k < count; k++) { /* copy sources: none without `unit U` */
-        PyObject *request = PyTuple_GET_ITEM(PyList_GET_ITEM(committing, k), 1);
-        PyObject *sources = lane_get(request, s_sources);
-        int some = sources == NULL ? -1 : PyObject_IsTrue(sources);
-        if (some > 0) {
-            PyObject *back = PyObject_CallMethodOneArg(core, s_give_back, sources);
-            PyObject *none = back ? PyList_New(0) : NULL;
-            some = none == NULL || lane_set(request, s_sources, none) < 0 ? -1 : 0;
-            Py_XDECREF(back);
-            Py_XDECREF(none);
-        }
-        Py_XDECREF(sources);
-        if (some < 0) {
-            goto done;
-        }
     }
     answer = PyLong_FromLongLong(registered);
 done:

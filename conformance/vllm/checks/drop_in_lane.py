@@ -5,9 +5,9 @@ Scheduler.
 
 kvcert.reference.vllm.lane serves a decode chunk's or a prompt chunk's `allocate_slots`,
 `start_pending` and `end_step` compiled (reference/_decodelane_dropin.c) over the core's
-decode lane; the drop-in's Python
-methods are their definitions. Each seed's random workload (`kvcert fuzz --kvcert`'s, drafts,
-multi-module MTP and state hybrids included) is played through kvcert's Scheduler twice:
+decode lane; the drop-in's Python methods are their definitions. Each seed's random
+workload (`kvcert fuzz --kvcert`'s, drafts, multi-module MTP and state hybrids included) is
+played through kvcert's Scheduler twice:
 with the compiled calls (and the core's compiled decode lane under them), and with every
 call answered by the Python methods, the core's too (and the drop-in's `_wrap` and the
 digest memo by their definitions: reference/_decodelane_wrap.c's `wrap_blocks` and
@@ -332,7 +332,7 @@ def _directed(build: Any, recorders: list[Recorder], scenario: str) -> list[Any]
     _admitted(manager, request, in_flight, ahead, padded=scenario == "padded")
     # steps in flight at most
     depths = {"shrink": 1, "deep": 3, "rewind": 2, "replaced": 1, "hole": 1, "queued hole": 2}
-    depths["steps"] = 2
+    depths |= {"steps": 2}
     depth = depths.get(scenario, 1)
     try:
         for n in range(60):
