@@ -193,6 +193,11 @@ class CacheConfig:
     # every hit is a multiple of this: the lcm of the cacheable block sizes, or the hit unit
     # when one is set (derived once: each hit search reads it)
     alignment: int = field(init=False, repr=False, compare=False)
+    # per group (kind code, block size, window or chunk) for the compiled hit search; None
+    # with a state group, whose search is only the Python one (derived once, as alignment)
+    search_plan: tuple[tuple[int, int, int], ...] | None = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple | list) or not self.groups:
@@ -203,6 +208,7 @@ class CacheConfig:
         self._check_hit_unit()
         unit = self.hit_unit
         object.__setattr__(self, "alignment", unit or hit_alignment(self.groups))
+        object.__setattr__(self, "search_plan", search_plan(self.groups))
         if self.speculative is not None:
             object.__setattr__(
                 self, "speculative", as_choice(DraftKeying, self.speculative, "speculative")
@@ -311,6 +317,18 @@ class CacheConfig:
                 f"retention_interval={interval} is not a multiple of the hit alignment "
                 f"{self.alignment} (the lcm of the block sizes); no hit could end at it"
             )
+
+
+# each attention kind's code in the compiled hit search (reference/_keyindex_hit.c)
+SEARCH_CODES = {Kind.FULL: 0, Kind.SLIDING_WINDOW: 1, Kind.CHUNKED_LOCAL: 2, Kind.CROSS: 3}
+
+
+def search_plan(groups: tuple[GroupConfig, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """What the compiled hit search reads of the groups: per group its kind's code, block
+    size, and window or chunk (0 for the others); None when a group holds state."""
+    if any(g.kind is Kind.MAMBA for g in groups):
+        return None
+    return tuple((SEARCH_CODES[g.kind], g.block_size, g.window or g.chunk) for g in groups)
 
 
 def hit_alignment(groups: tuple[GroupConfig, ...]) -> int:

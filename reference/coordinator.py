@@ -41,11 +41,15 @@ from kvcert.reference.block_pool import NULL_BLOCK
 from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.groups import first_needed, needs_last_block
 from kvcert.reference.keyindex import ServedMap
+from kvcert.reference.native import native
 
 K = TypeVar("K", bound=Hashable)  # a block key: a digest, or a block index in the hit suite
 Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
 Served = Sequence[ServedMap[K]]  # per group, key -> cached block id (a dict or a view)
 BLOCK_IDS = "i"  # array typecode of a packed block table: int32, as the pool's arrays
+_compiled = native("_keyindex")
+# find_hit for layouts without state groups, when its first candidate passes (None: not built)
+_attention_hit = None if _compiled is None else _compiled.attention_hit
 
 
 @overload
@@ -101,6 +105,14 @@ def find_hit(
     groups = config.groups
     alignment = config.alignment
     bound = num_tokens - 1 if limit is None else min(num_tokens - 1, limit)
+    drops = config.speculative is DraftKeying.DROP and not ignore_state and limit is None
+    plan = config.search_plan
+    if _attention_hit is not None and plan is not None and not drops:
+        # compiled, when the largest candidate passes (reference/_keyindex_hit.c)
+        found = _attention_hit(served, plan, keys, bound, alignment, packed)
+        if found is not None:
+            hit, made = found
+            return (hit, [array(BLOCK_IDS, t) for t in made]) if packed else found
     others = []
     prefixes: dict[int, MutableSequence[int]] = {}  # per full group, its cached prefix
     for g, group in enumerate(groups):
@@ -115,7 +127,6 @@ def find_hit(
         elif group.kind is not Kind.CROSS:
             others.append(g)
 
-    drops = config.speculative is DraftKeying.DROP and not ignore_state and limit is None
     top = (bound // alignment) * alignment
     if not drops and all(_accepts(groups[g], served[g], keys[g], top) for g in others):
         found = [top]  # the first candidate passes (a shared prefix's usual case): no scan

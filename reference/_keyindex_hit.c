@@ -1,0 +1,215 @@
+/* kvcert.reference._keyindex.attention_hit: kvcert.reference.coordinator.find_hit, compiled
+ * for layouts without state groups when its first candidate passes (a shared prefix's usual
+ * case). find_hit stays the definition: it calls this first and, on None, runs its own scan;
+ * tests/reference/test_attention_hit.py holds the two equal.
+ *
+ * Why: for a prompt of a few thousand tokens the search's probes take a microsecond, and the
+ * Python around them (per group its kind, its prefix, its run of needed blocks, its table)
+ * several; an engine pays that on every lookup it makes of a waiting request. */
+#include "_keyindex.h"
+
+/* The plan's codes of the kinds (coordinator.SEARCH_CODES). */
+enum { FULL = 0, WINDOW = 1, CHUNKED = 2, CROSS = 3 };
+
+typedef struct {
+    long code, size, span;         /* kind, block size, window or chunk */
+    const GroupView *view;         /* NULL for a cross group */
+    PyObject *const *keys;         /* the request's key of each block */
+    Py_ssize_t count;              /* how many keys */
+    int32_t *blocks;               /* FULL: its cached prefix; else its run at the hit */
+    Py_ssize_t found;              /* FULL: the prefix's length */
+} Group;
+
+/* The first block a hit of `length` needs (kvcert.reference.groups.first_needed). */
+static Py_ssize_t
+first_needed(const Group *group, Py_ssize_t length)
+{
+    if (group->code == WINDOW) {
+        return Py_MAX(0, length - (group->span - 1)) / group->size;
+    }
+    if (group->code == CHUNKED) {
+        return length / group->span * group->span / group->size;
+    }
+    return 0;
+}
+
+/* One plan entry read into `group`: 1, or 0 when it is not one this search serves. */
+static int
+read_plan(PyObject *entry, PyObject *view, PyObject *keys, Group *group)
+{
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3) {
+        return 0;
+    }
+    group->code = PyLong_AsLong(PyTuple_GET_ITEM(entry, 0));
+    group->size = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    group->span = PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (group->code == CROSS) {
+        return 1;
+    }
+    if (group->code < FULL || group->code > CHUNKED || group->size < 1 ||
+        (group->code != FULL && group->span < 1) || !Py_IS_TYPE(view, &GroupViewType) ||
+        !(PyList_CheckExact(keys) || PyTuple_CheckExact(keys))) {
+        return 0;
+    }
+    group->view = (const GroupView *)view;
+    group->keys = PySequence_Fast_ITEMS(keys);
+    group->count = PySequence_Fast_GET_SIZE(keys);
+    return 1;
+}
+
+/* Whether every block of [first, stop) is served, each written to group->blocks from index
+ * first on: 1 yes, 0 no (or a key that is no digest: the definition answers), -1 error. */
+static int
+run_served(Group *group, Py_ssize_t first, Py_ssize_t stop)
+{
+    for (Py_ssize_t j = first; j < stop; j++) {
+        int error;
+        int32_t block = view_lookup(group->view, group->keys[j], &error);
+        if (error) {
+            return -1;
+        }
+        if (!block) {
+            return 0;
+        }
+        group->blocks[j] = block;
+    }
+    return 1;
+}
+
+/* Group g's table at `hit`: `nulls` null blocks, then its blocks from there up to `count`,
+ * as a list of ints or, `packed`, native int32 bytes. */
+static PyObject *
+table_of(const Group *group, Py_ssize_t nulls, Py_ssize_t count, int packed)
+{
+    if (packed) {
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int32_t));
+        if (bytes != NULL) {
+            int32_t *ids = (int32_t *)PyBytes_AS_STRING(bytes);
+            memset(ids, 0, (size_t)nulls * sizeof(int32_t));
+            if (count > nulls) {
+                memcpy(ids + nulls, group->blocks + nulls, (size_t)(count - nulls) * sizeof(int32_t));
+            }
+        }
+        return bytes;
+    }
+    PyObject *table = PyList_New(count);
+    for (Py_ssize_t j = 0; table != NULL && j < count; j++) {
+        PyObject *id = PyLong_FromLong(j < nulls ? 0 : group->blocks[j]);
+        if (id == NULL) {
+            Py_CLEAR(table);
+            break;
+        }
+        PyList_SET_ITEM(table, j, id);
+    }
+    return table;
+}
+
+/* The search over read groups: 1 with *answer set, 0 the definition's, -1 error. */
+static int
+search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, int packed,
+       PyObject **answer)
+{
+    for (Py_ssize_t g = 0; g < n; g++) { /* full groups: each prefix caps the hit */
+        Group *group = &groups[g];
+        if (group->code != FULL) {
+            continue;
+        }
+        Py_ssize_t cap = Py_MIN(group->count, bound / group->size);
+        int error, odd = 0;
+        group->found = prefix_blocks(group->view, group->keys, cap, group->blocks, &error, &odd);
+        if (error || odd) {
+            return error ? -1 : 0;
+        }
+        bound = Py_MIN(bound, group->found * group->size);
+    }
+    Py_ssize_t top = bound / alignment * alignment;
+    for (Py_ssize_t g = 0; g < n; g++) { /* the first candidate: every other group's run */
+        Group *group = &groups[g];
+        if (group->code == FULL || group->code == CROSS) {
+            continue;
+        }
+        Py_ssize_t first = first_needed(group, top), stop = top / group->size;
+        if (first < stop) {
+            int served = stop <= group->count ? run_served(group, first, stop) : 0;
+            if (served <= 0) {
+                return served;
+            }
+        }
+    }
+    PyObject *tables = PyList_New(n);
+    for (Py_ssize_t g = 0; tables != NULL && g < n; g++) {
+        const Group *group = &groups[g];
+        Py_ssize_t count = group->code == CROSS ? 0 : top / group->size;
+        Py_ssize_t nulls = group->code == FULL || !count ? 0 : first_needed(group, top);
+        PyObject *table = table_of(group, nulls, count, packed);
+        if (table == NULL) {
+            Py_CLEAR(tables);
+            break;
+        }
+        PyList_SET_ITEM(tables, g, table);
+    }
+    *answer = tables == NULL ? NULL : Py_BuildValue("(nN)", top, tables);
+    return *answer == NULL ? -1 : 1;
+}
+
+/* attention_hit(served, plan, keys, bound, alignment, packed): find_hit's answer (hit, one
+ * table per group; `packed`: each native int32 bytes) for `bound` (num_tokens - 1, or the
+ * limit below it) when the plan has no state group and the largest candidate passes; None
+ * for anything else, the definition's to answer. */
+PyObject *
+attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "attention_hit(served, plan, keys, bound, alignment, packed) takes 6 "
+                        "arguments");
+        return NULL;
+    }
+    PyObject *served = args[0], *plan = args[1], *keys = args[2];
+    Py_ssize_t bound = PyLong_AsSsize_t(args[3]), alignment = PyLong_AsSsize_t(args[4]);
+    int packed = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(plan) || !(PyTuple_CheckExact(served) || PyList_CheckExact(served)) ||
+        !(PyTuple_CheckExact(keys) || PyList_CheckExact(keys)) || bound < 0 || alignment < 1) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(plan);
+    if (PySequence_Fast_GET_SIZE(served) != n || PySequence_Fast_GET_SIZE(keys) != n) {
+        Py_RETURN_NONE;
+    }
+    Group *groups = PyMem_Calloc((size_t)n, sizeof(Group));
+    if (groups == NULL) {
+        return PyErr_NoMemory();
+    }
+    int served_here = 1;
+    for (Py_ssize_t g = 0; served_here && g < n; g++) {
+        served_here = read_plan(PyTuple_GET_ITEM(plan, g), PySequence_Fast_GET_ITEM(served, g),
+                                PySequence_Fast_GET_ITEM(keys, g), &groups[g]);
+        if (served_here && groups[g].code != CROSS) {
+            Py_ssize_t room = Py_MIN(groups[g].count, bound / groups[g].size);
+            groups[g].blocks = PyMem_Malloc((size_t)Py_MAX(room, 1) * sizeof(int32_t));
+            if (groups[g].blocks == NULL) {
+                served_here = -1;
+                PyErr_NoMemory();
+            }
+        }
+    }
+    PyObject *answer = NULL;
+    if (served_here == 1) {
+        served_here = search(groups, n, bound, alignment, packed, &answer);
+    }
+    for (Py_ssize_t g = 0; g < n; g++) {
+        PyMem_Free(groups[g].blocks);
+    }
+    PyMem_Free(groups);
+    if (served_here < 0) {
+        return NULL;
+    }
+    return served_here ? answer : Py_NewRef(Py_None);
+}
