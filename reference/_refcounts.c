@@ -345,6 +345,119 @@ unlink_head(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     return taken;
 }
 
+/* A whole request's release under lru (refcounts.py_release_tables): table g from its last
+ * position down to lows[g], null entries skipped, group by group, each block dropped once;
+ * those reaching 0 join the queue's tail in that order. Everything is checked first. */
+static PyObject *
+release_tables(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "release_tables(counts, links, tables, lows) takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer counts_view, links_view;
+    Py_ssize_t size;
+    if (!open_ring(args, &counts_view, &links_view, &size)) {
+        return NULL;
+    }
+    int *counts = counts_view.buf, *links = links_view.buf, *freed = NULL;
+    PyObject *tables = PySequence_Fast(args[2], "tables must be a sequence");
+    PyObject *lows = tables == NULL ? NULL : PySequence_Fast(args[3], "lows must be a sequence");
+    PyObject **runs = NULL, *result = NULL;
+    Py_ssize_t *starts = NULL, n = 0, made = 0, total = 0, count = 0;
+    if (lows == NULL) {
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(tables);
+    if (PySequence_Fast_GET_SIZE(lows) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd tables and %zd lows: one low per table", n,
+                     PySequence_Fast_GET_SIZE(lows));
+        goto done;
+    }
+    runs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    if (runs == NULL || starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < n; g++) { /* every low and table checked before any change */
+        Py_ssize_t low = PyLong_AsSsize_t(PySequence_Fast_ITEMS(lows)[g]);
+        if (low == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (low < 0) {
+            PyErr_Format(PyExc_ValueError, "a table's low position must be 0 or more, got %zd",
+                         low);
+            goto done;
+        }
+        runs[g] = PySequence_Fast(PySequence_Fast_ITEMS(tables)[g], "a table must be a sequence");
+        if (runs[g] == NULL) {
+            goto done;
+        }
+        made = g + 1;
+        Py_ssize_t length = PySequence_Fast_GET_SIZE(runs[g]);
+        starts[g] = low < length ? low : length;
+    }
+    for (Py_ssize_t g = 0; g < n; g++) { /* then the blocks, as `drop` checks its listing */
+        PyObject **items = PySequence_Fast_ITEMS(runs[g]);
+        for (Py_ssize_t j = PySequence_Fast_GET_SIZE(runs[g]) - 1; j >= starts[g]; j--) {
+            Py_ssize_t block = PyLong_AsSsize_t(items[j]);
+            if (block == -1 && PyErr_Occurred()) {
+                goto done;
+            }
+            if (block < 0 || block >= size) {
+                PyErr_Format(PyExc_IndexError,
+                             "block %zd is outside the pool's blocks (0..%zd)", block, size - 1);
+                goto done;
+            }
+            total += block != 0;
+        }
+    }
+    long long last = -(long long)counts[0];
+    if (total && (last < 0 || last >= size)) {
+        PyErr_Format(PyExc_ValueError,
+                     "the queue's tail %lld is outside the pool: not kept by one queue", last);
+        goto done;
+    }
+    freed = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(int));
+    if (freed == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < n; g++) { /* every block dropped first, as `drop`, then linked */
+        PyObject **items = PySequence_Fast_ITEMS(runs[g]);
+        for (Py_ssize_t j = PySequence_Fast_GET_SIZE(runs[g]) - 1; j >= starts[g]; j--) {
+            int block = (int)PyLong_AsSsize_t(items[j]);
+            if (block && --counts[block] == 0) {
+                freed[count++] = block;
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        links[last] = freed[k];
+        counts[freed[k]] = (int)-last;
+        last = freed[k];
+    }
+    if (count) {
+        links[last] = 0;
+        counts[0] = (int)-last;
+    }
+    result = PyLong_FromSsize_t(count);
+done:
+    for (Py_ssize_t g = 0; g < made; g++) {
+        Py_DECREF(runs[g]);
+    }
+    PyMem_Free(runs);
+    PyMem_Free(starts);
+    PyMem_Free(freed);
+    Py_XDECREF(lows);
+    Py_XDECREF(tables);
+    PyBuffer_Release(&links_view);
+    PyBuffer_Release(&counts_view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"hold", (PyCFunction)(void (*)(void))hold, METH_FASTCALL,
      "hold(counts, blocks, links=None) -> the blocks that were free (entry 0 or less), in "
@@ -361,6 +474,10 @@ static PyMethodDef methods[] = {
     {"unlink_head", (PyCFunction)(void (*)(void))unlink_head, METH_FASTCALL,
      "unlink_head(counts, links, count) -> the first count blocks of the lru queue, "
      "unlinked as one run"},
+    {"release_tables", (PyCFunction)(void (*)(void))release_tables, METH_FASTCALL,
+     "release_tables(counts, links, tables, lows) -> how many blocks joined the lru queue's "
+     "tail: each table from its last position down to its low, null entries skipped, "
+     "dropped once, those reaching 0 linked in that order"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,10 +25,10 @@ import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
-from kvcert.reference.config import Eviction, as_choice
+from kvcert.reference.config import Eviction, GroupConfig, as_choice
 from kvcert.reference.errors import ConfigError
 from kvcert.reference.events import Cleared, Event, Removed
-from kvcert.reference.eviction import QUEUES, per_block
+from kvcert.reference.eviction import QUEUES, held_entries, per_block
 from kvcert.reference.keyindex import KeyIndex
 from kvcert.reference.refcounts import drop, hold, set_one
 
@@ -278,6 +278,19 @@ class BlockPool:
         self.num_free += len(freed)
         self.queue.add(freed, cold)
         return len(freed)
+
+    def release_request(
+        self, groups: Sequence[GroupConfig], tables: Sequence[list[int]], lows: Sequence[int]
+    ) -> int:
+        """`release` of a whole request (table g holds blocks from position lows[g] on) in
+        the order its profile lists them (ALLOC-FREE-1, ALLOC-FREE-2, EVICT-ORDER-1); under
+        lru in one pass. Returns how many reached 0."""
+        freed = self.queue.release_in_table_order(tables, lows)
+        if freed is None:
+            batches = self.queue.release_batches(groups, held_entries(tables, lows))
+            return sum(self.release(batch) for batch in batches)
+        self.num_free += freed
+        return freed
 
     def count(self, block: int) -> int:
         """How many hold `block` (0: it is free, or the null block)."""

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kvcert.reference.config import Eviction, GroupConfig, Kind
-from kvcert.reference.refcounts import link, unlink_head
+from kvcert.reference.refcounts import link, release_tables, unlink_head
 
 if TYPE_CHECKING:
     from kvcert.reference.block_pool import BlockPool
@@ -84,19 +84,16 @@ class FreeQueue:
         in layout order, each table from its last position)."""
         return [[block for _, _, block in held]]
 
-    def request_batches(
-        self, groups: Sequence[GroupConfig], tables: Sequence[list[int]], lows: Sequence[int]
-    ) -> list[list[int]]:
-        """`release_batches` for a whole request (table g holds blocks from position lows[g]
-        on); under lru without building a (group, position, block) entry per block."""
-        if type(self).release_batches is not FreeQueue.release_batches:  # its own order
-            return self.release_batches(groups, held_entries(tables, lows))
-        held: list[int] = []
-        for table, low in zip(tables, lows, strict=True):
-            run = table[low:]
-            run.reverse()
-            held += run
-        return [list(filter(None, held))]  # the null block is 0
+    def release_in_table_order(
+        self, tables: Sequence[list[int]], lows: Sequence[int]
+    ) -> int | None:
+        """ALLOC-FREE-1's release of a whole request (table g holds blocks from position
+        lows[g] on) in one pass, when this queue releases in that listing and links as lru
+        does (`release_tables`): how many blocks became free, or None (its own order)."""
+        kind = type(self)
+        if kind.release_batches is not FreeQueue.release_batches or kind.add is not FreeQueue.add:
+            return None
+        return release_tables(self.pool.ref_count, self._links(), tables, lows)
 
     def remove(self, block: int) -> None:
         """A free block leaves the queue (a hit's revived blocks leave it inside `hold`)."""

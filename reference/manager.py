@@ -735,9 +735,7 @@ class KVCacheManager(HitQueries):
             held = [(g, j, b) for g, t in enumerate(request.tables)
                     for j in range(len(t) - 1, -1, -1) if (b := t[j]) != NULL_BLOCK]  # fmt: skip
             return self._give_back([*held, *request.sources, *request.keeps])
-        queue = self.pool.queue
-        batches = queue.request_batches(self.config.groups, request.tables, request.held_from)
-        return sum(self.pool.release(batch) for batch in batches)
+        return self.pool.release_request(self.config.groups, request.tables, request.held_from)
 
     def _withdraw(self, rid: str, request: Request) -> None:
         """Implements ALLOC-VIS-3: the blocks published for a chunk that will not run lose

@@ -8,7 +8,8 @@ negated (kvcert.reference.eviction.FreeQueue), and `links` is that queue's succe
 queue, a heap) a free block's entry is 0.
 
 `link` and `unlink_head` are the lru queue's own runs: released blocks joining its tail, an
-allocation taking its head.
+allocation taking its head; `release_tables` is a whole request's release under lru, `drop`
+then `link` over its tables in one call.
 
 These are the definitions; the compiled `_refcounts` (reference/_refcounts.c) does the same
 in one C loop and is used when built (kvcert.reference.native). Every block is checked
@@ -135,6 +136,31 @@ def py_unlink_head(counts: array[int], links: array[int], count: int) -> list[in
     return taken
 
 
+def py_release_tables(
+    counts: array[int], links: array[int], tables: Sequence[Sequence[int]], lows: Sequence[int]
+) -> int:
+    """A whole request's release under lru (ALLOC-FREE-1): table g's blocks from its last
+    position down to position lows[g], the null block (0) skipped, group by group in layout
+    order, each dropped once (`drop`); those whose count reached 0 join the queue's tail in
+    that order (`link`). How many joined. Nothing changes when an argument is refused."""
+    size = _checked_ring(counts, links)
+    if len(tables) != len(lows):
+        raise ValueError(f"{len(tables)} tables and {len(lows)} lows: one low per table")
+    held: list[int] = []
+    for table, low in zip(tables, lows, strict=True):
+        if low < 0:
+            raise ValueError(f"a table's low position must be 0 or more, got {low}")
+        held += [block for block in reversed(table[low:]) if block]
+    _checked(counts, held)
+    if held and not 0 <= -counts[0] < size:
+        raise ValueError(
+            f"the queue's tail {-counts[0]} is outside the pool: not kept by one queue"
+        )
+    freed = py_drop(counts, held)
+    py_link(counts, links, freed)
+    return len(freed)
+
+
 Hold = Callable[["array[int]", Iterable[int], "array[int] | None"], list[int]]
 Step = Callable[["array[int]", Iterable[int]], list[int]]
 _compiled = native("_refcounts")
@@ -151,4 +177,7 @@ link: Callable[[array[int], array[int], Iterable[int]], None] = (
 )
 unlink_head: Callable[[array[int], array[int], int], list[int]] = (
     _compiled.unlink_head if _compiled else py_unlink_head
+)
+release_tables: Callable[[array[int], array[int], Sequence[Sequence[int]], Sequence[int]], int] = (
+    _compiled.release_tables if _compiled else py_release_tables
 )

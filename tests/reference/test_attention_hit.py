@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import Counter
 
 import pytest
 from hypothesis import example, given
@@ -62,7 +63,7 @@ def both(config, num_tokens, keys, served, **options):
     return compiled, scanned, alone
 
 
-ANSWERED = {"compiled": 0, "declined": 0}  # the draws the compiled search answered or not
+ANSWERED: Counter[str] = Counter()  # the draws the compiled search answered ("compiled") or not
 
 
 def attention_only(layout) -> bool:
@@ -115,11 +116,14 @@ def test_compiled_search_equals_the_scan_and_the_spec(view):
 
 
 def test_the_draws_reach_both_paths():
-    """Not vacuous: the draws above met the compiled search answering, and declining."""
+    """Not vacuous: the draws above met the compiled search answering, and declining, each
+    in at least a tenth of them (under the dev profile's random draws, 18-51 of 100 were
+    answered over twelve runs)."""
     if not any(ANSWERED.values()):
         test_compiled_search_equals_the_scan_and_the_spec()
-    assert ANSWERED["compiled"] >= 30
-    assert ANSWERED["declined"] >= 10
+    draws = ANSWERED.total()
+    assert ANSWERED["compiled"] >= draws / 10, ANSWERED
+    assert ANSWERED["declined"] >= draws / 10, ANSWERED
 
 
 WINDOWED = CacheConfig(

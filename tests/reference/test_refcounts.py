@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from kvcert.reference import native, refcounts
 from tests.tiers import tiered
 
 compiled = pytest.importorskip("kvcert.reference._refcounts")
+RELEASES: Counter[str] = Counter()  # test_a_request_release_equals_drop_then_link's outcomes
 STEPS = [
     (compiled.hold, refcounts.py_hold),
     (compiled.drop, refcounts.py_drop),
@@ -149,7 +151,7 @@ def test_the_compiled_steps_are_chosen():
         assert refcounts.link is refcounts.py_link
         assert refcounts.count_free is refcounts.py_count_free
     else:
-        names = ("hold", "drop", "set_one", "count_free", "link", "unlink_head")
+        names = ("hold", "drop", "set_one", "count_free", "link", "unlink_head", "release_tables")
         for name in names:
             assert getattr(refcounts, name) is getattr(compiled, name), name
 
@@ -190,3 +192,90 @@ def test_the_queue_runs_equal_their_definitions(case):
         assert walk(array("i", counts), array("i", links)) == list(order[max(count, 0) :])
     else:
         assert count > len(order)
+
+
+def release_cases(size: int) -> st.SearchStrategy[tuple[list[list[int]], list[int]]]:
+    """Up to three tables of blocks in 0..size - 1 (0 the null block) and a low position
+    each, some past the table's end; one in four cases spoiled by a block outside the pool,
+    a low below 0 or one low too many."""
+    table = st.lists(st.sampled_from([*range(1, size), 0]), min_size=1, max_size=6)
+    cases = st.lists(st.tuples(table, st.integers(0, 3)), max_size=3).map(
+        lambda pairs: ([t for t, _ in pairs], [low for _, low in pairs])
+    )
+    return st.tuples(cases, st.sampled_from([None, None, None, -1, size, "low", "lows"])).map(
+        lambda drawn: spoiled(*drawn[0], drawn[1])
+    )
+
+
+def spoiled(tables: list[list[int]], lows: list[int], how: int | str | None):
+    if how == "lows":
+        return tables, [*lows, 0]
+    if how == "low" and lows:
+        return tables, [*lows[:-1], -1]
+    if isinstance(how, int) and tables:
+        return [*tables[:-1], [*tables[-1], how]], lows
+    return tables, lows
+
+
+@settings(max_examples=tiered(300, 5000))
+@given(rings(release_cases))
+def test_a_request_release_equals_drop_then_link(case):
+    """`release_tables`: the compiled one equals the definition (answer, error, counts and
+    links after); and the definition equals ALLOC-FREE-1's listing dropped then linked (each
+    table from its last position down to its low, null entries skipped, in layout order),
+    nothing changed when it refuses."""
+    size, queue, _, (tables, lows) = case
+    pairs = zip(tables, lows, strict=False)
+    listed = [b for t, low in pairs for b in reversed(t[max(low, 0) :]) if b]
+    order = [b for b in queue if b not in listed]  # the request holds what it releases
+    # a listed block held as often as listed (freed by it) or, ids divisible by 3, once more
+    held = {b: max(listed.count(b), 1) + (b % 3 == 0) for b in range(1, size) if b not in order}
+
+    def run(step):
+        counts, links = ring(list(order), held, size)
+        try:
+            answer = ("ok", step(counts, links, tables, lows))
+        except (IndexError, ValueError, TypeError) as error:
+            answer = ("error", type(error))
+        return answer, counts.tolist(), links.tolist()
+
+    results = [run(step) for step in (compiled.release_tables, refcounts.py_release_tables)]
+    assert results[0] == results[1]
+    answer, counts, links = results[0]
+    RELEASES[answer[0] if answer[0] == "error" or not answer[1] else "freed"] += 1
+    counts_before, links_before = ring(list(order), held, size)
+    if answer[0] == "error":
+        assert (counts, links) == (counts_before.tolist(), links_before.tolist())
+        assert (
+            len(lows) != len(tables)
+            or any(low < 0 for low in lows)
+            or any(not 0 <= b < size for b in listed)
+        )
+        return
+    freed = refcounts.py_drop(counts_before, listed)
+    refcounts.py_link(counts_before, links_before, freed)
+    assert answer[1] == len(freed)
+    assert (counts, links) == (counts_before.tolist(), links_before.tolist())
+    assert walk(array("i", counts), array("i", links)) == [*order, *freed]
+    last_listed = [b for i, b in enumerate(listed) if b not in listed[i + 1 :]]
+    assert freed == [b for b in last_listed if b % 3]  # each where its count reached 0
+
+
+def test_the_release_cases_reach_each_outcome():
+    """Not vacuous: the release cases above were refused in some, freed blocks in some and
+    none in others."""
+    if not RELEASES:
+        test_a_request_release_equals_drop_then_link()
+    draws = RELEASES.total()  # dev profile, twelve runs of 300: each outcome 49 or more
+    assert min(RELEASES["error"], RELEASES["freed"], RELEASES["ok"]) >= draws / 10, RELEASES
+
+
+def test_a_request_release_refuses_a_broken_queue():
+    """A tail no queue kept is refused before any count drops."""
+    counts, links = ring([1], {2: 1}, 3)
+    counts[0] = -7
+    for step in (compiled.release_tables, refcounts.py_release_tables):
+        before = counts.tolist()
+        with pytest.raises(ValueError, match="not kept by one queue"):
+            step(counts, links, [[2]], [0])
+        assert counts.tolist() == before
