@@ -33,6 +33,13 @@ class Registrar:
         self._keeps_less = [keeps_less(config, g) for g in config.groups]  # RET-SPARSE-2
         self._masks: dict[tuple[int, int, int], tuple[bool, ...] | None] = {}  # per period
         self._full_groups = [f for f, g in enumerate(config.groups) if g.kind is Kind.FULL]
+        # (group, block size) of the groups that commit blocks: not cross, not mode none
+        self._committing = [
+            (g, group.block_size)
+            for g, group in enumerate(config.groups)
+            if group.kind is not Kind.CROSS
+            and not (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE)
+        ]
         # the groups ALLOC-VIS-2 publishes: attention kinds (a cross group registers nothing)
         self._attention_groups = [
             g for g, group in enumerate(config.groups) if group.kind is not Kind.MAMBA
@@ -247,15 +254,8 @@ class Registrar:
     def commit_at(self, request: Request) -> int:
         """A lower bound on the `computed` at which `committed` is next non-empty: every kind
         commits block j only once (j + 1) * block_size tokens are computed."""
-        return min(
-            (
-                (registered + 1) * group.block_size
-                for group, registered in zip(self.config.groups, request.registered, strict=True)
-                if group.kind is not Kind.CROSS
-                and not (group.kind is Kind.MAMBA and group.mode is MambaMode.NONE)
-            ),
-            default=TOKEN_LIMIT,
-        )
+        marks = request.registered
+        return min(((marks[g] + 1) * size for g, size in self._committing), default=TOKEN_LIMIT)
 
     def committed(self, g: int, group: GroupConfig, request: Request, before: int) -> range:
         """The table positions of group g whose KV is now entirely written. Implements
