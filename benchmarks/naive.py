@@ -9,12 +9,12 @@ reference manager's bookkeeping, so both compute the same answers (the benchmark
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvcert.reference.block_pool import NULL_BLOCK, Key
-from kvcert.reference.config import CacheConfig, DraftKeying, Kind, MambaMode
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.coordinator import K, Keys, Served
-from kvcert.reference.eviction import FreeQueue
+from kvcert.reference.eviction import FreeQueue, held_entries
 from kvcert.reference.groups import first_needed
 from kvcert.reference.hashing import Chain, ExtraKey
 from kvcert.reference.lookup import Keying
@@ -102,6 +102,12 @@ class ListBlockPool:
                 self.free.append(block)
                 freed += 1
         return freed
+
+    def release_request(
+        self, groups: Sequence[GroupConfig], tables: Sequence[list[int]], lows: Sequence[int]
+    ) -> int:
+        held = held_entries(tables, lows)  # in the profile's order, one block at a time
+        return sum(self.release(batch) for batch in self.queue.release_batches(groups, held))
 
     def reset(self) -> None:
         self.changes += 1
