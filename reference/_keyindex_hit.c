@@ -17,6 +17,7 @@ typedef struct {
     PyObject *const *keys;         /* the request's key of each block */
     Py_ssize_t count;              /* how many keys */
     int32_t *blocks;               /* FULL: its cached prefix; else its run at the hit */
+    PyObject *packed;              /* packed answers: the bytes `blocks` lies in, else NULL */
     Py_ssize_t found;              /* FULL: the prefix's length */
 } Group;
 
@@ -81,27 +82,36 @@ run_served(Group *group, Py_ssize_t first, Py_ssize_t stop)
 }
 
 /* Group g's table at `hit`: `nulls` null blocks, then its blocks from there up to `count`,
- * as a list of ints or, `packed`, native int32 bytes. */
+ * as a list of ints or, packed, its bytes cut to `count` native int32s (taken from the
+ * group: the blocks were written there). */
 static PyObject *
-table_of(const Group *group, Py_ssize_t nulls, Py_ssize_t count, int packed)
+table_of(Group *group, Py_ssize_t nulls, Py_ssize_t count)
 {
-    if (packed) {
-        PyObject *bytes = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int32_t));
-        if (bytes != NULL) {
-            int32_t *ids = (int32_t *)PyBytes_AS_STRING(bytes);
-            memset(ids, 0, (size_t)nulls * sizeof(int32_t));
-            if (count > nulls) {
-                memcpy(ids + nulls, group->blocks + nulls, (size_t)(count - nulls) * sizeof(int32_t));
-            }
+    if (group->packed != NULL) { /* cut (or, all nulls past its keys, grown) to `count` */
+        PyObject *bytes = group->packed;
+        group->packed = NULL;
+        group->blocks = NULL;
+        if (_PyBytes_Resize(&bytes, count * (Py_ssize_t)sizeof(int32_t)) < 0) {
+            return NULL; /* the resize released it */
         }
+        memset(PyBytes_AS_STRING(bytes), 0, (size_t)nulls * sizeof(int32_t));
         return bytes;
     }
-    PyObject *table = PyList_New(count);
-    for (Py_ssize_t j = 0; table != NULL && j < count; j++) {
-        PyObject *id = PyLong_FromLong(j < nulls ? 0 : group->blocks[j]);
+    PyObject *table = PyList_New(count), *null = PyLong_FromLong(0);
+    if (table == NULL || null == NULL) {
+        Py_XDECREF(table);
+        Py_XDECREF(null);
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < nulls; j++) { /* a window's long run of nulls: one object */
+        PyList_SET_ITEM(table, j, Py_NewRef(null));
+    }
+    Py_DECREF(null);
+    for (Py_ssize_t j = nulls; j < count; j++) {
+        PyObject *id = PyLong_FromLong(group->blocks[j]);
         if (id == NULL) {
-            Py_CLEAR(table);
-            break;
+            Py_DECREF(table); /* its unset items are NULL, which the list skips */
+            return NULL;
         }
         PyList_SET_ITEM(table, j, id);
     }
@@ -110,8 +120,7 @@ table_of(const Group *group, Py_ssize_t nulls, Py_ssize_t count, int packed)
 
 /* The search over read groups: 1 with *answer set, 0 the definition's, -1 error. */
 static int
-search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, int packed,
-       PyObject **answer)
+search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyObject **answer)
 {
     for (Py_ssize_t g = 0; g < n; g++) { /* full groups: each prefix caps the hit */
         Group *group = &groups[g];
@@ -142,10 +151,10 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, int 
     }
     PyObject *tables = PyList_New(n);
     for (Py_ssize_t g = 0; tables != NULL && g < n; g++) {
-        const Group *group = &groups[g];
+        Group *group = &groups[g];
         Py_ssize_t count = group->code == CROSS ? 0 : top / group->size;
         Py_ssize_t nulls = group->code == FULL || !count ? 0 : first_needed(group, top);
-        PyObject *table = table_of(group, nulls, count, packed);
+        PyObject *table = table_of(group, nulls, count);
         if (table == NULL) {
             Py_CLEAR(tables);
             break;
@@ -188,24 +197,37 @@ attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         return PyErr_NoMemory();
     }
     int served_here = 1;
-    for (Py_ssize_t g = 0; served_here && g < n; g++) {
+    for (Py_ssize_t g = 0; served_here == 1 && g < n; g++) {
+        Group *group = &groups[g];
         served_here = read_plan(PyTuple_GET_ITEM(plan, g), PySequence_Fast_GET_ITEM(served, g),
-                                PySequence_Fast_GET_ITEM(keys, g), &groups[g]);
-        if (served_here && groups[g].code != CROSS) {
-            Py_ssize_t room = Py_MIN(groups[g].count, bound / groups[g].size);
-            groups[g].blocks = PyMem_Malloc((size_t)Py_MAX(room, 1) * sizeof(int32_t));
-            if (groups[g].blocks == NULL) {
-                served_here = -1;
+                                PySequence_Fast_GET_ITEM(keys, g), group);
+        if (served_here != 1) {
+            break;
+        }
+        /* the most a table can hold; a cross group's is empty */
+        Py_ssize_t room = group->code == CROSS ? 0 : Py_MIN(group->count, bound / group->size);
+        if (packed) { /* written in place, then cut to the hit (table_of) */
+            group->packed = PyBytes_FromStringAndSize(NULL, room * (Py_ssize_t)sizeof(int32_t));
+            group->blocks = group->packed ? (int32_t *)PyBytes_AS_STRING(group->packed) : NULL;
+            served_here = group->packed ? 1 : -1;
+        } else if (group->code != CROSS) {
+            group->blocks = PyMem_Malloc((size_t)Py_MAX(room, 1) * sizeof(int32_t));
+            served_here = group->blocks ? 1 : -1;
+            if (group->blocks == NULL) {
                 PyErr_NoMemory();
             }
         }
     }
     PyObject *answer = NULL;
     if (served_here == 1) {
-        served_here = search(groups, n, bound, alignment, packed, &answer);
+        served_here = search(groups, n, bound, alignment, &answer);
     }
     for (Py_ssize_t g = 0; g < n; g++) {
-        PyMem_Free(groups[g].blocks);
+        if (groups[g].packed != NULL) {
+            Py_DECREF(groups[g].packed);
+        } else {
+            PyMem_Free(groups[g].blocks);
+        }
     }
     PyMem_Free(groups);
     if (served_here < 0) {
