@@ -17,7 +17,8 @@ typedef struct {
     PyObject *const *keys;         /* the request's key of each block */
     Py_ssize_t count;              /* how many keys */
     int32_t *blocks;               /* FULL: its cached prefix; else its run at the hit */
-    PyObject *packed;              /* packed answers: the bytes `blocks` lies in, else NULL */
+    PyObject *packed;              /* packed answers: the int32 array `blocks` lies in */
+    Py_buffer buffer;              /* its buffer, held while `blocks` points into it */
     Py_ssize_t found;              /* FULL: the prefix's length */
 } Group;
 
@@ -81,21 +82,73 @@ run_served(Group *group, Py_ssize_t first, Py_ssize_t stop)
     return 1;
 }
 
+/* An array('i') of `count` zeros: a packed table before its blocks are written (the
+ * template is made once). NULL on error. */
+static PyObject *
+zeros(Py_ssize_t count)
+{
+    static PyObject *zero; /* array('i', [0]) */
+    if (zero == NULL) {
+        PyObject *module = PyImport_ImportModule("array");
+        zero = module ? PyObject_CallMethod(module, "array", "s[i]", "i", 0) : NULL;
+        Py_XDECREF(module);
+        if (zero == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *times = PyLong_FromSsize_t(count);
+    PyObject *made = times ? PyNumber_Multiply(zero, times) : NULL;
+    Py_XDECREF(times);
+    return made;
+}
+
+/* A packed table for at most `room` blocks, its buffer held by the group: 0 on error. */
+static int
+packed_table(Group *group, Py_ssize_t room)
+{
+    group->packed = zeros(room);
+    if (group->packed == NULL || PyObject_GetBuffer(group->packed, &group->buffer,
+                                                    PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        Py_CLEAR(group->packed);
+        return 0;
+    }
+    if (group->buffer.itemsize != (Py_ssize_t)sizeof(int32_t)) { /* an int is not 32 bits */
+        PyErr_SetString(PyExc_TypeError, "array('i') items are not 32-bit here");
+        PyBuffer_Release(&group->buffer);
+        Py_CLEAR(group->packed);
+        return 0;
+    }
+    group->blocks = group->buffer.buf;
+    return 1;
+}
+
+/* Give a packed table's buffer back (before the array may resize). */
+static void
+unpin(Group *group)
+{
+    if (group->buffer.obj != NULL) { /* PyBuffer_Release clears it */
+        PyBuffer_Release(&group->buffer);
+    }
+    group->blocks = NULL;
+}
+
 /* Group g's table at `hit`: `nulls` null blocks, then its blocks from there up to `count`,
- * as a list of ints or, packed, its bytes cut to `count` native int32s (taken from the
- * group: the blocks were written there). */
+ * as a list of ints or, packed, its array('i') cut to `count` (taken from the group: the
+ * blocks were written there, over zeros). */
 static PyObject *
 table_of(Group *group, Py_ssize_t nulls, Py_ssize_t count)
 {
-    if (group->packed != NULL) { /* cut (or, all nulls past its keys, grown) to `count` */
-        PyObject *bytes = group->packed;
+    if (group->packed != NULL) {
+        unpin(group);
+        PyObject *array = group->packed;
         group->packed = NULL;
-        group->blocks = NULL;
-        if (_PyBytes_Resize(&bytes, count * (Py_ssize_t)sizeof(int32_t)) < 0) {
-            return NULL; /* the resize released it */
+        Py_ssize_t room = PySequence_Size(array);
+        if (count > room) { /* all nulls, past the keys given: none was written */
+            Py_SETREF(array, zeros(count));
+        } else if (count < room && PySequence_DelSlice(array, count, room) < 0) {
+            Py_CLEAR(array);
         }
-        memset(PyBytes_AS_STRING(bytes), 0, (size_t)nulls * sizeof(int32_t));
-        return bytes;
+        return array;
     }
     PyObject *table = PyList_New(count), *null = PyLong_FromLong(0);
     if (table == NULL || null == NULL) {
@@ -166,7 +219,7 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyOb
 }
 
 /* attention_hit(served, plan, keys, bound, alignment, packed): find_hit's answer (hit, one
- * table per group; `packed`: each native int32 bytes) for `bound` (num_tokens - 1, or the
+ * table per group; `packed`: each an array('i'), coordinator.BLOCK_IDS) for `bound` (num_tokens - 1, or the
  * limit below it) when the plan has no state group and the largest candidate passes; None
  * for anything else, the definition's to answer. */
 PyObject *
@@ -207,9 +260,7 @@ attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         /* the most a table can hold; a cross group's is empty */
         Py_ssize_t room = group->code == CROSS ? 0 : Py_MIN(group->count, bound / group->size);
         if (packed) { /* written in place, then cut to the hit (table_of) */
-            group->packed = PyBytes_FromStringAndSize(NULL, room * (Py_ssize_t)sizeof(int32_t));
-            group->blocks = group->packed ? (int32_t *)PyBytes_AS_STRING(group->packed) : NULL;
-            served_here = group->packed ? 1 : -1;
+            served_here = packed_table(group, room) ? 1 : -1;
         } else if (group->code != CROSS) {
             group->blocks = PyMem_Malloc((size_t)Py_MAX(room, 1) * sizeof(int32_t));
             served_here = group->blocks ? 1 : -1;
@@ -224,6 +275,7 @@ attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     }
     for (Py_ssize_t g = 0; g < n; g++) {
         if (groups[g].packed != NULL) {
+            unpin(&groups[g]);
             Py_DECREF(groups[g].packed);
         } else {
             PyMem_Free(groups[g].blocks);

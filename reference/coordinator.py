@@ -111,8 +111,7 @@ def find_hit(
         # compiled, when the largest candidate passes (reference/_keyindex_hit.c)
         found = _attention_hit(served, plan, keys, bound, alignment, packed)
         if found is not None:
-            hit, made = found
-            return (hit, [array(BLOCK_IDS, t) for t in made]) if packed else found
+            return found  # type: ignore[no-any-return]  # packed: int32 arrays (BLOCK_IDS)
     others = []
     prefixes: dict[int, MutableSequence[int]] = {}  # per full group, its cached prefix
     for g, group in enumerate(groups):
