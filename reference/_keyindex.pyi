@@ -31,3 +31,13 @@ class KeyIndex:
     def key_of(self, block: int, /) -> bytes | None: ...
     def group_of(self, block: int, /) -> int | None: ...
     def clear(self) -> None: ...
+
+def attention_hit(
+    served: Sequence[object],
+    plan: tuple[tuple[int, int, int], ...],
+    keys: Sequence[Sequence[object]],
+    bound: int,
+    alignment: int,
+    packed: bool,
+    /,
+) -> tuple[int, list[Any]] | None: ...
