@@ -196,8 +196,8 @@ def test_the_queue_runs_equal_their_definitions(case):
 
 def release_cases(size: int) -> st.SearchStrategy[tuple[list[list[int]], list[int]]]:
     """Up to three tables of blocks in 0..size - 1 (0 the null block) and a low position
-    each, some past the table's end; one in four cases spoiled by a block outside the pool,
-    a low below 0 or one low too many."""
+    each, some past the table's end; four in seven draws spoiled by a block outside the
+    pool (at either end), a low below 0 or one low too many."""
     table = st.lists(st.sampled_from([*range(1, size), 0]), min_size=1, max_size=6)
     cases = st.lists(st.tuples(table, st.integers(0, 3)), max_size=3).map(
         lambda pairs: ([t for t, _ in pairs], [low for _, low in pairs])
@@ -207,7 +207,11 @@ def release_cases(size: int) -> st.SearchStrategy[tuple[list[list[int]], list[in
     )
 
 
-def spoiled(tables: list[list[int]], lows: list[int], how: int | str | None):
+def spoiled(
+    tables: list[list[int]], lows: list[int], how: int | str | None
+) -> tuple[list[list[int]], list[int]]:
+    """The case with `how` applied: an extra low, the last low -1, or block `how` appended
+    to the last table (None, or nothing to spoil: as drawn)."""
     if how == "lows":
         return tables, [*lows, 0]
     if how == "low" and lows:
