@@ -19,10 +19,10 @@ typedef struct {
     int32_t *blocks;               /* FULL: its cached prefix; else its run at the hit */
     PyObject *packed;              /* packed answers: the int32 array `blocks` lies in */
     Py_buffer buffer;              /* its buffer, held while `blocks` points into it */
-    Py_ssize_t found;              /* FULL: the prefix's length */
 } Group;
 
-/* The first block a hit of `length` needs (kvcert.reference.groups.first_needed). */
+/* The first block a hit of `length` needs (kvcert.reference.groups.first_needed: HIT-FULL-1,
+ * HIT-SW-1, HIT-CHUNK-1). */
 static Py_ssize_t
 first_needed(const Group *group, Py_ssize_t length)
 {
@@ -182,11 +182,12 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyOb
         }
         Py_ssize_t cap = Py_MIN(group->count, bound / group->size);
         int error, odd = 0;
-        group->found = prefix_blocks(group->view, group->keys, cap, group->blocks, &error, &odd);
+        Py_ssize_t found = prefix_blocks(group->view, group->keys, cap, group->blocks, &error,
+                                         &odd);
         if (error || odd) {
             return error ? -1 : 0;
         }
-        bound = Py_MIN(bound, group->found * group->size);
+        bound = Py_MIN(bound, found * group->size); /* HIT-FULL-1: the prefix caps the hit */
     }
     Py_ssize_t top = bound / alignment * alignment;
     for (Py_ssize_t g = 0; g < n; g++) { /* the first candidate: every other group's run */
@@ -219,9 +220,10 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyOb
 }
 
 /* attention_hit(served, plan, keys, bound, alignment, packed): find_hit's answer (hit, one
- * table per group; `packed`: each an array('i'), coordinator.BLOCK_IDS) for `bound` (num_tokens - 1, or the
- * limit below it) when the plan has no state group and the largest candidate passes; None
- * for anything else, the definition's to answer. */
+ * table per group; `packed`: each an array('i'), coordinator.BLOCK_IDS) for `bound`
+ * (num_tokens - 1, or the limit below it) when the plan has no state group and the largest
+ * candidate passes (HIT-LEN-1, HIT-HYB-1); None for anything else, the definition's to
+ * answer. */
 PyObject *
 attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {

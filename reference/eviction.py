@@ -1,7 +1,7 @@
 """Eviction profiles: the free queue and the order released blocks join it, one class each.
 
-The pool calls its queue for every free-queue operation and the manager asks it how a
-request's blocks are released, so adding a profile touches this file only.
+The pool calls its queue for every free-queue operation, a whole request's release
+included (in what order its blocks join), so adding a profile touches this file only.
 
     lru                 ALLOC-EVICT-1, ALLOC-FREE-1: the head of the queue is evicted first;
                         a request releases group by group in layout order, each table from its

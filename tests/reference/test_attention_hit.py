@@ -194,3 +194,16 @@ def test_malformed_calls_are_refused_or_declined():
     assert coordinator._attention_hit([{}] * 4, plan, keys, 10, 4, False) is None
     assert coordinator._attention_hit(served, ((9, 4, 0),) * 4, keys, 10, 4, False) is None
     assert coordinator._attention_hit(served, plan, [iter(()), [], [], []], 10, 4, False) is None
+
+
+def test_a_table_past_the_keys_given_is_all_nulls():
+    """A chunked group whose hit starts a chunk reads no cached block (HIT-CHUNK-1), even with
+    fewer keys than the hit has blocks: its table is all nulls, packed or not, grown past the
+    keys (the compiled search sizes its tables by the keys)."""
+    config = CacheConfig(groups=(GroupConfig(Kind.CHUNKED_LOCAL, 2, chunk=8),), num_blocks=64)
+    index, _ = indexed((set(),), 1)
+    for packed in (False, True):
+        compiled, scanned, alone = both(config, 17, [[]], index.served, packed=packed)
+        assert alone is not None
+        assert compiled[0] == scanned[0] == 16
+        assert [list(t) for t in compiled[1]] == [list(t) for t in scanned[1]] == [[0] * 8]
