@@ -159,10 +159,12 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
 
 
 Answers = dict[str, list[Any]]  # per public manager method, its answers in call order
-# vLLM's block hasher, which its Request runs as it is built and as tokens are appended:
-# outside either manager (vLLM's manager reads its hashes; kvcert's drop-in digests a
-# prompt itself, inside get_computed_blocks), timed beside the calls, never in their sum
-HASHER = "(vLLM's block hasher, outside the manager)"
+# The block hasher a Request runs as it is built and as tokens are appended, outside either
+# manager: vLLM's on vLLM's side (its manager reads the hashes), kvcert's on kvcert's (the
+# hasher kvcert's scheduler has the engine use: it digests a prompt for the allocator as the
+# request is built, and skips vLLM's hashing, which nothing reads there); timed beside the
+# calls, never in their sum
+HASHER = "(the block hasher, outside the manager)"
 # The collector's pauses that fall inside the timed calls (already part of their times): a
 # young collection walks every container made since the last one, mostly vLLM's new prompt
 # lists, so its cost is the process's, and which call pays it is where the allocation count
@@ -290,8 +292,9 @@ def calls_summary(spent: dict[str, dict[str, tuple[int, float]]]) -> str:
         f"round): {inside}; without the pauses inside each call: vLLM "
         f"{bare['vLLM'] * 1e3:.1f} ms, kvcert {bare['kvcert'] * 1e3:.1f} ms, floor "
         f"{bare['floor'] * 1e3:.1f} ms, vLLM / kvcert {bare['vLLM'] / bare['kvcert']:.2f}x; "
-        f"vLLM's block hasher beside them, on vLLM's side "
-        f"{spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
+        f"each side's block hasher beside them (vLLM's; kvcert's, digesting its prompts): "
+        f"vLLM {spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms, kvcert "
+        f"{spent['kvcert'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
     )
 
 

@@ -35,6 +35,7 @@ import bisect
 import hashlib
 import struct
 import sys
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -275,8 +276,10 @@ class Chain:
     def _digest(self, count: int, memo: DigestMemo | None) -> None:
         if memo is None or self._records or self.digests:  # the memo keeps fresh prompts
             self._digest_to(count, False)
-        elif _memo_digest is None or not _memo_digest(memo, self, count):
-            memo.digest(self, count)
+        else:
+            with memo.lock:
+                if _memo_digest is None or not _memo_digest(memo, self, count):
+                    memo.digest(self, count)
 
     def _digest_to(self, count: int, checkpoints: bool) -> None:
         """Digest boundaries len(digests) .. count - 1 in runs: a run stops where a record of
@@ -395,12 +398,15 @@ class DigestMemo:
     exceeded. A saved hash state every CHECKPOINT_EVERY boundaries lets a prompt diverging
     mid-way resume there and catch up with one update call."""
 
-    __slots__ = ("_entries", "_used", "budget")
+    __slots__ = ("_entries", "_used", "budget", "lock")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._entries: OrderedDict[tuple[int, bytes, bytes], _Entry] = OrderedDict()
         self._used = 0
+        # held through each digest: an engine may digest arriving prompts on another thread
+        # than its steps' (vLLM's block hasher), and the Python path is many statements
+        self.lock = threading.Lock()
 
     @staticmethod
     def _family(chain: Chain) -> tuple[int, bytes, bytes]:

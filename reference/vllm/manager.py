@@ -48,6 +48,7 @@ from kvcert.reference.vllm.blocks import PoolBlock
 from kvcert.reference.vllm.checkpoints import RunnerCheckpoints
 from kvcert.reference.vllm.events import UNNAMED, Announcer, Publishing
 from kvcert.reference.vllm.extras import request_extras, token_view
+from kvcert.reference.vllm.hasher import RequestHasher, attached_prompt
 from kvcert.reference.vllm.lane import install
 from kvcert.reference.vllm.layout import (
     IntegrationError,
@@ -247,9 +248,17 @@ class KVCacheManager(BlockTableViews):
         tracked = self._record(request.request_id)
         if tracked.prompt is not None and len(tracked.prompt) == request.num_tokens:
             return tracked.prompt
-        # digested from vLLM's view of the tokens: `prompt` packs its own copy
-        tracked.prompt = self.core.prompt(token_view(request), request_extras(request))
+        # digested as vLLM built the request (`request_hasher`), else from vLLM's view of
+        # the tokens now: `prompt` packs its own copy
+        tracked.prompt = attached_prompt(request, self.core) or self.core.prompt(
+            token_view(request), request_extras(request)
+        )
         return tracked.prompt
+
+    def request_hasher(self, vllm_hasher: Any) -> RequestHasher:
+        """The block hasher vLLM's engine should build requests with (kvcert's scheduler has
+        it swapped in): it digests a prompt as it arrives, outside the scheduler's step."""
+        return RequestHasher(self, vllm_hasher)
 
     def get_computed_blocks(
         self, request: Any, max_cache_hit_length: int | None = None

@@ -5,6 +5,8 @@
 
 The only change to vLLM's scheduling: the manager is kvcert's, and a step's blocks are
 registered when its model output arrives (`update_from_output`), the moment their KV exists.
+Building one also has its engine build requests with kvcert's block hasher
+(`kvcert.reference.vllm.hasher`): prompts are digested as they arrive, as vLLM hashes them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from vllm.v1.core.sched import async_scheduler as vllm_async
 from vllm.v1.core.sched import scheduler as vllm_scheduler
 
 from kvcert.reference.errors import ConfigError
+from kvcert.reference.vllm.hasher import hook_engine_core
 from kvcert.reference.vllm.layout import UnsupportedConfigError
 from kvcert.reference.vllm.manager import KVCacheManager
 from kvcert.reference.vllm.settings import Settings
@@ -84,6 +87,7 @@ class _KvcertManaged:
         self._kvcert_steps: list[tuple[Any, int]] = []  # outputs to arrive, with step numbers
         with _manager_class(manager):
             super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
+        hook_engine_core()  # the engine building this scheduler digests prompts with its hasher
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's step, numbered in the manager so that its output ends it alone."""

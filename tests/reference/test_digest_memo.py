@@ -5,6 +5,8 @@ byte budget holds, and its compiled path leaves the chain and the memo as the de
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -315,3 +317,41 @@ def test_the_docs_state_the_default_budget():
     default = config().digest_memo_bytes
     assert default == 16 * 2**20
     assert "`CacheConfig.digest_memo_bytes`, 16 MiB by default" in words("allocator")
+
+
+def test_threads_digesting_through_one_memo_get_recomputed_digests():
+    """An engine digests arriving prompts on its input thread while its steps digest on
+    another (vLLM's block hasher, kvcert.reference.vllm.hasher): through one memo, by its
+    many-statement definition, with threads switching every microsecond, every prompt's
+    digests are a fresh chain's, no digest raises, and the memo's byte count is its
+    entries' (its twin without the lock miscounts: two threads replacing one family's entry
+    at once both add their cost, one entry stays)."""
+    memo, failures = DigestMemo(1 << 20), []
+    shared = list(range(200))
+
+    def digest_many(seed: int) -> None:
+        try:
+            for k in range(150):
+                tokens = [*shared[: 40 + (seed * 7 + k * 13) % 160], seed, k, *range(k % 9)]
+                if digests(tokens, 4, 0, (), memo) != digests(tokens, 4, 0, ()):
+                    failures.append((seed, k))
+        except Exception as why:  # reported below
+            failures.append(why)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with memo_path(False):
+            threads = [threading.Thread(target=digest_many, args=(s,)) for s in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures
+    costs = [
+        hashing._cost(len(e.stream), len(e.digests), len(e.checkpoints))
+        for e in memo._entries.values()
+    ]
+    assert memo._used == sum(costs) <= memo.budget

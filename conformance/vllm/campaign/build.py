@@ -25,6 +25,7 @@ from kvcert.conformance.vllm.campaign.owed import Profiles
 from kvcert.conformance.vllm.layers import kind_of, spec_of, state_spec_of
 from kvcert.reference.config import Retention as KvcertRetention
 from kvcert.reference.vllm import AsyncScheduler, Scheduler, Settings, UnsupportedConfigError
+from kvcert.reference.vllm.hasher import engine_hasher
 from kvcert.spec.alloc import Visibility
 from kvcert.spec.layers import AttentionKind, StateLayer
 from kvcert.spec.layout import Speculative
@@ -270,15 +271,19 @@ def _wire_kvcert(
     when the workload schedules asynchronously (its manager refuses what it does not serve:
     then the workload is unreachable, as at `vllm serve`). A retention interval of 0 asks
     it for sparse retention (KVCERT_RETENTION=sparse): it takes vLLM's 0 for vLLM's
-    default, which it leaves to its own settings (dense)."""
+    default, which it leaves to its own settings (dense). Its requests are built with the
+    block hasher kvcert's scheduler has the engine use (`engine_hasher`)."""
     cls = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler
     if sparse:
         sparse_settings = dataclasses.replace(Settings.from_env(), retention=KvcertRetention.SPARSE)
         cls = cls.configured(sparse_settings)
     try:
-        return runtime.wire(config, kv_groups, usable_blocks, cls)
+        wired = runtime.wire(config, kv_groups, usable_blocks, cls)
     except UnsupportedConfigError as why:
         raise Unreachable(f"the kvcert manager refuses it: {why}") from None
+    # as the engine's hook swaps it in: requests digested for kvcert's manager as they are built
+    wired.hasher = engine_hasher(wired.scheduler, wired.hasher)
+    return wired
 
 
 def _served_layers(layers: tuple[Any, ...], drafter: bool, modules: int = 1) -> list[Any]:

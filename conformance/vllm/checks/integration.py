@@ -16,7 +16,7 @@ chunk is held and hit. Also the retention interval vLLM's tests set on the coord
 (honoured in vLLM's meaning before the first request, refused after), and the read-only views
 of kvcert's state under the names vLLM's tests read (tables, hit alignment, the blocks cached
 for one of vLLM's block hashes), and --prefix-match-unit served through `unit U` beside vLLM's
-own manager (unit_serving).
+own manager (unit_serving), and kvcert's block hasher on vLLM's Request and EngineCore (hasher).
 Prints one line per check; exit 1 on any failure.
 """
 
@@ -63,6 +63,7 @@ from kvcert.conformance.vllm.checks.fixtures import (
     run_step,
     state_config,
 )
+from kvcert.conformance.vllm.checks.hasher import hasher_checks
 from kvcert.conformance.vllm.checks.views import (
     block_field_checks,
     match_unit_scheduler,
@@ -748,6 +749,7 @@ def main() -> int:
         ("step signal", step_signal_checks()),
         ("block fields", block_field_checks()),
         ("--prefix-match-unit", unit_serving.all_checks()),
+        ("block hasher", hasher_checks()),
     ):
         for name, ok, detail in checks:
             failed += not ok
