@@ -36,24 +36,34 @@ static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_
 
 /* Attributes of the objects the lane reads (Request, Chain, BlockPool: classes with
  * __slots__) go through their member descriptors, as attribute access does once it has
- * looked the descriptor up: the lookup is cached per (type, name) in a direct-mapped table
- * that holds the type and the (interned) name. */
+ * looked the descriptor up: each (type, name) pair's lookup is remembered, holding the type
+ * and the (interned) name, in an open-addressed table that never evicts. The pairs are few
+ * (the lane reads some sixty names of a handful of types), so probes stay short wherever
+ * the allocator placed the types and names; a table that replaced entries (direct-mapped,
+ * as it was) let two hot pairs sharing a line evict each other on every call, by chance of
+ * the process's heap layout. Past SLOT_LIMIT pairs, the rest are not remembered. */
 typedef struct {
-    PyTypeObject *type;
+    PyTypeObject *type; /* NULL: an empty entry */
     PyObject *name;
     PyMemberDef *member; /* NULL: not a slot, attribute access serves it */
 } Slot;
 
-#define SLOT_CACHE 256
-static Slot slots[SLOT_CACHE];
+#define SLOT_TABLE 1024 /* a power of two */
+#define SLOT_LIMIT (SLOT_TABLE / 4)
+static Slot slots[SLOT_TABLE];
+static int slots_used;
 
 static PyMemberDef *
 slot_of(PyObject *obj, PyObject *name)
 {
     PyTypeObject *type = Py_TYPE(obj);
-    Slot *slot = &slots[(((uintptr_t)type >> 4) ^ ((uintptr_t)name >> 4) * 31) % SLOT_CACHE];
-    if (slot->type == type && slot->name == name) {
-        return slot->member;
+    uint64_t mixed = ((uint64_t)(uintptr_t)type ^ ((uint64_t)(uintptr_t)name << 17)) *
+                     UINT64_C(0x9E3779B97F4A7C15);
+    size_t at = (size_t)(mixed >> 54); /* the top 10 bits: one of SLOT_TABLE */
+    for (; slots[at].type != NULL; at = (at + 1) & (SLOT_TABLE - 1)) {
+        if (slots[at].type == type && slots[at].name == name) {
+            return slots[at].member;
+        }
     }
     PyObject *descriptor = PyObject_GetAttr((PyObject *)type, name);
     PyMemberDef *member = NULL;
@@ -64,9 +74,10 @@ slot_of(PyObject *obj, PyObject *name)
         member = ((PyMemberDescrObject *)descriptor)->d_member;
     }
     Py_XDECREF(descriptor);
-    Py_XDECREF(slot->type);
-    Py_XDECREF(slot->name);
-    *slot = (Slot){(PyTypeObject *)Py_NewRef(type), Py_NewRef(name), member};
+    if (slots_used < SLOT_LIMIT) { /* `at` is the empty entry the probe ended on */
+        slots[at] = (Slot){(PyTypeObject *)Py_NewRef(type), Py_NewRef(name), member};
+        slots_used++;
+    }
     return member;
 }
 
