@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool, Key
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind, MambaMode
+from kvcert.reference.coordinator import Keys
 from kvcert.reference.events import Stored
 from kvcert.reference.inputs import TOKEN_LIMIT
 from kvcert.reference.keyindex import ServedMap
@@ -301,9 +302,21 @@ class MapsAfterSteps:
         self._pending: list[dict[bytes, int]] = [{} for _ in commits.config.groups]
         self._served: list[ServedMap[bytes]] | None = None
 
-    def served(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:
+    def served(
+        self, pool: BlockPool, chunks: list[ChunkInFlight], keys: Keys[bytes] | None = None
+    ) -> list[ServedMap[bytes]] | None:
         """Per group, the map once `chunks` (in the order they were scheduled) have ended;
-        None when they register nothing."""
+        None when they register nothing, or, given a request's `keys` per group, none of
+        those. A search reads a map only at the request's keys, so where the chunks add none
+        of them the pool's maps answer it alone (and through the compiled index)."""
+        served = self._after(pool, chunks)
+        if served is None or keys is None:
+            return served
+        added = (extra.keys() for extra in self._pending)
+        touched = any(not new.isdisjoint(mine) for new, mine in zip(added, keys, strict=True))
+        return served if touched else None
+
+    def _after(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:
         if chunks == self._known:
             return self._served
         if chunks[: len(self._known)] != self._known:

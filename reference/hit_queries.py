@@ -139,10 +139,10 @@ class HitQueries(Inspection):
         inputs.counts(max_hit=max_hit)
         if self._tails is not None:  # `unit U`: the tail keys those steps register count too
             return self._hit(prompt, max_hit, (self._maps_after_steps(), ()))[0]
-        served = self._served_after_steps()
-        if served is None:
-            return self._hit(prompt, max_hit)[0]
         keys = self._keying.keys(prompt.chains)
+        served = self._served_after_steps(keys)
+        if served is None:  # the steps in flight register none of its keys: as `lookup`
+            return self._hit(prompt, max_hit)[0]
         return capped(
             lambda limit: self.search(self.config, len(prompt), keys, served, limit=limit),
             max_hit,
@@ -162,7 +162,7 @@ class HitQueries(Inspection):
         prompt = self._prepared(tokens, extras)
         self._probes += 1
         keys = self._keying.keys(prompt.chains)
-        served = self._served_after_steps() if after_steps else None
+        served = self._served_after_steps(keys) if after_steps else None
         return find_hit(
             self.config, len(prompt), keys, served or self.pool.served, ignore_state=True
         )[0]

@@ -31,7 +31,7 @@ class Inspection:
     _prepared: Callable[[Sequence[int] | Prompt, Sequence[ExtraKey]], Prompt]
     _tails: Tails | None  # `unit U`: the tail keys (ALLOC-UNIT-2)
     _in_flight: dict[str, int]  # the requests with a chunk in flight
-    _served_after_steps: Callable[[], list[ServedMap[bytes]] | None]
+    _served_after_steps: Callable[..., list[ServedMap[bytes]] | None]
     _commits: Registrar  # what a chunk registers when its step ends (ALLOC-COMMIT-1)
 
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:

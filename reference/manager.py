@@ -29,7 +29,7 @@ from kvcert.reference import inputs
 from kvcert.reference.block_pool import NULL_BLOCK, BlockPool
 from kvcert.reference.commit import MapsAfterSteps, Registrar
 from kvcert.reference.config import CacheConfig, DraftKeying, Kind, Retention, Visibility
-from kvcert.reference.coordinator import longest_single_group
+from kvcert.reference.coordinator import Keys, longest_single_group
 from kvcert.reference.decode_lane import decode_lane, registers
 from kvcert.reference.errors import (
     ConfigError,
@@ -125,10 +125,11 @@ class KVCacheManager(HitQueries):
         longest = longest_single_group(self.config, len(prompt), keys, self.pool.served)
         return longest if longest > hit else 0
 
-    def _served_after_steps(self) -> list[ServedMap[bytes]] | None:
-        """The served maps once every step in flight has ended (None: they complete none)."""
+    def _served_after_steps(self, keys: Keys[bytes] | None = None) -> list[ServedMap[bytes]] | None:
+        """The served maps once every step in flight has ended (None: they complete none, or
+        with `keys` given, none of those: a search for them reads the pool's maps alone)."""
         chunks = [(r, r.computed, r.scheduled) for r in self._chunks_in_flight()]
-        return self._after_steps.served(self.pool, chunks)
+        return self._after_steps.served(self.pool, chunks, keys)
 
     # -- allocation -------------------------------------------------------------------------
 
