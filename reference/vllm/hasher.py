@@ -55,11 +55,6 @@ class RequestHasher:
             )
         return hashes
 
-    @property
-    def vllm_hasher(self) -> VllmHasher | None:
-        """vLLM's hasher, where the manager reads vLLM's hashes (else None: not run)."""
-        return self._vllm
-
 
 def attached_prompt(request: Any, owner: object) -> Prompt | None:
     """The digests `RequestHasher` attached to `request` for the allocator `owner`, when
