@@ -317,6 +317,7 @@ class MapsAfterSteps:
         return served if touched else None
 
     def _after(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:
+        """`served` for every key: the pool's maps layered with the chunks' pending keys."""
         if chunks == self._known:
             return self._served
         if chunks[: len(self._known)] != self._known:

@@ -89,9 +89,7 @@ def hook_engine_core() -> None:
 
     @functools.wraps(original)
     def preprocess_add_request(self: Any, request: Any) -> Any:
-        hasher = self.request_block_hasher
-        if hasher is not None and not isinstance(hasher, RequestHasher):
-            self.request_block_hasher = engine_hasher(self.scheduler, hasher)
+        self.request_block_hasher = engine_hasher(self.scheduler, self.request_block_hasher)
         return original(self, request)
 
     preprocess_add_request.kvcert_hook = True  # type: ignore[attr-defined]
