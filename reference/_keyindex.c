@@ -911,8 +911,8 @@ PyTypeObject GroupViewType = {
 
 static PyMethodDef module_methods[] = {
     {"attention_hit", (PyCFunction)(void (*)(void))attention_hit, METH_FASTCALL,
-     "attention_hit(served, plan, keys, bound, alignment, packed) -> find_hit's (hit, "
-     "tables) when its first candidate passes, else None"},
+     "attention_hit(served, plan, keys, bound, alignment, packed, ignore_state) -> "
+     "find_hit's (hit, tables) when its first candidate passes, else None"},
     {NULL, NULL, 0, NULL},
 };
 

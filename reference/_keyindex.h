@@ -159,7 +159,7 @@ view_lookup(const GroupView *view, PyObject *key, int *error)
 Py_ssize_t prefix_blocks(const GroupView *view, PyObject *const *items, Py_ssize_t n,
                          int32_t *found, int *error, int *odd);
 
-/* kvcert.reference.coordinator's search for layouts without state groups (_keyindex_hit.c). */
+/* kvcert.reference.coordinator's search when its first candidate passes (_keyindex_hit.c). */
 PyObject *attention_hit(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

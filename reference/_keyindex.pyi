@@ -39,5 +39,6 @@ def attention_hit(
     bound: int,
     alignment: int,
     packed: bool,
+    ignore_state: bool,
     /,
 ) -> tuple[int, list[Any]] | None: ...

@@ -1,15 +1,16 @@
 /* kvcert.reference._keyindex.attention_hit: kvcert.reference.coordinator.find_hit, compiled
- * for layouts without state groups when its first candidate passes (a shared prefix's usual
- * case). find_hit stays the definition: it calls this first and, on None, runs its own scan;
- * tests/reference/test_attention_hit.py holds the two equal.
+ * for when its first candidate passes (a shared prefix's usual case), state groups included
+ * (checkpointing ones: the plan has none that keeps no checkpoint), and for the branch point
+ * (`ignore_state`). find_hit stays the definition: it calls this first and, on None, runs its
+ * own scan; tests/reference/test_attention_hit.py holds the two equal.
  *
  * Why: for a prompt of a few thousand tokens the search's probes take a microsecond, and the
  * Python around them (per group its kind, its prefix, its run of needed blocks, its table)
  * several; an engine pays that on every lookup it makes of a waiting request. */
 #include "_keyindex.h"
 
-/* The plan's codes of the kinds (coordinator.SEARCH_CODES). */
-enum { FULL = 0, WINDOW = 1, CHUNKED = 2, CROSS = 3 };
+/* The plan's codes of the kinds (config.SEARCH_CODES). */
+enum { FULL = 0, WINDOW = 1, CHUNKED = 2, CROSS = 3, STATE = 4 };
 
 typedef struct {
     long code, size, span;         /* kind, block size, window or chunk */
@@ -22,10 +23,13 @@ typedef struct {
 } Group;
 
 /* The first block a hit of `length` needs (kvcert.reference.groups.first_needed: HIT-FULL-1,
- * HIT-SW-1, HIT-CHUNK-1). */
+ * HIT-SW-1, HIT-CHUNK-1, HIT-MAMBA-1: a state group the block its state at `length` is in). */
 static Py_ssize_t
 first_needed(const Group *group, Py_ssize_t length)
 {
+    if (group->code == STATE) {
+        return Py_MAX(0, length / group->size - 1);
+    }
     if (group->code == WINDOW) {
         return Py_MAX(0, length - (group->span - 1)) / group->size;
     }
@@ -52,8 +56,9 @@ read_plan(PyObject *entry, PyObject *view, PyObject *keys, Group *group)
     if (group->code == CROSS) {
         return 1;
     }
-    if (group->code < FULL || group->code > CHUNKED || group->size < 1 ||
-        (group->code != FULL && group->span < 1) || !Py_IS_TYPE(view, &GroupViewType) ||
+    int spans = group->code == WINDOW || group->code == CHUNKED; /* a window or a chunk */
+    if (group->code < FULL || group->code > STATE || group->size < 1 || (spans && group->span < 1) ||
+        !Py_IS_TYPE(view, &GroupViewType) ||
         !(PyList_CheckExact(keys) || PyTuple_CheckExact(keys))) {
         return 0;
     }
@@ -78,6 +83,21 @@ run_served(Group *group, Py_ssize_t first, Py_ssize_t stop)
             return 0;
         }
         group->blocks[j] = block;
+    }
+    return 1;
+}
+
+/* Every block of [first, stop) written to group->blocks from index first on, 0 (NULL_BLOCK)
+ * where none is served (as a served map's `get` answers): 1, or -1 on error. */
+static int
+run_read(Group *group, Py_ssize_t first, Py_ssize_t stop)
+{
+    for (Py_ssize_t j = first; j < stop; j++) {
+        int error;
+        group->blocks[j] = view_lookup(group->view, group->keys[j], &error);
+        if (error) {
+            return -1;
+        }
     }
     return 1;
 }
@@ -171,9 +191,12 @@ table_of(Group *group, Py_ssize_t nulls, Py_ssize_t count)
     return table;
 }
 
-/* The search over read groups: 1 with *answer set, 0 the definition's, -1 error. */
+/* The search over read groups: 1 with *answer set, 0 the definition's, -1 error. With
+ * `ignore_state` state groups constrain nothing (the branch point) and their tables hold
+ * what is served of their runs at the hit, null elsewhere. */
 static int
-search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyObject **answer)
+search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, int ignore_state,
+       PyObject **answer)
 {
     for (Py_ssize_t g = 0; g < n; g++) { /* full groups: each prefix caps the hit */
         Group *group = &groups[g];
@@ -197,7 +220,9 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyOb
         }
         Py_ssize_t first = first_needed(group, top), stop = top / group->size;
         if (first < stop) {
-            int served = stop <= group->count ? run_served(group, first, stop) : 0;
+            int served = stop > group->count           ? 0
+                         : ignore_state && group->code == STATE ? run_read(group, first, stop)
+                                                                : run_served(group, first, stop);
             if (served <= 0) {
                 return served;
             }
@@ -219,23 +244,24 @@ search(Group *groups, Py_ssize_t n, Py_ssize_t bound, Py_ssize_t alignment, PyOb
     return *answer == NULL ? -1 : 1;
 }
 
-/* attention_hit(served, plan, keys, bound, alignment, packed): find_hit's answer (hit, one
- * table per group; `packed`: each an array('i'), coordinator.BLOCK_IDS) for `bound`
- * (num_tokens - 1, or the limit below it) when the plan has no state group and the largest
- * candidate passes (HIT-LEN-1, HIT-HYB-1); None for anything else, the definition's to
- * answer. */
+/* attention_hit(served, plan, keys, bound, alignment, packed, ignore_state): find_hit's
+ * answer (hit, one table per group; `packed`: each an array('i'), coordinator.BLOCK_IDS) for
+ * `bound` (num_tokens - 1, or the limit below it) when the largest candidate passes
+ * (HIT-LEN-1, HIT-HYB-1; with `ignore_state`, BRANCH-1's); None for anything else, the
+ * definition's to answer. */
 PyObject *
 attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
+    if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "attention_hit(served, plan, keys, bound, alignment, packed) takes 6 "
-                        "arguments");
+                        "attention_hit(served, plan, keys, bound, alignment, packed, "
+                        "ignore_state) takes 7 arguments");
         return NULL;
     }
     PyObject *served = args[0], *plan = args[1], *keys = args[2];
     Py_ssize_t bound = PyLong_AsSsize_t(args[3]), alignment = PyLong_AsSsize_t(args[4]);
     int packed = PyObject_IsTrue(args[5]);
+    int ignore_state = packed < 0 ? -1 : PyObject_IsTrue(args[6]);
     if (PyErr_Occurred()) {
         return NULL;
     }
@@ -273,7 +299,7 @@ attention_hit(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     }
     PyObject *answer = NULL;
     if (served_here == 1) {
-        served_here = search(groups, n, bound, alignment, &answer);
+        served_here = search(groups, n, bound, alignment, ignore_state, &answer);
     }
     for (Py_ssize_t g = 0; g < n; g++) {
         if (groups[g].packed != NULL) {

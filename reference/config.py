@@ -319,14 +319,21 @@ class CacheConfig:
             )
 
 
-# each attention kind's code in the compiled hit search (reference/_keyindex_hit.c)
-SEARCH_CODES = {Kind.FULL: 0, Kind.SLIDING_WINDOW: 1, Kind.CHUNKED_LOCAL: 2, Kind.CROSS: 3}
+# each kind's code in the compiled hit search (reference/_keyindex_hit.c)
+SEARCH_CODES = {
+    Kind.FULL: 0,
+    Kind.SLIDING_WINDOW: 1,
+    Kind.CHUNKED_LOCAL: 2,
+    Kind.CROSS: 3,
+    Kind.MAMBA: 4,
+}
 
 
 def search_plan(groups: tuple[GroupConfig, ...]) -> tuple[tuple[int, int, int], ...] | None:
     """What the compiled hit search reads of the groups: per group its kind's code, block
-    size, and window or chunk (0 for the others); None when a group holds state."""
-    if any(g.kind is Kind.MAMBA for g in groups):
+    size, and window or chunk (0 for the others); None when a state group keeps no
+    checkpoint (mode none: every hit is 0, which the search's scan says at once)."""
+    if any(g.kind is Kind.MAMBA and g.mode is MambaMode.NONE for g in groups):
         return None
     return tuple((SEARCH_CODES[g.kind], g.block_size, g.window or g.chunk) for g in groups)
 

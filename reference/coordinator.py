@@ -48,7 +48,7 @@ Keys = Sequence[Sequence[K]]  # per group, the request's key of each block
 Served = Sequence[ServedMap[K]]  # per group, key -> cached block id (a dict or a view)
 BLOCK_IDS = "i"  # array typecode of a packed block table: int32, as the pool's arrays
 _compiled = native("_keyindex")
-# find_hit for layouts without state groups, when its first candidate passes (None: not built)
+# find_hit when its first candidate passes, state groups included (None: not built)
 _attention_hit = None if _compiled is None else _compiled.attention_hit
 
 
@@ -109,7 +109,7 @@ def find_hit(
     plan = config.search_plan
     if _attention_hit is not None and plan is not None and not drops:
         # compiled, when the largest candidate passes (reference/_keyindex_hit.c)
-        found = _attention_hit(served, plan, keys, bound, alignment, packed)
+        found = _attention_hit(served, plan, keys, bound, alignment, packed, ignore_state)
         if found is not None:
             return found  # type: ignore[no-any-return]  # packed: int32 arrays (BLOCK_IDS)
     others = []

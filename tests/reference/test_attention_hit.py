@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvcert.reference import coordinator
-from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind
+from kvcert.reference.config import CacheConfig, DraftKeying, GroupConfig, Kind, MambaMode
 from kvcert.reference.coordinator import BLOCK_IDS, find_hit
 from kvcert.reference.keyindex import COMPILED
 from kvcert.spec import NULL, FullAttention, Layout, MambaState, SlidingWindow, hybrid_hit
@@ -46,13 +46,15 @@ def both(config, num_tokens, keys, served, **options):
     """find_hit's answer with the compiled search, then with the Python scan alone, and
     what the compiled search answered by itself (None: it left the case to the scan)."""
     plan, bound = config.search_plan, num_tokens - 1
-    limit = options.get("limit")
+    limit, ignore_state = options.get("limit"), options.get("ignore_state", False)
     bound = bound if limit is None else min(bound, limit)
-    drops = config.speculative is DraftKeying.DROP and limit is None  # find_hit's own test
+    # find_hit's own test
+    drops = config.speculative is DraftKeying.DROP and not ignore_state and limit is None
     alone = None
     if plan is not None and not drops:
+        packed = options.get("packed", False)
         alone = coordinator._attention_hit(
-            served, plan, keys, bound, config.alignment, options.get("packed", False)
+            served, plan, keys, bound, config.alignment, packed, ignore_state
         )
     compiled = find_hit(config, num_tokens, keys, served, **options)
     saved, coordinator._attention_hit = coordinator._attention_hit, None
@@ -64,13 +66,14 @@ def both(config, num_tokens, keys, served, **options):
 
 
 ANSWERED: Counter[str] = Counter()  # the draws the compiled search answered ("compiled") or not
+BRANCHES: Counter[str] = Counter()  # the same for their branch points (`ignore_state`)
 
 
 def attention_only(layout) -> bool:
     return not any(isinstance(g, MambaState) for g in layout.groups)
 
 
-# half the draws without state groups, the layouts the compiled search serves
+# half the draws without state groups (whose hits the first candidate decides more often)
 LAYOUTS = st.one_of(layouts(reach=True), layouts(reach=True).filter(attention_only))
 
 
@@ -113,17 +116,23 @@ def test_compiled_search_equals_the_scan_and_the_spec(view):
         if limit >= 0:
             capped, capped_scan, _ = both(config, view.num_tokens, keys, served, limit=limit)
             assert capped == capped_scan
+    branch, branch_scan, alone = both(config, view.num_tokens, keys, served, ignore_state=True)
+    assert branch == branch_scan  # BRANCH-1: state groups constrain nothing
+    BRANCHES["declined" if alone is None else "compiled"] += 1
+    if alone is not None:
+        assert (alone[0], alone[1]) == branch
 
 
 def test_the_draws_reach_both_paths():
     """Not vacuous: the draws above met the compiled search answering, and declining, each
-    in at least a tenth of them (under the dev profile's random draws, 18-51 of 100 were
-    answered over twelve runs)."""
+    in at least a tenth of them, hits and branch points alike (under the dev profile's random
+    draws, six runs answered 38-61 hits and 73-86 branch points of 101 compiled)."""
     if not any(ANSWERED.values()):
         test_compiled_search_equals_the_scan_and_the_spec()
-    draws = ANSWERED.total()
-    assert ANSWERED["compiled"] >= draws / 10, ANSWERED
-    assert ANSWERED["declined"] >= draws / 10, ANSWERED
+    for counts in (ANSWERED, BRANCHES):
+        draws = counts.total()
+        assert counts["compiled"] >= draws / 10, counts
+        assert counts["declined"] >= draws / 10, counts
 
 
 WINDOWED = CacheConfig(
@@ -186,14 +195,16 @@ def test_malformed_calls_are_refused_or_declined():
     index, _ = indexed((set(), set(), set(), set()), 4)
     served, plan = index.served, WINDOWED.search_plan
     keys = [[], [], [], []]
-    with pytest.raises(TypeError, match="takes 6 arguments"):
+    with pytest.raises(TypeError, match="takes 7 arguments"):
         coordinator._attention_hit(served, plan, keys)
-    assert coordinator._attention_hit(served, plan, keys, 10, 4, False) is not None
-    assert coordinator._attention_hit(served, plan, keys, -1, 4, False) is None
-    assert coordinator._attention_hit(served, plan[:3], keys, 10, 4, False) is None
-    assert coordinator._attention_hit([{}] * 4, plan, keys, 10, 4, False) is None
-    assert coordinator._attention_hit(served, ((9, 4, 0),) * 4, keys, 10, 4, False) is None
-    assert coordinator._attention_hit(served, plan, [iter(()), [], [], []], 10, 4, False) is None
+    assert coordinator._attention_hit(served, plan, keys, 10, 4, False, False) is not None
+    assert coordinator._attention_hit(served, plan, keys, -1, 4, False, False) is None
+    assert coordinator._attention_hit(served, plan[:3], keys, 10, 4, False, False) is None
+    assert coordinator._attention_hit([{}] * 4, plan, keys, 10, 4, False, False) is None
+    unknown = ((9, 4, 0),) * 4
+    assert coordinator._attention_hit(served, unknown, keys, 10, 4, False, False) is None
+    odd_keys = [iter(()), [], [], []]
+    assert coordinator._attention_hit(served, plan, odd_keys, 10, 4, False, False) is None
 
 
 def test_a_table_past_the_keys_given_is_all_nulls():
@@ -207,3 +218,41 @@ def test_a_table_past_the_keys_given_is_all_nulls():
         assert alone is not None
         assert compiled[0] == scanned[0] == 16
         assert [list(t) for t in compiled[1]] == [list(t) for t in scanned[1]] == [[0] * 8]
+
+
+HYBRID = CacheConfig(
+    groups=(GroupConfig(Kind.MAMBA, 8, mode=MambaMode.ALIGN), GroupConfig(Kind.FULL, 8)),
+    num_blocks=8192,
+)
+
+
+def test_a_state_hybrid_is_answered_compiled():
+    """A 41-token prompt of a state hybrid whose attention prefix is 40 tokens: with the state
+    checkpoint at 40 cached, hit 40, the state table null but for block 4 (HIT-MAMBA-1);
+    without it the search declines, the scan finds 24 (the checkpoint there), and the branch
+    point stays 40, answered compiled, the state table holding what is cached of its run."""
+    index, ids = indexed(({2, 4}, set(range(5))), 2)
+    keys = [[digest(g, j) for j in range(5)] for g in range(2)]
+    compiled, scanned, alone = both(HYBRID, 41, keys, index.served)
+    assert alone is not None
+    assert compiled == scanned == (40, [[0, 0, 0, 0, ids[(0, 4)]], [ids[(1, j)] for j in range(5)]])
+    index, ids = indexed(({2}, set(range(5))), 2)
+    compiled, scanned, alone = both(HYBRID, 41, keys, index.served)
+    assert alone is None
+    assert compiled == scanned
+    assert compiled[0] == 24
+    branch, branch_scan, alone = both(HYBRID, 41, keys, index.served, ignore_state=True)
+    assert alone is not None
+    assert branch == branch_scan == (40, [[0] * 5, [ids[(1, j)] for j in range(5)]])
+
+
+def test_a_state_group_keeping_no_checkpoint_is_the_scans():
+    """Mode none: every hit is 0 (HIT-MAMBA-2); the plan is None, the scan answers."""
+    config = CacheConfig(
+        groups=(GroupConfig(Kind.MAMBA, 8, mode=MambaMode.NONE), GroupConfig(Kind.FULL, 8)),
+        num_blocks=64,
+    )
+    assert config.search_plan is None
+    index, _ = indexed(({4}, set(range(5))), 2)
+    keys = [[digest(g, j) for j in range(5)] for g in range(2)]
+    assert find_hit(config, 41, keys, index.served)[0] == 0
