@@ -312,8 +312,10 @@ class MapsAfterSteps:
         served = self._after(pool, chunks)
         if served is None or keys is None:
             return served
-        added = (extra.keys() for extra in self._pending)
-        touched = any(not new.isdisjoint(mine) for new, mine in zip(added, keys, strict=True))
+        touched = any(
+            extra and not extra.keys().isdisjoint(mine)
+            for extra, mine in zip(self._pending, keys, strict=True)
+        )
         return served if touched else None
 
     def _after(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:

@@ -57,6 +57,19 @@ class HitQueries(Inspection):
         hit, tables = self._hit(prompt, max_hit, spend=prompt is not tokens)
         return hit, tuple(tuple(t) for t in tables)
 
+    def hit_length(
+        self,
+        tokens: Sequence[int] | Prompt,
+        extras: Sequence[ExtraKey] = (),
+        max_hit: int | None = None,
+    ) -> int:
+        """`lookup`'s hit alone: an engine asking again whether a request still gets the hit
+        it looked up (the search is remembered, and no table is copied out)."""
+        prompt = self._prepared(tokens, extras)
+        inputs.counts(max_hit=max_hit)
+        self._probes += 1
+        return self._hit(prompt, max_hit, spend=prompt is not tokens, tables=False)[0]
+
     def lookup_packed(
         self,
         tokens: Sequence[int] | Prompt,
@@ -81,13 +94,20 @@ class HitQueries(Inspection):
         return hit, tuple(tables)
 
     def _hit(
-        self, prompt: Prompt, max_hit: int | None, after: Maps | None = None, *, spend: bool = False
+        self,
+        prompt: Prompt,
+        max_hit: int | None,
+        after: Maps | None = None,
+        *,
+        spend: bool = False,
+        tables: bool = True,
     ) -> Hit:
         """The hybrid hit of `prompt`, at most `max_hit` tokens: the largest length below
         the cap that every group accepts when the hit exceeds it (find_hit's `limit`);
         under `unit U` over the served maps `after` the steps in flight, when given.
         `spend`: the caller takes the hit (an admission), or nobody can ask again of this
-        Prompt (one made for the call), see `_uncapped`."""
+        Prompt (one made for the call), see `_uncapped`. Without `tables` the caller reads
+        the length alone (the tables may then be empty)."""
         if self._tails is not None:  # `unit U`: every key at a multiple of U, tails too
             units = self._keying.unit_keys(prompt.chains)
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
@@ -96,7 +116,7 @@ class HitQueries(Inspection):
         keys, served = self._keying.keys(prompt.chains), self.pool.served
         return capped(
             lambda limit: (
-                self._uncapped(prompt, keys, served, spend)
+                self._uncapped(prompt, keys, served, spend, tables)
                 if limit is None
                 else self.search(self.config, len(prompt), keys, served, limit=limit)
             ),
@@ -104,7 +124,7 @@ class HitQueries(Inspection):
         )
 
     def _uncapped(
-        self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool
+        self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool, tables: bool
     ) -> Hit:
         """The search's uncapped answer for `prompt`, remembered while the pool's key index
         has not changed since (its `changes` count stands still only while every served map
@@ -119,7 +139,7 @@ class HitQueries(Inspection):
             if spend:
                 self._last_search = None
                 return last[2], last[3]
-            return last[2], [list(table) for table in last[3]]
+            return last[2], [list(table) for table in last[3]] if tables else []
         hit, tables = self.search(self.config, len(prompt), keys, served)
         if not spend:
             self._last_search = (weakref.ref(prompt), asked, hit, [list(t) for t in tables])

@@ -402,7 +402,7 @@ class KVCacheManager(BlockTableViews):
         if not (self._hold_back and self.prefix_cache_lookup_enabled(request)):
             return False
         cap = max(request.num_tokens - 1, 0)
-        now = self.core.lookup(prompt, max_hit=cap)[0]
+        now = self.core.hit_length(prompt, max_hit=cap)
         return hit == now and self.core.lookup_after_steps(prompt, max_hit=cap) > now
 
     def _extend(self, request: Any, progress: Progress, num_new_tokens: int, lookahead: int) -> Any:

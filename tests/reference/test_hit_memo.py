@@ -60,6 +60,8 @@ def play(m: KVCacheManager, prompts: list[Prompt], ops: list[tuple[str, int, int
         m.lookup(prompt)  # remembered before the operation, asked again after it
         with contextlib.suppress(KVCacheError):
             step(m, prompt, running, op, f"r{n}", which, size)
+        assert m.hit_length(prompt) == fresh(m, prompt)[0]  # the remembered search's, uncopied
+        assert m.hit_length(prompt, max_hit=size) == m.lookup(prompt, max_hit=size)[0]
         assert m.lookup(prompt) == fresh(m, prompt)
 
 
@@ -104,12 +106,17 @@ def checked_memo(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     remembered = [0]
     uncapped = KVCacheManager._uncapped
 
-    def checked(self: KVCacheManager, prompt: Prompt, keys: Any, served: Any, spend: bool) -> Any:
+    def checked(
+        self: KVCacheManager, prompt: Prompt, keys: Any, served: Any, spend: bool, tables: bool
+    ) -> Any:
         last = self._last_search
         remembered[0] += last is not None and last[0]() is prompt
-        hit, tables = uncapped(self, prompt, keys, served, spend)
-        assert (hit, tuple(map(tuple, tables))) == fresh(self, prompt)
-        return hit, tables
+        hit, answered = uncapped(self, prompt, keys, served, spend, tables)
+        if tables:
+            assert (hit, tuple(map(tuple, answered))) == fresh(self, prompt)
+        else:  # hit_length's: the length alone
+            assert hit == fresh(self, prompt)[0]
+        return hit, answered
 
     monkeypatch.setattr(KVCacheManager, "_uncapped", checked)
     return remembered
