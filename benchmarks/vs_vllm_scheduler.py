@@ -130,19 +130,25 @@ def _served(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, in
     return time.perf_counter() - start, hits, steps
 
 
-def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[int, float]]]:
+def time_by_call(
+    load: Workload, rounds: int = 5
+) -> tuple[dict[str, dict[str, tuple[int, float]]], dict[str, list[float]]]:
     """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
     calls, inclusive of what it calls (a public method called inside another is timed as
     part of that one, never twice), over extra rounds played after the timed ones (the
     wrappers would slow those): the sides alternate, each round starts from a collected,
     frozen heap (`serve`: so neither pays for the other's garbage), and each method's time
-    is its least round. The third side, "floor", is the least any manager answering these
-    calls spends: each method replays kvcert's answers from a recorded round, in order (the
-    scheduler is deterministic, so it asks the same calls; the round must serve the same
-    hits in the same steps, or nothing is reported). The collector's pauses inside the timed
-    calls are counted beside them too (`PAUSES`)."""
+    is its least round (where the time goes). Beside it, each round's time over every call
+    (`totals`, per side, in round order): the ratio is taken per back-to-back pair of rounds,
+    so a slow spell of the machine falls on both sides of a pair. The third side, "floor",
+    is the least any manager answering these calls spends: each method replays kvcert's
+    answers from a recorded round, in order (the scheduler is deterministic, so it asks the
+    same calls; the round must serve the same hits in the same steps, or nothing is
+    reported). The collector's pauses inside the timed calls are counted beside them too
+    (`PAUSES`)."""
     answers, played = record_answers(load)
     spent: dict[str, dict[str, tuple[int, float]]] = {}
+    totals: dict[str, list[float]] = {}
     for _ in range(rounds):
         for side in ("vLLM", "kvcert", "floor"):
             replay = answers if side == "floor" else None
@@ -150,12 +156,24 @@ def time_by_call(load: Workload, rounds: int = 3) -> dict[str, dict[str, tuple[i
             if replay is not None and served != played:
                 raise SystemExit(f"the replayed round served {served}, the recorded {played}")
             for label, counts in ((side, timings[0]), (side + UNPAUSED, timings[1])):
+                totals.setdefault(label, []).append(calls_time(counts))
                 best = spent.setdefault(label, {})
                 for name, (calls, seconds) in counts.items():
                     earlier = best.get(name)
                     least = seconds if earlier is None else min(seconds, earlier[1])
                     best[name] = (calls, least)
-    return spent
+    return spent, totals
+
+
+def calls_time(counts: dict[str, tuple[int, float]]) -> float:
+    """Seconds over every manager call (the hasher and the pauses are reported beside)."""
+    return sum(seconds for name, (_, seconds) in counts.items() if name not in (HASHER, PAUSES))
+
+
+def paired(totals: dict[str, list[float]], side: str, other: str) -> tuple[float, list[float]]:
+    """`side`'s time / `other`'s per back-to-back pair of rounds: the median and each."""
+    ratios = [a / b for a, b in zip(totals[side], totals[other], strict=True)]
+    return statistics.median(ratios), ratios
 
 
 Answers = dict[str, list[Any]]  # per public manager method, its answers in call order
@@ -270,30 +288,36 @@ def _replayer(next_answer: Any) -> Any:
     return answer
 
 
-def calls_summary(spent: dict[str, dict[str, tuple[int, float]]]) -> str:
-    """The by-call ratio: each side's time over every manager call, vLLM / kvcert, and the
-    floor's (vLLM / floor: the most any manager answering these calls could reach)."""
-    total = {
-        side: sum(seconds for name, (_, seconds) in counts.items() if name not in (HASHER, PAUSES))
-        for side, counts in spent.items()
-    }
-    ms = {side: f"{seconds * 1e3:.1f} ms" for side, seconds in total.items()}
+def calls_summary(
+    spent: dict[str, dict[str, tuple[int, float]]], totals: dict[str, list[float]]
+) -> str:
+    """The by-call ratio, vLLM / kvcert over every manager call, the median over back-to-back
+    pairs of rounds (each pair listed), with and without the collector's pauses; the floor's
+    (vLLM / floor: the most any manager answering these calls could reach); and each side's
+    least round, pauses and hasher beside."""
+    least = {side: calls_time(counts) for side, counts in spent.items()}
     sides = ("vLLM", "kvcert", "floor")
     pauses = {side: spent[side].get(PAUSES, (0, 0.0)) for side in sides}
     inside = ", ".join(
         f"{side} {seconds * 1e3:.1f} ms ({calls})" for side, (calls, seconds) in pauses.items()
     )
-    bare = {side: total[side + UNPAUSED] for side in sides}
+    ratio, each = paired(totals, "vLLM", "kvcert")
+    bare, bare_each = paired(totals, "vLLM" + UNPAUSED, "kvcert" + UNPAUSED)
+    floor, _ = paired(totals, "vLLM", "floor")
+
+    def listed(ratios: list[float]) -> str:
+        return ", ".join(f"{r:.2f}" for r in ratios)
+
     return (
-        f"every manager call: vLLM {ms['vLLM']}, kvcert {ms['kvcert']}, floor {ms['floor']}; "
-        f"vLLM / kvcert {total['vLLM'] / total['kvcert']:.2f}x, vLLM / floor "
-        f"{total['vLLM'] / total['floor']:.1f}x, kvcert / floor "
-        f"{total['kvcert'] / total['floor']:.1f}x; of these, the collector's pauses (least "
-        f"round): {inside}; without the pauses inside each call: vLLM "
-        f"{bare['vLLM'] * 1e3:.1f} ms, kvcert {bare['kvcert'] * 1e3:.1f} ms, floor "
-        f"{bare['floor'] * 1e3:.1f} ms, vLLM / kvcert {bare['vLLM'] / bare['kvcert']:.2f}x; "
-        f"each side's block hasher beside them (vLLM's; kvcert's, digesting its prompts): "
-        f"vLLM {spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms, kvcert "
+        f"every manager call, vLLM / kvcert, median of {len(each)} back-to-back pair(s): "
+        f"{ratio:.2f}x ({listed(each)}); without the collector's pauses inside each call: "
+        f"{bare:.2f}x ({listed(bare_each)}); vLLM / floor {floor:.1f}x. Least rounds: vLLM "
+        f"{least['vLLM'] * 1e3:.1f} ms, kvcert {least['kvcert'] * 1e3:.1f} ms, floor "
+        f"{least['floor'] * 1e3:.1f} ms; of these, the collector's pauses: {inside}; without "
+        f"them: vLLM {least['vLLM' + UNPAUSED] * 1e3:.1f} ms, kvcert "
+        f"{least['kvcert' + UNPAUSED] * 1e3:.1f} ms; each side's block hasher beside them "
+        f"(vLLM's; kvcert's, digesting its prompts): vLLM "
+        f"{spent['vLLM'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms, kvcert "
         f"{spent['kvcert'].get(HASHER, (0, 0.0))[1] * 1e3:.1f} ms"
     )
 
@@ -307,7 +331,7 @@ def main() -> int:
     parser.add_argument("--drafts", type=int, default=0,
                         help="EAGLE/MTP drafts per decode step, all accepted")  # fmt: skip
     parser.add_argument("--by-call", action="store_true",
-                        help="also time each manager method over three extra rounds")  # fmt: skip
+                        help="also time each manager method over five extra rounds")  # fmt: skip
     args = parser.parse_args()
     if args.state_checkpoints and args.model not in STATE_MODELS:
         parser.error(f"--state-checkpoints needs a state model ({', '.join(STATE_MODELS)})")
@@ -350,17 +374,17 @@ def main() -> int:
             f"{statistics.median(ratios):.2f}x"
         )
         if args.by_call:
-            spent = time_by_call(load)
+            spent, totals = time_by_call(load, rounds=1 if args.quick else 5)
             for side, counts in spent.items():
                 if side == "floor" or side.endswith(UNPAUSED):  # in the summary, below
                     continue
                 ranked = sorted(counts.items(), key=lambda item: -item[1][1])
-                label = f"  {side}, ms in each manager method (calls), least of 3 rounds: "
+                label = f"  {side}, ms in each manager method (calls), least round: "
                 print(label + ", ".join(
                     f"{name} {seconds * 1e3:.1f} ({calls})"
                     for name, (calls, seconds) in ranked if seconds >= 5e-4
                 ))  # fmt: skip
-            print("  " + calls_summary(spent))
+            print("  " + calls_summary(spent, totals))
     return 0
 
 
