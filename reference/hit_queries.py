@@ -116,7 +116,7 @@ class HitQueries(Inspection):
         keys, served = self._keying.keys(prompt.chains), self.pool.served
         return capped(
             lambda limit: (
-                self._uncapped(prompt, keys, served, spend, tables)
+                self._uncapped(prompt, keys, served, spend, copied=tables)
                 if limit is None
                 else self.search(self.config, len(prompt), keys, served, limit=limit)
             ),
@@ -124,7 +124,13 @@ class HitQueries(Inspection):
         )
 
     def _uncapped(
-        self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool, tables: bool
+        self,
+        prompt: Prompt,
+        keys: Keys[bytes],
+        served: Served[bytes],
+        spend: bool,
+        *,
+        copied: bool = True,
     ) -> Hit:
         """The search's uncapped answer for `prompt`, remembered while the pool's key index
         has not changed since (its `changes` count stands still only while every served map
@@ -139,7 +145,7 @@ class HitQueries(Inspection):
             if spend:
                 self._last_search = None
                 return last[2], last[3]
-            return last[2], [list(table) for table in last[3]] if tables else []
+            return last[2], [list(table) for table in last[3]] if copied else []
         hit, tables = self.search(self.config, len(prompt), keys, served)
         if not spend:
             self._last_search = (weakref.ref(prompt), asked, hit, [list(t) for t in tables])

@@ -50,7 +50,7 @@ class Stats:
     admissions: int  # admit() calls that scheduled the request (a Waiting one is retried)
     admitted_tokens: int  # their prompt tokens
     hit_tokens: int  # of which served from the cache: hit rate = hit_tokens / admitted_tokens
-    probes: int  # lookup() and branch_point() calls, which take nothing and count no hits
+    probes: int  # lookup(), hit_length() and branch_point() calls: they take nothing, count no hits
 
 
 class Progress(NamedTuple):

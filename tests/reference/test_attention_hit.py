@@ -125,14 +125,15 @@ def test_compiled_search_equals_the_scan_and_the_spec(view):
 
 def test_the_draws_reach_both_paths():
     """Not vacuous: the draws above met the compiled search answering, and declining, each
-    in at least a tenth of them, hits and branch points alike (under the dev profile's random
-    draws, six runs answered 38-61 hits and 73-86 branch points of 101 compiled)."""
+    in at least a tenth of them, and a twentieth of their branch points (under the dev
+    profile's random draws, six runs answered 38-61 hits and 73-86 branch points of 101
+    compiled: the branch point declines less, state groups constraining nothing there)."""
     if not any(ANSWERED.values()):
         test_compiled_search_equals_the_scan_and_the_spec()
-    for counts in (ANSWERED, BRANCHES):
+    for counts, least in ((ANSWERED, 10), (BRANCHES, 20)):
         draws = counts.total()
-        assert counts["compiled"] >= draws / 10, counts
-        assert counts["declined"] >= draws / 10, counts
+        assert counts["compiled"] >= draws / least, counts
+        assert counts["declined"] >= draws / least, counts
 
 
 WINDOWED = CacheConfig(

@@ -107,12 +107,12 @@ def checked_memo(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     uncapped = KVCacheManager._uncapped
 
     def checked(
-        self: KVCacheManager, prompt: Prompt, keys: Any, served: Any, spend: bool, tables: bool
+        self: KVCacheManager, prompt: Prompt, keys: Any, served: Any, spend: bool, *, copied: bool
     ) -> Any:
         last = self._last_search
         remembered[0] += last is not None and last[0]() is prompt
-        hit, answered = uncapped(self, prompt, keys, served, spend, tables)
-        if tables:
+        hit, answered = uncapped(self, prompt, keys, served, spend, copied=copied)
+        if copied:
             assert (hit, tuple(map(tuple, answered))) == fresh(self, prompt)
         else:  # hit_length's: the length alone
             assert hit == fresh(self, prompt)[0]
