@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.vs_vllm_scheduler import HASHER, PAUSES, one_round_by_call, workload
+from benchmarks.vs_vllm_scheduler import calls_time, one_round_by_call, workload
 from kvcert.reference import hashing
 from kvcert.reference.vllm import tables
 
@@ -66,7 +66,7 @@ def main() -> int:
                 if served.setdefault(on, outcome) != outcome:
                     raise SystemExit(f"kvcert served differently between rounds: {outcome}")
                 calls = {
-                    "calls": sum(s for n, (_, s) in unpaused.items() if n not in (HASHER, PAUSES)),
+                    "calls": calls_time(unpaused),
                     **{name: unpaused.get(name, (0, 0.0))[1] for name in SHOWN},
                 }
                 best = least.setdefault(on, calls)

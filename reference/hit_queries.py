@@ -43,6 +43,15 @@ class HitQueries(Inspection):
     _last_search: tuple[weakref.ref[Prompt], tuple[object, ...], int, list[list[int]]] | None
     _last_search = None
 
+    def _probed(
+        self, tokens: Sequence[int] | Prompt, extras: Sequence[ExtraKey], max_hit: int | None
+    ) -> Prompt:
+        """A lookup's prompt, its cap checked and the probe counted (Stats.probes)."""
+        prompt = self._prepared(tokens, extras)
+        inputs.counts(max_hit=max_hit)
+        self._probes += 1
+        return prompt
+
     def lookup(
         self,
         tokens: Sequence[int] | Prompt,
@@ -50,9 +59,7 @@ class HitQueries(Inspection):
         max_hit: int | None = None,
     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
         """The hit a prompt would get now, taking nothing; `max_hit` caps it (see `admit`)."""
-        prompt = self._prepared(tokens, extras)
-        inputs.counts(max_hit=max_hit)
-        self._probes += 1
+        prompt = self._probed(tokens, extras, max_hit)
         # a Prompt made here dies with this call: nothing could take its search later
         hit, tables = self._hit(prompt, max_hit, spend=prompt is not tokens)
         return hit, tuple(tuple(t) for t in tables)
@@ -65,9 +72,7 @@ class HitQueries(Inspection):
     ) -> int:
         """`lookup`'s hit alone: an engine asking again whether a request still gets the hit
         it looked up (the search is remembered, and no table is copied out)."""
-        prompt = self._prepared(tokens, extras)
-        inputs.counts(max_hit=max_hit)
-        self._probes += 1
+        prompt = self._probed(tokens, extras, max_hit)
         return self._hit(prompt, max_hit, spend=prompt is not tokens, tables=False)[0]
 
     def lookup_packed(
@@ -79,9 +84,7 @@ class HitQueries(Inspection):
         """`lookup`'s answer with each block table an int32 array (typecode "i"), which numpy
         or torch take without a copy: a long hit's Python ints (one per block and group) cost
         more than its search."""
-        prompt = self._prepared(tokens, extras)
-        inputs.counts(max_hit=max_hit)
-        self._probes += 1
+        prompt = self._probed(tokens, extras, max_hit)
         if self._tails is not None:  # `unit U`: its search answers lists
             hit, lists = self._hit(prompt, max_hit)
             return hit, tuple(array(BLOCK_IDS, t) for t in lists)
