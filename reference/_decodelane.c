@@ -33,6 +33,7 @@ PyObject *s_checkpoints, *s_computed, *s_scheduled, *s_lookahead, *s_decoding, *
     *s_register;
 
 static PyObject *array_type; /* array.array: a request's tokens (hashing.decode_tokens) */
+static PyObject *array_fromlist; /* its fromlist, called without a lookup per call */
 
 /* Attributes of the objects the lane reads (Request, Chain, BlockPool: classes with
  * __slots__) go through their member descriptors, as attribute access does once it has
@@ -135,8 +136,11 @@ lane_get_bound(PyObject *obj, PyObject *name, long long *value)
 PyObject *
 lane_append_tokens(PyObject *tokens, PyObject *appended)
 {
-    int fromlist = Py_IS_TYPE(tokens, (PyTypeObject *)array_type) && PyList_CheckExact(appended);
-    return PyObject_CallMethodOneArg(tokens, fromlist ? s_fromlist : s_extend, appended);
+    if (Py_IS_TYPE(tokens, (PyTypeObject *)array_type) && PyList_CheckExact(appended)) {
+        PyObject *args[2] = {tokens, appended};
+        return PyObject_Vectorcall(array_fromlist, args, 2, NULL);
+    }
+    return PyObject_CallMethodOneArg(tokens, s_extend, appended);
 }
 
 int
@@ -427,7 +431,8 @@ PyInit__decodelane(void)
     PyObject *arrays = PyImport_ImportModule("array");
     array_type = arrays ? PyObject_GetAttrString(arrays, "array") : NULL;
     Py_XDECREF(arrays);
-    if (array_type == NULL || !PyType_Check(array_type) || PyType_Ready(&LaneType) < 0 ||
+    array_fromlist = array_type ? PyObject_GetAttr(array_type, s_fromlist) : NULL;
+    if (array_fromlist == NULL || !PyType_Check(array_type) || PyType_Ready(&LaneType) < 0 ||
         dropin_ready() < 0) {
         return NULL;
     }

@@ -1,10 +1,11 @@
 /* kvcert.reference._decodelane's shared declarations: the lane object, the interned
- * attribute names, the arithmetic and the attribute access of its seven sources
+ * attribute names, the arithmetic and the attribute access of its eight sources
  * (_decodelane.c: the type and module; _decodelane_step.c: a decode step, planned;
  * _decodelane_alloc.c: a plan carried out on the pool, and an admission's first chunk;
  * _decodelane_commit.c: registering what a step completed, and a step's end;
  * _decodelane_dropin.c: the vLLM drop-in's calls for a decode chunk and a step's end;
- * _decodelane_dropin_type.c: the drop-in's type; _decodelane_wrap.c: the drop-in's _wrap). */
+ * _decodelane_handout.c: the blocks such a chunk hands vLLM; _decodelane_dropin_type.c:
+ * the drop-in's type; _decodelane_wrap.c: the drop-in's _wrap). */
 #ifndef KVCERT_DECODELANE_H
 #define KVCERT_DECODELANE_H
 
@@ -147,6 +148,10 @@ entry(PyObject *table, Py_ssize_t j)
 }
 
 PyObject *Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lane_decode(Lane *lane, PyObject *request, PyObject *rid, PyObject *tokens,
+                      long long computed, PyObject *appended, Py_ssize_t count,
+                      long long lookahead, PyObject *step, PyObject *in_flight);
+int decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count);
 PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs);

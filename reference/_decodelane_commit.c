@@ -422,7 +422,7 @@ take_ending(PyObject *core, PyObject *in_flight, PyObject *step, int every)
     if (every) {
         PyObject *ending = PyDict_Keys(in_flight);
         PyObject *empty = ending ? PyDict_New() : NULL;
-        int rebound = empty != NULL && PyObject_SetAttr(core, s_in_flight, empty) == 0;
+        int rebound = empty != NULL && lane_set(core, s_in_flight, empty) == 0;
         Py_XDECREF(empty);
         if (!rebound) {
             Py_XDECREF(ending);
@@ -492,9 +492,9 @@ Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *core = args[0], *step = args[1];
-    PyObject *current = PyObject_GetAttr(core, s_step);
+    PyObject *current = lane_get(core, s_step);
     PyObject *tails = current ? PyObject_GetAttr(core, s_tails) : NULL;
-    PyObject *in_flight = tails ? PyObject_GetAttr(core, s_in_flight) : NULL;
+    PyObject *in_flight = tails ? lane_get(core, s_in_flight) : NULL;
     PyObject *requests = in_flight ? PyObject_GetAttr(core, s_requests) : NULL;
     PyObject *flag = requests ? PyObject_GetAttr(core, s_lane_registers) : NULL;
     PyObject *published = flag ? PyObject_GetAttr(core, s_published_in_step) : NULL;

@@ -18,6 +18,19 @@
 #include "_decodelane_dropin.h"
 
 
+/* queue.<name>(item) (no argument when `item` is NULL): for a deque, the chunks' queue
+ * (`_Tracked.pending`), through its type's `method` with no lookup per call. */
+static PyObject *
+queue_call(PyObject *queue, PyObject *method, PyObject *name, PyObject *item)
+{
+    if (Py_IS_TYPE(queue, (PyTypeObject *)deque_type)) {
+        PyObject *args[2] = {queue, item};
+        return PyObject_Vectorcall(method, args, item ? 2 : 1, NULL);
+    }
+    return item ? PyObject_CallMethodOneArg(queue, name, item)
+                : PyObject_CallMethodNoArgs(queue, name);
+}
+
 /* An attribute read as count_of reads it: 1 read, 0 not a count here, -1 error. */
 static int
 attr_count(PyObject *obj, PyObject *name, long long *out)
@@ -35,7 +48,7 @@ attr_count(PyObject *obj, PyObject *name, long long *out)
 static int
 same_core(DropIn *self)
 {
-    PyObject *core = PyObject_GetAttr(self->manager, s_core);
+    PyObject *core = lane_get(self->manager, s_core);
     if (core == NULL) {
         PyErr_Clear();
         return 0;
@@ -45,7 +58,7 @@ same_core(DropIn *self)
     if (!same) {
         return 0;
     }
-    PyObject *lane = PyObject_GetAttr(self->core, s_lane);
+    PyObject *lane = lane_get(self->core, s_lane);
     if (lane == NULL) {
         PyErr_Clear();
         return 0;
@@ -96,7 +109,7 @@ tokens_from(DropIn *self, PyObject *request, long long known, long long end, Py_
 }
 
 /* The manager's _check_runner_columns(request, start, end, 0): 1 returned, 0 raised. */
-static int
+int
 call_check_columns(DropIn *self, PyObject *request, long long start, long long end)
 {
     PyObject *method = PyObject_GetAttr(self->manager, s_check_columns);
@@ -149,178 +162,14 @@ columns_held(DropIn *self, PyObject *request, PyObject *mine, long long start, l
     return held ? 1 : call_check_columns(self, request, start, end);
 }
 
-/* Whether the lane's answer allocated nothing and copies nothing: 1, 0, or -1 on error. */
-static int
-allocated_nothing(Lane *lane, PyObject *result)
-{
-    PyObject *new_blocks = PyMember_GetOne((const char *)result, lane->fields[2]);
-    PyObject *copies = new_blocks ? PyMember_GetOne((const char *)result, lane->fields[4]) : NULL;
-    int nothing = copies != NULL && PyTuple_CheckExact(new_blocks) &&
-                  PyTuple_CheckExact(copies) && PyTuple_GET_SIZE(copies) == 0;
-    for (Py_ssize_t g = 0; nothing && g < PyTuple_GET_SIZE(new_blocks); g++) {
-        PyObject *added = PyTuple_GET_ITEM(new_blocks, g);
-        nothing = PyTuple_CheckExact(added) && PyTuple_GET_SIZE(added) == 0;
-    }
-    Py_XDECREF(new_blocks);
-    Py_XDECREF(copies);
-    return PyErr_Occurred() ? -1 : nothing;
-}
-
-/* _handed_out for a chunk whose new blocks join the tables' tails, as the Python method
- * hands them (the tails past what vLLM's worker holds, `_Tracked.seen`, checked against
- * the new blocks; where the worker zeroes new blocks, the attention groups' ones listed for
- * it, `_note_new`; the lengths and the slots that keep every attention table's last block
- * recorded, `_saw`, where a state group's table bounds no slots; the tails as vLLM's
- * KVCacheBlocks, `_wrap`): 1 handed out, 0 the Python method's (a check that fails, whose
- * error it raises; copies), -1 error. */
-static int
-hand_out_new(DropIn *self, PyObject *rid, PyObject *result, PyObject **answer)
-{
-    Lane *lane = (Lane *)self->lane;
-    PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
-    PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
-    if (tracked == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    PyObject *zeroed = PyObject_GetAttr(self->manager, s_zeroed);
-    PyObject *seen = zeroed ? PyObject_GetAttr(tracked, s_seen) : NULL;
-    PyObject *tables = seen ? lane_get(mine, s_tables) : NULL;
-    PyObject *new_blocks = tables ? PyMember_GetOne((const char *)result, lane->fields[2]) : NULL;
-    PyObject *copies = new_blocks ? PyMember_GetOne((const char *)result, lane->fields[4]) : NULL;
-    PyObject *blocks = copies ? PyObject_GetAttr(self->manager, s_blocks) : NULL;
-    PyObject *new_ids = blocks && zeroed == Py_True ? PyObject_GetAttr(self->manager, s_new_ids)
-                                                     : NULL;
-    PyObject *lengths = NULL, *tails = NULL, *keep = NULL;
-    int served = blocks == NULL || (zeroed == Py_True && new_ids == NULL) ? -1 : 0;
-    Py_ssize_t groups = lane->groups;
-    if (served < 0 || (zeroed != Py_False && zeroed != Py_True) ||
-        (new_ids != NULL && !PyList_CheckExact(new_ids)) || !PyList_CheckExact(seen) ||
-        PyList_GET_SIZE(seen) != groups || !PyList_CheckExact(tables) ||
-        PyList_GET_SIZE(tables) != groups || !PyTuple_CheckExact(new_blocks) ||
-        PyTuple_GET_SIZE(new_blocks) != groups || !PyTuple_CheckExact(copies) ||
-        PyTuple_GET_SIZE(copies) != 0 || !PyList_CheckExact(blocks)) {
-        goto done;
-    }
-    Py_ssize_t added = 0, tail_held = 0;
-    long long kept = 0;
-    lengths = PyList_New(groups);
-    tails = PyTuple_New(groups);
-    if (lengths == NULL || tails == NULL) {
-        served = -1;
-        goto done;
-    }
-    for (Py_ssize_t g = 0; g < groups; g++) {
-        PyObject *table = PyList_GET_ITEM(tables, g);
-        long long start = PyLong_AsLongLong(PyList_GET_ITEM(seen, g));
-        if (start < 0 || !PyList_CheckExact(table)) {
-            served = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        Py_ssize_t length = PyList_GET_SIZE(table);
-        Py_ssize_t from = start < length ? (Py_ssize_t)start : length;
-        PyObject *tail = PyList_New(length - from);
-        PyObject *number = PyLong_FromSsize_t(length);
-        if (tail == NULL || number == NULL) {
-            Py_XDECREF(tail);
-            Py_XDECREF(number);
-            served = -1;
-            goto done;
-        }
-        PyTuple_SET_ITEM(tails, g, tail);
-        PyList_SET_ITEM(lengths, g, number);
-        for (Py_ssize_t j = from; j < length; j++) {
-            long long block = entry(table, j);
-            if (block < 0 || block >= PyList_GET_SIZE(blocks)) {
-                if (!PyErr_Occurred()) {
-                    PyErr_Format(PyExc_ValueError, "a table holds block %lld, outside the pool",
-                                 block);
-                }
-                served = -1;
-                goto done;
-            }
-            tail_held += block != 0;
-            PyList_SET_ITEM(tail, j - from, Py_NewRef(PyList_GET_ITEM(blocks, (Py_ssize_t)block)));
-        }
-        added += PyTuple_Size(PyTuple_GET_ITEM(new_blocks, g));
-        if (length && lane->kind[g] != STATE) { /* _saw: the slots keeping its last block */
-            kept = max_ll(kept, (long long)(length - 1) * lane->size[g] + 1);
-        }
-    }
-    if (added != tail_held) {
-        goto done; /* a new block inside the worker's table: the Python method raises */
-    }
-    for (Py_ssize_t g = 0; new_ids != NULL && g < groups; g++) { /* the blocks to zero */
-        PyObject *ids = PyTuple_GET_ITEM(new_blocks, g);
-        for (Py_ssize_t k = 0; lane->kind[g] != STATE && k < PyTuple_Size(ids); k++) {
-            if (PyList_Append(new_ids, PyTuple_GET_ITEM(ids, k)) < 0) {
-                served = -1;
-                goto done;
-            }
-        }
-    }
-    keep = PyLong_FromLongLong(kept);
-    if (keep == NULL || PyObject_SetAttr(tracked, s_seen, lengths) < 0 ||
-        PyObject_SetAttr(tracked, s_keep, keep) < 0) {
-        served = -1;
-        goto done;
-    }
-    *answer = PyObject_CallOneArg((PyObject *)Py_TYPE(self->empty), tails); /* KVCacheBlocks */
-    served = *answer == NULL ? -1 : 1;
-done:
-    Py_XDECREF(zeroed);
-    Py_XDECREF(new_ids);
-    Py_XDECREF(seen);
-    Py_XDECREF(tables);
-    Py_XDECREF(new_blocks);
-    Py_XDECREF(copies);
-    Py_XDECREF(blocks);
-    Py_XDECREF(lengths);
-    Py_XDECREF(tails);
-    Py_XDECREF(keep);
-    return served;
-}
-
-/* _handed_out for a chunk the lane served: the shared empty blocks when it allocated
- * nothing, else its new blocks (hand_out_new), or the Python method where that says so.
- * A `_handed_out` replaced on the manager (a wrapper, a broken twin) answers every chunk,
- * as the Python `_extend` calls it for each (looked up as vLLM's calls would). */
-static PyObject *
-handed_out(DropIn *self, PyObject *rid, PyObject *result)
-{
-    PyObject *instance = PyObject_GenericGetDict(self->manager, NULL);
-    int replaced = instance == NULL ? -1 : PyDict_Contains(instance, s_handed_out);
-    Py_XDECREF(instance);
-    if (replaced < 0) {
-        return NULL;
-    }
-    if (!replaced) {
-        int nothing = allocated_nothing((Lane *)self->lane, result);
-        if (nothing) {
-            return nothing < 0 ? NULL : Py_NewRef(self->empty);
-        }
-        PyObject *answer = NULL;
-        int served = hand_out_new(self, rid, result, &answer);
-        if (served) {
-            return served < 0 ? NULL : answer;
-        }
-    }
-    PyObject *method = PyObject_GetAttr(self->manager, s_handed_out);
-    if (method == NULL) {
-        return NULL;
-    }
-    PyObject *answer = PyObject_CallFunctionObjArgs(method, rid, result, NULL);
-    Py_DECREF(method);
-    return answer;
-}
-
 /* The core's extend of a decode chunk through the lane: its answer, None (nothing changed:
  * the general path's) or NULL. */
 static PyObject *
 lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
-            long long lookahead, PyObject *step)
+            long long lookahead, PyObject *step, PyObject *current)
 {
-    PyObject *current = PyObject_GetAttr(self->core, s_step);
-    PyObject *in_flight = current ? PyObject_GetAttr(self->core, s_in_flight) : NULL;
+    current = current ? Py_NewRef(current) : lane_get(self->core, s_step);
+    PyObject *in_flight = current ? lane_get(self->core, s_in_flight) : NULL;
     PyObject *budget_obj = PyLong_FromLongLong(budget);
     PyObject *ahead = PyLong_FromLongLong(lookahead);
     PyObject *answer = NULL;
@@ -336,38 +185,92 @@ lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
     return answer;
 }
 
+/* The core's step being scheduled (its `_step`, `current`, read by the caller) is passed on
+ * where known; NULL reads it. */
+
+/* Whether `step` is a step a chunk may launch in, as Lane_extend takes it: None (the one
+ * being scheduled, `current`) or an int from 0 to that one. */
+static int
+launchable(PyObject *step, PyObject *current)
+{
+    if (step == Py_None) {
+        return 1;
+    }
+    long long number, now;
+    return count_of(step, &number) && count_of(current, &now) && number <= now;
+}
+
+/* A decode chunk of the `appended` tokens through the lane's lane_decode, for the core's
+ * record `mine` of `rid`, every one of whose `tokens` is computed and nothing scheduled,
+ * launched in `step` (None: the step being scheduled, `current`; NULL: read it): Lane_extend's
+ * answer without its reads of what the caller has read. The arguments are checked as
+ * Lane_extend checks them; where they or the core's chunks in flight are not as that
+ * expects, Lane_extend answers. */
+static PyObject *
+decode_through_lane(DropIn *self, PyObject *rid, PyObject *mine, PyObject *tokens,
+                    long long computed, PyObject *appended, long long lookahead, PyObject *step,
+                    PyObject *current)
+{
+    Py_ssize_t budget = PyList_GET_SIZE(appended), count = 0;
+    PyObject *allowed = PyLong_FromSsize_t(budget);
+    PyObject *now = allowed == NULL ? NULL
+                    : current      ? Py_NewRef(current)
+                                   : lane_get(self->core, s_step);
+    PyObject *in_flight = now ? lane_get(self->core, s_in_flight) : NULL;
+    PyObject *answer = NULL;
+    if (in_flight != NULL) {
+        if (PyDict_CheckExact(in_flight) && PyLong_CheckExact(now) && lookahead <= MAX_PLAN &&
+            launchable(step, now) && decode_tokens_valid(appended, allowed, &count)) {
+            answer = lane_decode((Lane *)self->lane, mine, rid, tokens, computed, appended, count,
+                                 lookahead, step == Py_None ? now : step, in_flight);
+        } else {
+            answer = lane_extend(self, rid, budget, appended, lookahead, step, now);
+        }
+    }
+    Py_XDECREF(allowed);
+    Py_XDECREF(now);
+    Py_XDECREF(in_flight);
+    return answer;
+}
+
 /* _extend's chunk with nothing in flight or pending: a decode chunk (every known token
  * computed; the sampled ones appended) or a prompt's next chunk (known tokens only; one
  * reaching past them is the Python method's). No served manager has runner checkpoints
  * or drafts' state blocks, so the chunk's checkpoint is 0 on both paths. */
 static int
 extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, long long computed,
-             long long start, long long end, long long slots, PyObject **answer)
+             long long start, long long end, long long slots, PyObject *current,
+             PyObject **answer)
 {
     PyObject *tokens = lane_get(mine, s_tokens);
     if (tokens == NULL) {
         return -1;
     }
     Py_ssize_t known = PyObject_Length(tokens);
-    Py_DECREF(tokens);
-    if (known < 0) {
-        return -1;
-    }
-    if (known < computed) {
-        return 0; /* not a state the core makes: the Python method says what is wrong */
+    if (known < computed) { /* -1: an error; else not a state the core makes (the Python
+                             * method says what is wrong) */
+        Py_DECREF(tokens);
+        return known < 0 ? -1 : 0;
     }
     Py_ssize_t count;
     PyObject *appended = tokens_from(self, request, known, end, &count);
     if (appended == NULL) {
+        Py_DECREF(tokens);
         return -1;
     }
     long long real_end = min_ll(end, (long long)count);
     if (real_end - computed < 1 || (known != computed && PyList_GET_SIZE(appended))) {
+        Py_DECREF(tokens);
         Py_DECREF(appended); /* drafts only (slots, nothing computed), or prompt and samples */
         return 0;
     }
+    long long lookahead = max_ll(slots - real_end, 0);
     PyObject *result =
-        lane_extend(self, rid, real_end - computed, appended, max_ll(slots - real_end, 0), Py_None);
+        known == computed
+            ? decode_through_lane(self, rid, mine, tokens, computed, appended, lookahead, Py_None,
+                                  current)
+            : lane_extend(self, rid, real_end - computed, appended, lookahead, Py_None, current);
+    Py_DECREF(tokens);
     Py_DECREF(appended);
     if (result == NULL) {
         return -1;
@@ -394,7 +297,7 @@ extend_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, lon
 static int
 pending_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, PyObject *tracked,
               long long computed, long long scheduled, long long start, long long end,
-              long long slots, PyObject **answer)
+              long long slots, PyObject *current, PyObject **answer)
 {
     long long held, pipelined;
     if (!lane_get_ll(mine, s_lookahead, &held) || !lane_get_ll(mine, s_pipelined, &pipelined)) {
@@ -449,12 +352,13 @@ pending_chunk(DropIn *self, PyObject *request, PyObject *rid, PyObject *mine, Py
         Py_XDECREF(result);
         return -1;
     }
-    PyObject *queue = PyObject_GetAttr(tracked, s_pending);
-    PyObject *step = PyObject_GetAttr(self->core, s_step);
-    PyObject *chunk = step == NULL ? NULL : Py_BuildValue("(LLOO)", end, slots, step, zero);
-    PyObject *added = queue && chunk ? PyObject_CallMethodOneArg(queue, s_append, chunk) : NULL;
+    PyObject *queue = lane_get(tracked, s_pending);
+    PyObject *ends = PyLong_FromLongLong(end), *reserved = PyLong_FromLongLong(slots);
+    PyObject *chunk = ends && reserved ? PyTuple_Pack(4, ends, reserved, current, zero) : NULL;
+    PyObject *added = queue && chunk ? queue_call(queue, deque_append, s_append, chunk) : NULL;
     Py_XDECREF(queue);
-    Py_XDECREF(step);
+    Py_XDECREF(ends);
+    Py_XDECREF(reserved);
     Py_XDECREF(chunk);
     if (added == NULL) {
         Py_XDECREF(result);
@@ -472,7 +376,7 @@ static int
 serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                PyObject **answer)
 {
-    long long tokens, ahead = 0, vllm_computed, keep;
+    long long tokens, ahead = 0, vllm_computed, keep, step = 0;
     if (nargs != 2 || !count_of(args[1], &tokens)) {
         return 0;
     }
@@ -497,7 +401,8 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
     int served = 0;
     PyObject *mine = PyDict_GetItemWithError(self->requests, rid);
     PyObject *tracked = mine ? PyDict_GetItemWithError(self->tracked, rid) : NULL;
-    long long computed, scheduled, step;
+    long long computed, scheduled;
+    PyObject *current = NULL; /* the core's step being scheduled */
     if (tracked == NULL) { /* an admission (or a request the facade never saw) */
         PyErr_Clear();
         goto done;
@@ -506,10 +411,13 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
     Py_INCREF(tracked);
     served = attr_count(request, s_num_computed_tokens, &vllm_computed);
     if (served == 1) {
-        served = attr_count(tracked, s_keep, &keep);
+        PyObject *kept = lane_get(tracked, s_keep);
+        served = kept == NULL ? -1 : count_of(kept, &keep);
+        Py_XDECREF(kept);
     }
     if (served == 1) {
-        served = attr_count(self->core, s_step, &step);
+        current = lane_get(self->core, s_step);
+        served = current == NULL ? -1 : count_of(current, &step);
     }
     if (served < 0) { /* an attribute missing or failing: the Python method says so */
         PyErr_Clear();
@@ -524,7 +432,7 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
     }
     Py_ssize_t waiting = 0;
     if (served == 1) {
-        PyObject *queue = PyObject_GetAttr(tracked, s_pending);
+        PyObject *queue = lane_get(tracked, s_pending);
         waiting = queue == NULL ? -1 : PyObject_Length(queue);
         Py_XDECREF(queue);
         served = waiting < 0 ? -1 : 1;
@@ -536,12 +444,13 @@ serve_allocate(DropIn *self, PyObject *const *args, Py_ssize_t nargs, PyObject *
             served = 0; /* unnumbered steps: the Python method ends the last one first */
         } else if (scheduled || waiting) {
             served = pending_chunk(self, request, rid, mine, tracked, computed, scheduled,
-                                   vllm_computed, end, slots, answer);
+                                   vllm_computed, end, slots, current, answer);
         } else {
             served = extend_chunk(self, request, rid, mine, computed, vllm_computed, end, slots,
-                                  answer);
+                                  current, answer);
         }
     }
+    Py_XDECREF(current);
     Py_DECREF(mine);
     Py_DECREF(tracked);
 done:
@@ -594,7 +503,6 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
         return -1;
     }
     known = PyObject_Length(tokens);
-    Py_DECREF(tokens);
     PyObject *oldest = PySequence_GetItem(queue, 0);
     PyObject *latest = oldest ? PySequence_GetItem(queue, -1) : NULL;
     int served = latest != NULL && known >= 0;
@@ -607,6 +515,7 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
     Py_XDECREF(oldest);
     Py_XDECREF(latest);
     if (PyErr_Occurred()) {
+        Py_DECREF(tokens);
         Py_XDECREF(step);
         return -1;
     }
@@ -616,8 +525,8 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
             PyObject *appended = tokens_from(self, request, known, end, NULL);
             long long real_end = appended ? known + PyList_GET_SIZE(appended) : 0;
             PyObject *result = appended == NULL || real_end == known ? NULL
-                               : lane_extend(self, rid, real_end - computed, appended,
-                                             max_ll(slots - real_end, 0), step);
+                               : decode_through_lane(self, rid, mine, tokens, computed, appended,
+                                                     max_ll(slots - real_end, 0), step, NULL);
             /* nothing to compute (vLLM stopped the request): the chunk leaves, slots held */
             served = appended == NULL ? -1 : real_end == known ? 1
                      : result == NULL ? -1 : result != Py_None;
@@ -633,9 +542,10 @@ start_one(DropIn *self, PyObject *rid, PyObject *queue, PyObject *mine, PyObject
             Py_XDECREF(result);
         }
     }
+    Py_DECREF(tokens);
     Py_XDECREF(step);
     if (served == 1) { /* as the Python method, the chunk leaves the queue */
-        PyObject *popped = PyObject_CallMethodNoArgs(queue, s_popleft);
+        PyObject *popped = queue_call(queue, deque_popleft, s_popleft, NULL);
         served = popped == NULL ? -1 : 1;
         Py_XDECREF(popped);
     }
@@ -676,7 +586,7 @@ DropIn_start_pending(DropIn *self, PyObject *requests)
     Py_ssize_t at = 0;
     int failed = 0;
     while (!failed && PyDict_Next(self->tracked, &at, &rid, &tracked)) {
-        PyObject *queue = PyObject_GetAttr(tracked, s_pending);
+        PyObject *queue = lane_get(tracked, s_pending);
         Py_ssize_t waiting = queue == NULL ? -1 : PyObject_Length(queue);
         PyObject *mine = waiting > 0 ? PyDict_GetItemWithError(self->requests, rid) : NULL;
         if (waiting < 0 || PyErr_Occurred()) {

@@ -1,5 +1,6 @@
 /* kvcert.reference._decodelane's drop-in object, shared by its calls
- * (_decodelane_dropin.c) and its type (_decodelane_dropin_type.c). */
+ * (_decodelane_dropin.c), their hand-out (_decodelane_handout.c) and its type
+ * (_decodelane_dropin_type.c). */
 #ifndef KVCERT_DECODELANE_DROPIN_H
 #define KVCERT_DECODELANE_DROPIN_H
 
@@ -36,6 +37,13 @@ extern PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
     *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *s_events, *zero;
+/* collections.deque (the facade's queue of pending chunks) and its append and popleft */
+extern PyObject *deque_type, *deque_append, *deque_popleft;
+
+/* a served chunk's answer (_decodelane_handout.c) and the checks it shares with the calls */
+int allocated_nothing(Lane *lane, PyObject *result);
+PyObject *handed_out(DropIn *self, PyObject *rid, PyObject *result);
+int call_check_columns(DropIn *self, PyObject *request, long long start, long long end);
 
 /* the calls: allocate_slots (the object, called), start_pending and end_step */
 PyObject *DropIn_call(DropIn *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);

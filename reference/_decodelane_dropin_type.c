@@ -7,6 +7,7 @@ PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids,
     *s_pending, *s_keep, *s_core, *s_lane, *s_handed_out, *s_append,
     *s_popleft, *s_num_lookahead_tokens, *s_progress_of, *s_check_started, *s_zeroed,
     *s_seen, *s_blocks, *s_check_columns, *s_wrapped, *s_new_ids, *s_events, *zero;
+PyObject *deque_type, *deque_append, *deque_popleft;
 
 static int
 DropIn_init(DropIn *self, PyObject *args, PyObject *kwargs)
@@ -211,5 +212,13 @@ dropin_ready(void)
         }
     }
     zero = PyLong_FromLong(0);
-    return zero == NULL ? -1 : PyType_Ready(&DropInType);
+    PyObject *collections = PyImport_ImportModule("collections");
+    deque_type = collections ? PyObject_GetAttrString(collections, "deque") : NULL;
+    Py_XDECREF(collections);
+    deque_append = deque_type ? PyObject_GetAttr(deque_type, s_append) : NULL;
+    deque_popleft = deque_append ? PyObject_GetAttr(deque_type, s_popleft) : NULL;
+    if (zero == NULL || deque_popleft == NULL || !PyType_Check(deque_type)) {
+        return -1;
+    }
+    return PyType_Ready(&DropInType);
 }

@@ -79,7 +79,7 @@ grow(long long **buffer, Py_ssize_t *capacity, Py_ssize_t needed)
 
 /* Whether `appended` is a non-empty list or tuple of token ids (ints in 0..2**63 - 1) no
  * longer than `budget`; its length in *count. */
-static int
+int
 decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count)
 {
     if (!PyList_CheckExact(appended) && !PyTuple_CheckExact(appended)) {
@@ -531,44 +531,60 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
                                lookahead, step, in_flight);
         goto done;
     }
-    long long end = computed + count;
-    if (scheduled != 0 || computed != known || computed > MAX_PLAN) {
+    if (scheduled != 0 || computed != known) {
         answer = Py_NewRef(Py_None); /* a chunk in flight, prompt tokens left: general path */
         goto done;
     }
+    answer = lane_decode(lane, request, rid, tokens, computed, appended, count, lookahead, step,
+                         in_flight);
+done:
+    Py_DECREF(tokens);
+    return answer;
+}
+
+/* Lane_extend's decode chunk, for a caller that has read the core's record `request` of
+ * `rid` (nothing scheduled, every one of its `tokens` computed: `computed`) and checked the
+ * arguments as Lane_extend does (`appended`, `count` valid token ids: decode_tokens_valid;
+ * `lookahead` in 0..MAX_PLAN; `step` the one being scheduled or an earlier one). */
+PyObject *
+lane_decode(Lane *lane, PyObject *request, PyObject *rid, PyObject *tokens, long long computed,
+            PyObject *appended, Py_ssize_t count, long long lookahead, PyObject *step,
+            PyObject *in_flight)
+{
+    long long end = computed + count;
+    if (computed > MAX_PLAN) {
+        Py_RETURN_NONE;
+    }
     int quiet = is_quiet(request, end, lookahead);
     if (quiet < 0) {
-        goto done;
+        return NULL;
     }
     if (quiet) { /* only the tokens are appended (the fast path of KVCacheManager.extend) */
         PyObject *extended = lane_append_tokens(tokens, appended);
         if (extended == NULL) {
-            goto done;
+            return NULL;
         }
         Py_DECREF(extended);
         if (lane_set_ll(request, s_scheduled, count) && lane_set_ll(request, s_lookahead, lookahead) &&
             lane_set(request, s_decoding, Py_True) == 0 &&
             lane_launch(lane, rid, request, step, in_flight)) {
-            answer = quiet_answer(lane, count);
+            return quiet_answer(lane, count);
         }
-        goto done;
+        return NULL;
     }
     if (lane->limit >= 0 && end > lane->limit) {
-        answer = Py_NewRef(Py_None); /* max_model_len: the general path says so */
-        goto done;
+        Py_RETURN_NONE; /* max_model_len: the general path says so */
     }
     PyObject *added =
         replan(lane, request, DECODE, tokens, appended, count, lookahead, computed, end, -1);
     if (added == NULL || added == Py_None) {
-        answer = added;
-        goto done;
+        return added;
     }
+    PyObject *answer = NULL;
     if (lane_launch(lane, rid, request, step, in_flight)) { /* KVCacheManager._launch */
         answer = make_scheduled(lane, count, added);
     }
     Py_DECREF(added);
-done:
-    Py_DECREF(tokens);
     return answer;
 }
 

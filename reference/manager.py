@@ -56,6 +56,8 @@ _Fit = tuple[int, int | None, int]  # admit's keep_free, fit_tokens, fit_keep_fr
 class KVCacheManager(HitQueries):
     """A hybrid KV-cache allocator with prefix caching over one shared block pool."""
 
+    __slots__ = ("_in_flight", "_lane", "_step")  # read per decode chunk by _decodelane*.c
+
     def __init__(self, config: CacheConfig) -> None:
         if all(g.kind is Kind.CROSS for g in config.groups):
             raise ConfigError("every group is cross attention: there is no prefix to cache")
@@ -772,8 +774,7 @@ class KVCacheManager(HitQueries):
         return self._release(rid, dispatched)
 
     def preempt(self, rid: str, *, dispatched: bool = False) -> int:
-        """Release a preempted request; it may be admitted again under the same id
-        (`dispatched`: as for `finish`)."""
+        """Release a preempted request, which may be admitted again (`dispatched`: see `finish`)."""
         return self._release(rid, dispatched)
 
     def reset_prefix_cache(self) -> bool:

@@ -64,7 +64,7 @@ from kvcert.reference.vllm.settings import HoldBack, Settings
 from kvcert.reference.vllm.tables import BlockTableViews
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the compiled decode calls read them directly
 class _Tracked:
     """What the facade keeps per request beside the allocator's record of it."""
 
@@ -82,6 +82,10 @@ class _Tracked:
 
 class KVCacheManager(BlockTableViews):
     """vLLM 0.33.0's KVCacheManager, served by kvcert's reference allocator."""
+
+    # read by the compiled decode calls on every chunk (reference/_decodelane_dropin.c), which
+    # read a slot without the instance dict's lookup; every other attribute lives in __dict__
+    __slots__ = ("core",)
 
     def __init__(  # noqa: PLR0917 - vLLM's signature, positional arguments included
         self,
