@@ -116,41 +116,44 @@ class HitQueries(Inspection):
             top = len(prompt) if max_hit is None else min(len(prompt), max_hit + 1)
             maps, flying = (self._tails.served, self._tails.flying) if after is None else after
             return find_unit_hit(self.config, top, units, maps, flying)
+        found = self._remembered(prompt, spend, copied=tables)
+        if found is not None and (max_hit is None or found[0] <= max_hit):
+            return found  # the keys are read only for a search
         keys, served = self._keying.keys(prompt.chains), self.pool.served
         return capped(
             lambda limit: (
-                self._uncapped(prompt, keys, served, spend, copied=tables)
+                (found if found is not None else self._uncapped(prompt, keys, served, spend))
                 if limit is None
                 else self.search(self.config, len(prompt), keys, served, limit=limit)
             ),
             max_hit,
         )
 
+    def _remembered(self, prompt: Prompt, spend: bool, *, copied: bool) -> Hit | None:
+        """The remembered uncapped search of `prompt` (`_uncapped`) when it still stands, else
+        None: the caller gets tables of its own (none unless `copied`); a `spend`ing caller
+        takes the remembered ones and leaves nothing remembered (a memo kept after an
+        admission would hold its tables for nothing)."""
+        last, pool = self._last_search, self.pool
+        if last is None or last[0]() is not prompt or last[1] != (self.search, pool, pool.changes):
+            return None
+        if spend:
+            self._last_search = None
+            return last[2], last[3]
+        return last[2], [list(table) for table in last[3]] if copied else []
+
     def _uncapped(
-        self,
-        prompt: Prompt,
-        keys: Keys[bytes],
-        served: Served[bytes],
-        spend: bool,
-        *,
-        copied: bool = True,
+        self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool
     ) -> Hit:
         """The search's uncapped answer for `prompt`, remembered while the pool's key index
         has not changed since (its `changes` count stands still only while every served map
-        does, and the search reads nothing else of the cache): an engine's lookup and the
-        admission right after it search once. The caller gets tables of its own; a
-        `spend`ing caller takes the remembered ones and leaves nothing remembered (a memo
-        kept after an admission would hold its tables for nothing)."""
-        pool = self.pool
-        asked = (self.search, pool, pool.changes)
-        last = self._last_search
-        if last is not None and last[0]() is prompt and last[1] == asked:
-            if spend:
-                self._last_search = None
-                return last[2], last[3]
-            return last[2], [list(table) for table in last[3]] if copied else []
+        does, and the search reads nothing else of the cache; `_remembered` answers from
+        it): an engine's lookup and the admission right after it search once. A `spend`ing
+        caller (an admission, or a Prompt nobody can ask of again) leaves nothing
+        remembered."""
         hit, tables = self.search(self.config, len(prompt), keys, served)
         if not spend:
+            asked = (self.search, self.pool, self.pool.changes)
             self._last_search = (weakref.ref(prompt), asked, hit, [list(t) for t in tables])
         return hit, tables
 

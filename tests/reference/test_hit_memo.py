@@ -1,5 +1,6 @@
-"""The remembered search (HitQueries._uncapped): a lookup and the admission of the same
-Prompt right after it search once, and no answer outlives a change of the served maps."""
+"""The remembered search (HitQueries._uncapped, answered by `_remembered`): a lookup and the
+admission of the same Prompt right after it search once, and no answer outlives a change of
+the served maps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference import block_pool, coordinator
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind
 from kvcert.reference.errors import KVCacheError
+from kvcert.reference.hit_queries import capped
 from kvcert.reference.keyindex import PyKeyIndex
 from kvcert.reference.manager import KVCacheManager, Scheduled
 from kvcert.reference.requests import Prompt
@@ -42,10 +44,16 @@ PROMPTS = st.lists(
 )
 
 
-def fresh(m: KVCacheManager, prompt: Prompt) -> tuple[int, tuple[tuple[int, ...], ...]]:
-    """The search over the cache as it is now, nothing remembered."""
+def fresh(
+    m: KVCacheManager, prompt: Prompt, max_hit: int | None = None
+) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """The search over the cache as it is now, nothing remembered; at most `max_hit` tokens
+    as `lookup` caps it (the largest length below the cap every group accepts)."""
     keys = m._keying.keys(prompt.chains)
-    hit, tables = coordinator.find_hit(m.config, len(prompt), keys, m.pool.served)
+    hit, tables = capped(
+        lambda limit: coordinator.find_hit(m.config, len(prompt), keys, m.pool.served, limit=limit),
+        max_hit,
+    )
     return hit, tuple(tuple(t) for t in tables)
 
 
@@ -61,7 +69,9 @@ def play(m: KVCacheManager, prompts: list[Prompt], ops: list[tuple[str, int, int
         with contextlib.suppress(KVCacheError):
             step(m, prompt, running, op, f"r{n}", which, size)
         assert m.hit_length(prompt) == fresh(m, prompt)[0]  # the remembered search's, uncopied
-        assert m.hit_length(prompt, max_hit=size) == m.lookup(prompt, max_hit=size)[0]
+        capped_now = fresh(m, prompt, size)  # the remembered search's hit may exceed the cap
+        assert m.hit_length(prompt, max_hit=size) == capped_now[0]
+        assert m.lookup(prompt, max_hit=size) == capped_now
         assert m.lookup(prompt) == fresh(m, prompt)
 
 
@@ -102,23 +112,22 @@ def step(
 @pytest.fixture
 def checked_memo(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every answer of the remembered search is checked against `fresh` as it is given;
-    yields how many were remembered ones (a vacuity count)."""
+    yields how many were given (a vacuity count)."""
     remembered = [0]
-    uncapped = KVCacheManager._uncapped
+    recall = KVCacheManager._remembered
 
-    def checked(
-        self: KVCacheManager, prompt: Prompt, keys: Any, served: Any, spend: bool, *, copied: bool
-    ) -> Any:
-        last = self._last_search
-        remembered[0] += last is not None and last[0]() is prompt
-        hit, answered = uncapped(self, prompt, keys, served, spend, copied=copied)
-        if copied:
-            assert (hit, tuple(map(tuple, answered))) == fresh(self, prompt)
-        else:  # hit_length's: the length alone
-            assert hit == fresh(self, prompt)[0]
-        return hit, answered
+    def checked(self: KVCacheManager, prompt: Prompt, spend: bool, *, copied: bool) -> Any:
+        answer = recall(self, prompt, spend, copied=copied)
+        if answer is not None:
+            remembered[0] += 1
+            hit, answered = answer
+            if copied:
+                assert (hit, tuple(map(tuple, answered))) == fresh(self, prompt)
+            else:  # hit_length's: the length alone
+                assert hit == fresh(self, prompt)[0]
+        return answer
 
-    monkeypatch.setattr(KVCacheManager, "_uncapped", checked)
+    monkeypatch.setattr(KVCacheManager, "_remembered", checked)
     return remembered
 
 
