@@ -130,8 +130,14 @@ def _served(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, in
     return time.perf_counter() - start, hits, steps
 
 
+# Rounds a side for the by-call ratio: with five, its pairs' median read 3.5x and 5.6x in two
+# runs of one commit (this machine slows by up to 2x for seconds at a time); a median over
+# more pairs moves less between runs, and leans neither way (every pair is printed)
+BY_CALL_ROUNDS = 9
+
+
 def time_by_call(
-    load: Workload, rounds: int = 5
+    load: Workload, rounds: int = BY_CALL_ROUNDS
 ) -> tuple[dict[str, dict[str, tuple[int, float]]], dict[str, list[float]]]:
     """Per side, (calls, seconds) of each public KV-cache-manager method the scheduler
     calls, inclusive of what it calls (a public method called inside another is timed as
@@ -331,7 +337,7 @@ def main() -> int:
     parser.add_argument("--drafts", type=int, default=0,
                         help="EAGLE/MTP drafts per decode step, all accepted")  # fmt: skip
     parser.add_argument("--by-call", action="store_true",
-                        help="also time each manager method over five extra rounds")  # fmt: skip
+                        help="also time each manager method over nine extra rounds")  # fmt: skip
     args = parser.parse_args()
     if args.state_checkpoints and args.model not in STATE_MODELS:
         parser.error(f"--state-checkpoints needs a state model ({', '.join(STATE_MODELS)})")
@@ -374,7 +380,7 @@ def main() -> int:
             f"{statistics.median(ratios):.2f}x"
         )
         if args.by_call:
-            spent, totals = time_by_call(load, rounds=1 if args.quick else 5)
+            spent, totals = time_by_call(load, rounds=1 if args.quick else BY_CALL_ROUNDS)
             for side, counts in spent.items():
                 if side == "floor" or side.endswith(UNPAUSED):  # in the summary, below
                     continue
