@@ -163,7 +163,8 @@ columns_held(DropIn *self, PyObject *request, PyObject *mine, long long start, l
 }
 
 /* The core's extend of a decode chunk through the lane: its answer, None (nothing changed:
- * the general path's) or NULL. */
+ * the general path's) or NULL. `current`: the core's step being scheduled (its `_step`),
+ * where the caller has read it; NULL reads it. */
 static PyObject *
 lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
             long long lookahead, PyObject *step, PyObject *current)
@@ -184,9 +185,6 @@ lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
     Py_XDECREF(ahead);
     return answer;
 }
-
-/* The core's step being scheduled (its `_step`, `current`, read by the caller) is passed on
- * where known; NULL reads it. */
 
 /* Whether `step` is a step a chunk may launch in, as Lane_extend takes it: None (the one
  * being scheduled, `current`) or an int from 0 to that one. */

@@ -5,6 +5,7 @@ the served maps."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ from kvcert.conformance.engines.reference_engine import config_from_json
 from kvcert.reference import block_pool, coordinator
 from kvcert.reference.config import CacheConfig, GroupConfig, Kind
 from kvcert.reference.errors import KVCacheError
-from kvcert.reference.hit_queries import capped
 from kvcert.reference.keyindex import PyKeyIndex
 from kvcert.reference.manager import KVCacheManager, Scheduled
 from kvcert.reference.requests import Prompt
@@ -50,10 +50,10 @@ def fresh(
     """The search over the cache as it is now, nothing remembered; at most `max_hit` tokens
     as `lookup` caps it (the largest length below the cap every group accepts)."""
     keys = m._keying.keys(prompt.chains)
-    hit, tables = capped(
-        lambda limit: coordinator.find_hit(m.config, len(prompt), keys, m.pool.served, limit=limit),
-        max_hit,
-    )
+    search = functools.partial(coordinator.find_hit, m.config, len(prompt), keys, m.pool.served)
+    hit, tables = search()
+    if max_hit is not None and hit > max_hit:
+        hit, tables = search(limit=max_hit)
     return hit, tuple(tuple(t) for t in tables)
 
 
