@@ -152,6 +152,7 @@ PyObject *lane_decode(Lane *lane, PyObject *request, PyObject *rid, PyObject *to
                       long long computed, PyObject *appended, Py_ssize_t count,
                       long long lookahead, PyObject *step, PyObject *in_flight);
 int decode_tokens_valid(PyObject *appended, PyObject *budget, Py_ssize_t *count);
+int lane_launchable(PyObject *step, PyObject *current);
 PyObject *Lane_register(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_chunks(Lane *lane, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Lane_end_step(Lane *lane, PyObject *const *args, Py_ssize_t nargs);

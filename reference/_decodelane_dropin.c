@@ -186,18 +186,6 @@ lane_extend(DropIn *self, PyObject *rid, long long budget, PyObject *appended,
     return answer;
 }
 
-/* Whether `step` is a step a chunk may launch in, as Lane_extend takes it: None (the one
- * being scheduled, `current`) or an int from 0 to that one. */
-static int
-launchable(PyObject *step, PyObject *current)
-{
-    if (step == Py_None) {
-        return 1;
-    }
-    long long number, now;
-    return count_of(step, &number) && count_of(current, &now) && number <= now;
-}
-
 /* A decode chunk of the `appended` tokens through the lane's lane_decode, for the core's
  * record `mine` of `rid`, every one of whose `tokens` is computed and nothing scheduled,
  * launched in `step` (None: the step being scheduled, `current`; NULL: read it): Lane_extend's
@@ -218,7 +206,7 @@ decode_through_lane(DropIn *self, PyObject *rid, PyObject *mine, PyObject *token
     PyObject *answer = NULL;
     if (in_flight != NULL) {
         if (PyDict_CheckExact(in_flight) && PyLong_CheckExact(now) && lookahead <= MAX_PLAN &&
-            launchable(step, now) && decode_tokens_valid(appended, allowed, &count)) {
+            lane_launchable(step, now) && decode_tokens_valid(appended, allowed, &count)) {
             answer = lane_decode((Lane *)self->lane, mine, rid, tokens, computed, appended, count,
                                  lookahead, step == Py_None ? now : step, in_flight);
         } else {

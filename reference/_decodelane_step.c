@@ -487,16 +487,12 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    if (!lane_launchable(step, args[8])) {
+        Py_RETURN_NONE;
+    }
     int overflow = 0;
     if (step == Py_None) {
         step = args[8];
-    } else {
-        long long number = PyLong_CheckExact(step) ? PyLong_AsLongLongAndOverflow(step, &overflow)
-                                                   : -1;
-        if (number < 0 || overflow || number > PyLong_AsLongLong(args[8])) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
     }
     /* a prompt's next chunk appends nothing: its budget, at least 1, bounds it */
     int prefill = (PyList_CheckExact(appended) || PyTuple_CheckExact(appended)) &&
@@ -540,6 +536,23 @@ Lane_extend(Lane *lane, PyObject *const *args, Py_ssize_t nargs)
 done:
     Py_DECREF(tokens);
     return answer;
+}
+
+/* Whether `step` is a step a chunk may launch in: None (the one being scheduled, `current`,
+ * an int) or an int from 0 to that one. */
+int
+lane_launchable(PyObject *step, PyObject *current)
+{
+    if (step == Py_None) {
+        return 1;
+    }
+    int overflow = 0;
+    long long number = PyLong_CheckExact(step) ? PyLong_AsLongLongAndOverflow(step, &overflow) : -1;
+    if (number < 0 || overflow || number > PyLong_AsLongLong(current)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
 }
 
 /* Lane_extend's decode chunk, for a caller that has read the core's record `request` of
