@@ -64,7 +64,7 @@ class Progress(NamedTuple):
 class Prompt:
     """A prompt validated and digested for one manager: pass it to `admit` or `lookup` to
     skip the hashing (an engine hashes a prompt once, as it arrives). It keeps the ids in
-    their encoding; the array of them is made when first read (a lookup never reads it)."""
+    their encoding; an admission makes the request's array of them (a lookup never does)."""
 
     __slots__ = ("__weakref__", "_tokens", "chains", "encoded", "extras", "owner")
 
@@ -83,10 +83,22 @@ class Prompt:
 
     @property
     def tokens(self) -> array[int]:
-        """The ids (read them, never change them: the digests certify them)."""
+        """The ids, in an array of the caller's own (made at each read)."""
+        return decode_tokens(self.encoded)
+
+    def decode_ahead(self) -> None:
+        """Make the ids' array now, for the admission that takes it (`take_tokens`). An
+        engine preparing prompts off its step (vLLM's block hasher runs as a request is
+        built) spares the admission a copy of the whole prompt: 8 bytes a token."""
         if self._tokens is None:
             self._tokens = decode_tokens(self.encoded)
-        return self._tokens
+
+    def take_tokens(self) -> array[int]:
+        """The ids as an array of the caller's own, to append to: the one `decode_ahead`
+        made, handed over once, else a new one. The Prompt keeps only its encoding, so an
+        admission appending to its array changes nothing another admission reads."""
+        tokens, self._tokens = self._tokens, None
+        return decode_tokens(self.encoded) if tokens is None else tokens
 
     def __len__(self) -> int:
         return len(self.encoded) // 8
@@ -122,7 +134,7 @@ class Request:
     )
 
     def __init__(self, prompt: Prompt) -> None:
-        self.tokens = decode_tokens(prompt.encoded)  # its own array: decoding appends to it
+        self.tokens = prompt.take_tokens()  # its own array: decoding appends to it
         self.extras = prompt.extras
         self.chains = copy_chains(prompt.chains)
         # each extended once per new token

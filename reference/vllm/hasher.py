@@ -9,7 +9,9 @@ skips vLLM's hashing altogether. A request carries its digests (`ATTACHED`) from
 hasher's first call to its next one: vLLM calls the hasher again whenever a request's
 tokens change (an output appended, a streaming update, a re-hash before recomputing), and
 then the digests go, so the manager digests that request itself, as it does a request
-built without this hasher. A prompt the allocator refuses (a multimodal item without an
+built without this hasher. The hasher also makes the array of ids the admission gives the
+request (`Prompt.decode_ahead`), a copy of the whole prompt the step need not make. A prompt
+the allocator refuses (a multimodal item without an
 identifier, ids out of range) gets no digests here: the manager refuses it in its step, with
 the same error as without this hasher, never on the thread building requests.
 """
@@ -50,9 +52,9 @@ class RequestHasher:
             return hashes
         # a prompt it refuses is refused where the manager digests it, in the scheduler's step
         with contextlib.suppress(KVCacheError):
-            state[ATTACHED] = self._manager.core.prompt(
-                token_view(request), request_extras(request)
-            )
+            prompt = self._manager.core.prompt(token_view(request), request_extras(request))
+            prompt.decode_ahead()  # the admission's copy of the ids, made here too
+            state[ATTACHED] = prompt
         return hashes
 
 

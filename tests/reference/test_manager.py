@@ -270,6 +270,29 @@ def test_token_sequences_of_every_type_give_the_same_prompt():
         assert got.chains[0].digests == want.chains[0].digests
 
 
+def test_a_prompt_decoded_ahead_gives_its_ids_to_one_admission_only():
+    """`decode_ahead`'s array goes to the first admission, which appends its decoded tokens
+    to it; a later admission of the same Prompt gets the prompt's ids alone, in an array of
+    its own, whose appended tokens reach no other request."""
+    for ahead in (True, False):
+        m = manager()
+        prompt = m.prompt(PROMPT)
+        if ahead:
+            prompt.decode_ahead()
+        m.admit("a", prompt, 128)
+        m.end_step()
+        m.extend("a", 1, [7])
+        m.end_step()
+        m.extend("a", 1, [8])
+        m.admit("b", prompt, 128)
+        assert m.progress_of("a").known == len(PROMPT) + 2
+        assert m.progress_of("b").known == len(PROMPT)
+        m.end_step()
+        m.extend("b", 1, [9])
+        assert m.progress_of("a").known == len(PROMPT) + 2
+        assert list(prompt.tokens) == PROMPT  # the Prompt still names its own ids
+
+
 # vLLM 0.33.0's bytes per cached block, as benchmarks/vs_vllm.py's memory row measures them
 # (1M blocks, tracemalloc; reproduce: .engines/vllm-0.33.0/bin/python benchmarks/vs_vllm.py).
 VLLM_BYTES_PER_CACHED_BLOCK = 145.7
