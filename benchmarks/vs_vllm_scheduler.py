@@ -78,18 +78,34 @@ def workload(
     )
 
 
-def serve(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
+def serve(scheduler: Any, hasher: Any, load: Workload, phase: int = 0) -> tuple[float, int, int]:
     """(seconds, hit tokens, steps) for the whole workload, served as vLLM's engine serves:
     its EngineCore freezes the heap once the scheduler is built (`freeze_gc_heap`: collect,
     then `gc.freeze()`), so the collector never walks what startup made, here the imports
-    and either side's scheduler; the heap is unfrozen once the round is served."""
+    and either side's scheduler; the heap is unfrozen once the round is served. `phase`:
+    the young generation's allocation count the round starts at (0 right after the freeze),
+    advanced by that many live empty lists; see `collector_phases`."""
     from vllm.utils.gc_utils import freeze_gc_heap  # noqa: PLC0415 - the engine venv's vLLM
 
     freeze_gc_heap()
+    ballast = [[] for _ in range(phase - 1)] if phase else []  # phase containers, this list too
     try:
         return _served(scheduler, hasher, load)
     finally:
+        del ballast
         gc.unfreeze()
+
+
+def collector_phases(rounds: int) -> list[int]:
+    """The young generation's count each of `rounds` pairs starts at, spread evenly over
+    the collector's threshold (0 for a single round). Which call a young collection falls in
+    is wherever the count crosses the threshold, and one collection here walks every prompt
+    list made since the last (milliseconds); a deterministic round from the same count
+    would put it in the same call in every pair, so the median over pairs would rest on one
+    draw of where it falls. A serving engine reaches its steps at whatever count its history
+    left, so each pair starts at another (both sides of a pair at the same)."""
+    threshold = gc.get_threshold()[0]
+    return [i * threshold // rounds for i in range(rounds)]
 
 
 def _served(scheduler: Any, hasher: Any, load: Workload) -> tuple[float, int, int]:
@@ -146,7 +162,8 @@ def time_by_call(
     frozen heap (`serve`: so neither pays for the other's garbage), and each method's time
     is its least round (where the time goes). Beside it, each round's time over every call
     (`totals`, per side, in round order): the ratio is taken per back-to-back pair of rounds,
-    so a slow spell of the machine falls on both sides of a pair. The third side, "floor",
+    so a slow spell of the machine falls on both sides of a pair, and each pair starts the
+    collector at its own phase (`collector_phases`). The third side, "floor",
     is the least any manager answering these calls spends: each method replays kvcert's
     answers from a recorded round, in order (the scheduler is deterministic, so it asks the
     same calls; the round must serve the same hits in the same steps, or nothing is
@@ -155,10 +172,10 @@ def time_by_call(
     answers, played = record_answers(load)
     spent: dict[str, dict[str, tuple[int, float]]] = {}
     totals: dict[str, list[float]] = {}
-    for _ in range(rounds):
+    for phase in collector_phases(rounds):
         for side in ("vLLM", "kvcert", "floor"):
             replay = answers if side == "floor" else None
-            timings, served = one_round_by_call(load, side != "vLLM", replay)
+            timings, served = one_round_by_call(load, side != "vLLM", replay, phase)
             if replay is not None and served != played:
                 raise SystemExit(f"the replayed round served {served}, the recorded {played}")
             for label, counts in ((side, timings[0]), (side + UNPAUSED, timings[1])):
@@ -234,12 +251,12 @@ Timings = dict[str, tuple[int, float]]  # per method (calls, seconds)
 
 
 def one_round_by_call(
-    load: Workload, kvcert: bool, replay: Answers | None = None
+    load: Workload, kvcert: bool, replay: Answers | None = None, phase: int = 0
 ) -> tuple[tuple[Timings, Timings], tuple[int, int]]:
-    """(calls, seconds) per public manager method over one round of `load`, with and without
-    the collector's pauses inside each call, and the round's (hits, steps); with `replay`,
-    every method answers from it instead (on kvcert's manager, whose other attributes the
-    scheduler still reads)."""
+    """(calls, seconds) per public manager method over one round of `load` served from the
+    collector's `phase` (`serve`), with and without the collector's pauses inside each call,
+    and the round's (hits, steps); with `replay`, every method answers from it instead (on
+    kvcert's manager, whose other attributes the scheduler still reads)."""
     scheduler, _, hasher, _ = build(load, kvcert=kvcert)
     manager, counts, unpaused = scheduler.kv_cache_manager, {}, {}
     inside = [""]  # the call being timed: the public methods it calls are part of it
@@ -281,7 +298,7 @@ def one_round_by_call(
         setattr(manager, name, timed(name, method))
     gc.callbacks.append(collector)
     try:
-        _, hits, steps = serve(scheduler, timed(HASHER, hasher), load)
+        _, hits, steps = serve(scheduler, timed(HASHER, hasher), load, phase)
     finally:
         gc.callbacks.remove(collector)
     return (counts, unpaused), (hits, steps)
@@ -315,7 +332,8 @@ def calls_summary(
         return ", ".join(f"{r:.2f}" for r in ratios)
 
     return (
-        f"every manager call, vLLM / kvcert, median of {len(each)} back-to-back pair(s): "
+        f"every manager call, vLLM / kvcert, median of {len(each)} back-to-back pair(s), "
+        f"each from its own collector phase: "
         f"{ratio:.2f}x ({listed(each)}); without the collector's pauses inside each call: "
         f"{bare:.2f}x ({listed(bare_each)}); vLLM / floor {floor:.1f}x. Least rounds: vLLM "
         f"{least['vLLM'] * 1e3:.1f} ms, kvcert {least['kvcert'] * 1e3:.1f} ms, floor "
