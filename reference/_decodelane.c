@@ -54,7 +54,29 @@ typedef struct {
 static Slot slots[SLOT_TABLE];
 static int slots_used;
 
-static PyMemberDef *
+/* slot_of's first sight of a pair: its member descriptor looked up and, while there is
+ * room, remembered at `at` (the empty entry its probe ended on). Kept out of line, so the
+ * lookup that finds its pair (every call after the first) saves no registers for it. */
+static Py_NO_INLINE PyMemberDef *
+slot_learn(PyTypeObject *type, PyObject *name, size_t at)
+{
+    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, name);
+    PyMemberDef *member = NULL;
+    if (descriptor == NULL) {
+        PyErr_Clear(); /* attribute access will say what is missing */
+    } else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
+               PyType_IsSubtype(type, PyDescr_TYPE(descriptor))) {
+        member = ((PyMemberDescrObject *)descriptor)->d_member;
+    }
+    Py_XDECREF(descriptor);
+    if (slots_used < SLOT_LIMIT) {
+        slots[at] = (Slot){(PyTypeObject *)Py_NewRef(type), Py_NewRef(name), member};
+        slots_used++;
+    }
+    return member;
+}
+
+static inline PyMemberDef *
 slot_of(PyObject *obj, PyObject *name)
 {
     PyTypeObject *type = Py_TYPE(obj);
@@ -66,20 +88,7 @@ slot_of(PyObject *obj, PyObject *name)
             return slots[at].member;
         }
     }
-    PyObject *descriptor = PyObject_GetAttr((PyObject *)type, name);
-    PyMemberDef *member = NULL;
-    if (descriptor == NULL) {
-        PyErr_Clear(); /* attribute access will say what is missing */
-    } else if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
-               PyType_IsSubtype(type, PyDescr_TYPE(descriptor))) {
-        member = ((PyMemberDescrObject *)descriptor)->d_member;
-    }
-    Py_XDECREF(descriptor);
-    if (slots_used < SLOT_LIMIT) { /* `at` is the empty entry the probe ended on */
-        slots[at] = (Slot){(PyTypeObject *)Py_NewRef(type), Py_NewRef(name), member};
-        slots_used++;
-    }
-    return member;
+    return slot_learn(type, name, at);
 }
 
 PyObject *
