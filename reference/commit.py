@@ -256,7 +256,7 @@ class Registrar:
         """A lower bound on the `computed` at which `committed` is next non-empty: every kind
         commits block j only once (j + 1) * block_size tokens are computed."""
         marks = request.registered
-        return min(((marks[g] + 1) * size for g, size in self._committing), default=TOKEN_LIMIT)
+        return min([(marks[g] + 1) * size for g, size in self._committing], default=TOKEN_LIMIT)
 
     def committed(self, g: int, group: GroupConfig, request: Request, before: int) -> range:
         """The table positions of group g whose KV is now entirely written. Implements
@@ -287,6 +287,27 @@ class Registrar:
 ChunkInFlight = tuple[Request, int, int]
 
 
+def _touches(pending: list[dict[bytes, int]], keys: Keys[bytes]) -> bool:
+    """Whether some group's pending keys include one of the request's keys of that group.
+    A chunk in flight adds a few keys per group, a prompt has one per block: each group's
+    pending keys are looked up among the request's, made a set once per key list (groups
+    sharing a chain share one)."""
+    sets: dict[int, set[bytes]] = {}
+    for extra, mine in zip(pending, keys, strict=True):
+        if not extra:
+            continue
+        if len(extra) >= len(mine):
+            if not extra.keys().isdisjoint(mine):
+                return True
+            continue
+        among = sets.get(id(mine))
+        if among is None:
+            among = sets[id(mine)] = set(mine)
+        if not among.isdisjoint(extra):
+            return True
+    return False
+
+
 class MapsAfterSteps:
     """The served maps once every step in flight has ended: the pool's, with the keys the
     chunks in flight will register (`Registrar.pending_keys`). Each of a step's admissions
@@ -312,11 +333,7 @@ class MapsAfterSteps:
         served = self._after(pool, chunks)
         if served is None or keys is None:
             return served
-        touched = any(
-            extra and not extra.keys().isdisjoint(mine)
-            for extra, mine in zip(self._pending, keys, strict=True)
-        )
-        return served if touched else None
+        return served if _touches(self._pending, keys) else None
 
     def _after(self, pool: BlockPool, chunks: list[ChunkInFlight]) -> list[ServedMap[bytes]] | None:
         """`served` for every key: the pool's maps layered with the chunks' pending keys."""

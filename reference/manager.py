@@ -210,7 +210,7 @@ class KVCacheManager(HitQueries):
         limit = self.config.max_model_len
         if limit is not None and len(prompt) > limit:
             raise MaxLengthError(f"{len(prompt)} tokens exceed max_model_len={limit}")
-        if any(e.end is not None and e.end > len(prompt) for e in prompt.extras):
+        if prompt.extras and any(e.end is not None and e.end > len(prompt) for e in prompt.extras):
             raise RequestStateError(
                 "a positioned extra (multimodal item, prompt embeddings) "
                 "lies beyond the prompt; its span must be within the tokens"
