@@ -62,7 +62,7 @@ class HitQueries(Inspection):
         prompt = self._probed(tokens, extras, max_hit)
         # a Prompt made here dies with this call: nothing could take its search later
         hit, tables = self._hit(prompt, max_hit, spend=prompt is not tokens)
-        return hit, tuple(tuple(t) for t in tables)
+        return hit, tuple(map(tuple, tables))
 
     def hit_length(
         self,
@@ -140,7 +140,7 @@ class HitQueries(Inspection):
         if spend:
             self._last_search = None
             return last[2], last[3]
-        return last[2], [list(table) for table in last[3]] if copied else []
+        return last[2], list(map(list, last[3])) if copied else []
 
     def _uncapped(
         self, prompt: Prompt, keys: Keys[bytes], served: Served[bytes], spend: bool
@@ -154,7 +154,7 @@ class HitQueries(Inspection):
         hit, tables = self.search(self.config, len(prompt), keys, served)
         if not spend:
             asked = (self.search, self.pool, self.pool.changes)
-            self._last_search = (weakref.ref(prompt), asked, hit, [list(t) for t in tables])
+            self._last_search = (weakref.ref(prompt), asked, hit, list(map(list, tables)))
         return hit, tables
 
     def lookup_after_steps(

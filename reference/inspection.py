@@ -36,7 +36,7 @@ class Inspection:
 
     def block_tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (NULL_BLOCK = 0 where nothing is held)."""
-        return tuple(tuple(t) for t in self._running(rid).tables)
+        return tuple(map(tuple, self._running(rid).tables))
 
     def table_tails(
         self, rid: str, starts: Sequence[int]

@@ -274,7 +274,7 @@ class KVCacheManager(HitQueries):
         self._planner.plan_quiet(request)
         self._requests[rid] = request
         self._launch(rid, request, None)
-        tables_after = tuple(tuple(t) for t in request.tables)
+        tables_after = tuple(map(tuple, request.tables))
         return Scheduled(request.computed, request.scheduled, added, tables_after, copies(request))
 
     def _waiting(self, needed: int, free: int, held: int) -> Waiting:
