@@ -88,7 +88,7 @@ def serve(scheduler: Any, hasher: Any, load: Workload, phase: int = 0) -> tuple[
     from vllm.utils.gc_utils import freeze_gc_heap  # noqa: PLC0415 - the engine venv's vLLM
 
     freeze_gc_heap()
-    ballast = [[] for _ in range(phase - 1)] if phase else []  # phase containers, this list too
+    ballast = [[] for _ in range(phase - 1)] if phase else None  # phase lists, this one too
     try:
         return _served(scheduler, hasher, load)
     finally:

@@ -11,9 +11,9 @@ tokens change (an output appended, a streaming update, a re-hash before recomput
 then the digests go, so the manager digests that request itself, as it does a request
 built without this hasher. The hasher also makes the array of ids the admission gives the
 request (`Prompt.decode_ahead`), a copy of the whole prompt the step need not make. A prompt
-the allocator refuses (a multimodal item without an
-identifier, ids out of range) gets no digests here: the manager refuses it in its step, with
-the same error as without this hasher, never on the thread building requests.
+the allocator refuses (a multimodal item without an identifier, ids out of range) gets no
+digests here: the manager refuses it in its step, with the same error as without this
+hasher, never on the thread building requests.
 """
 
 from __future__ import annotations
